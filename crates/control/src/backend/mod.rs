@@ -1,0 +1,20 @@
+//! One module per backend behind one trait, as flannel does.
+//!
+//! The daemon turns lease events into calls on a [`Backend`]; it does not care which one.
+
+use crate::lease::Lease;
+
+/// What every backend does with the leases of the other nodes.
+///
+/// Implementations must be idempotent: `reconcile` may run at start, periodically, and after a
+/// crash, and must leave exactly the state for `leases` (adding what is missing and removing
+/// what belongs to peers that no longer hold a lease).
+#[allow(async_fn_in_trait)]
+pub trait Backend {
+    /// The `BackendType` this backend writes into its lease (`None` for flannel's udp, which
+    /// writes no BackendType at all).
+    fn backend_type(&self) -> Option<&'static str>;
+    async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
+    async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
+    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()>;
+}

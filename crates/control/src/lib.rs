@@ -1,0 +1,9 @@
+//! twill's control plane: flannel-compatible leases in etcd (or a static peer list), the
+//! subnet.env file, and the backends that turn leases into dataplane tables or kernel state.
+//! It knows nothing of packet formats.
+
+pub mod backend;
+pub mod config;
+pub mod lease;
+pub mod registry;
+pub mod subnet_env;

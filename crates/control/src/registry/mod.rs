@@ -1,0 +1,1 @@
+//! Lease registries: etcd (flannel schema) and static.

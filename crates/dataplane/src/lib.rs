@@ -1,0 +1,3 @@
+//! twill's userspace dataplanes: packets in, packets out. Knows nothing of etcd.
+
+pub mod wire;
