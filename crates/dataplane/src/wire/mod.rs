@@ -1,4 +1,23 @@
 //! Zero-copy packet views and emitters, in the style of smoltcp: a view checks its bounds once
-//! in `new_checked`, and accessors then read fields in place.
+//! in `new_checked`, and accessors then read fields in place. Parsing and emitting live here;
+//! what to do with a packet lives in the engines.
 
+pub mod checksum;
+pub mod flannel;
+pub mod icmp;
 pub mod ipv4;
+
+/// Why a packet or datagram was rejected by a decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("truncated: shorter than its headers or its length field")]
+    Truncated,
+    #[error("wrong IP version")]
+    BadVersion,
+    #[error("length field inconsistent with the buffer")]
+    BadLength,
+    #[error("bad magic number")]
+    BadMagic,
+    #[error("unsupported protocol version")]
+    UnsupportedVersion,
+}

@@ -1,0 +1,74 @@
+//! flannel's udp backend format: the UDP payload is the bare inner IPv4 packet, nothing else.
+//!
+//! So encapsulation copies nothing; what matters is the checking. A datagram is accepted only if
+//! it is exactly one well-formed IPv4 packet: flanneld writes whatever arrives into its TUN, and
+//! silently truncates what does not fit; twill rejects both with a reason.
+
+use super::ipv4::Ipv4Packet;
+use super::WireError;
+
+pub const DEFAULT_PORT: u16 = 8285;
+
+/// Bytes the underlay adds around each inner packet (outer IPv4 + UDP), hence MTU = iface - 28.
+pub const OVERHEAD: usize = 20 + 8;
+
+/// Check a received datagram and view it as the inner packet.
+pub fn decap<T: AsRef<[u8]>>(datagram: T) -> Result<Ipv4Packet<T>, WireError> {
+    let len = datagram.as_ref().len();
+    let packet = Ipv4Packet::new_checked(datagram)?;
+    if packet.total_len() != len {
+        return Err(WireError::BadLength);
+    }
+    Ok(packet)
+}
+
+/// The datagram payload for an inner packet read from TUN: the packet itself, cut to its
+/// IPv4 total length.
+pub fn encap<T: AsRef<[u8]>>(packet: &Ipv4Packet<T>) -> &[u8] {
+    packet.packet()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ipv4::{Ipv4Repr, PROTO_UDP};
+    use std::net::Ipv4Addr;
+
+    fn packet(payload_len: usize) -> Vec<u8> {
+        let repr = Ipv4Repr {
+            src: Ipv4Addr::new(10, 5, 1, 2),
+            dst: Ipv4Addr::new(10, 5, 2, 2),
+            protocol: PROTO_UDP,
+            ttl: 64,
+            payload_len,
+        };
+        let mut buf = vec![7; repr.total_len()];
+        repr.emit(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn round_trip_is_the_bare_packet() {
+        let inner = packet(100);
+        let view = Ipv4Packet::new_checked(&inner[..]).unwrap();
+        let wire = encap(&view).to_vec();
+        assert_eq!(wire, inner);
+        assert_eq!(decap(&wire[..]).unwrap().packet(), &inner[..]);
+    }
+
+    #[test]
+    fn trailing_bytes_are_a_bad_length() {
+        let mut wire = packet(10);
+        wire.push(0);
+        assert_eq!(decap(&wire[..]).unwrap_err(), WireError::BadLength);
+    }
+
+    #[test]
+    fn short_datagram_is_truncated() {
+        let wire = packet(10);
+        assert_eq!(
+            decap(&wire[..wire.len() - 1]).unwrap_err(),
+            WireError::Truncated
+        );
+    }
+}
