@@ -1,3 +1,7 @@
 //! twill's userspace dataplanes: packets in, packets out. Knows nothing of etcd.
 
+pub mod engine;
+pub mod io;
+pub mod stats;
+pub mod table;
 pub mod wire;

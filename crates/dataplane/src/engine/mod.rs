@@ -1,0 +1,130 @@
+//! The userspace dataplanes: tokio tasks that move packets TUN -> UDP and UDP -> TUN.
+//!
+//! The per-packet rules both engines share live here: route a packet from TUN to a peer, and
+//! check a packet from a peer before it reaches TUN. The engines differ only in how packets
+//! are laid out in datagrams.
+
+pub mod udp;
+
+use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
+use crate::stats::{DropReason, EngineStats};
+use crate::table::{Peer, PeerTable, SharedTable};
+use crate::wire::ipv4::Ipv4Packet;
+use crate::wire::{flannel, icmp};
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
+
+/// Which datagram layout an engine speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// flannel's udp backend: one bare inner packet per datagram.
+    FlannelUdp,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub kind: EngineKind,
+    pub tun: TunConfig,
+    /// Where to bind; peers send to this port on our public IP.
+    pub bind: SocketAddrV4,
+}
+
+/// A running dataplane. Dropping it stops the tasks and removes the TUN device.
+pub struct Engine {
+    table: Arc<SharedTable>,
+    stats: Arc<EngineStats>,
+    tasks: Vec<JoinHandle<()>>,
+    offload: bool,
+}
+
+impl Engine {
+    /// Open the TUN and the socket and start forwarding. Must run inside a tokio runtime.
+    pub fn start(config: &EngineConfig) -> anyhow::Result<Engine> {
+        let udp = Arc::new(UdpIo::bind(config.bind)?);
+        let tun = Tun::open(&config.tun)?;
+        let table = Arc::new(SharedTable::default());
+        let stats = Arc::new(EngineStats::default());
+        let io = Shared {
+            udp,
+            table: table.clone(),
+            stats: stats.clone(),
+            mtu: usize::from(tun.mtu()),
+        };
+        let tasks = match config.kind {
+            EngineKind::FlannelUdp => udp::spawn(&tun, &io),
+        };
+        Ok(Engine {
+            table,
+            stats,
+            tasks,
+            offload: tun.offload(),
+        })
+    }
+
+    pub fn table(&self) -> &Arc<SharedTable> {
+        &self.table
+    }
+
+    pub fn stats(&self) -> &Arc<EngineStats> {
+        &self.stats
+    }
+
+    pub fn offload(&self) -> bool {
+        self.offload
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// What every task of one engine shares.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub udp: Arc<UdpIo>,
+    pub table: Arc<SharedTable>,
+    pub stats: Arc<EngineStats>,
+    pub mtu: usize,
+}
+
+/// Route a packet read from TUN: find its peer's index and decrement its TTL as flanneld does.
+pub(crate) fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
+    let mut ip = Ipv4Packet::new_checked(packet).map_err(|_| DropReason::Malformed)?;
+    let peer = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
+    if !ip.decrement_ttl() {
+        return Err(DropReason::TtlExceeded);
+    }
+    Ok(peer)
+}
+
+/// Check a packet that arrived from `peer` before it goes to TUN: it must decode, come from
+/// inside the peer's subnet, fit the TUN, and have TTL left (flanneld decrements here too).
+pub(crate) fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), DropReason> {
+    let mut ip = flannel::decap(packet).map_err(|_| DropReason::Malformed)?;
+    if !peer.spec.subnet.contains(&ip.src_addr()) {
+        return Err(DropReason::SpoofedSource);
+    }
+    if ip.total_len() > mtu {
+        return Err(DropReason::TooBig);
+    }
+    if !ip.decrement_ttl() {
+        return Err(DropReason::TtlExceeded);
+    }
+    Ok(())
+}
+
+/// Answer a packet with no peer with ICMP net-unreachable into TUN, as flanneld does.
+pub(crate) fn reply_unreachable(packet: &[u8], writer: &mut TunWriter) {
+    let Ok(offender) = Ipv4Packet::new_checked(packet) else {
+        return;
+    };
+    let mut reply = [0u8; icmp::MAX_UNREACHABLE_LEN];
+    if let Ok(Some(len)) = icmp::net_unreachable(&offender, &mut reply) {
+        writer.push(&reply[..len]);
+    }
+}

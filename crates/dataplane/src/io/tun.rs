@@ -1,0 +1,266 @@
+//! The TUN device on tun-rs, with virtio-net offloads when the kernel has them.
+//!
+//! With offloads a read can return a 64 KB TCP super-packet, which tun-rs splits into
+//! MTU-sized segments for us, and a write can hand the kernel many segments that tun-rs first
+//! coalesces (GRO). So one syscall moves up to 64 KB each way instead of one packet.
+
+use arrayvec::ArrayVec;
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use tun_rs::{AsyncDevice, DeviceBuilder, GROTable, VIRTIO_NET_HDR_LEN};
+
+/// Packets per read batch: enough for a few 64 KB super-packets at the smallest useful MTU.
+pub const READ_BATCH: usize = 256;
+/// Packets per write batch, as wireguard-go's and tun-rs's IDEAL_BATCH_SIZE.
+pub const WRITE_BATCH: usize = 128;
+/// Largest read: the virtio header and a 64 KB super-packet.
+const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
+
+#[derive(Debug, Clone)]
+pub struct TunConfig {
+    pub name: String,
+    pub mtu: u16,
+    /// flanneld gives flannel0 the lease's network address as a /32.
+    pub address: Ipv4Addr,
+    pub offload: bool,
+    pub queues: usize,
+    pub tx_queue_len: u32,
+}
+
+pub struct Tun {
+    queues: Vec<Arc<AsyncDevice>>,
+    offload: bool,
+    mtu: u16,
+}
+
+impl Tun {
+    /// Create the device and bring it up. If the kernel refuses offloads, retry without and log
+    /// it, since a plain TUN still works, only slower.
+    pub fn open(config: &TunConfig) -> anyhow::Result<Tun> {
+        let first = match build(config, config.offload) {
+            Ok(dev) => dev,
+            Err(e) if config.offload => {
+                tracing::warn!("TUN offloads unavailable ({e}); using a plain TUN");
+                build(config, false)?
+            }
+            Err(e) => return Err(open_error(config, e)),
+        };
+        let offload = config.offload && first.tcp_gso();
+        let mut queues = vec![Arc::new(first)];
+        for _ in 1..config.queues {
+            queues.push(Arc::new(queues[0].try_clone()?));
+        }
+        tracing::info!(
+            name = %config.name, mtu = config.mtu, offload, queues = queues.len(),
+            "TUN device up"
+        );
+        Ok(Tun {
+            queues,
+            offload,
+            mtu: config.mtu,
+        })
+    }
+
+    pub fn offload(&self) -> bool {
+        self.offload
+    }
+
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    pub fn queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    pub fn reader(&self, queue: usize) -> TunReader {
+        TunReader::new(self.queues[queue].clone(), self.mtu)
+    }
+
+    pub fn writer(&self, queue: usize) -> TunWriter {
+        TunWriter::new(self.queues[queue].clone())
+    }
+}
+
+fn build(config: &TunConfig, offload: bool) -> io::Result<AsyncDevice> {
+    DeviceBuilder::new()
+        .name(&config.name)
+        .mtu(config.mtu)
+        .ipv4(config.address, 32u8, None)
+        .offload(offload)
+        .multi_queue(config.queues > 1)
+        .tx_queue_len(config.tx_queue_len)
+        .build_async()
+}
+
+fn open_error(config: &TunConfig, e: io::Error) -> anyhow::Error {
+    if e.raw_os_error() == Some(libc::EPERM) {
+        anyhow::anyhow!(
+            "cannot create TUN device {}: permission denied (twill needs root or CAP_NET_ADMIN)",
+            config.name
+        )
+    } else {
+        anyhow::anyhow!("cannot create TUN device {}: {e}", config.name)
+    }
+}
+
+/// Reads packets from TUN into one buffer, packet `i` at `i * stride`.
+///
+/// Keeping the packets in one buffer lets an engine send a run of equal-sized packets to one
+/// peer as a single UDP GSO send after moving them together, instead of copying each.
+pub struct TunReader {
+    dev: Arc<AsyncDevice>,
+    raw: Vec<u8>,
+    buf: Vec<u8>,
+    stride: usize,
+    sizes: [usize; READ_BATCH],
+    len: usize,
+}
+
+impl TunReader {
+    fn new(dev: Arc<AsyncDevice>, mtu: u16) -> TunReader {
+        let stride = usize::from(mtu);
+        TunReader {
+            dev,
+            raw: vec![0; MAX_READ],
+            buf: vec![0; stride * READ_BATCH],
+            stride,
+            sizes: [0; READ_BATCH],
+            len: 0,
+        }
+    }
+
+    /// Wait for at least one packet, then take whatever else is already queued, never waiting
+    /// for more. Returns the number of packets now in the batch.
+    pub async fn read_batch(&mut self) -> io::Result<usize> {
+        self.len = 0;
+        let n = self.read_into(0, ReadMode::Wait).await?;
+        self.len = n;
+        while READ_BATCH - self.len >= self.slots_per_read() {
+            match self.read_into(self.len, ReadMode::NoWait).await {
+                Ok(n) => self.len += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.len)
+    }
+
+    /// A super-packet splits into at most 64 KB / stride segments.
+    fn slots_per_read(&self) -> usize {
+        65535 / self.stride + 1
+    }
+
+    async fn read_into(&mut self, first: usize, mode: ReadMode) -> io::Result<usize> {
+        let mut slots: ArrayVec<&mut [u8], READ_BATCH> =
+            self.buf.chunks_exact_mut(self.stride).skip(first).collect();
+        let sizes = &mut self.sizes[first..first + slots.len()];
+        match mode {
+            ReadMode::Wait => {
+                self.dev
+                    .recv_multiple(&mut self.raw, &mut slots, sizes, 0)
+                    .await
+            }
+            ReadMode::NoWait => self
+                .dev
+                .try_recv_multiple(&mut self.raw, &mut slots, sizes, 0),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn packet_mut(&mut self, i: usize) -> &mut [u8] {
+        let start = i * self.stride;
+        &mut self.buf[start..start + self.sizes[i]]
+    }
+
+    pub fn packet_len(&self, i: usize) -> usize {
+        self.sizes[i]
+    }
+
+    /// Move packets `first..first + count` together so they lie back to back, each
+    /// `segment` bytes but the last, and return them as one slice for a GSO send.
+    /// The caller guarantees every packet but the last is exactly `segment` bytes.
+    pub fn gather(&mut self, first: usize, count: usize, segment: usize) -> &[u8] {
+        let base = first * self.stride;
+        let mut end = base;
+        for i in first..first + count {
+            let len = self.sizes[i];
+            let from = i * self.stride;
+            self.buf.copy_within(from..from + len, end);
+            end += if i + 1 < first + count { segment } else { len };
+        }
+        &self.buf[base..end]
+    }
+}
+
+enum ReadMode {
+    Wait,
+    NoWait,
+}
+
+/// Collects packets for TUN and writes them with tun-rs's GRO, which merges segments of one
+/// flow into super-packets before the write.
+pub struct TunWriter {
+    dev: Arc<AsyncDevice>,
+    gro: GROTable,
+    slots: Vec<Vec<u8>>,
+    len: usize,
+}
+
+impl TunWriter {
+    fn new(dev: Arc<AsyncDevice>) -> TunWriter {
+        TunWriter {
+            dev,
+            gro: GROTable::default(),
+            slots: (0..WRITE_BATCH).map(|_| Vec::new()).collect(),
+            len: 0,
+        }
+    }
+
+    /// Queue a copy of `packet`; the caller flushes when [`TunWriter::is_full`].
+    pub fn push(&mut self, packet: &[u8]) {
+        let slot = &mut self.slots[self.len];
+        slot.clear();
+        slot.resize(VIRTIO_NET_HDR_LEN, 0);
+        slot.extend_from_slice(packet);
+        self.len += 1;
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.len == WRITE_BATCH
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Write everything queued. On error the batch is discarded: the packets are lost as a
+    /// congested link would lose them, and the caller counts them.
+    pub async fn flush(&mut self) -> io::Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        let result = self
+            .dev
+            .send_multiple(
+                &mut self.gro,
+                &mut self.slots[..self.len],
+                VIRTIO_NET_HDR_LEN,
+            )
+            .await;
+        self.len = 0;
+        result.map(drop)
+    }
+}

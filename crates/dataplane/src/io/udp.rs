@@ -1,0 +1,175 @@
+//! The underlay UDP socket: big buffers, recvmmsg with UDP GRO, sendmsg with UDP GSO.
+//!
+//! quinn-udp does the cmsg work and detects at run time whether GSO works on this path (EIO or
+//! EINVAL switch it off); we add the buffer sizes and a tokio-driven batch API.
+
+use arrayvec::ArrayVec;
+use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
+use socket2::{Domain, Protocol, Socket, Type};
+use std::io::{self, IoSliceMut};
+use std::net::{SocketAddr, SocketAddrV4};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+
+/// wireguard-go's choice: 7 MB each way absorbs bursts of 64 KB sends without drops.
+pub const SOCKET_BUFFER: usize = 7 << 20;
+/// Largest GRO read or GSO send: one 64 KB IP datagram's worth.
+pub const MAX_DATAGRAM_TRAIN: usize = 65535;
+/// A GSO send must fit one IP datagram: 65535 minus the outer IPv4 and UDP headers.
+const MAX_GSO_BYTES: usize = 65535 - 28;
+
+pub struct UdpIo {
+    socket: UdpSocket,
+    state: UdpSocketState,
+}
+
+impl UdpIo {
+    /// Bind on `addr` (flanneld binds iface_ip:port). Must run inside a tokio runtime.
+    pub fn bind(addr: SocketAddrV4) -> anyhow::Result<UdpIo> {
+        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+        set_buffers(&socket);
+        socket.bind(&SocketAddr::V4(addr).into()).map_err(|e| {
+            if e.kind() == io::ErrorKind::AddrInUse {
+                anyhow::anyhow!(
+                    "cannot bind UDP {addr}: port {} is already in use",
+                    addr.port()
+                )
+            } else {
+                anyhow::anyhow!("cannot bind UDP {addr}: {e}")
+            }
+        })?;
+        socket.set_nonblocking(true)?;
+        let socket = UdpSocket::from_std(socket.into())?;
+        let state = UdpSocketState::new((&socket).into())?;
+        tracing::info!(
+            %addr,
+            gso_segments = state.max_gso_segments(),
+            gro_segments = state.gro_segments(),
+            "UDP socket bound ({})",
+            if state.max_gso_segments() > 1 { "GSO/GRO" } else { "plain sendmsg, no GSO" }
+        );
+        Ok(UdpIo { socket, state })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.socket.local_addr()
+    }
+
+    pub fn max_gso_segments(&self) -> usize {
+        self.state.max_gso_segments()
+    }
+
+    /// How many equal segments one GSO send may carry at this segment size.
+    pub fn segments_per_send(&self, segment: usize) -> usize {
+        self.state
+            .max_gso_segments()
+            .min(MAX_GSO_BYTES / segment.max(1))
+            .max(1)
+    }
+
+    /// Send `contents` to `dst` as datagrams of `segment` bytes (the last may be shorter), in
+    /// one syscall. The caller keeps `contents` within [`UdpIo::segments_per_send`].
+    pub async fn send(&self, dst: SocketAddrV4, contents: &[u8], segment: usize) -> io::Result<()> {
+        let transmit = Transmit {
+            destination: SocketAddr::V4(dst),
+            ecn: None,
+            contents,
+            segment_size: (contents.len() > segment).then_some(segment),
+            src_ip: None,
+        };
+        self.socket
+            .async_io(Interest::WRITABLE, || {
+                self.state.try_send((&self.socket).into(), &transmit)
+            })
+            .await
+    }
+
+    /// Wait for datagrams and read as many as are ready, with GRO trains, into `batch`.
+    pub async fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        let mut slices: ArrayVec<IoSliceMut<'_>, BATCH_SIZE> = batch
+            .buf
+            .chunks_exact_mut(MAX_DATAGRAM_TRAIN)
+            .map(IoSliceMut::new)
+            .collect();
+        let meta = &mut batch.meta;
+        let n = self
+            .socket
+            .async_io(Interest::READABLE, || {
+                self.state.recv((&self.socket).into(), &mut slices, meta)
+            })
+            .await?;
+        batch.len = n;
+        Ok(n)
+    }
+}
+
+/// Force the buffers past rmem_max/wmem_max when root; otherwise take what the limits allow.
+fn set_buffers(socket: &Socket) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let forced = setsockopt(socket, sockopt::SndBufForce, &SOCKET_BUFFER)
+        .and_then(|_| setsockopt(socket, sockopt::RcvBufForce, &SOCKET_BUFFER));
+    if let Err(e) = forced {
+        tracing::debug!("SO_*BUFFORCE refused ({e}); using SO_*BUF within sysctl limits");
+        let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
+        let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+    }
+}
+
+/// Buffers for one recvmmsg: up to BATCH_SIZE messages, each possibly a GRO train.
+pub struct RecvBatch {
+    buf: Vec<u8>,
+    meta: [RecvMeta; BATCH_SIZE],
+    len: usize,
+}
+
+impl Default for RecvBatch {
+    fn default() -> Self {
+        RecvBatch {
+            buf: vec![0; MAX_DATAGRAM_TRAIN * BATCH_SIZE],
+            meta: [RecvMeta::default(); BATCH_SIZE],
+            len: 0,
+        }
+    }
+}
+
+impl RecvBatch {
+    /// The messages of the last recv: the sender and its datagrams, split at the GRO stride.
+    pub fn messages(&mut self) -> impl Iterator<Item = (SocketAddr, GroTrain<'_>)> {
+        let meta = &self.meta[..self.len];
+        self.buf
+            .chunks_exact_mut(MAX_DATAGRAM_TRAIN)
+            .zip(meta)
+            .map(|(buf, m)| (m.addr, GroTrain::new(&mut buf[..m.len], m.stride)))
+    }
+}
+
+/// Datagrams coalesced by GRO: all `stride` bytes long but the last.
+pub struct GroTrain<'a> {
+    chunks: std::slice::ChunksMut<'a, u8>,
+}
+
+impl<'a> GroTrain<'a> {
+    fn new(buf: &'a mut [u8], stride: usize) -> Self {
+        GroTrain {
+            chunks: buf.chunks_mut(stride.max(1)),
+        }
+    }
+}
+
+impl<'a> Iterator for GroTrain<'a> {
+    type Item = &'a mut [u8];
+    fn next(&mut self) -> Option<Self::Item> {
+        self.chunks.next()
+    }
+}
+
+/// The IPv4 address of a received datagram's sender; the socket is IPv4-only.
+pub fn sender_v4(addr: SocketAddr) -> Option<SocketAddrV4> {
+    match addr {
+        SocketAddr::V4(v4) => Some(v4),
+        SocketAddr::V6(v6) => v6
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddrV4::new(ip, v6.port())),
+    }
+}
