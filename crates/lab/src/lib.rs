@@ -1,1 +1,31 @@
-//! TODO(lab helper)
+//! A network lab on one machine: hosts and containers are network namespaces joined by veth
+//! pairs (and a bridge for more than two hosts), plus helpers to run processes inside them and a
+//! real etcd. Everything created here carries the creating pid in its name, is removed on Drop,
+//! and is swept by [`cleanup_stale`] once its creator has died.
+
+mod etcd;
+mod lab;
+mod netns;
+mod ports;
+mod proc;
+mod stale;
+
+pub use etcd::Etcd;
+pub use ipnet::Ipv4Net;
+pub use lab::{Container, Host, Lab, LabSpec};
+pub use netns::Netns;
+pub use ports::{free_tcp_port, free_tcp_ports};
+pub use proc::Proc;
+pub use stale::cleanup_stale;
+pub use std::net::Ipv4Addr;
+
+/// Namespaces, veths and setns all need CAP_SYS_ADMIN/CAP_NET_ADMIN; say so instead of letting
+/// `ip` fail with a mount error.
+pub fn require_root() -> anyhow::Result<()> {
+    anyhow::ensure!(
+        nix::unistd::geteuid().is_root(),
+        "twill-lab needs root (it creates network namespaces and veth pairs); \
+         run the tests as root, e.g. `sudo -E cargo test`"
+    );
+    Ok(())
+}

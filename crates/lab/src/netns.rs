@@ -1,0 +1,173 @@
+use crate::proc::{Proc, OWNER_ENV};
+use anyhow::{bail, Context, Result};
+use nix::sched::{setns, CloneFlags};
+use std::fs::File;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
+
+/// Names stay short enough to read in `ip netns list` output.
+const MAX_NAME: usize = 30;
+
+/// A network namespace created with `ip netns add`, deleted (with everything in it) on Drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates `tw<pid>-<counter>-<name>` (cut to 30 chars) with loopback up. `name` only helps
+    /// humans; the pid and a process-wide counter make it unique across parallel tests.
+    pub fn new(name: &str) -> Result<Netns> {
+        crate::require_root()?;
+        sweep_once();
+        let name = unique_name(name);
+        run(Command::new("ip").args(["netns", "add", &name]))?;
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Run a command inside (ip netns exec), wait, return stdout; Err with the command line +
+    /// stderr when exit != 0.
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<String> {
+        run(&mut command_in(Some(&self.name), program, args))
+    }
+
+    /// Run `sh -c script` inside, same error rules as [`Netns::exec`].
+    pub fn sh(&self, script: &str) -> Result<String> {
+        self.exec("sh", &["-c", script])
+    }
+
+    /// `ip -n <ns> args...`: cheaper than `exec("ip", ..)` as it needs no mount namespace.
+    pub fn ip(&self, args: &[&str]) -> Result<String> {
+        run(Command::new("ip").args(["-n", &self.name]).args(args))
+    }
+
+    /// Start a long-running process inside; stdout/stderr go to files readable through [`Proc`].
+    /// Killed (SIGTERM, then SIGKILL after 2 s) on Drop of the Proc.
+    pub fn spawn(&self, program: &str, args: &[&str]) -> Result<Proc> {
+        self.spawn_with(program, args, &[])
+    }
+
+    /// [`Netns::spawn`] with extra environment variables.
+    pub fn spawn_with(&self, program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Proc> {
+        let mut cmd = command_in(Some(&self.name), program, args);
+        cmd.envs(env.iter().copied());
+        Proc::spawn(cmd)
+    }
+
+    /// Run `f` on a fresh OS thread that has setns()'d into this namespace and return its value.
+    /// Threads started by `f` (e.g. a tokio runtime built inside it) inherit the namespace.
+    /// Panics if the namespace cannot be entered; a panic in `f` propagates.
+    pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/var/run/netns/{}", self.name);
+        std::thread::scope(|scope| {
+            let thread = scope.spawn(move || {
+                let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+                setns(&file, CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("setns into {path}: {e}"));
+                f()
+            });
+            thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Err(e) = delete(&self.name) {
+            tracing::warn!("cannot delete netns {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// Kills what still runs inside (a namespace with live processes outlives `ip netns del`, and so
+/// would its interfaces), then removes the name.
+pub(crate) fn delete(name: &str) -> Result<()> {
+    let me = std::process::id();
+    let pids = run(Command::new("ip").args(["netns", "pids", name]))?;
+    for pid in pids
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+    {
+        if pid != me {
+            crate::proc::signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    run(Command::new("ip").args(["netns", "del", name]))?;
+    Ok(())
+}
+
+/// Namespaces left by crashed earlier runs are swept before this process adds its first one.
+fn sweep_once() {
+    static SWEEP: Once = Once::new();
+    SWEEP.call_once(|| {
+        if let Err(e) = crate::cleanup_stale() {
+            tracing::warn!("cleanup of stale lab namespaces failed: {e:#}");
+        }
+    });
+}
+
+fn unique_name(name: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let counter = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut full = format!("tw{}-{counter}-", std::process::id());
+    let room = MAX_NAME.saturating_sub(full.len());
+    full.extend(
+        name.chars()
+            .map(|c| match c {
+                'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' => c,
+                _ => '_',
+            })
+            .take(room),
+    );
+    full
+}
+
+/// `program args` in the root namespace for `None`, via `ip netns exec` otherwise.
+pub(crate) fn command_in(ns: Option<&str>, program: &str, args: &[&str]) -> Command {
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns, program]);
+            cmd
+        }
+        None => Command::new(program),
+    };
+    cmd.args(args);
+    cmd
+}
+
+/// Runs to completion; Err names the command line and carries its stderr. Marked with the owner
+/// like a [`Proc`], so a hung command outliving a crashed test is swept too.
+pub(crate) fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .env(OWNER_ENV, std::process::id().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start `{}`", command_line(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            command_line(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub(crate) fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
