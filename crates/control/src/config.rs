@@ -1,1 +1,465 @@
-//! TODO(control helper)
+//! flannel's network config, the JSON at `<prefix>/config`.
+//!
+//! Parsing follows flannel's `ParseConfig` + `CheckNetworkConfig` so that every config a flanneld
+//! accepts is accepted here with the same defaults, and an invalid one is refused with a single
+//! line that names the offending field (the operator reads it in a log, not in a debugger).
+
+use ipnet::Ipv4Net;
+use serde_json::{Map, Value};
+use std::net::Ipv4Addr;
+
+/// Backend type used when the config has no `Backend` object, as in flannel.
+pub const DEFAULT_BACKEND: &str = "udp";
+
+/// A validated network config with flannel's defaults filled in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The whole container network; every lease lies inside it.
+    pub network: Ipv4Net,
+    /// Prefix length of one host's subnet.
+    pub subnet_len: u8,
+    /// Network address of the lowest subnet that may be leased.
+    pub subnet_min: Ipv4Addr,
+    /// Network address of the highest subnet that may be leased.
+    pub subnet_max: Ipv4Addr,
+    pub backend: BackendConfig,
+}
+
+/// The `Backend` object: the fields twill reads, plus the raw JSON for backend-specific extras.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendConfig {
+    /// `Type`: "udp", "vxlan", "host-gw", "ipip", "twill-batch", ...
+    pub backend_type: String,
+    pub port: Option<u16>,
+    pub vni: Option<u32>,
+    pub direct_routing: bool,
+    pub mtu: Option<u32>,
+    /// The `Backend` object as found (`Value::Null` when absent), so a backend can read fields
+    /// that this module does not know about.
+    pub raw: Value,
+}
+
+/// Why a config was refused. The message is one line and names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid network config: {0}")]
+pub struct ConfigError(String);
+
+fn invalid<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+impl Config {
+    /// Parses and validates the JSON stored at `<prefix>/config`.
+    pub fn parse(json: &str) -> Result<Config, ConfigError> {
+        let value: Value =
+            serde_json::from_str(json).map_err(|e| ConfigError(format!("not valid JSON ({e})")))?;
+        let Value::Object(obj) = value else {
+            return invalid("expected a JSON object");
+        };
+        check_ip_families(&obj)?;
+        let network = parse_network(field(&obj, "Network"))?;
+        let subnet_len = parse_subnet_len(field(&obj, "SubnetLen"), network)?;
+        let subnet_min = parse_bound(&obj, "SubnetMin", network, subnet_len)?
+            .unwrap_or_else(|| second_subnet(network, subnet_len));
+        let subnet_max = parse_bound(&obj, "SubnetMax", network, subnet_len)?
+            .unwrap_or_else(|| last_subnet(network, subnet_len));
+        if subnet_min > subnet_max {
+            return invalid(format!(
+                "SubnetMin {subnet_min} is above SubnetMax {subnet_max}"
+            ));
+        }
+        let backend = BackendConfig::parse(field(&obj, "Backend"))?;
+        Ok(Config {
+            network,
+            subnet_len,
+            subnet_min,
+            subnet_max,
+            backend,
+        })
+    }
+
+    /// A config for a network that is not stored in etcd (the static registry), with the same
+    /// defaults and checks as one read from etcd.
+    pub fn for_network(network: Ipv4Net, backend_type: &str) -> Result<Config, ConfigError> {
+        let json =
+            serde_json::json!({"Network": network.to_string(), "Backend": {"Type": backend_type}});
+        Config::parse(&json.to_string())
+    }
+
+    /// Whether `subnet` is one this config may lease (flannel's `isSubnetConfigCompat`).
+    pub fn is_leasable(&self, subnet: Ipv4Net) -> bool {
+        subnet.prefix_len() == self.subnet_len
+            && subnet.network() >= self.subnet_min
+            && subnet.network() <= self.subnet_max
+    }
+
+    /// Every leasable subnet, lowest first.
+    pub fn subnets(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
+        let step = subnet_size(self.subnet_len);
+        (u32::from(self.subnet_min)..=u32::from(self.subnet_max))
+            .step_by(step as usize)
+            .map(move |ip| Ipv4Net::new(Ipv4Addr::from(ip), self.subnet_len).expect("len <= 30"))
+    }
+}
+
+impl BackendConfig {
+    fn parse(value: Option<&Value>) -> Result<BackendConfig, ConfigError> {
+        let Some(raw) = value.filter(|v| !v.is_null()) else {
+            return Ok(BackendConfig::of_type(DEFAULT_BACKEND));
+        };
+        let Value::Object(obj) = raw else {
+            return invalid(format!("Backend must be a JSON object, got {raw}"));
+        };
+        let backend_type = match field(obj, "Type") {
+            Some(Value::String(t)) if !t.is_empty() => t.clone(),
+            Some(other) => {
+                return invalid(format!(
+                    "Backend.Type must be a non-empty string, got {other}"
+                ))
+            }
+            None => return invalid("Backend.Type is missing"),
+        };
+        Ok(BackendConfig {
+            backend_type,
+            port: number_field(obj, "Port")?,
+            vni: number_field(obj, "VNI")?,
+            direct_routing: bool_field(obj, "DirectRouting")?.unwrap_or(false),
+            mtu: number_field(obj, "MTU")?,
+            raw: raw.clone(),
+        })
+    }
+
+    fn of_type(backend_type: &str) -> BackendConfig {
+        BackendConfig {
+            backend_type: backend_type.to_string(),
+            port: None,
+            vni: None,
+            direct_routing: false,
+            mtu: None,
+            raw: Value::Null,
+        }
+    }
+}
+
+/// Looks a field up the way Go's encoding/json does: exact name first, then case-insensitively,
+/// because flanneld accepts `"network"` as well as `"Network"`.
+fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    obj.get(name).or_else(|| {
+        obj.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v)
+    })
+}
+
+/// twill leases IPv4 subnets only; a config that asks for something else is refused rather than
+/// half-served.
+fn check_ip_families(obj: &Map<String, Value>) -> Result<(), ConfigError> {
+    if bool_field(obj, "EnableIPv4")? == Some(false) {
+        return invalid("EnableIPv4 is false, but twill only supports IPv4 networks");
+    }
+    if bool_field(obj, "EnableIPv6")? == Some(true) {
+        return invalid("EnableIPv6 is true, but twill does not support IPv6 networks");
+    }
+    Ok(())
+}
+
+fn parse_network(value: Option<&Value>) -> Result<Ipv4Net, ConfigError> {
+    let text = match value {
+        Some(Value::String(s)) => s,
+        Some(other) => return invalid(format!("Network must be a CIDR string, got {other}")),
+        None => return invalid("Network is missing (e.g. \"Network\":\"10.5.0.0/16\")"),
+    };
+    // flannel masks host bits (Go's net.ParseCIDR), so "10.5.1.0/16" means 10.5.0.0/16.
+    let network = text
+        .parse::<Ipv4Net>()
+        .map_err(|_| ConfigError(format!("Network {text:?} is not an IPv4 CIDR")))?
+        .trunc();
+    if network.prefix_len() == 0 {
+        return invalid(format!("Network {network} is empty"));
+    }
+    Ok(network)
+}
+
+fn parse_subnet_len(value: Option<&Value>, network: Ipv4Net) -> Result<u8, ConfigError> {
+    let prefix = network.prefix_len();
+    let Some(len) = as_number::<u8>(value, "SubnetLen")?.filter(|&l| l > 0) else {
+        return default_subnet_len(network);
+    };
+    if len > 30 {
+        return invalid(format!(
+            "SubnetLen {len} is too long: it must be at most 30"
+        ));
+    }
+    if len < prefix + 2 {
+        return invalid(format!(
+            "SubnetLen {len} is too short for Network {network}: it must be at least {} so the network holds four subnets",
+            prefix + 2
+        ));
+    }
+    Ok(len)
+}
+
+fn default_subnet_len(network: Ipv4Net) -> Result<u8, ConfigError> {
+    match network.prefix_len() {
+        p if p > 28 => invalid(format!(
+            "Network {network} is too small: the minimum useful prefix is /28"
+        )),
+        p if p <= 22 => Ok(24),
+        p => Ok(p + 2),
+    }
+}
+
+/// SubnetMin / SubnetMax: `None` when absent or "0.0.0.0" (flannel's zero value means default).
+fn parse_bound(
+    obj: &Map<String, Value>,
+    name: &str,
+    network: Ipv4Net,
+    subnet_len: u8,
+) -> Result<Option<Ipv4Addr>, ConfigError> {
+    let ip = match field(obj, name) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => s
+            .parse::<Ipv4Addr>()
+            .map_err(|_| ConfigError(format!("{name} {s:?} is not an IPv4 address")))?,
+        Some(other) => {
+            return invalid(format!(
+                "{name} must be an IPv4 address string, got {other}"
+            ))
+        }
+    };
+    if ip.is_unspecified() {
+        return Ok(None);
+    }
+    if !network.contains(&ip) {
+        return invalid(format!(
+            "{name} {ip} is not in the range of the Network {network}"
+        ));
+    }
+    if u32::from(ip) % subnet_size(subnet_len) != 0 {
+        return invalid(format!(
+            "{name} {ip} is not on a SubnetLen /{subnet_len} boundary"
+        ));
+    }
+    Ok(Some(ip))
+}
+
+fn subnet_size(subnet_len: u8) -> u32 {
+    1u32 << (32 - u32::from(subnet_len))
+}
+
+/// The first subnet is skipped, as flannel does: its network address equals the Network's.
+fn second_subnet(network: Ipv4Net, subnet_len: u8) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(network.network()) + subnet_size(subnet_len))
+}
+
+fn last_subnet(network: Ipv4Net, subnet_len: u8) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(network.broadcast()) - subnet_size(subnet_len) + 1)
+}
+
+fn number_field<T: TryFrom<u64>>(
+    obj: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, ConfigError> {
+    as_number(field(obj, name), &format!("Backend.{name}"))
+}
+
+fn as_number<T: TryFrom<u64>>(value: Option<&Value>, name: &str) -> Result<Option<T>, ConfigError> {
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| T::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| ConfigError(format!("{name} {v} is not a valid number"))),
+    }
+}
+
+fn bool_field(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ConfigError> {
+    match field(obj, name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => invalid(format!("{name} must be true or false, got {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Config {
+        Config::parse(json).unwrap_or_else(|e| panic!("{json}: {e}"))
+    }
+
+    fn error(json: &str) -> String {
+        let err = Config::parse(json).expect_err(json).to_string();
+        assert!(!err.contains('\n'), "multi-line error: {err}");
+        assert!(err.starts_with("invalid network config: "), "{err}");
+        err
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn flannel_reference_config() {
+        let c = parse(
+            r#"{"Network":"10.5.0.0/16","SubnetLen":24,"SubnetMin":"10.5.1.0","SubnetMax":"10.5.254.0","Backend":{"Type":"udp","Port":8285}}"#,
+        );
+        assert_eq!(c.network, "10.5.0.0/16".parse().unwrap());
+        assert_eq!(c.subnet_len, 24);
+        assert_eq!(
+            (c.subnet_min, c.subnet_max),
+            (ip("10.5.1.0"), ip("10.5.254.0"))
+        );
+        assert_eq!(c.backend.backend_type, "udp");
+        assert_eq!(c.backend.port, Some(8285));
+        assert_eq!(c.backend.raw["Port"], 8285);
+    }
+
+    #[test]
+    fn defaults_for_a_large_network() {
+        let c = parse(r#"{"Network":"10.5.0.0/16"}"#);
+        assert_eq!(c.subnet_len, 24);
+        assert_eq!(c.subnet_min, ip("10.5.1.0"));
+        assert_eq!(c.subnet_max, ip("10.5.255.0"));
+        assert_eq!(c.backend.backend_type, DEFAULT_BACKEND);
+        assert_eq!(c.backend.raw, Value::Null);
+    }
+
+    #[test]
+    fn defaults_for_networks_smaller_than_22() {
+        let c = parse(r#"{"Network":"10.5.0.0/22"}"#);
+        assert_eq!(c.subnet_len, 24);
+        let c = parse(r#"{"Network":"10.5.0.0/25"}"#);
+        assert_eq!(c.subnet_len, 27);
+        assert_eq!(
+            (c.subnet_min, c.subnet_max),
+            (ip("10.5.0.32"), ip("10.5.0.96"))
+        );
+        assert_eq!(c.subnets().count(), 3);
+    }
+
+    #[test]
+    fn unknown_fields_and_lowercase_names_are_tolerated() {
+        let c = parse(
+            r#"{"network":"10.6.0.0/16","EnableIPv4":true,"EnableNFTables":false,"Future":{"x":1},
+            "Backend":{"Type":"vxlan","VNI":7,"Port":4789,"DirectRouting":true,"MTU":1400,"GBP":true}}"#,
+        );
+        assert_eq!(c.network, "10.6.0.0/16".parse().unwrap());
+        let b = &c.backend;
+        assert_eq!(
+            (b.backend_type.as_str(), b.vni, b.port, b.mtu),
+            ("vxlan", Some(7), Some(4789), Some(1400))
+        );
+        assert!(b.direct_routing);
+        assert_eq!(b.raw["GBP"], true);
+    }
+
+    #[test]
+    fn host_bits_of_network_are_masked_like_flannel() {
+        assert_eq!(
+            parse(r#"{"Network":"10.5.3.7/16"}"#).network,
+            "10.5.0.0/16".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn zero_bounds_mean_default() {
+        let c = parse(r#"{"Network":"10.5.0.0/16","SubnetLen":0,"SubnetMin":"0.0.0.0"}"#);
+        assert_eq!((c.subnet_len, c.subnet_min), (24, ip("10.5.1.0")));
+    }
+
+    #[test]
+    fn invalid_configs_name_the_field() {
+        let cases = [
+            ("{}", "Network is missing"),
+            (
+                r#"{"Network":"banana"}"#,
+                "Network \"banana\" is not an IPv4 CIDR",
+            ),
+            (r#"{"Network":16}"#, "Network must be a CIDR string"),
+            (
+                r#"{"Network":"fc00::/48"}"#,
+                "Network \"fc00::/48\" is not an IPv4 CIDR",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/29"}"#,
+                "Network 10.5.0.0/29 is too small",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":33}"#,
+                "SubnetLen 33 is too long",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":17}"#,
+                "SubnetLen 17 is too short",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetLen":-1}"#,
+                "SubnetLen -1 is not a valid number",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.6.1.0"}"#,
+                "SubnetMin 10.6.1.0 is not in the range",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMax":"10.5.1.7"}"#,
+                "SubnetMax 10.5.1.7 is not on a SubnetLen /24 boundary",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"x"}"#,
+                "SubnetMin \"x\" is not an IPv4 address",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.9.0","SubnetMax":"10.5.3.0"}"#,
+                "SubnetMin 10.5.9.0 is above SubnetMax",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":{"Port":1}}"#,
+                "Backend.Type is missing",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":"udp"}"#,
+                "Backend must be a JSON object",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp","Port":70000}}"#,
+                "Backend.Port 70000",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","EnableIPv6":true}"#,
+                "EnableIPv6",
+            ),
+            (
+                r#"{"Network":"10.5.0.0/16","EnableIPv4":false}"#,
+                "EnableIPv4",
+            ),
+            ("[1]", "expected a JSON object"),
+            ("{", "not valid JSON"),
+        ];
+        for (json, want) in cases {
+            let err = error(json);
+            assert!(err.contains(want), "{json}: got {err:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn leasable_subnets() {
+        let c = parse(r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.2.0","SubnetMax":"10.5.4.0"}"#);
+        let all: Vec<String> = c.subnets().map(|s| s.to_string()).collect();
+        assert_eq!(all, ["10.5.2.0/24", "10.5.3.0/24", "10.5.4.0/24"]);
+        assert!(c.is_leasable("10.5.3.0/24".parse().unwrap()));
+        assert!(!c.is_leasable("10.5.1.0/24".parse().unwrap()));
+        assert!(!c.is_leasable("10.5.3.0/25".parse().unwrap()));
+    }
+
+    #[test]
+    fn for_network_applies_defaults() {
+        let c = Config::for_network("10.7.0.0/16".parse().unwrap(), "twill-batch").unwrap();
+        assert_eq!(
+            (c.subnet_len, c.backend.backend_type.as_str()),
+            (24, "twill-batch")
+        );
+    }
+}

@@ -1,1 +1,263 @@
-//! TODO(control helper)
+//! flannel's subnet.env (default `/run/flannel/subnet.env`).
+//!
+//! Container runtimes and CNI plugins source this file (`docker --bip=$FLANNEL_SUBNET
+//! --mtu=$FLANNEL_MTU`), so it must carry flannel's variables in flannel's format. It is also
+//! twill's memory across restarts: the subnet in it is preferred when acquiring a lease, which
+//! keeps a node's subnet stable (flannel #205).
+
+use anyhow::{bail, Context};
+use ipnet::Ipv4Net;
+use std::fs;
+use std::io::{ErrorKind, Write};
+use std::net::Ipv4Addr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// flanneld's default `--subnet-file`.
+pub const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
+
+/// The contents of subnet.env.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubnetEnv {
+    /// `FLANNEL_NETWORK`: the whole container network.
+    pub network: Ipv4Net,
+    /// This node's lease. Written as its first host address (`10.5.8.1/24`), as flannel does,
+    /// because that is the bridge address the runtime should use.
+    pub subnet: Ipv4Net,
+    /// `FLANNEL_MTU`: the MTU containers should use.
+    pub mtu: u32,
+    /// `FLANNEL_IPMASQ`: whether the daemon masquerades traffic leaving the network.
+    pub ipmasq: bool,
+}
+
+impl SubnetEnv {
+    /// The file's text, line for line what flanneld writes for an IPv4 network.
+    pub fn render(&self) -> String {
+        format!(
+            "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\nFLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n",
+            self.network,
+            first_host(self.subnet),
+            self.subnet.prefix_len(),
+            self.mtu,
+            self.ipmasq
+        )
+    }
+
+    /// Parses the file's text. Unknown variables (e.g. flannel's IPv6 ones) are ignored.
+    pub fn parse(text: &str) -> anyhow::Result<SubnetEnv> {
+        let vars = Vars::parse(text);
+        Ok(SubnetEnv {
+            network: vars.value("FLANNEL_NETWORK")?,
+            subnet: subnet_of(&vars)?.context("FLANNEL_SUBNET is missing")?,
+            mtu: vars.value("FLANNEL_MTU")?,
+            ipmasq: vars.value("FLANNEL_IPMASQ")?,
+        })
+    }
+
+    /// Writes the file atomically: readers see the old file or the new one, never a torn one,
+    /// even if the daemon is killed half-way. The directory is created if needed and an existing
+    /// file keeps its permissions, as flanneld does.
+    pub fn write(&self, path: &Path) -> anyhow::Result<()> {
+        write_atomically(path, self.render().as_bytes())
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// Reads the file; `Ok(None)` when it does not exist (first start).
+    pub fn read(path: &Path) -> anyhow::Result<Option<SubnetEnv>> {
+        read_text(path)?
+            .map(|text| {
+                SubnetEnv::parse(&text).with_context(|| format!("reading {}", path.display()))
+            })
+            .transpose()
+    }
+}
+
+/// The subnet a previous run leased, from FLANNEL_SUBNET alone. Lenient on purpose: a file
+/// written by another flannel version may lack the other variables, and the subnet is all that
+/// lease acquisition needs.
+pub fn previous_subnet(path: &Path) -> anyhow::Result<Option<Ipv4Net>> {
+    match read_text(path)? {
+        Some(text) => {
+            subnet_of(&Vars::parse(&text)).with_context(|| format!("reading {}", path.display()))
+        }
+        None => Ok(None),
+    }
+}
+
+fn read_text(path: &Path) -> anyhow::Result<Option<String>> {
+    match fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+fn first_host(subnet: Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()) + 1)
+}
+
+fn subnet_of(vars: &Vars) -> anyhow::Result<Option<Ipv4Net>> {
+    let Some(value) = vars.get("FLANNEL_SUBNET") else {
+        return Ok(None);
+    };
+    let subnet: Ipv4Net = value
+        .parse()
+        .with_context(|| format!("FLANNEL_SUBNET {value:?} is not an IPv4 CIDR"))?;
+    Ok(Some(subnet.trunc()))
+}
+
+/// `KEY=VALUE` lines as a shell (or godotenv, which flannel uses) would read them: comments,
+/// blank lines, `export` and quotes are allowed.
+struct Vars(Vec<(String, String)>);
+
+impl Vars {
+    fn parse(text: &str) -> Vars {
+        let vars = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .filter_map(|l| l.trim_start_matches("export ").split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), unquote(v.trim()).to_string()))
+            .collect();
+        Vars(vars)
+    }
+
+    /// The last assignment wins, as in a shell.
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn value<T: std::str::FromStr>(&self, key: &str) -> anyhow::Result<T> {
+        let Some(value) = self.get(key) else {
+            bail!("{key} is missing");
+        };
+        value
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{key} has an invalid value {value:?}"))
+    }
+}
+
+fn unquote(v: &str) -> &str {
+    for q in ['"', '\''] {
+        if let Some(inner) = v.strip_prefix(q).and_then(|s| s.strip_suffix(q)) {
+            return inner;
+        }
+    }
+    v
+}
+
+fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir)?;
+    let mode = fs::metadata(path)
+        .map(|m| m.permissions().mode() & 0o7777)
+        .unwrap_or(0o644);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".subnet.env.")
+        .tempfile_in(dir)?;
+    tmp.write_all(contents)?;
+    tmp.as_file()
+        .set_permissions(fs::Permissions::from_mode(mode))?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    // The rename is durable only once the directory entry is on disk.
+    fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> SubnetEnv {
+        SubnetEnv {
+            network: "10.5.0.0/16".parse().unwrap(),
+            subnet: "10.5.8.0/24".parse().unwrap(),
+            mtu: 1472,
+            ipmasq: false,
+        }
+    }
+
+    #[test]
+    fn renders_flannels_format() {
+        let want = "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.8.1/24\nFLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n";
+        assert_eq!(sample().render(), want);
+    }
+
+    #[test]
+    fn write_then_read_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/flannel/subnet.env");
+        assert_eq!(SubnetEnv::read(&path).unwrap(), None);
+        assert_eq!(previous_subnet(&path).unwrap(), None);
+        sample().write(&path).unwrap();
+        assert_eq!(SubnetEnv::read(&path).unwrap(), Some(sample()));
+        assert_eq!(previous_subnet(&path).unwrap(), Some(sample().subnet));
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644);
+    }
+
+    #[test]
+    fn rewrite_replaces_whole_file_keeps_mode_and_leaves_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("subnet.env");
+        fs::write(&path, "FLANNEL_SUBNET=10.5.99.1/24\nA_MUCH_LONGER_OLD_LINE=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\n").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        sample().write(&path).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), sample().render());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["subnet.env"]);
+    }
+
+    #[test]
+    fn reads_files_of_other_flannel_versions() {
+        let text = "# written by flanneld\nexport FLANNEL_NETWORK=\"10.5.0.0/16\"\nFLANNEL_SUBNET=10.5.8.1/24\n\
+                    FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n";
+        let env = SubnetEnv::parse(text).unwrap();
+        assert_eq!(
+            (env.subnet, env.mtu, env.ipmasq),
+            (sample().subnet, 1450, true)
+        );
+    }
+
+    #[test]
+    fn previous_subnet_needs_only_flannel_subnet() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("subnet.env");
+        fs::write(&path, "FLANNEL_SUBNET=10.5.8.1/24\n").unwrap();
+        assert_eq!(
+            previous_subnet(&path).unwrap(),
+            Some("10.5.8.0/24".parse().unwrap())
+        );
+        assert!(SubnetEnv::read(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("reading"));
+        fs::write(&path, "FLANNEL_SUBNET=bogus\n").unwrap();
+        let err = format!("{:#}", previous_subnet(&path).unwrap_err());
+        assert!(err.contains("FLANNEL_SUBNET \"bogus\""), "{err}");
+    }
+
+    #[test]
+    fn missing_variable_is_named() {
+        let err = SubnetEnv::parse(
+            "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.8.1/24\nFLANNEL_IPMASQ=false\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "FLANNEL_MTU is missing");
+    }
+}

@@ -1,1 +1,53 @@
-//! Lease registries: etcd (flannel schema) and static.
+//! Where leases live: etcd in flannel's schema, or a fixed list given on the command line.
+//!
+//! The daemon drives either through [`Registry`]: read the network [`Config`], then
+//! [`Registry::start`] with this node's [`LeaseAttrs`] to get its own lease and a stream of
+//! [`LeaseEvent`]s about the other nodes. Keeping the lease alive (renewal, re-acquisition)
+//! happens behind that stream, so the daemon only reacts to events.
+
+mod etcd;
+mod static_peers;
+
+pub use etcd::{EtcdOptions, EtcdRegistry, Timing};
+pub use static_peers::{parse_peer, StaticRegistry};
+
+use crate::config::Config;
+use crate::lease::{Lease, LeaseAttrs};
+use tokio::sync::mpsc;
+
+/// A change in the set of other nodes' leases, or in our own.
+///
+/// Our own lease never appears in `Snapshot`, `Added` or `Removed`: backends program routes to
+/// peers, never to themselves (flannel filters it the same way).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// The complete set of peer leases. Sent first, and again after every re-list (etcd came
+    /// back, the watch history was compacted); the consumer replaces its table with it, which is
+    /// how it catches up on anything it missed.
+    Snapshot(Vec<Lease>),
+    /// A peer lease appeared or changed (same subnet, new attributes).
+    Added(Lease),
+    /// A peer lease expired or was deleted; carries its last known attributes, so a backend can
+    /// remove exactly what it added (e.g. the vxlan fdb entry for its VtepMAC).
+    Removed(Lease),
+    /// Our lease was lost (its key deleted or expired) and acquired again. The subnet is the old
+    /// one if it was still free, otherwise a new one that the node must switch to.
+    OwnLease(Lease),
+}
+
+/// A source of leases for one flannel network.
+#[allow(async_fn_in_trait)]
+pub trait Registry {
+    /// The network config every node of the network shares.
+    fn config(&self) -> &Config;
+
+    /// Acquires (or reuses) this node's lease and keeps it alive in the background for as long
+    /// as the returned receiver exists; dropping the receiver stops the background work but
+    /// leaves the lease in place, as flanneld's clean shutdown does, so a restart keeps the
+    /// subnet. The receiver first yields a [`LeaseEvent::Snapshot`].
+    async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)>;
+}
+
+/// Capacity of the event channel: large enough for a burst of joins, small enough that a stuck
+/// consumer shows up as backpressure instead of unbounded memory.
+const EVENT_QUEUE: usize = 256;

@@ -1,0 +1,276 @@
+//! The background task behind [`super::EtcdRegistry::start`]: keeps our lease alive and turns
+//! etcd's view of the other leases into [`LeaseEvent`]s.
+//!
+//! One task does both so that our own lease and the peer table change in one order: a watch
+//! event about our key is handled after, never during, a renewal or re-acquisition.
+
+use super::acquire::acquire;
+use super::store::{Listing, Store};
+use super::Timing;
+use crate::config::Config;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::registry::LeaseEvent;
+use anyhow::{anyhow, Context};
+use etcd_client::{EventType, WatchResponse};
+use ipnet::Ipv4Net;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+use tracing::{debug, info, warn};
+
+pub(super) struct Keeper {
+    store: Store,
+    config: Config,
+    attrs: LeaseAttrs,
+    timing: Timing,
+    own: Lease,
+    /// False from the moment our key is seen gone until it is acquired again.
+    held: bool,
+    /// When to renew (while held) or retry the acquisition (while not).
+    maintain_at: Instant,
+    peers: BTreeMap<Ipv4Net, Lease>,
+    tx: mpsc::Sender<LeaseEvent>,
+    backoff: Backoff,
+}
+
+impl Keeper {
+    pub fn new(
+        store: Store,
+        config: Config,
+        timing: Timing,
+        own: Lease,
+        tx: mpsc::Sender<LeaseEvent>,
+    ) -> Keeper {
+        Keeper {
+            attrs: own.attrs(),
+            maintain_at: Instant::now() + timing.renew_after(),
+            backoff: Backoff::new(&timing),
+            store,
+            config,
+            timing,
+            own,
+            held: true,
+            peers: BTreeMap::new(),
+            tx,
+        }
+    }
+
+    /// Runs until the consumer drops its receiver. etcd errors never end it: the consumer keeps
+    /// its last table while etcd is away, and gets a fresh snapshot when it is back.
+    pub async fn run(mut self) {
+        loop {
+            let started = Instant::now();
+            let Err(error) = self.list_and_watch().await else {
+                return;
+            };
+            // A watch that ran for a while was healthy; start the backoff over, so a later
+            // outage is noticed quickly. One that failed at once (etcd still down, history
+            // compacted again) keeps growing the delay, so there is no hot loop.
+            if started.elapsed() > self.timing.backoff_max {
+                self.backoff.reset();
+            }
+            let delay = self.backoff.next();
+            warn!("etcd watch failed: {error:#}; keeping the last lease table, re-listing in {delay:?}");
+            if !self.idle(delay).await {
+                return;
+            }
+        }
+    }
+
+    /// Waits `delay` while still renewing or re-acquiring our lease on time; `false` when the
+    /// consumer went away meanwhile.
+    async fn idle(&mut self, delay: Duration) -> bool {
+        let until = Instant::now() + delay;
+        loop {
+            tokio::select! {
+                _ = self.tx.closed() => return false,
+                _ = sleep_until(until) => return true,
+                _ = sleep_until(self.maintain_at) => self.maintain().await,
+            }
+        }
+    }
+
+    /// Lists every lease at revision R, sends the snapshot, then follows the watch from R+1.
+    /// Returns `Ok` only when the consumer went away.
+    async fn list_and_watch(&mut self) -> anyhow::Result<()> {
+        let listing = self.store.list().await?;
+        let revision = listing.revision;
+        self.resync(listing).await;
+        let mut stream = self.store.watch(revision + 1).await?;
+        loop {
+            tokio::select! {
+                _ = self.tx.closed() => return Ok(()),
+                _ = sleep_until(self.maintain_at) => self.maintain().await,
+                message = stream.message() => {
+                    let response = message?.context("etcd closed the watch stream")?;
+                    self.on_watch(response).await?;
+                }
+            }
+        }
+    }
+
+    async fn resync(&mut self, listing: Listing) {
+        let (own, peers): (Vec<Lease>, Vec<Lease>) = listing
+            .leases
+            .into_iter()
+            .map(|l| l.lease)
+            .partition(|l| self.is_own(l));
+        info!(
+            "listed {} peer leases at etcd revision {}",
+            peers.len(),
+            listing.revision
+        );
+        self.peers = peers.into_iter().map(|l| (l.subnet, l)).collect();
+        self.emit(LeaseEvent::Snapshot(self.peers.values().cloned().collect()))
+            .await;
+        if own.is_empty() && self.held {
+            self.lost("is missing from etcd");
+        }
+    }
+
+    fn is_own(&self, lease: &Lease) -> bool {
+        lease.subnet == self.own.subnet && lease.public_ip == self.attrs.public_ip
+    }
+
+    async fn on_watch(&mut self, response: WatchResponse) -> anyhow::Result<()> {
+        if response.canceled() {
+            return Err(canceled(&response));
+        }
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            match event.event_type() {
+                EventType::Put => match self.store.parse(kv.key(), kv.value()) {
+                    Ok(lease) => self.on_put(lease).await,
+                    Err(e) => warn!(
+                        "ignoring etcd entry {}: {e:#}",
+                        String::from_utf8_lossy(kv.key())
+                    ),
+                },
+                EventType::Delete => match self.store.parse_key(kv.key()) {
+                    Ok(subnet) => self.on_delete(subnet).await,
+                    Err(e) => debug!("ignoring deleted key: {e:#}"),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_put(&mut self, lease: Lease) {
+        if self.is_own(&lease) {
+            return;
+        }
+        if lease.subnet == self.own.subnet && self.held {
+            self.lost("was taken over by another node");
+        }
+        if self.peers.get(&lease.subnet) != Some(&lease) {
+            self.peers.insert(lease.subnet, lease.clone());
+            self.emit(LeaseEvent::Added(lease)).await;
+        }
+    }
+
+    async fn on_delete(&mut self, subnet: Ipv4Net) {
+        if subnet == self.own.subnet && self.held {
+            self.lost("was deleted or expired");
+        } else if let Some(lease) = self.peers.remove(&subnet) {
+            self.emit(LeaseEvent::Removed(lease)).await;
+        }
+    }
+
+    /// Notes that our key is gone; the acquisition runs at once from the select loop.
+    fn lost(&mut self, why: &str) {
+        warn!("our lease {} {why}; acquiring it again", self.own.subnet);
+        self.held = false;
+        self.maintain_at = Instant::now();
+    }
+
+    async fn maintain(&mut self) {
+        let result = if self.held {
+            self.renew().await
+        } else {
+            self.reacquire().await
+        };
+        if let Err(e) = result {
+            let retry = self.timing.retry_interval;
+            warn!(
+                "keeping lease {} failed: {e:#}; trying again in {retry:?}",
+                self.own.subnet
+            );
+            self.maintain_at = Instant::now() + retry;
+        }
+    }
+
+    /// Grants a new etcd lease and re-puts our key on it, as flanneld does.
+    async fn renew(&mut self) -> anyhow::Result<()> {
+        if !self.store.renew(&self.own, self.timing.lease_ttl).await? {
+            self.lost("changed under us");
+            return Ok(());
+        }
+        info!(
+            "renewed lease {} for {:?}",
+            self.own.subnet, self.timing.lease_ttl
+        );
+        self.maintain_at = Instant::now() + self.timing.renew_after();
+        Ok(())
+    }
+
+    /// Acquires again, preferring the subnet we had, and tells the consumer.
+    async fn reacquire(&mut self) -> anyhow::Result<()> {
+        let previous = Some(self.own.subnet);
+        let lease = acquire(
+            &self.store,
+            &self.config,
+            &self.attrs,
+            previous,
+            self.timing.lease_ttl,
+        )
+        .await?;
+        self.own = lease.clone();
+        self.held = true;
+        self.maintain_at = Instant::now() + self.timing.renew_after();
+        if let Some(stale) = self.peers.remove(&lease.subnet) {
+            self.emit(LeaseEvent::Removed(stale)).await;
+        }
+        self.emit(LeaseEvent::OwnLease(lease)).await;
+        Ok(())
+    }
+
+    /// A consumer that went away is noticed by the select loops; nothing to do here.
+    async fn emit(&self, event: LeaseEvent) {
+        let _ = self.tx.send(event).await;
+    }
+}
+
+fn canceled(response: &WatchResponse) -> anyhow::Error {
+    match response.compact_revision() {
+        0 => anyhow!("etcd canceled the watch: {}", response.cancel_reason()),
+        rev => anyhow!("watch history was compacted up to revision {rev}; re-listing"),
+    }
+}
+
+/// Doubling delays between `backoff_min` and `backoff_max`, for every retry that talks to etcd.
+pub(super) struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub fn new(timing: &Timing) -> Backoff {
+        Backoff {
+            min: timing.backoff_min,
+            max: timing.backoff_max,
+            next: timing.backoff_min,
+        }
+    }
+
+    pub fn next(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (delay * 2).min(self.max);
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = self.min;
+    }
+}

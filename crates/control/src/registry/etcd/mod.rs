@@ -1,0 +1,249 @@
+//! Leases in etcd (v3 API), in flannel's schema, so twill and flanneld nodes share a network.
+
+mod acquire;
+mod keeper;
+mod store;
+
+use super::{LeaseEvent, Registry, EVENT_QUEUE};
+use crate::config::Config;
+use crate::lease::{Lease, LeaseAttrs};
+use anyhow::{anyhow, bail, Context};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use ipnet::Ipv4Net;
+use keeper::{Backoff, Keeper};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use store::{is_unreachable, with_deadline, Store};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+/// flanneld's `--etcd-prefix` default.
+pub const DEFAULT_PREFIX: &str = "/coreos.com/network";
+/// flanneld's `--etcd-endpoints` default.
+pub const DEFAULT_ENDPOINTS: &str = "http://127.0.0.1:4001,http://127.0.0.1:2379";
+
+/// How to reach etcd and where the network lives in it (flanneld's `--etcd-*` flags).
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    pub prefix: String,
+    /// CA bundle to verify etcd's certificate; TLS is used when any of the three files is set.
+    pub cafile: Option<PathBuf>,
+    /// Client certificate and key, for etcd with client-certificate auth.
+    pub certfile: Option<PathBuf>,
+    pub keyfile: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// The subnet a previous run held (FLANNEL_SUBNET of `--subnet-file`); preferred when free,
+    /// so a node keeps its subnet across restarts even if its lease expired meanwhile.
+    pub previous_subnet: Option<Ipv4Net>,
+    pub timing: Timing,
+}
+
+/// Every interval the registry uses. The defaults are flanneld's; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct Timing {
+    /// TTL of the etcd lease that carries our key (flannel: 24 h). If twill dies, the key goes
+    /// away after this long and its subnet becomes free.
+    pub lease_ttl: Duration,
+    /// Renew this long before expiry (`--subnet-lease-renew-margin`, flannel: 60 min).
+    pub renew_margin: Duration,
+    /// Wait after a failed renewal or re-acquisition (flannel: 1 min).
+    pub retry_interval: Duration,
+    /// First and longest wait between attempts to reach etcd or to re-establish the watch.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Deadline for one etcd request; also paces the HTTP/2 keep-alive that detects a dead
+    /// connection under an idle watch.
+    pub request_timeout: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            lease_ttl: Duration::from_secs(24 * 3600),
+            renew_margin: Duration::from_secs(60 * 60),
+            retry_interval: Duration::from_secs(60),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Timing {
+    fn renew_after(&self) -> Duration {
+        self.lease_ttl - self.renew_margin
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        if self.renew_margin >= self.lease_ttl {
+            bail!(
+                "--subnet-lease-renew-margin ({:?}) must be shorter than the lease TTL ({:?})",
+                self.renew_margin,
+                self.lease_ttl
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        EtcdOptions::new(DEFAULT_ENDPOINTS)
+    }
+}
+
+impl EtcdOptions {
+    /// Options for a comma-separated endpoint list (`--etcd-endpoints`), with flanneld's other
+    /// defaults.
+    pub fn new(endpoints: &str) -> Self {
+        EtcdOptions {
+            endpoints: endpoints
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(str::to_string)
+                .collect(),
+            prefix: DEFAULT_PREFIX.to_string(),
+            cafile: None,
+            certfile: None,
+            keyfile: None,
+            username: None,
+            password: None,
+            previous_subnet: None,
+            timing: Timing::default(),
+        }
+    }
+}
+
+/// A connection to etcd with the network config already read and validated.
+pub struct EtcdRegistry {
+    store: Store,
+    config: Config,
+    opts: EtcdOptions,
+}
+
+impl EtcdRegistry {
+    /// Connects and reads `<prefix>/config`. While etcd cannot be reached this retries with
+    /// backoff and logs each attempt, because a node often boots before etcd does. A missing or
+    /// invalid config, bad credentials or unreadable TLS files fail at once with a one-line
+    /// error: waiting would not fix them.
+    pub async fn connect(opts: EtcdOptions) -> anyhow::Result<EtcdRegistry> {
+        opts.timing.check()?;
+        let mut backoff = Backoff::new(&opts.timing);
+        loop {
+            match Self::try_connect(&opts).await {
+                Err(e) if is_unreachable(&e) => {
+                    let delay = backoff.next();
+                    warn!(
+                        "etcd at {} is unreachable ({e:#}); retrying in {delay:?}",
+                        opts.endpoints.join(",")
+                    );
+                    tokio::time::sleep(delay).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn try_connect(opts: &EtcdOptions) -> anyhow::Result<EtcdRegistry> {
+        let timeout = opts.timing.request_timeout;
+        let connect = Client::connect(&opts.endpoints, Some(connect_options(opts)?));
+        let client = with_deadline("connect", timeout, connect).await?;
+        let store = Store::new(client, &opts.prefix, timeout);
+        let config = read_config(&store).await?;
+        Ok(EtcdRegistry {
+            store,
+            config,
+            opts: opts.clone(),
+        })
+    }
+}
+
+async fn read_config(store: &Store) -> anyhow::Result<Config> {
+    let key = store.config_key();
+    let Some(json) = store.config_json().await? else {
+        bail!("flannel network config not found: etcd key {key} does not exist (create it with etcdctl put {key} '{{\"Network\":\"10.5.0.0/16\"}}')");
+    };
+    Config::parse(&json).map_err(|e| anyhow!("{e} (etcd key {key})"))
+}
+
+fn connect_options(opts: &EtcdOptions) -> anyhow::Result<ConnectOptions> {
+    let t = opts.timing.request_timeout;
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(t)
+        .with_keep_alive(t * 2, t)
+        .with_require_leader(true);
+    if let Some(user) = &opts.username {
+        options = options.with_user(user, opts.password.clone().unwrap_or_default());
+    }
+    if let Some(tls) = tls_options(opts)? {
+        options = options.with_tls(tls);
+    }
+    Ok(options)
+}
+
+fn tls_options(opts: &EtcdOptions) -> anyhow::Result<Option<TlsOptions>> {
+    if opts.cafile.is_none() && opts.certfile.is_none() && opts.keyfile.is_none() {
+        return Ok(None);
+    }
+    let mut tls = TlsOptions::new();
+    if let Some(ca) = &opts.cafile {
+        tls = tls.ca_certificate(Certificate::from_pem(read_pem(ca, "--etcd-cafile")?));
+    }
+    match (&opts.certfile, &opts.keyfile) {
+        (Some(cert), Some(key)) => {
+            let identity = Identity::from_pem(
+                read_pem(cert, "--etcd-certfile")?,
+                read_pem(key, "--etcd-keyfile")?,
+            );
+            tls = tls.identity(identity);
+        }
+        (None, None) => {}
+        _ => bail!("--etcd-certfile and --etcd-keyfile must be given together"),
+    }
+    Ok(Some(tls))
+}
+
+impl EtcdRegistry {
+    /// Acquires, retrying while etcd is unreachable: it may have gone away since `connect`.
+    async fn acquire(&self, attrs: &LeaseAttrs) -> anyhow::Result<Lease> {
+        let timing = &self.opts.timing;
+        let mut backoff = Backoff::new(timing);
+        loop {
+            let previous = self.opts.previous_subnet;
+            match acquire::acquire(&self.store, &self.config, attrs, previous, timing.lease_ttl)
+                .await
+            {
+                Err(e) if is_unreachable(&e) => {
+                    let delay = backoff.next();
+                    warn!("acquiring a lease failed ({e:#}); retrying in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+fn read_pem(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+}
+
+impl Registry for EtcdRegistry {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Acquires our lease (see [`acquire::acquire`] for the order), then spawns the task that
+    /// renews it, re-acquires it if its key disappears, and watches the other leases.
+    async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
+        let timing = self.opts.timing.clone();
+        let lease = self.acquire(&attrs).await?;
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let keeper = Keeper::new(self.store, self.config, timing, lease.clone(), tx);
+        tokio::spawn(keeper.run());
+        Ok((lease, rx))
+    }
+}

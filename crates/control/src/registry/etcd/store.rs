@@ -1,0 +1,240 @@
+//! The few etcd operations twill needs, in flannel's schema, each bounded in time.
+//!
+//! Every request has a deadline because a request to an unreachable etcd may otherwise wait
+//! for a connection forever, and the callers must get an error they can log and retry.
+
+use crate::lease::{subnet_key, subnets_prefix, Lease};
+use anyhow::Context;
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+};
+use ipnet::Ipv4Net;
+use std::future::Future;
+use std::time::Duration;
+use tracing::warn;
+
+/// An etcd request that got no answer in time. Means "unreachable", like a transport error.
+#[derive(Debug, thiserror::Error)]
+#[error("etcd {what}: no answer within {timeout:?}")]
+struct NoAnswer {
+    what: &'static str,
+    timeout: Duration,
+}
+
+/// Whether `err` means etcd could not be reached (worth retrying) rather than that it refused
+/// the request (not worth retrying: bad credentials, bad TLS files, bad arguments).
+pub(super) fn is_unreachable(err: &anyhow::Error) -> bool {
+    use etcd_client::Error as E;
+    use tonic::Code;
+    err.chain().any(|e| {
+        e.is::<NoAnswer>()
+            || match e.downcast_ref::<E>() {
+                Some(E::TransportError(_)) => true,
+                Some(E::GRpcStatus(s)) => matches!(
+                    s.code(),
+                    Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+                ),
+                _ => false,
+            }
+    })
+}
+
+/// Runs one etcd request, giving up after `timeout`.
+pub(super) async fn with_deadline<T>(
+    what: &'static str,
+    timeout: Duration,
+    request: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(timeout, request).await {
+        Ok(result) => result.with_context(|| format!("etcd {what}")),
+        Err(_) => Err(NoAnswer { what, timeout }.into()),
+    }
+}
+
+/// A lease as listed, with the revision that last wrote it (for compare-and-swap).
+pub(super) struct Listed {
+    pub lease: Lease,
+    pub mod_revision: i64,
+}
+
+/// All leases under the prefix, and the revision they were read at.
+pub(super) struct Listing {
+    pub leases: Vec<Listed>,
+    pub revision: i64,
+}
+
+#[derive(Clone)]
+pub(super) struct Store {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+}
+
+impl Store {
+    pub fn new(client: Client, prefix: &str, timeout: Duration) -> Store {
+        let prefix = prefix.trim_end_matches('/').to_string();
+        Store {
+            client,
+            prefix,
+            timeout,
+        }
+    }
+
+    pub fn config_key(&self) -> String {
+        format!("{}/config", self.prefix)
+    }
+
+    async fn call<T>(
+        &self,
+        what: &'static str,
+        request: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> anyhow::Result<T> {
+        with_deadline(what, self.timeout, request).await
+    }
+
+    /// The raw network config, `None` if the key does not exist.
+    pub async fn config_json(&self) -> anyhow::Result<Option<String>> {
+        let mut c = self.client.clone();
+        let resp = self
+            .call("get config", c.get(self.config_key(), None))
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        Ok(Some(
+            kv.value_str().context("config is not UTF-8")?.to_string(),
+        ))
+    }
+
+    /// Every lease under `<prefix>/subnets/`. Entries that are not leases are skipped with a
+    /// warning, as flanneld does, so one bad key cannot stop the network.
+    pub async fn list(&self) -> anyhow::Result<Listing> {
+        let mut c = self.client.clone();
+        let opts = GetOptions::new().with_prefix();
+        let resp = self
+            .call(
+                "list leases",
+                c.get(subnets_prefix(&self.prefix), Some(opts)),
+            )
+            .await?;
+        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+        let leases = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| match self.parse(kv.key(), kv.value()) {
+                Ok(lease) => Some(Listed {
+                    lease,
+                    mod_revision: kv.mod_revision(),
+                }),
+                Err(e) => {
+                    warn!(
+                        "ignoring etcd entry {}: {e:#}",
+                        String::from_utf8_lossy(kv.key())
+                    );
+                    None
+                }
+            })
+            .collect();
+        Ok(Listing { leases, revision })
+    }
+
+    pub fn parse(&self, key: &[u8], value: &[u8]) -> anyhow::Result<Lease> {
+        let key = std::str::from_utf8(key).context("key is not UTF-8")?;
+        let value = std::str::from_utf8(value).context("value is not UTF-8")?;
+        Ok(Lease::from_kv(&self.prefix, key, value)?)
+    }
+
+    pub fn parse_key(&self, key: &[u8]) -> anyhow::Result<Ipv4Net> {
+        let key = std::str::from_utf8(key).context("key is not UTF-8")?;
+        Ok(crate::lease::parse_subnet_key(&self.prefix, key)?)
+    }
+
+    /// Creates the lease's key only if it does not exist (flannel's `Version(key) == 0` txn).
+    /// `Ok(false)`: another node created it first.
+    pub async fn create(&self, lease: &Lease, ttl: Duration) -> anyhow::Result<bool> {
+        let key = lease.key(&self.prefix);
+        self.put_when(lease, Compare::version(key, CompareOp::Equal, 0), ttl)
+            .await
+    }
+
+    /// Re-puts the lease only if its key was last written at `mod_revision`, i.e. nobody
+    /// changed it since we listed it.
+    pub async fn replace(
+        &self,
+        lease: &Lease,
+        mod_revision: i64,
+        ttl: Duration,
+    ) -> anyhow::Result<bool> {
+        let key = lease.key(&self.prefix);
+        self.put_when(
+            lease,
+            Compare::mod_revision(key, CompareOp::Equal, mod_revision),
+            ttl,
+        )
+        .await
+    }
+
+    /// Re-puts the lease with a fresh TTL only if the key still holds exactly our value, so a
+    /// renewal never overwrites a subnet that another node took after ours was deleted.
+    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> anyhow::Result<bool> {
+        let key = lease.key(&self.prefix);
+        self.put_when(
+            lease,
+            Compare::value(key, CompareOp::Equal, lease.to_json()),
+            ttl,
+        )
+        .await
+    }
+
+    /// Grants a new etcd lease and puts the key on it if `compare` holds. A new etcd lease per
+    /// write is what flanneld does, so both see the same TTL semantics.
+    async fn put_when(
+        &self,
+        lease: &Lease,
+        compare: Compare,
+        ttl: Duration,
+    ) -> anyhow::Result<bool> {
+        let mut c = self.client.clone();
+        let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let grant = self
+            .call("grant lease", c.lease_grant(ttl_secs, None))
+            .await?;
+        let put = TxnOp::put(
+            lease.key(&self.prefix),
+            lease.to_json(),
+            Some(PutOptions::new().with_lease(grant.id())),
+        );
+        let txn = Txn::new().when([compare]).and_then([put]);
+        let outcome = self.call("put lease", c.txn(txn)).await;
+        if !matches!(outcome, Ok(ref r) if r.succeeded()) {
+            // The grant would otherwise sit orphaned in etcd for a whole TTL.
+            if let Err(e) = self.call("revoke lease", c.lease_revoke(grant.id())).await {
+                warn!("could not revoke unused etcd lease {:x}: {e:#}", grant.id());
+            }
+        }
+        Ok(outcome?.succeeded())
+    }
+
+    pub async fn delete(&self, subnet: Ipv4Net) -> anyhow::Result<()> {
+        let mut c = self.client.clone();
+        self.call(
+            "delete lease",
+            c.delete(subnet_key(&self.prefix, subnet), None),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Watches every lease key from `revision` on.
+    pub async fn watch(&self, revision: i64) -> anyhow::Result<WatchStream> {
+        let mut c = self.client.clone();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision);
+        self.call(
+            "watch leases",
+            c.watch(subnets_prefix(&self.prefix), Some(opts)),
+        )
+        .await
+    }
+}

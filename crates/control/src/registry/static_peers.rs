@@ -1,0 +1,150 @@
+//! A registry without etcd: every lease is given up front (`--subnet`, `--peer CIDR=IP[:PORT]`).
+//! Meant for two or three hosts and for tests, where running etcd is not worth it.
+
+use super::{LeaseEvent, Registry, EVENT_QUEUE};
+use crate::config::{Config, DEFAULT_BACKEND};
+use crate::lease::{Lease, LeaseAttrs};
+use anyhow::{bail, Context};
+use ipnet::Ipv4Net;
+use std::net::Ipv4Addr;
+use tokio::sync::mpsc;
+
+/// Leases that never change: ours and the peers', all known at start.
+#[derive(Debug, Clone)]
+pub struct StaticRegistry {
+    config: Config,
+    subnet: Ipv4Net,
+    peers: Vec<Lease>,
+}
+
+impl StaticRegistry {
+    /// `subnet` is this node's own; `peers` typically come from [`parse_peer`]. Refuses subnets
+    /// outside the network or claimed twice, which would otherwise surface as silent misrouting.
+    pub fn new(config: Config, subnet: Ipv4Net, peers: Vec<Lease>) -> anyhow::Result<Self> {
+        let mut seen = vec![subnet];
+        for peer in &peers {
+            if seen
+                .iter()
+                .any(|s| s.contains(&peer.subnet) || peer.subnet.contains(s))
+            {
+                bail!("peer subnet {} overlaps another subnet", peer.subnet);
+            }
+            seen.push(peer.subnet);
+        }
+        if let Some(s) = seen.iter().find(|s| !config.network.contains(*s)) {
+            bail!("subnet {s} is outside the network {}", config.network);
+        }
+        Ok(StaticRegistry {
+            config,
+            subnet,
+            peers,
+        })
+    }
+}
+
+impl Registry for StaticRegistry {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        tx.try_send(LeaseEvent::Snapshot(self.peers))
+            .expect("a new channel has room");
+        // Nothing will ever change, but a closed channel would tell the consumer the registry
+        // died, so the sender lives until the consumer goes away.
+        tokio::spawn(async move { tx.closed().await });
+        Ok((Lease::new(self.subnet, attrs), rx))
+    }
+}
+
+/// Parses `--peer CIDR=IP[:PORT]` into a peer lease of the configured backend type.
+///
+/// The port, when given, goes into `BackendData` as `{"Port":N}` (how twill-batch leases carry
+/// theirs), because a lease has no other place for it; without it the config's port applies.
+pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
+    let bad = || {
+        format!("invalid --peer {spec:?}: expected CIDR=IP[:PORT], e.g. 10.5.2.0/24=192.0.2.2:8285")
+    };
+    let (cidr, addr) = spec.split_once('=').with_context(bad)?;
+    let subnet: Ipv4Net = cidr.trim().parse().with_context(bad)?;
+    if subnet.trunc() != subnet {
+        bail!("invalid --peer {spec:?}: {subnet} has host bits set");
+    }
+    let (ip, port) = match addr.trim().split_once(':') {
+        Some((ip, port)) => (ip, Some(port.parse::<u16>().with_context(bad)?)),
+        None => (addr.trim(), None),
+    };
+    let public_ip: Ipv4Addr = ip.parse().with_context(bad)?;
+    let backend_type = &config.backend.backend_type;
+    Ok(Lease {
+        subnet,
+        public_ip,
+        backend_type: (backend_type != DEFAULT_BACKEND).then(|| backend_type.clone()),
+        backend_data: port.map(|p| serde_json::json!({ "Port": p })),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(backend: &str) -> Config {
+        Config::for_network("10.5.0.0/16".parse().unwrap(), backend).unwrap()
+    }
+
+    #[test]
+    fn parses_peers() {
+        let p = parse_peer("10.5.2.0/24=192.0.2.2", &config("udp")).unwrap();
+        assert_eq!(p.subnet, "10.5.2.0/24".parse().unwrap());
+        assert_eq!(p.public_ip, "192.0.2.2".parse::<Ipv4Addr>().unwrap());
+        assert_eq!((p.backend_type, p.backend_data), (None, None));
+        let p = parse_peer("10.5.3.0/24=192.0.2.3:9000", &config("twill-batch")).unwrap();
+        assert_eq!(p.backend_type.as_deref(), Some("twill-batch"));
+        assert_eq!(p.backend_data.unwrap()["Port"], 9000);
+    }
+
+    #[test]
+    fn bad_peers_are_refused_with_the_spec() {
+        for spec in [
+            "10.5.2.0/24",
+            "10.5.2.0=1.2.3.4",
+            "10.5.2.1/24=1.2.3.4",
+            "10.5.2.0/24=x",
+            "10.5.2.0/24=1.2.3.4:99999",
+        ] {
+            let err = parse_peer(spec, &config("udp")).unwrap_err().to_string();
+            assert!(err.contains(spec), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn start_yields_the_peers_then_stays_open() {
+        let cfg = config("udp");
+        let peer = parse_peer("10.5.2.0/24=192.0.2.2", &cfg).unwrap();
+        let reg =
+            StaticRegistry::new(cfg, "10.5.1.0/24".parse().unwrap(), vec![peer.clone()]).unwrap();
+        let attrs = LeaseAttrs::udp("192.0.2.1".parse().unwrap());
+        let (own, mut rx) = reg.start(attrs.clone()).await.unwrap();
+        assert_eq!(own, Lease::new("10.5.1.0/24".parse().unwrap(), attrs));
+        assert_eq!(rx.recv().await, Some(LeaseEvent::Snapshot(vec![peer])));
+        let next = tokio::time::timeout(std::time::Duration::from_millis(100), rx.recv()).await;
+        assert!(
+            next.is_err(),
+            "expected no further events and an open channel, got {next:?}"
+        );
+    }
+
+    #[test]
+    fn overlapping_or_foreign_subnets_are_refused() {
+        let cfg = config("udp");
+        let own: Ipv4Net = "10.5.1.0/24".parse().unwrap();
+        let dup = parse_peer("10.5.1.0/24=192.0.2.2", &cfg).unwrap();
+        assert!(StaticRegistry::new(cfg.clone(), own, vec![dup]).is_err());
+        let outside = parse_peer("10.9.1.0/24=192.0.2.2", &cfg).unwrap();
+        let err = StaticRegistry::new(cfg, own, vec![outside])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("outside the network"), "{err}");
+    }
+}
