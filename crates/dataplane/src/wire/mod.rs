@@ -2,6 +2,7 @@
 //! in `new_checked`, and accessors then read fields in place. Parsing and emitting live here;
 //! what to do with a packet lives in the engines.
 
+pub mod batch;
 pub mod checksum;
 pub mod flannel;
 pub mod icmp;
@@ -20,4 +21,6 @@ pub enum WireError {
     BadMagic,
     #[error("unsupported protocol version")]
     UnsupportedVersion,
+    #[error("sender subnet is not a valid IPv4 network")]
+    BadSender,
 }

@@ -1,0 +1,25 @@
+//! A batch datagram off the wire: check the header, walk every record, and decode each record
+//! as the inner IPv4 packet the batch engine would forward.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use twill_dataplane::wire::batch::BatchPacket;
+use twill_dataplane::wire::ipv4::Ipv4Packet;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(batch) = BatchPacket::new_checked(data) else {
+        return;
+    };
+    let _ = (batch.sender(), batch.flags());
+    let range = data.as_ptr_range();
+    for record in batch.records() {
+        let Ok(record) = record else {
+            break;
+        };
+        assert!(range.start <= record.as_ptr() && record.as_ptr_range().end <= range.end);
+        if let Ok(packet) = Ipv4Packet::new_checked(record) {
+            let _ = (packet.src_addr(), packet.dst_addr(), packet.payload());
+        }
+    }
+});
