@@ -5,7 +5,7 @@
 //! event about our key is handled after, never during, a renewal or re-acquisition.
 
 use super::acquire::acquire;
-use super::store::{Listing, Store};
+use super::store::{describe, Listing, Store};
 use super::Timing;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
@@ -71,7 +71,10 @@ impl Keeper {
                 self.backoff.reset();
             }
             let delay = self.backoff.next();
-            warn!("etcd watch failed: {error:#}; keeping the last lease table, re-listing in {delay:?}");
+            warn!(
+                "etcd watch failed ({}); keeping the last lease table, re-listing in {delay:?}",
+                describe(&error)
+            );
             if !self.idle(delay).await {
                 return;
             }
@@ -83,7 +86,9 @@ impl Keeper {
     async fn idle(&mut self, delay: Duration) -> bool {
         let until = Instant::now() + delay;
         loop {
+            // biased: a consumer that is gone must stop us before we touch etcd again.
             tokio::select! {
+                biased;
                 _ = self.tx.closed() => return false,
                 _ = sleep_until(until) => return true,
                 _ = sleep_until(self.maintain_at) => self.maintain().await,
@@ -100,6 +105,7 @@ impl Keeper {
         let mut stream = self.store.watch(revision + 1).await?;
         loop {
             tokio::select! {
+                biased;
                 _ = self.tx.closed() => return Ok(()),
                 _ = sleep_until(self.maintain_at) => self.maintain().await,
                 message = stream.message() => {
@@ -193,8 +199,9 @@ impl Keeper {
         if let Err(e) = result {
             let retry = self.timing.retry_interval;
             warn!(
-                "keeping lease {} failed: {e:#}; trying again in {retry:?}",
-                self.own.subnet
+                "keeping lease {} failed ({}); trying again in {retry:?}",
+                self.own.subnet,
+                describe(&e)
             );
             self.maintain_at = Instant::now() + retry;
         }

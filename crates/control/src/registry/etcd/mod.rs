@@ -13,7 +13,7 @@ use ipnet::Ipv4Net;
 use keeper::{Backoff, Keeper};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use store::{is_unreachable, with_deadline, Store};
+use store::{describe, is_unreachable, with_deadline, Store};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -137,8 +137,9 @@ impl EtcdRegistry {
                 Err(e) if is_unreachable(&e) => {
                     let delay = backoff.next();
                     warn!(
-                        "etcd at {} is unreachable ({e:#}); retrying in {delay:?}",
-                        opts.endpoints.join(",")
+                        "etcd at {} is unreachable ({}); retrying in {delay:?}",
+                        opts.endpoints.join(","),
+                        describe(&e)
                     );
                     tokio::time::sleep(delay).await;
                 }
@@ -218,7 +219,10 @@ impl EtcdRegistry {
             {
                 Err(e) if is_unreachable(&e) => {
                     let delay = backoff.next();
-                    warn!("acquiring a lease failed ({e:#}); retrying in {delay:?}");
+                    warn!(
+                        "acquiring a lease failed ({}); retrying in {delay:?}",
+                        describe(&e)
+                    );
                     tokio::time::sleep(delay).await;
                 }
                 result => return result,

@@ -6,7 +6,8 @@
 use crate::lease::{subnet_key, subnets_prefix, Lease};
 use anyhow::Context;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, Txn, TxnOp, WatchClient,
+    WatchOptions, WatchStream,
 };
 use ipnet::Ipv4Net;
 use std::future::Future;
@@ -51,6 +52,17 @@ pub(super) async fn with_deadline<T>(
     }
 }
 
+/// One line for the log: the operation and the root cause, without the nested debug output
+/// that the gRPC errors carry.
+pub(super) fn describe(err: &anyhow::Error) -> String {
+    let (top, root) = (err.to_string(), err.root_cause().to_string());
+    if top == root {
+        top
+    } else {
+        format!("{top}: {root}")
+    }
+}
+
 /// A lease as listed, with the revision that last wrote it (for compare-and-swap).
 pub(super) struct Listed {
     pub lease: Lease,
@@ -63,19 +75,27 @@ pub(super) struct Listing {
     pub revision: i64,
 }
 
+/// Largest list or watch message accepted. The whole lease table comes back as one message, and
+/// gRPC's 4 MB default would cap a network at some ten thousand leases; flanneld's Go client
+/// has no such cap either.
+const MAX_MESSAGE: usize = 256 << 20;
+
 #[derive(Clone)]
 pub(super) struct Store {
     client: Client,
+    kv: KvClient,
+    watch: WatchClient,
     prefix: String,
     timeout: Duration,
 }
 
 impl Store {
     pub fn new(client: Client, prefix: &str, timeout: Duration) -> Store {
-        let prefix = prefix.trim_end_matches('/').to_string();
         Store {
+            kv: client.kv_client().max_decoding_message_size(MAX_MESSAGE),
+            watch: client.watch_client().max_decoding_message_size(MAX_MESSAGE),
             client,
-            prefix,
+            prefix: prefix.trim_end_matches('/').to_string(),
             timeout,
         }
     }
@@ -109,7 +129,7 @@ impl Store {
     /// Every lease under `<prefix>/subnets/`. Entries that are not leases are skipped with a
     /// warning, as flanneld does, so one bad key cannot stop the network.
     pub async fn list(&self) -> anyhow::Result<Listing> {
-        let mut c = self.client.clone();
+        let mut c = self.kv.clone();
         let opts = GetOptions::new().with_prefix();
         let resp = self
             .call(
@@ -227,7 +247,7 @@ impl Store {
 
     /// Watches every lease key from `revision` on.
     pub async fn watch(&self, revision: i64) -> anyhow::Result<WatchStream> {
-        let mut c = self.client.clone();
+        let mut c = self.watch.clone();
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision);

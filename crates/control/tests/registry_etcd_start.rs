@@ -1,0 +1,95 @@
+//! Connecting to etcd: what the operator sees when the config is wrong or etcd is not up yet.
+
+mod common;
+
+use common::{Etcd, Logs};
+use std::time::Duration;
+use twill_control::lease::LeaseAttrs;
+use twill_control::registry::{EtcdOptions, EtcdRegistry, Registry};
+
+async fn connect_error(opts: EtcdOptions) -> String {
+    let result = tokio::time::timeout(Duration::from_secs(10), EtcdRegistry::connect(opts)).await;
+    match result.expect("a config error must not be retried forever") {
+        Ok(_) => panic!("connect succeeded"),
+        Err(e) => {
+            let text = format!("{e:#}");
+            assert!(!text.contains('\n'), "error must be one line: {text}");
+            text
+        }
+    }
+}
+
+#[tokio::test]
+async fn invalid_config_gives_a_one_line_error_naming_the_field() {
+    let etcd = Etcd::start();
+    etcd.put_config(r#"{"Network":"10.5.0.0/16","SubnetLen":33}"#)
+        .await;
+    assert_eq!(
+        connect_error(etcd.options()).await,
+        "invalid network config: SubnetLen 33 is too long: it must be at most 30 \
+         (etcd key /coreos.com/network/config)"
+    );
+}
+
+#[tokio::test]
+async fn missing_config_says_which_key_to_create() {
+    let etcd = Etcd::start();
+    let mut opts = etcd.options();
+    opts.prefix = "/elsewhere/network".to_string();
+    let err = connect_error(opts).await;
+    assert!(
+        err.starts_with(
+            "flannel network config not found: etcd key /elsewhere/network/config does not exist"
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn missing_tls_file_fails_at_once() {
+    let etcd = Etcd::start();
+    let mut opts = etcd.options();
+    opts.cafile = Some("/nonexistent/ca.pem".into());
+    let err = connect_error(opts).await;
+    assert!(
+        err.starts_with("--etcd-cafile /nonexistent/ca.pem"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn unreachable_etcd_at_start_is_retried_until_it_comes_up() {
+    let mut etcd = Etcd::unstarted();
+    // Prepare the config on disk, then take etcd away before the node starts.
+    etcd.launch();
+    etcd.put_config(r#"{"Network":"10.5.0.0/16"}"#).await;
+    etcd.stop();
+
+    let (logs, _guard) = Logs::capture();
+    let connecting = tokio::spawn(EtcdRegistry::connect(etcd.options()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !connecting.is_finished(),
+        "connect gave up while etcd was down"
+    );
+    let retries = logs.text().matches("is unreachable").count();
+    // With backoff from 50 ms capped at 500 ms, 2 s hold only a handful of attempts.
+    assert!(
+        (2..=10).contains(&retries),
+        "{retries} attempts in 2 s:\n{}",
+        logs.text()
+    );
+
+    etcd.launch();
+    let registry = tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .expect("connect did not succeed after etcd came up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(registry.config().network, "10.5.0.0/16".parse().unwrap());
+    let (lease, _events) = registry
+        .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(lease.subnet.prefix_len(), 24);
+}

@@ -1,0 +1,288 @@
+//! The lease watch and the lease keeper against a real etcd: peers coming and going, our own key
+//! deleted, renewal, etcd going away and coming back, and history compaction.
+
+mod common;
+
+use common::{get, next_event, wait_for, Etcd, Logs, PREFIX};
+use etcd_client::CompactionOptions;
+use futures::stream::{self, StreamExt};
+use std::net::Ipv4Addr;
+use std::time::Duration;
+use tokio::sync::mpsc::Receiver;
+use twill_control::lease::{Lease, LeaseAttrs};
+use twill_control::registry::{EtcdOptions, EtcdRegistry, LeaseEvent, Registry};
+
+const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
+const SECOND: Duration = Duration::from_secs(1);
+
+fn ip(last: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 0, 0, last)
+}
+
+async fn start_with(opts: EtcdOptions, attrs: LeaseAttrs) -> (Lease, Receiver<LeaseEvent>) {
+    EtcdRegistry::connect(opts)
+        .await
+        .unwrap()
+        .start(attrs)
+        .await
+        .unwrap()
+}
+
+async fn start(etcd: &Etcd, last: u8) -> (Lease, Receiver<LeaseEvent>) {
+    let mac = format!("aa:aa:aa:aa:aa:{last:02x}");
+    start_with(etcd.options(), LeaseAttrs::vxlan(ip(last), 1, &mac)).await
+}
+
+fn snapshot(event: LeaseEvent) -> Vec<Lease> {
+    match event {
+        LeaseEvent::Snapshot(leases) => leases,
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn peers_are_reported_and_our_own_lease_is_not() {
+    let etcd = Etcd::start();
+    etcd.put_config(CONFIG).await;
+    let (a, mut a_events) = start(&etcd, 1).await;
+    assert_eq!(
+        snapshot(next_event(&mut a_events, 5 * SECOND).await),
+        vec![]
+    );
+
+    let (b, mut b_events) = start(&etcd, 2).await;
+    assert_eq!(
+        next_event(&mut a_events, 5 * SECOND).await,
+        LeaseEvent::Added(b.clone())
+    );
+    assert_eq!(
+        snapshot(next_event(&mut b_events, 5 * SECOND).await),
+        vec![a.clone()]
+    );
+
+    // A lease exactly as flanneld writes it (reference/flannel.md) is understood.
+    let flanneld = r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"d6:60:f1:85:5a:fc"}}"#;
+    let key = format!("{PREFIX}/subnets/10.5.200.0-24");
+    let mut client = etcd.client().await;
+    client.put(key.clone(), flanneld, None).await.unwrap();
+    let added = match next_event(&mut a_events, 5 * SECOND).await {
+        LeaseEvent::Added(lease) => lease,
+        other => panic!("expected Added, got {other:?}"),
+    };
+    assert_eq!(added.subnet, "10.5.200.0/24".parse().unwrap());
+    assert_eq!(
+        added.backend_data.as_ref().unwrap()["VtepMAC"],
+        "d6:60:f1:85:5a:fc"
+    );
+
+    client.delete(key, None).await.unwrap();
+    assert_eq!(
+        next_event(&mut a_events, 5 * SECOND).await,
+        LeaseEvent::Removed(added)
+    );
+}
+
+#[tokio::test]
+async fn deleted_own_key_is_reacquired_with_the_same_subnet() {
+    let etcd = Etcd::start();
+    etcd.put_config(CONFIG).await;
+    let (a, mut events) = start(&etcd, 1).await;
+    snapshot(next_event(&mut events, 5 * SECOND).await);
+    let mut client = etcd.client().await;
+    client.delete(a.key(PREFIX), None).await.unwrap();
+
+    let event = wait_for(&mut events, 5 * SECOND, |e| {
+        matches!(e, LeaseEvent::OwnLease(_))
+    })
+    .await;
+    assert_eq!(event, LeaseEvent::OwnLease(a.clone()));
+    let (value, _) = get(&mut client, &a.key(PREFIX))
+        .await
+        .expect("key written again");
+    assert_eq!(value, a.to_json());
+}
+
+#[tokio::test]
+async fn own_subnet_taken_by_another_node_is_given_up_for_a_new_one() {
+    let etcd = Etcd::start();
+    etcd.put_config(CONFIG).await;
+    let (a, mut events) = start(&etcd, 1).await;
+    snapshot(next_event(&mut events, 5 * SECOND).await);
+    let intruder = Lease::new(a.subnet, LeaseAttrs::host_gw(ip(9)));
+    let mut client = etcd.client().await;
+    client
+        .put(a.key(PREFIX), intruder.to_json(), None)
+        .await
+        .unwrap();
+
+    let mut saw_intruder = false;
+    let own = wait_for(&mut events, 5 * SECOND, |e| {
+        saw_intruder |= *e == LeaseEvent::Added(intruder.clone());
+        matches!(e, LeaseEvent::OwnLease(_))
+    })
+    .await;
+    let LeaseEvent::OwnLease(own) = own else {
+        unreachable!()
+    };
+    assert!(
+        saw_intruder,
+        "the node now holding our old subnet is a peer"
+    );
+    assert_ne!(own.subnet, a.subnet);
+    assert_eq!(
+        get(&mut client, &a.key(PREFIX)).await.unwrap().0,
+        intruder.to_json()
+    );
+}
+
+#[tokio::test]
+async fn lease_is_renewed_with_a_new_etcd_lease_before_it_expires() {
+    let etcd = Etcd::start();
+    etcd.put_config(CONFIG).await;
+    let mut opts = etcd.options();
+    opts.timing.lease_ttl = 3 * SECOND;
+    opts.timing.renew_margin = 2 * SECOND;
+    let (a, _events) = start_with(opts, LeaseAttrs::udp(ip(1))).await;
+    let (_, mut b_events) = start(&etcd, 2).await;
+    snapshot(next_event(&mut b_events, 5 * SECOND).await);
+    let mut client = etcd.client().await;
+    let (_, first) = get(&mut client, &a.key(PREFIX)).await.unwrap();
+
+    // Three TTLs: without renewal the key would be gone.
+    tokio::time::sleep(9 * SECOND).await;
+    let (value, now) = get(&mut client, &a.key(PREFIX))
+        .await
+        .expect("renewed key still there");
+    assert_eq!(value, a.to_json());
+    assert_ne!(now, first, "each renewal puts the key on a new etcd lease");
+    while let Ok(event) = b_events.try_recv() {
+        assert!(
+            !matches!(event, LeaseEvent::Removed(_)),
+            "peer saw our lease vanish: {event:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn watch_resyncs_after_etcd_is_gone_for_a_while() {
+    let mut etcd = Etcd::start();
+    etcd.put_config(CONFIG).await;
+    let (a, mut events) = start(&etcd, 1).await;
+    let (b, _b_events) = start(&etcd, 2).await;
+    wait_for(&mut events, 5 * SECOND, |e| {
+        *e == LeaseEvent::Added(b.clone())
+    })
+    .await;
+
+    etcd.stop();
+    tokio::time::sleep(3 * SECOND).await;
+    if let Ok(event) = events.try_recv() {
+        panic!("no event expected while etcd is down, got {event:?}");
+    }
+    assert!(
+        !events.is_closed(),
+        "the registry must outlive an etcd outage"
+    );
+    etcd.launch();
+
+    let resync = wait_for(&mut events, 10 * SECOND, |e| {
+        matches!(e, LeaseEvent::Snapshot(_))
+    })
+    .await;
+    assert_eq!(snapshot(resync), vec![b.clone()]);
+    let (c, _c_events) = start(&etcd, 3).await;
+    wait_for(&mut events, 5 * SECOND, |e| {
+        *e == LeaseEvent::Added(c.clone())
+    })
+    .await;
+    assert!(get(&mut etcd.client().await, &a.key(PREFIX))
+        .await
+        .is_some());
+}
+
+/// Puts `count` peer leases, one revision each (etcd buffers a slow watcher's changes per
+/// revision), with `pad` bytes of BackendData each so that they fill the watch stream's buffers.
+async fn put_many(etcd: &Etcd, first: u32, count: u32, pad: usize) -> Vec<Lease> {
+    let client = etcd.client().await;
+    let padding = "x".repeat(pad);
+    let leases: Vec<Lease> = (first..first + count)
+        .map(|i| {
+            let subnet = format!("10.{}.{}.0/24", 6 + i / 256, i % 256)
+                .parse()
+                .unwrap();
+            let mut attrs = LeaseAttrs::host_gw(Ipv4Addr::from(0x0a00_0000 + i));
+            attrs.backend_data = Some(serde_json::json!({ "pad": padding }));
+            Lease::new(subnet, attrs)
+        })
+        .collect();
+    stream::iter(&leases)
+        .for_each_concurrent(16, |lease| {
+            let mut client = client.clone();
+            async move {
+                client
+                    .put(lease.key(PREFIX), lease.to_json(), None)
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    leases
+}
+
+/// A consumer that stops reading makes the watch fall behind; compacting the history then makes
+/// etcd cancel the watch. The registry must re-list once, deliver a complete snapshot, and go on
+/// watching, without the hot loop of flannel #2470.
+#[tokio::test]
+async fn compaction_behind_the_watch_is_recovered_without_a_hot_loop() {
+    let etcd = Etcd::start();
+    etcd.put_config(r#"{"Network":"10.0.0.0/8"}"#).await;
+    let (logs, _guard) = Logs::capture();
+    let (_, mut events) = start_with(etcd.options(), LeaseAttrs::udp(ip(1))).await;
+    snapshot(next_event(&mut events, 5 * SECOND).await);
+
+    // Not reading `events` now: about 8 MB of changes pile up behind the watch.
+    let leases = put_many(&etcd, 0, 4000, 2000).await;
+    let mut client = etcd.client().await;
+    let head = client
+        .get("x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    client
+        .compact(head, Some(CompactionOptions::new().with_physical()))
+        .await
+        .unwrap();
+
+    let resync = wait_for(&mut events, 60 * SECOND, |e| {
+        matches!(e, LeaseEvent::Snapshot(_))
+    })
+    .await;
+    assert_eq!(snapshot(resync).len(), leases.len());
+    assert!(
+        logs.text().contains("watch history was compacted"),
+        "re-listed for another reason:\n{}",
+        logs.text()
+    );
+    let quiet = tokio::time::timeout(3 * SECOND, async {
+        loop {
+            match events.recv().await {
+                Some(LeaseEvent::Snapshot(_)) => return "another snapshot",
+                Some(_) => continue,
+                None => return "channel closed",
+            }
+        }
+    })
+    .await;
+    assert!(
+        quiet.is_err(),
+        "after one re-list the watch must stay put, got {quiet:?}"
+    );
+
+    let late = put_many(&etcd, 20_000, 1, 10).await;
+    wait_for(&mut events, 5 * SECOND, |e| {
+        *e == LeaseEvent::Added(late[0].clone())
+    })
+    .await;
+}
