@@ -1,1 +1,160 @@
-fn main() {}
+//! `twill`: the command line. Parsing and wiring only; the work is in twill-control and
+//! twill-dataplane.
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use ipnet::Ipv4Net;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use twill_control::config::Config;
+use twill_control::daemon::{self, NodeOptions};
+use twill_control::registry::{parse_peer, StaticRegistry};
+use twill_control::{status, subnet_env};
+
+#[derive(Parser)]
+#[command(
+    name = "twill",
+    version,
+    about = "flannel-compatible container network dataplane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Join the network and forward container traffic until SIGINT/SIGTERM.
+    Run(RunArgs),
+    /// Print a running node's lease, peers and counters.
+    Status {
+        /// The node's status address (`twill run --status-addr`).
+        #[arg(long, default_value = status::DEFAULT_ADDR)]
+        addr: SocketAddr,
+    },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Backend for the static registry (without etcd the config comes from the command line).
+    #[arg(long, default_value = "udp")]
+    backend: String,
+    /// Underlay interface; its first IPv4 address is the default --public-ip.
+    #[arg(long)]
+    iface: Option<String>,
+    /// Address other nodes reach this one at.
+    #[arg(long)]
+    public_ip: Option<Ipv4Addr>,
+    /// Static registry: the whole container network.
+    #[arg(long, value_name = "CIDR")]
+    network: Option<Ipv4Net>,
+    /// Static registry: this node's subnet.
+    #[arg(long, value_name = "CIDR")]
+    subnet: Option<Ipv4Net>,
+    /// Static registry: another node, as SUBNET=PUBLIC_IP[:PORT]. Repeat for each.
+    #[arg(long = "peer", value_name = "CIDR=IP[:PORT]")]
+    peers: Vec<String>,
+    /// flannel's subnet file, sourced by container runtimes.
+    #[arg(long, default_value = subnet_env::DEFAULT_PATH)]
+    subnet_file: PathBuf,
+    /// UDP port of the userspace backends (flannel's Backend.Port).
+    #[arg(long)]
+    port: Option<u16>,
+    #[arg(long, default_value = "twill0")]
+    tun_name: String,
+    /// TUN MTU; default: the interface MTU minus 28 (outer IPv4 + UDP).
+    #[arg(long)]
+    mtu: Option<u16>,
+    /// TUN queues, each served by its own task.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    queues: u16,
+    /// Disable TUN offloads (virtio-net header, TSO/GRO), e.g. to measure what they bring.
+    #[arg(long)]
+    no_offload: bool,
+    /// Written to FLANNEL_IPMASQ; twill itself does not masquerade.
+    #[arg(long)]
+    ip_masq: bool,
+    /// Serve /status, /metrics and /healthz here (loopback: for this host's operator).
+    #[arg(long, default_value = status::DEFAULT_ADDR)]
+    status_addr: SocketAddr,
+    /// flannel's health check: also serve on --healthz-ip:PORT (0 = off, as in flannel).
+    #[arg(long, default_value_t = 0)]
+    healthz_port: u16,
+    #[arg(long, default_value = "0.0.0.0")]
+    healthz_ip: Ipv4Addr,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run(args) => run(args),
+        Command::Status { addr } => print_status(addr),
+    };
+    if let Err(e) = result {
+        eprintln!("twill: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: RunArgs) -> anyhow::Result<()> {
+    let registry = static_registry(&args)?;
+    let status_addrs = status_addrs(&args);
+    let options = NodeOptions {
+        iface: args.iface,
+        public_ip: args.public_ip,
+        subnet_file: args.subnet_file,
+        tun_name: args.tun_name,
+        mtu: args.mtu,
+        ip_masq: args.ip_masq,
+        queues: usize::from(args.queues),
+        no_offload: args.no_offload,
+        status_addrs,
+    };
+    tokio::runtime::Runtime::new()?.block_on(daemon::run(registry, options, shutdown_signal()))
+}
+
+fn status_addrs(args: &RunArgs) -> Vec<SocketAddr> {
+    let mut addrs = vec![args.status_addr];
+    if args.healthz_port != 0 {
+        addrs.push(SocketAddr::from((args.healthz_ip, args.healthz_port)));
+    }
+    addrs
+}
+
+fn print_status(addr: SocketAddr) -> anyhow::Result<()> {
+    let body = tokio::runtime::Runtime::new()?.block_on(status::fetch(addr))?;
+    println!("{body}");
+    Ok(())
+}
+
+fn static_registry(args: &RunArgs) -> anyhow::Result<StaticRegistry> {
+    let network = args.network.context("--network is required without etcd")?;
+    let subnet = args.subnet.context("--subnet is required without etcd")?;
+    let mut config = Config::for_network(network, &args.backend)?;
+    if args.port.is_some() {
+        config.backend.port = args.port;
+    }
+    let peers = args
+        .peers
+        .iter()
+        .map(|p| parse_peer(p, &config))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    StaticRegistry::new(config, subnet, peers)
+}
+
+/// Resolves on SIGINT or SIGTERM, so both stop the node cleanly.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+}

@@ -4,6 +4,9 @@
 
 pub mod backend;
 pub mod config;
+pub mod daemon;
+pub mod host;
 pub mod lease;
 pub mod registry;
+pub mod status;
 pub mod subnet_env;

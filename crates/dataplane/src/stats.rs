@@ -14,6 +14,8 @@ pub enum DropReason {
     SpoofedSource,
     /// A datagram or packet that does not decode.
     Malformed,
+    /// A packet from TUN that is not IPv4 (twill carries IPv4 only, as flannel's udp backend).
+    NotIpv4,
     /// A packet from TUN whose destination no peer owns.
     NoRoute,
     /// A packet larger than the path or the TUN MTU allows.
@@ -29,10 +31,11 @@ pub enum DropReason {
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 9] = [
+    pub const ALL: [DropReason; 10] = [
         DropReason::UnknownPeer,
         DropReason::SpoofedSource,
         DropReason::Malformed,
+        DropReason::NotIpv4,
         DropReason::NoRoute,
         DropReason::TooBig,
         DropReason::TtlExceeded,
@@ -47,6 +50,7 @@ impl DropReason {
             DropReason::UnknownPeer => "unknown_peer",
             DropReason::SpoofedSource => "spoofed_source",
             DropReason::Malformed => "malformed",
+            DropReason::NotIpv4 => "not_ipv4",
             DropReason::NoRoute => "no_route",
             DropReason::TooBig => "too_big",
             DropReason::TtlExceeded => "ttl_exceeded",

@@ -2,6 +2,8 @@
 //!
 //! The daemon turns lease events into calls on a [`Backend`]; it does not care which one.
 
+pub mod userspace;
+
 use crate::lease::Lease;
 
 /// What every backend does with the leases of the other nodes.

@@ -10,7 +10,7 @@ use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
 use crate::stats::{DropReason, EngineStats};
 use crate::table::{Peer, PeerTable, SharedTable};
 use crate::wire::ipv4::Ipv4Packet;
-use crate::wire::{flannel, icmp};
+use crate::wire::{flannel, icmp, WireError};
 use std::net::SocketAddrV4;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -94,7 +94,10 @@ pub(crate) struct Shared {
 
 /// Route a packet read from TUN: find its peer's index and decrement its TTL as flanneld does.
 pub(crate) fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
-    let mut ip = Ipv4Packet::new_checked(packet).map_err(|_| DropReason::Malformed)?;
+    let mut ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
+        WireError::BadVersion => DropReason::NotIpv4,
+        _ => DropReason::Malformed,
+    })?;
     let peer = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
     if !ip.decrement_ttl() {
         return Err(DropReason::TtlExceeded);

@@ -47,6 +47,7 @@ impl Tun {
             Err(e) => return Err(open_error(config, e)),
         };
         let offload = config.offload && first.tcp_gso();
+        disable_ipv6(&config.name);
         let mut queues = vec![Arc::new(first)];
         for _ in 1..config.queues {
             queues.push(Arc::new(queues[0].try_clone()?));
@@ -92,6 +93,15 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<AsyncDevice> {
         .multi_queue(config.queues > 1)
         .tx_queue_len(config.tx_queue_len)
         .build_async()
+}
+
+/// twill carries IPv4 only; without this the kernel would send router solicitations and MLD
+/// reports into the TUN, only for the engine to drop them.
+fn disable_ipv6(name: &str) {
+    let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
+    if let Err(e) = std::fs::write(&path, "1") {
+        tracing::debug!("cannot write {path}: {e}");
+    }
 }
 
 fn open_error(config: &TunConfig, e: io::Error) -> anyhow::Error {

@@ -1,0 +1,99 @@
+//! The userspace backends, `udp` (flannel's) and `twill-batch`: a dataplane engine on a TUN,
+//! whose peer table follows the leases.
+//!
+//! Like flanneld's udp backend, the TUN gets the lease's network address as a /32 and one route
+//! for the whole network, so the kernel hands every packet for another host's subnet to us.
+
+use super::Backend;
+use crate::lease::Lease;
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+use twill_dataplane::engine::{Engine, EngineKind};
+use twill_dataplane::table::{PeerSpec, SharedTable};
+
+/// Feeds an engine's peer table from leases of one backend type.
+pub struct Userspace {
+    kind: EngineKind,
+    table: Arc<SharedTable>,
+    /// The port peers listen on when their lease does not say (flannel leases never do).
+    default_port: u16,
+    peers: BTreeMap<ipnet::Ipv4Net, Lease>,
+}
+
+impl Userspace {
+    pub fn new(engine: &Engine, kind: EngineKind, default_port: u16) -> Userspace {
+        Userspace {
+            kind,
+            table: engine.table().clone(),
+            default_port,
+            peers: BTreeMap::new(),
+        }
+    }
+
+    fn accepts(&self, lease: &Lease) -> bool {
+        let ours = self.backend_type();
+        if lease.backend_type.as_deref() == ours {
+            return true;
+        }
+        tracing::info!(
+            subnet = %lease.subnet,
+            "ignoring lease with backend type {:?}; this node runs {:?}",
+            lease.backend_type.as_deref().unwrap_or("udp"),
+            ours.unwrap_or("udp")
+        );
+        false
+    }
+
+    fn publish(&self) {
+        let specs: Vec<PeerSpec> = self.peers.values().map(|l| self.spec(l)).collect();
+        self.table.set_peers(&specs);
+    }
+
+    fn spec(&self, lease: &Lease) -> PeerSpec {
+        let port = lease
+            .backend_data
+            .as_ref()
+            .and_then(|d| d.get("Port"))
+            .and_then(|p| p.as_u64())
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(self.default_port);
+        PeerSpec {
+            subnet: lease.subnet,
+            endpoint: SocketAddrV4::new(lease.public_ip, port),
+        }
+    }
+}
+
+impl Backend for Userspace {
+    fn backend_type(&self) -> Option<&'static str> {
+        match self.kind {
+            EngineKind::FlannelUdp => None,
+        }
+    }
+
+    async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        if self.accepts(lease) {
+            self.peers.insert(lease.subnet, lease.clone());
+            self.publish();
+        }
+        Ok(())
+    }
+
+    async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        if self.peers.remove(&lease.subnet).is_some() {
+            self.publish();
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+        self.peers = leases
+            .iter()
+            .filter(|l| self.accepts(l))
+            .map(|l| (l.subnet, l.clone()))
+            .collect();
+        self.publish();
+        Ok(())
+    }
+}

@@ -1,0 +1,108 @@
+//! Facts about this host that the daemon needs before any backend runs: the underlay interface,
+//! our privileges, and the one route the userspace backends add.
+
+use anyhow::{bail, Context};
+use futures::TryStreamExt;
+use ipnet::Ipv4Net;
+use nix::ifaddrs::getifaddrs;
+use std::net::Ipv4Addr;
+
+/// The underlay interface: its name, first IPv4 address and MTU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interface {
+    pub name: String,
+    pub address: Ipv4Addr,
+    pub mtu: u32,
+}
+
+/// The interface called `name`, with its first IPv4 address.
+pub fn interface(name: &str) -> anyhow::Result<Interface> {
+    let address = ipv4_addresses()?
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, a)| a);
+    match address {
+        Some(address) => Ok(Interface {
+            name: name.to_string(),
+            address,
+            mtu: mtu(name)?,
+        }),
+        None if nix::net::if_::if_nametoindex(name).is_ok() => {
+            bail!("interface {name} has no IPv4 address")
+        }
+        None => bail!("interface {name} does not exist"),
+    }
+}
+
+/// The interface that holds `ip`, for `--public-ip` without `--iface`.
+pub fn interface_with_address(ip: Ipv4Addr) -> anyhow::Result<Interface> {
+    let (name, _) = ipv4_addresses()?
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .with_context(|| format!("no interface has the address {ip}; give --iface"))?;
+    Ok(Interface {
+        mtu: mtu(&name)?,
+        name,
+        address: ip,
+    })
+}
+
+fn ipv4_addresses() -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
+    let addrs = getifaddrs().context("cannot list interface addresses")?;
+    Ok(addrs
+        .filter_map(|a| {
+            let ip = a.address?.as_sockaddr_in()?.ip();
+            Some((a.interface_name, ip))
+        })
+        .collect())
+}
+
+fn mtu(name: &str) -> anyhow::Result<u32> {
+    let path = format!("/sys/class/net/{name}/mtu");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("{path} holds no number"))
+}
+
+/// Fail early, with one clear line, when we cannot create devices or change routes.
+pub fn require_net_admin() -> anyhow::Result<()> {
+    const CAP_NET_ADMIN: u32 = 12;
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let effective = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    if effective & (1 << CAP_NET_ADMIN) == 0 {
+        bail!("twill needs root or CAP_NET_ADMIN to create devices and routes");
+    }
+    Ok(())
+}
+
+/// `ip route replace <network> dev <dev>`: flanneld's one route that sends the whole container
+/// network through the TUN; the more specific local subnet route still wins for our containers.
+pub async fn route_network_to(network: Ipv4Net, dev: &str) -> anyhow::Result<()> {
+    let (connection, handle, _) = rtnetlink::new_connection()?;
+    tokio::spawn(connection);
+    let link = handle
+        .link()
+        .get()
+        .match_name(dev.to_string())
+        .execute()
+        .try_next()
+        .await
+        .with_context(|| format!("cannot find device {dev}"))?
+        .with_context(|| format!("device {dev} does not exist"))?;
+    let route = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(network.network(), network.prefix_len())
+        .output_interface(link.header.index)
+        .build();
+    handle
+        .route()
+        .add(route)
+        .replace()
+        .execute()
+        .await
+        .with_context(|| format!("cannot add route {network} dev {dev}"))
+}

@@ -1,0 +1,183 @@
+//! What a running node tells operators: `/healthz` (flannel's), Prometheus `/metrics`, and
+//! `/status` (JSON, what `twill status` prints).
+
+use crate::lease::Lease;
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use twill_dataplane::engine::Engine;
+use twill_dataplane::stats::EngineStats;
+use twill_dataplane::table::SharedTable;
+
+/// Default address of the status server; loopback, since it is for this host's operator.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9585";
+
+/// The node's state as the daemon last saw it.
+#[derive(Default)]
+pub struct NodeStatus {
+    lease: RwLock<Option<Lease>>,
+    peers: RwLock<Vec<Lease>>,
+    backend: RwLock<String>,
+    engine: RwLock<Option<(Arc<SharedTable>, Arc<EngineStats>)>>,
+}
+
+impl NodeStatus {
+    pub fn set_lease(&self, lease: &Lease, backend: &str) {
+        *self.lease.write().unwrap() = Some(lease.clone());
+        *self.backend.write().unwrap() = backend.to_string();
+    }
+
+    pub fn set_peers(&self, peers: Vec<Lease>) {
+        *self.peers.write().unwrap() = peers;
+    }
+
+    pub fn set_engine(&self, engine: &Engine) {
+        *self.engine.write().unwrap() = Some((engine.table().clone(), engine.stats().clone()));
+    }
+
+    fn to_json(&self) -> Value {
+        let lease = self.lease.read().unwrap().clone();
+        let peers: Vec<Value> = self.peers.read().unwrap().iter().map(lease_json).collect();
+        let engine = self.engine.read().unwrap();
+        json!({
+            "backend": *self.backend.read().unwrap(),
+            "lease": lease.as_ref().map(lease_json),
+            "peers": peers,
+            "counters": engine.as_ref().map(|(table, stats)| counters_json(table, stats)),
+        })
+    }
+
+    fn to_prometheus(&self) -> String {
+        let mut out = String::new();
+        if let Some((table, stats)) = self.engine.read().unwrap().as_ref() {
+            write_engine_metrics(&mut out, table, stats);
+        }
+        let _ = writeln!(out, "# TYPE twill_peers gauge");
+        let _ = writeln!(out, "twill_peers {}", self.peers.read().unwrap().len());
+        out
+    }
+}
+
+fn lease_json(lease: &Lease) -> Value {
+    json!({
+        "subnet": lease.subnet.to_string(),
+        "public_ip": lease.public_ip.to_string(),
+        "backend_type": lease.backend_type,
+    })
+}
+
+fn counters_json(table: &SharedTable, stats: &EngineStats) -> Value {
+    let drops: serde_json::Map<String, Value> = stats
+        .drops()
+        .map(|(r, n)| (r.as_str().to_string(), json!(n)))
+        .collect();
+    let peers: Vec<Value> = table
+        .load()
+        .peers()
+        .iter()
+        .map(|p| {
+            json!({
+                "subnet": p.spec.subnet.to_string(),
+                "endpoint": p.spec.endpoint.to_string(),
+                "tx_packets": p.stats.tx.packets(), "tx_bytes": p.stats.tx.bytes(),
+                "rx_packets": p.stats.rx.packets(), "rx_bytes": p.stats.rx.bytes(),
+            })
+        })
+        .collect();
+    json!({
+        "tx_packets": stats.tx.packets(), "tx_bytes": stats.tx.bytes(),
+        "rx_packets": stats.rx.packets(), "rx_bytes": stats.rx.bytes(),
+        "tx_datagrams": stats.tx_datagrams.load(std::sync::atomic::Ordering::Relaxed),
+        "rx_datagrams": stats.rx_datagrams.load(std::sync::atomic::Ordering::Relaxed),
+        "drops": drops,
+        "peers": peers,
+    })
+}
+
+fn write_engine_metrics(out: &mut String, table: &SharedTable, stats: &EngineStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let totals = [
+        ("twill_tx_packets_total", stats.tx.packets()),
+        ("twill_tx_bytes_total", stats.tx.bytes()),
+        ("twill_rx_packets_total", stats.rx.packets()),
+        ("twill_rx_bytes_total", stats.rx.bytes()),
+        ("twill_tx_datagrams_total", stats.tx_datagrams.load(Relaxed)),
+        ("twill_rx_datagrams_total", stats.rx_datagrams.load(Relaxed)),
+    ];
+    for (name, value) in totals {
+        let _ = writeln!(out, "# TYPE {name} counter\n{name} {value}");
+    }
+    let _ = writeln!(out, "# TYPE twill_drops_total counter");
+    for (reason, n) in stats.drops() {
+        let _ = writeln!(
+            out,
+            "twill_drops_total{{reason=\"{}\"}} {n}",
+            reason.as_str()
+        );
+    }
+    for name in ["packets", "bytes"] {
+        let _ = writeln!(out, "# TYPE twill_peer_{name}_total counter");
+    }
+    for peer in table.load().peers() {
+        let labels = format!(
+            "peer=\"{}\",endpoint=\"{}\"",
+            peer.spec.subnet, peer.spec.endpoint
+        );
+        let s = &peer.stats;
+        for (dir, flow) in [("tx", &s.tx), ("rx", &s.rx)] {
+            let _ = writeln!(
+                out,
+                "twill_peer_packets_total{{{labels},dir=\"{dir}\"}} {}\ntwill_peer_bytes_total{{{labels},dir=\"{dir}\"}} {}",
+                flow.packets(),
+                flow.bytes()
+            );
+        }
+    }
+}
+
+/// Serve the status endpoints on `addr` until the runtime stops.
+pub async fn serve(addr: SocketAddr, status: Arc<NodeStatus>) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(|State(s): State<Arc<NodeStatus>>| async move { s.to_prometheus() }),
+        )
+        .route(
+            "/status",
+            get(|State(s): State<Arc<NodeStatus>>| async move { Json(s.to_json()) }),
+        )
+        .with_state(status);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for status: {e}"))?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!("status server stopped: {e}");
+        }
+    });
+    Ok(())
+}
+
+/// GET `/status` from a running node and pretty-print it, for `twill status`.
+pub async fn fetch(addr: SocketAddr) -> anyhow::Result<String> {
+    use anyhow::Context;
+    use http_body_util::{BodyExt, Empty};
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("no twill node answers on {addr} (is `twill run` running?)"))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get("/status")
+        .header("host", addr.to_string())
+        .body(Empty::<axum::body::Bytes>::new())?;
+    let response = sender.send_request(request).await?;
+    let body = response.into_body().collect().await?.to_bytes();
+    let value: Value = serde_json::from_slice(&body).context("status is not JSON")?;
+    Ok(serde_json::to_string_pretty(&value)?)
+}

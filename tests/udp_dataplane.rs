@@ -1,0 +1,233 @@
+//! The flannel-udp dataplane on two lab hosts with static peers: real TUN devices, real
+//! namespaces, real packets checked end to end.
+
+mod common;
+
+use anyhow::{Context, Result};
+use common::*;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::Duration;
+use twill_lab::{Lab, LabSpec, Proc};
+
+/// Two hosts running `twill run --backend udp`, each with one container.
+struct Pair {
+    lab: Lab,
+    nodes: Vec<Proc>,
+    _dir: tempfile::TempDir,
+}
+
+const SUBNETS: [&str; 2] = ["10.5.1.0/24", "10.5.2.0/24"];
+
+fn pair(tag: &str, extra_peer: Option<&str>) -> Result<Pair> {
+    twill_lab::require_root()?;
+    let mut lab = Lab::new(LabSpec {
+        hosts: 2,
+        tag: tag.into(),
+        ..Default::default()
+    })?;
+    for (i, subnet) in SUBNETS.iter().enumerate() {
+        lab.host_mut(i).add_container(subnet.parse()?)?;
+    }
+    let dir = scratch()?;
+    let mut nodes = Vec::new();
+    for i in 0..2 {
+        let other = 1 - i;
+        let peer = format!("{}={}", SUBNETS[other], lab.host(other).underlay_ip);
+        let mut args = vec![
+            "--backend",
+            "udp",
+            "--network",
+            "10.5.0.0/16",
+            "--subnet",
+            SUBNETS[i],
+            "--peer",
+            &peer,
+        ];
+        if let Some(extra) = extra_peer.filter(|_| i == 0) {
+            args.extend(["--peer", extra]);
+        }
+        let file = path_in(&dir, &format!("h{i}.env"));
+        nodes.push(start_twill(lab.host(i), &args, &file)?);
+    }
+    Ok(Pair {
+        lab,
+        nodes,
+        _dir: dir,
+    })
+}
+
+impl Pair {
+    fn container(&self, host: usize) -> &twill_lab::Container {
+        &self.lab.host(host).containers()[0]
+    }
+}
+
+#[test]
+fn ping_both_ways_with_flannels_ttl() -> Result<()> {
+    let pair = pair("uping", None)?;
+    let (a, b) = (pair.container(0), pair.container(1));
+    let out = ping(a, b.ip, 3)?;
+    assert!(out.contains("3 received"), "{out}");
+    // 64, minus one per routing host and one for each twill decrement on send and on receive.
+    assert!(out.contains("ttl=60"), "{out}");
+    let out = ping(b, a.ip, 3)?;
+    assert!(out.contains("3 received"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn tcp_transfer_of_64_mib_arrives_intact() -> Result<()> {
+    let pair = pair("utcp", None)?;
+    let (sent, received) = tcp_transfer(pair.container(0), pair.container(1), 64 << 20)?;
+    assert_eq!(sent, received);
+    let s = status(&pair.lab.host(0).ns)?;
+    let tx = s["counters"]["peers"][0]["tx_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        tx > 64 << 20,
+        "peer tx counter {tx} below the bytes sent: {s}"
+    );
+    Ok(())
+}
+
+#[test]
+fn datagram_on_the_wire_is_the_bare_inner_packet_on_port_8285() -> Result<()> {
+    let pair = pair("uwire", None)?;
+    let (a, b) = (pair.container(0), pair.container(1));
+    let host_b = &pair.lab.host(1).ns;
+    let pcap = pair._dir.path().join("wire.pcap");
+    let pcap_arg = pcap.to_str().context("path")?;
+    let mut capture = host_b.spawn(
+        "tcpdump",
+        &[
+            "-i",
+            "eth0",
+            "-n",
+            "-U",
+            "-c",
+            "1",
+            "-w",
+            pcap_arg,
+            "udp dst port 8285",
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    let marker = b"twill-wire-format-check";
+    a.ns.enter(|| -> Result<()> {
+        let socket = UdpSocket::bind((a.ip, 40001))?;
+        socket.send_to(marker, (b.ip, 40002))?;
+        Ok(())
+    })?;
+    capture
+        .wait_timeout(Duration::from_secs(5))?
+        .context("tcpdump captured nothing")?;
+    let file = std::fs::read(&pcap)?;
+    let frame = first_pcap_frame(&file)?;
+    let outer = &frame[14..];
+    assert_eq!(outer[9], 17, "outer protocol is UDP");
+    let udp = &outer[20..];
+    assert_eq!(u16::from_be_bytes([udp[0], udp[1]]), 8285, "source port");
+    assert_eq!(
+        u16::from_be_bytes([udp[2], udp[3]]),
+        8285,
+        "destination port"
+    );
+    let payload = &udp[8..usize::from(u16::from_be_bytes([udp[4], udp[5]]))];
+    // The payload is exactly one IPv4 packet from container a to container b, nothing around it.
+    assert_eq!(payload[0] >> 4, 4);
+    assert_eq!(
+        usize::from(u16::from_be_bytes([payload[2], payload[3]])),
+        payload.len()
+    );
+    assert_eq!(&payload[12..16], &a.ip.octets());
+    assert_eq!(&payload[16..20], &b.ip.octets());
+    assert_eq!(&payload[payload.len() - marker.len()..], marker);
+    Ok(())
+}
+
+/// The first frame of a pcap file (classic format, Ethernet link type).
+fn first_pcap_frame(file: &[u8]) -> Result<&[u8]> {
+    anyhow::ensure!(file.len() > 40, "pcap too short");
+    let caplen = u32::from_le_bytes(file[32..36].try_into()?) as usize;
+    file.get(40..40 + caplen).context("pcap frame truncated")
+}
+
+/// A third, fake peer 10.5.3.0/24 at 10.200.0.3:8285 lives on host b's underlay; host a knows it.
+const FAKE_PEER: &str = "10.5.3.0/24=10.200.0.3";
+
+#[test]
+fn unknown_spoofed_and_malformed_datagrams_are_dropped_and_counted() -> Result<()> {
+    let pair = pair("udrop", Some(FAKE_PEER))?;
+    let host_a = &pair.lab.host(0).ns;
+    let host_b = &pair.lab.host(1).ns;
+    host_b.ip(&["addr", "add", "10.200.0.3/24", "dev", "eth0"])?;
+    let target = SocketAddrV4::new(pair.lab.host(0).underlay_ip, 8285);
+    let good_from_fake = inner_packet(Ipv4Addr::new(10, 5, 3, 9), pair.container(0).ip);
+    let spoofed = inner_packet(Ipv4Addr::new(10, 5, 2, 9), pair.container(0).ip);
+    let mut truncated = good_from_fake.clone();
+    truncated.truncate(12);
+    let mut wrong_version = good_from_fake.clone();
+    wrong_version[0] = 0x65;
+    let mut bad_length = good_from_fake.clone();
+    bad_length.extend_from_slice(&[0; 7]);
+    host_b.enter(|| -> Result<()> {
+        let fake = UdpSocket::bind("10.200.0.3:8285")?;
+        fake.send_to(&spoofed, target)?;
+        for bad in [&truncated, &wrong_version, &bad_length] {
+            fake.send_to(bad, target)?;
+        }
+        let stranger = UdpSocket::bind("10.200.0.3:40000")?;
+        stranger.send_to(&good_from_fake, target)?;
+        Ok(())
+    })?;
+    let counted = eventually("drop counters", || {
+        Ok(drops(host_a, "spoofed_source")? == 1
+            && drops(host_a, "unknown_peer")? == 1
+            && drops(host_a, "malformed")? == 3)
+    });
+    counted.with_context(|| format!("{}", status(host_a).unwrap_or_default()))?;
+    // Still forwarding after all that.
+    let out = ping(pair.container(0), pair.container(1).ip, 1)?;
+    assert!(out.contains("1 received"), "{out}");
+    Ok(())
+}
+
+/// A UDP packet from `src` to `dst` with a valid IPv4 header.
+fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    use twill_dataplane::wire::ipv4::{Ipv4Repr, PROTO_UDP};
+    let repr = Ipv4Repr {
+        src,
+        dst,
+        protocol: PROTO_UDP,
+        ttl: 64,
+        payload_len: 12,
+    };
+    let mut buf = vec![0u8; repr.total_len()];
+    repr.emit(&mut buf).expect("emit");
+    buf
+}
+
+#[test]
+fn packets_to_unleased_subnets_get_net_unreachable() -> Result<()> {
+    let pair = pair("uunre", None)?;
+    let out = pair
+        .container(0)
+        .ns
+        .sh("ping -c 1 -W 2 10.5.77.1 || true")?;
+    assert!(out.contains("Destination Net Unreachable"), "{out}");
+    assert!(drops(&pair.lab.host(0).ns, "no_route")? >= 1);
+    Ok(())
+}
+
+#[test]
+fn sigterm_removes_the_tun_device() -> Result<()> {
+    let mut pair = pair("uterm", None)?;
+    let host = &pair.lab.host(0).ns;
+    assert!(host.ip(&["link", "show", "twill0"]).is_ok());
+    let status = pair.nodes[0].stop()?;
+    assert!(status.success(), "twill exited with {status}");
+    assert!(
+        host.ip(&["link", "show", "twill0"]).is_err(),
+        "twill0 is still there"
+    );
+    Ok(())
+}
