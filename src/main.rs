@@ -6,9 +6,13 @@ use clap::{Args, Parser, Subcommand};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use twill_control::config::Config;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use twill_control::config::{Config, DEFAULT_BACKEND};
 use twill_control::daemon::{self, NodeOptions};
-use twill_control::registry::{parse_peer, StaticRegistry};
+use twill_control::registry::{
+    parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
+};
 use twill_control::{status, subnet_env};
 
 #[derive(Parser)]
@@ -36,9 +40,11 @@ enum Command {
 
 #[derive(Args)]
 struct RunArgs {
-    /// Backend for the static registry (without etcd the config comes from the command line).
-    #[arg(long, default_value = "udp")]
-    backend: String,
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// Backend for the static registry; with etcd the backend comes from the network config.
+    #[arg(long)]
+    backend: Option<String>,
     /// Underlay interface; its first IPv4 address is the default --public-ip.
     #[arg(long)]
     iface: Option<String>,
@@ -84,6 +90,29 @@ struct RunArgs {
     healthz_ip: Ipv4Addr,
 }
 
+/// flanneld's etcd flags; `--etcd-endpoints` switches from the static registry to etcd.
+#[derive(Args)]
+struct EtcdArgs {
+    /// Comma-separated etcd endpoints, e.g. http://127.0.0.1:2379.
+    #[arg(long, value_name = "URLS")]
+    etcd_endpoints: Option<String>,
+    #[arg(long, default_value = DEFAULT_PREFIX)]
+    etcd_prefix: String,
+    #[arg(long)]
+    etcd_cafile: Option<PathBuf>,
+    #[arg(long)]
+    etcd_certfile: Option<PathBuf>,
+    #[arg(long)]
+    etcd_keyfile: Option<PathBuf>,
+    #[arg(long)]
+    etcd_username: Option<String>,
+    #[arg(long, env = "ETCD_PASSWORD")]
+    etcd_password: Option<String>,
+    /// Renew the lease this many minutes before it expires (flannel's default: 60).
+    #[arg(long, default_value_t = 60)]
+    subnet_lease_renew_margin: u64,
+}
+
 fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -103,20 +132,59 @@ fn main() {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
-    let registry = static_registry(&args)?;
-    let status_addrs = status_addrs(&args);
-    let options = NodeOptions {
-        iface: args.iface,
+    let runtime = tokio::runtime::Runtime::new()?;
+    let stop = CancellationToken::new();
+    runtime.spawn(cancel_on_signal(stop.clone()));
+    let options = node_options(&args);
+    match etcd_options(&args)? {
+        Some(etcd) => runtime.block_on(async {
+            if let Some(backend) = &args.backend {
+                tracing::warn!(
+                    "--backend {backend} ignored: with etcd the network config names the backend"
+                );
+            }
+            let registry = tokio::select! {
+                registry = EtcdRegistry::connect(etcd) => registry?,
+                () = stop.cancelled() => return Ok(()),
+            };
+            daemon::run(registry, options, stop.cancelled_owned()).await
+        }),
+        None => {
+            let registry = static_registry(&args)?;
+            runtime.block_on(daemon::run(registry, options, stop.cancelled_owned()))
+        }
+    }
+}
+
+fn etcd_options(args: &RunArgs) -> anyhow::Result<Option<EtcdOptions>> {
+    let e = &args.etcd;
+    let Some(endpoints) = &e.etcd_endpoints else {
+        return Ok(None);
+    };
+    let mut options = EtcdOptions::new(endpoints);
+    options.prefix = e.etcd_prefix.clone();
+    options.cafile = e.etcd_cafile.clone();
+    options.certfile = e.etcd_certfile.clone();
+    options.keyfile = e.etcd_keyfile.clone();
+    options.username = e.etcd_username.clone();
+    options.password = e.etcd_password.clone();
+    options.timing.renew_margin = Duration::from_secs(60 * e.subnet_lease_renew_margin);
+    options.previous_subnet = subnet_env::previous_subnet(&args.subnet_file)?;
+    Ok(Some(options))
+}
+
+fn node_options(args: &RunArgs) -> NodeOptions {
+    NodeOptions {
+        iface: args.iface.clone(),
         public_ip: args.public_ip,
-        subnet_file: args.subnet_file,
-        tun_name: args.tun_name,
+        subnet_file: args.subnet_file.clone(),
+        tun_name: args.tun_name.clone(),
         mtu: args.mtu,
         ip_masq: args.ip_masq,
         queues: usize::from(args.queues),
         no_offload: args.no_offload,
-        status_addrs,
-    };
-    tokio::runtime::Runtime::new()?.block_on(daemon::run(registry, options, shutdown_signal()))
+        status_addrs: status_addrs(args),
+    }
 }
 
 fn status_addrs(args: &RunArgs) -> Vec<SocketAddr> {
@@ -136,7 +204,8 @@ fn print_status(addr: SocketAddr) -> anyhow::Result<()> {
 fn static_registry(args: &RunArgs) -> anyhow::Result<StaticRegistry> {
     let network = args.network.context("--network is required without etcd")?;
     let subnet = args.subnet.context("--subnet is required without etcd")?;
-    let mut config = Config::for_network(network, &args.backend)?;
+    let backend = args.backend.as_deref().unwrap_or(DEFAULT_BACKEND);
+    let mut config = Config::for_network(network, backend)?;
     if args.port.is_some() {
         config.backend.port = args.port;
     }
@@ -148,8 +217,8 @@ fn static_registry(args: &RunArgs) -> anyhow::Result<StaticRegistry> {
     StaticRegistry::new(config, subnet, peers)
 }
 
-/// Resolves on SIGINT or SIGTERM, so both stop the node cleanly.
-async fn shutdown_signal() {
+/// Cancels `stop` on SIGINT or SIGTERM, so both stop the node cleanly.
+async fn cancel_on_signal(stop: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
@@ -157,4 +226,5 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+    stop.cancel();
 }

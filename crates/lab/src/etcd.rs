@@ -1,6 +1,7 @@
 use crate::netns::{command_in, run, Netns};
 use crate::proc::{temp_prefix, Proc};
 use anyhow::{bail, Result};
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
@@ -15,6 +16,8 @@ pub struct Etcd {
     // Drop order: the process before the data dir it writes to.
     proc: Option<Proc>,
     ns: Option<String>,
+    /// The address etcd listens on; loopback unless other namespaces must reach it.
+    ip: Ipv4Addr,
     client_port: u16,
     peer_port: u16,
     dir: TempDir,
@@ -24,9 +27,16 @@ impl Etcd {
     /// Starts etcd inside `ns` (the root namespace for None) and waits until it is healthy.
     /// The Etcd must not outlive `ns`.
     pub fn new(ns: Option<&Netns>) -> Result<Etcd> {
+        Self::listening(ns, Ipv4Addr::LOCALHOST)
+    }
+
+    /// Like [`Etcd::new`], but listening on `ip` in `ns` (e.g. a host's underlay address), so
+    /// nodes in other namespaces of the lab can reach it.
+    pub fn listening(ns: Option<&Netns>, ip: Ipv4Addr) -> Result<Etcd> {
         let mut etcd = Etcd {
             proc: None,
             ns: ns.map(|ns| ns.name().to_string()),
+            ip,
             client_port: 0,
             peer_port: 0,
             dir: tempfile::Builder::new().prefix(&temp_prefix()).tempdir()?,
@@ -46,9 +56,9 @@ impl Etcd {
         }
     }
 
-    /// `http://127.0.0.1:PORT`, reachable from the namespace etcd runs in.
+    /// `http://IP:PORT`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.ip, self.client_port)
     }
 
     /// Runs `etcdctl --endpoints <endpoint> args...` in etcd's namespace and returns stdout.
@@ -95,7 +105,7 @@ impl Etcd {
 
     fn args(&self) -> Vec<String> {
         let client = self.endpoint();
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let peer = format!("http://{}:{}", self.ip, self.peer_port);
         let data = self.dir.path().join("data").display().to_string();
         [
             "--name=lab".into(),

@@ -1,0 +1,124 @@
+//! Bad input gets one clear line and a non-zero exit, before anything is changed on the host.
+
+mod common;
+
+use anyhow::Result;
+use common::TWILL;
+use std::net::UdpSocket;
+use std::process::Command;
+use twill_lab::{Lab, LabSpec};
+
+/// Run twill in the first host of a fresh lab and return (success, stderr).
+fn twill_in_lab(lab: &Lab, args: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", lab.host(0).ns.name(), TWILL])
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    ))
+}
+
+fn lab(tag: &str) -> Result<Lab> {
+    twill_lab::require_root()?;
+    Lab::new(LabSpec {
+        hosts: 2,
+        tag: tag.into(),
+        ..Default::default()
+    })
+}
+
+const STATIC: [&str; 6] = [
+    "run",
+    "--network",
+    "10.5.0.0/16",
+    "--peer",
+    "10.5.2.0/24=10.200.0.2",
+    "--subnet-file=/dev/null/none",
+];
+
+fn assert_fails_with(lab: &Lab, extra: &[&str], expected: &str) -> Result<()> {
+    let mut args = STATIC.to_vec();
+    args.extend_from_slice(extra);
+    let (ok, stderr) = twill_in_lab(lab, &args)?;
+    assert!(!ok, "twill {args:?} succeeded");
+    assert!(
+        stderr.contains(expected),
+        "expected {expected:?} in:\n{stderr}"
+    );
+    assert!(
+        lab.host(0).ns.ip(&["link", "show", "twill0"]).is_err(),
+        "a failed start left twill0 behind"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_cidr_names_the_flag() -> Result<()> {
+    let lab = lab("cli-cidr")?;
+    assert_fails_with(
+        &lab,
+        &["--iface", "eth0", "--subnet", "10.5.1.0/33"],
+        "--subnet",
+    )
+}
+
+#[test]
+fn subnet_outside_the_network_is_refused() -> Result<()> {
+    let lab = lab("cli-out")?;
+    assert_fails_with(
+        &lab,
+        &["--iface", "eth0", "--subnet", "10.9.1.0/24"],
+        "outside the network",
+    )
+}
+
+#[test]
+fn missing_iface_is_named() -> Result<()> {
+    let lab = lab("cli-if")?;
+    assert_fails_with(
+        &lab,
+        &["--iface", "nosuch0", "--subnet", "10.5.1.0/24"],
+        "interface nosuch0 does not exist",
+    )
+}
+
+#[test]
+fn port_in_use_is_named() -> Result<()> {
+    let lab = lab("cli-port")?;
+    let host = lab.host(0);
+    let blocker = host
+        .ns
+        .enter(|| UdpSocket::bind((host.underlay_ip, 8285)))?;
+    let result = assert_fails_with(
+        &lab,
+        &["--iface", "eth0", "--subnet", "10.5.1.0/24"],
+        "port 8285 is already in use",
+    );
+    drop(blocker);
+    result
+}
+
+#[test]
+fn without_net_admin_it_says_so() -> Result<()> {
+    let lab = lab("cli-cap")?;
+    let mut args = vec![
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        TWILL,
+    ];
+    args.extend_from_slice(&STATIC);
+    args.extend(["--iface", "eth0", "--subnet", "10.5.1.0/24"]);
+    let out = Command::new("ip")
+        .args(["netns", "exec", lab.host(0).ns.name(), "setpriv"])
+        .args(&args)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("needs root or CAP_NET_ADMIN"), "{stderr}");
+    Ok(())
+}
