@@ -4,6 +4,12 @@
 
 pub mod userspace;
 
+pub mod host_gw;
+pub mod ipip;
+pub mod kernel;
+pub mod netlink;
+pub mod vxlan;
+
 use crate::lease::Lease;
 
 /// What every backend does with the leases of the other nodes.

@@ -1,0 +1,62 @@
+//! flannel's `host-gw` backend: no device, one route per peer via its PublicIP on the iface.
+//! Only works when every host shares one L2 segment; a peer elsewhere is refused by the kernel
+//! ("nexthop has invalid gateway"), reported, and retried by the next reconcile.
+
+use super::kernel::{connect, KernelBackend, KernelConfig, Owned, PeerPlan, PeerState, Uplink};
+use crate::lease::Lease;
+
+pub type HostGwBackend = KernelBackend<HostGwPlan>;
+
+/// What a host-gw peer needs: `<subnet> via <PublicIP> dev <iface>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostGwPlan {
+    uplink: Uplink,
+}
+
+impl PeerPlan for HostGwPlan {
+    const BACKEND_TYPE: &'static str = "host-gw";
+
+    fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
+        Ok(PeerState::route_only(self.uplink.route_via(lease)))
+    }
+}
+
+impl HostGwBackend {
+    /// `config.direct_routing` is ignored: host-gw routes directly by definition.
+    pub async fn connect(config: &KernelConfig, lease: &Lease) -> anyhow::Result<HostGwBackend> {
+        let (nl, uplink) = connect(&config.iface).await?;
+        let owned = Owned {
+            network: config.network,
+            route_links: vec![uplink.index],
+            l2_link: None,
+        };
+        let mtu = uplink.mtu;
+        Ok(KernelBackend::new(
+            nl,
+            HostGwPlan { uplink },
+            lease,
+            owned,
+            mtu,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::kernel::tests::{lease, uplink};
+    use crate::backend::netlink::Route;
+
+    #[test]
+    fn peer_gets_a_route_via_its_public_ip_on_the_iface() {
+        let l = lease("10.5.2.0/24", "10.200.0.2", Some("host-gw"));
+        let state = HostGwPlan { uplink: uplink() }.peer_state(&l).unwrap();
+        let route = Route {
+            dst: l.subnet,
+            gateway: Some(l.public_ip),
+            oif: uplink().index,
+            onlink: false,
+        };
+        assert_eq!(state, PeerState::route_only(route));
+    }
+}

@@ -1,0 +1,319 @@
+//! flannel's `vxlan` backend: the kernel's VXLAN device `flannel.<VNI>`, and per peer a permanent
+//! neighbour, an fdb entry and an onlink route.
+//!
+//! The device comes first and the lease second, as in flanneld: the lease's BackendData carries
+//! the device's MAC (VtepMAC), so the device must exist before the lease is written.
+//! [`VxlanDevice::ensure`] creates (or reuses) it, [`VxlanDevice::backend_data`] is what goes into
+//! the lease, and [`VxlanDevice::attach`] finishes the setup once the lease is known.
+
+use anyhow::Context;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::kernel::{
+    connect, ensure_mtu, KernelBackend, KernelConfig, PeerPlan, PeerState, Tunnel, TunnelRoutes,
+};
+use super::netlink::{
+    vxlan_link_message, FdbEntry, Link, LinkKind, MacAddr, Neighbour, Netlink, Route, VxlanParams,
+    KERNEL_VXLAN_PORT,
+};
+use crate::lease::Lease;
+
+/// IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
+const ENCAP_OVERHEAD: u32 = 50;
+
+/// The VXLAN part of flannel's `Backend` config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VxlanConfig {
+    /// `VNI`, default 1.
+    pub vni: u32,
+    /// `Port`; 0 (the default) leaves it to the kernel, which uses 8472.
+    pub port: u16,
+}
+
+impl Default for VxlanConfig {
+    fn default() -> Self {
+        VxlanConfig { vni: 1, port: 0 }
+    }
+}
+
+pub type VxlanBackend = KernelBackend<VxlanPlan>;
+
+/// `flannel.<VNI>`, created or reused, before our lease exists.
+pub struct VxlanDevice {
+    tunnel: Tunnel,
+    mac: MacAddr,
+    vni: u32,
+}
+
+impl VxlanDevice {
+    /// Creates `flannel.<VNI>` on `config.iface`, or reuses an existing one whose settings
+    /// match (recreating it otherwise, as flanneld does).
+    pub async fn ensure(config: KernelConfig, vxlan: VxlanConfig) -> anyhow::Result<VxlanDevice> {
+        let (nl, uplink) = connect(&config.iface).await?;
+        let want = VxlanParams {
+            vni: vxlan.vni,
+            local: Some(uplink.addr.addr()),
+            dev: Some(uplink.index),
+            port: vxlan.port,
+            learning: false,
+        };
+        let name = format!("flannel.{}", vxlan.vni);
+        let mtu = uplink.mtu.saturating_sub(ENCAP_OVERHEAD);
+        let link = ensure_link(&nl, &name, &want, mtu).await?;
+        let mac = link
+            .mac
+            .with_context(|| format!("{name} has no MAC address"))?;
+        let tunnel = Tunnel {
+            nl,
+            link,
+            uplink,
+            config,
+        };
+        Ok(VxlanDevice {
+            tunnel,
+            mac,
+            vni: vxlan.vni,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.tunnel.link.name
+    }
+
+    /// The VtepMAC peers put in their fdb for us.
+    pub fn mac(&self) -> MacAddr {
+        self.mac
+    }
+
+    /// Our lease's BackendData, exactly as flanneld writes it: `{"VNI":1,"VtepMAC":"…"}`.
+    pub fn backend_data(&self) -> serde_json::Value {
+        backend_data(self.vni, self.mac)
+    }
+
+    /// Finishes the device for our lease (its /32 address, up) and returns the backend.
+    pub async fn attach(self, lease: &Lease) -> anyhow::Result<VxlanBackend> {
+        self.tunnel.attach(lease, VxlanPlan).await
+    }
+}
+
+/// What a vxlan peer needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VxlanPlan(TunnelRoutes);
+
+impl PeerPlan for VxlanPlan {
+    const BACKEND_TYPE: &'static str = "vxlan";
+
+    fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
+        if let Some(route) = self.0.direct(lease) {
+            return Ok(PeerState::route_only(route));
+        }
+        let mac = vtep_mac(lease)?;
+        let gateway = lease.subnet.network();
+        Ok(PeerState {
+            neighbour: Some(Neighbour { ip: gateway, mac }),
+            fdb: Some(FdbEntry {
+                mac,
+                dst: lease.public_ip,
+            }),
+            route: Route {
+                dst: lease.subnet,
+                gateway: Some(gateway),
+                oif: self.0.dev,
+                onlink: true,
+            },
+        })
+    }
+}
+
+fn backend_data(vni: u32, mac: MacAddr) -> serde_json::Value {
+    json!({ "VNI": vni, "VtepMAC": mac.to_string() })
+}
+
+fn vtep_mac(lease: &Lease) -> anyhow::Result<MacAddr> {
+    let data = lease.backend_data.as_ref();
+    let mac = data.and_then(|d| d.get("VtepMAC")).and_then(|m| m.as_str());
+    let mac = mac.context("lease has no BackendData.VtepMAC")?;
+    mac.parse().map_err(anyhow::Error::msg)
+}
+
+async fn ensure_link(
+    nl: &Netlink,
+    name: &str,
+    want: &VxlanParams,
+    mtu: u32,
+) -> anyhow::Result<Link> {
+    if let Some(have) = nl.link_by_name(name).await? {
+        let Some(reason) = incompatibility(&have, want) else {
+            info!(device = name, "reusing existing VXLAN device");
+            return ensure_mtu(nl, have, mtu).await;
+        };
+        warn!(
+            device = name,
+            "exists with incompatible configuration: {reason}; recreating device"
+        );
+        nl.delete_link(have.index)
+            .await
+            .with_context(|| format!("deleting {name}"))?;
+    }
+    let msg = vxlan_link_message(name, want, mtu, MacAddr::random());
+    nl.create_link(msg)
+        .await
+        .with_context(|| format!("creating VXLAN device {name}"))?;
+    let created = nl.link_by_name(name).await?;
+    created.with_context(|| format!("{name} vanished right after creation"))
+}
+
+/// Why an existing device can't be reused, or `None` if it can. flanneld compares type, VNI,
+/// underlay device, local address and port; twill also insists on nolearning (a learning device
+/// would fill the fdb with entries reconcile does not own) and compares the effective port, so a
+/// device on 4789 isn't mistaken for the default 8472.
+fn incompatibility(have: &Link, want: &VxlanParams) -> Option<String> {
+    let LinkKind::Vxlan(have) = &have.kind else {
+        return Some(format!("not a vxlan device ({:?})", have.kind));
+    };
+    let port = |p: u16| if p == 0 { KERNEL_VXLAN_PORT } else { p };
+    let checks = [
+        (
+            have.vni != want.vni,
+            "vni",
+            format!("{} vs {}", have.vni, want.vni),
+        ),
+        (
+            have.dev != want.dev,
+            "underlay device",
+            format!("{:?} vs {:?}", have.dev, want.dev),
+        ),
+        (
+            have.local != want.local,
+            "local IP",
+            format!("{:?} vs {:?}", have.local, want.local),
+        ),
+        (
+            port(have.port) != port(want.port),
+            "port",
+            format!("{} vs {}", port(have.port), port(want.port)),
+        ),
+        (
+            have.learning != want.learning,
+            "learning",
+            format!("{} vs {}", have.learning, want.learning),
+        ),
+    ];
+    let mut mismatches = checks.into_iter().filter(|(differs, ..)| *differs);
+    mismatches
+        .next()
+        .map(|(_, what, values)| format!("{what}: {values}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::kernel::tests::{lease, routes, uplink};
+    use std::net::Ipv4Addr;
+
+    fn plan(direct_routing: bool) -> VxlanPlan {
+        VxlanPlan(routes(direct_routing))
+    }
+
+    fn vxlan_lease(subnet: &str, public_ip: &str, mac: &str) -> Lease {
+        let mut l = lease(subnet, public_ip, Some("vxlan"));
+        l.backend_data = Some(json!({ "VNI": 1, "VtepMAC": mac }));
+        l
+    }
+
+    #[test]
+    fn peer_gets_neighbour_fdb_and_onlink_route() {
+        let l = vxlan_lease("10.5.2.0/24", "10.200.0.2", "d6:60:f1:85:5a:fc");
+        let mac: MacAddr = "d6:60:f1:85:5a:fc".parse().unwrap();
+        let state = plan(false).peer_state(&l).unwrap();
+        let net_addr = Ipv4Addr::new(10, 5, 2, 0);
+        assert_eq!(state.neighbour, Some(Neighbour { ip: net_addr, mac }));
+        assert_eq!(
+            state.fdb,
+            Some(FdbEntry {
+                mac,
+                dst: l.public_ip
+            })
+        );
+        let route = Route {
+            dst: l.subnet,
+            gateway: Some(net_addr),
+            oif: 7,
+            onlink: true,
+        };
+        assert_eq!(state.route, route);
+    }
+
+    #[test]
+    fn direct_routing_uses_a_plain_route_for_same_segment_peers_only() {
+        let near = vxlan_lease("10.5.2.0/24", "10.200.0.2", "d6:60:f1:85:5a:fc");
+        let far = vxlan_lease("10.5.3.0/24", "192.168.1.3", "d6:60:f1:85:5a:fd");
+        let state = plan(true).peer_state(&near).unwrap();
+        assert_eq!(state, PeerState::route_only(uplink().route_via(&near)));
+        let state = plan(true).peer_state(&far).unwrap();
+        assert!(state.fdb.is_some() && state.route.onlink);
+    }
+
+    #[test]
+    fn lease_without_vtep_mac_is_refused() {
+        let l = lease("10.5.2.0/24", "10.200.0.2", Some("vxlan"));
+        let err = plan(false).peer_state(&l).unwrap_err();
+        assert!(err.to_string().contains("VtepMAC"), "{err}");
+    }
+
+    #[test]
+    fn existing_device_is_reused_only_when_settings_match() {
+        let want = VxlanParams {
+            vni: 1,
+            local: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            dev: Some(2),
+            port: 0,
+            learning: false,
+        };
+        let link = |p: VxlanParams| Link {
+            index: 9,
+            name: "flannel.1".into(),
+            mtu: 1450,
+            mac: None,
+            kind: LinkKind::Vxlan(p),
+        };
+        let reported = VxlanParams {
+            port: 8472,
+            ..want.clone()
+        };
+        assert_eq!(incompatibility(&link(reported.clone()), &want), None);
+        let other_port = VxlanParams {
+            port: 4789,
+            ..want.clone()
+        };
+        assert!(incompatibility(&link(other_port), &want)
+            .unwrap()
+            .contains("port"));
+        let learning = VxlanParams {
+            learning: true,
+            ..reported.clone()
+        };
+        assert!(incompatibility(&link(learning), &want)
+            .unwrap()
+            .contains("learning"));
+        let other_vni = VxlanParams { vni: 2, ..reported };
+        assert!(incompatibility(&link(other_vni), &want)
+            .unwrap()
+            .contains("vni"));
+        let not_vxlan = Link {
+            kind: LinkKind::Other(None),
+            ..link(want.clone())
+        };
+        assert!(incompatibility(&not_vxlan, &want).is_some());
+    }
+
+    #[test]
+    fn backend_data_matches_flannels_json() {
+        let mac: MacAddr = "d6:60:f1:85:5a:fc".parse().unwrap();
+        assert_eq!(
+            backend_data(1, mac).to_string(),
+            r#"{"VNI":1,"VtepMAC":"d6:60:f1:85:5a:fc"}"#
+        );
+    }
+}

@@ -1,0 +1,189 @@
+//! Hosts for the kernel backend tests: network namespaces joined by a veth pair, removed again
+//! when the test ends, also when it panics.
+//!
+//! Backend code runs on a thread that has entered the namespace (`setns` is per thread) with its
+//! own current-thread tokio runtime, so its rtnetlink socket lives in that namespace. Each call
+//! starts afresh, which is also how a restarted daemon meets the kernel state.
+
+// Each test binary uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::future::Future;
+use std::panic::{self, AssertUnwindSafe};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use nix::sched::{setns, CloneFlags};
+use twill_control::backend::kernel::KernelConfig;
+use twill_control::lease::Lease;
+
+/// Bounds every piece of backend work in a namespace.
+const WORK_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bounds every shell command (ping's own limits are far lower).
+const COMMAND_TIMEOUT_SECS: u32 = 20;
+
+pub const NETWORK: &str = "10.5.0.0/16";
+
+/// A network namespace that is deleted when dropped.
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// `test` keeps names readable; the pid and a counter keep them unique across parallel tests
+    /// and concurrent test processes.
+    pub fn new(test: &str) -> Netns {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("twk-{}-{test}-{n}", std::process::id());
+        run_ok(&format!("ip netns add {name}"));
+        let ns = Netns { name };
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs a shell command inside the namespace and returns its stdout; panics on failure.
+    pub fn sh(&self, cmd: &str) -> String {
+        run_ok(&self.wrap(cmd))
+    }
+
+    /// Runs a shell command inside the namespace; returns whether it succeeded, and its output.
+    pub fn try_sh(&self, cmd: &str) -> (bool, String) {
+        run(&self.wrap(cmd))
+    }
+
+    fn wrap(&self, cmd: &str) -> String {
+        let quoted = cmd.replace('\'', r"'\''");
+        format!("ip netns exec {} sh -c '{quoted}'", self.name)
+    }
+
+    /// Runs `work` on a fresh thread inside the namespace with a fresh tokio runtime.
+    pub fn block_on<F, Fut, T>(&self, work: F) -> T
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = T>,
+        T: Send + 'static,
+    {
+        let path = format!("/var/run/netns/{}", self.name);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let outcome = panic::catch_unwind(AssertUnwindSafe(|| enter_and_run(&path, work)));
+            let _ = tx.send(outcome);
+        });
+        match rx.recv_timeout(WORK_TIMEOUT + Duration::from_secs(5)) {
+            Ok(Ok(value)) => value,
+            Ok(Err(panic)) => panic::resume_unwind(panic),
+            Err(_) => panic!("work in {} did not finish", self.name),
+        }
+    }
+
+    /// Every IPv4 route inside [`NETWORK`], sorted: all the state host-gw owns.
+    pub fn network_routes(&self) -> Vec<String> {
+        sorted_lines(&[self.sh(&format!("ip -4 route show root {NETWORK}"))])
+    }
+
+    /// The state a tunnel backend owns, sorted: neighbours and fdb entries on its device `dev`,
+    /// and every IPv4 route inside [`NETWORK`].
+    pub fn tunnel_state(&self, dev: &str) -> Vec<String> {
+        let neigh = self.sh(&format!("ip neigh show dev {dev}"));
+        let fdb = self.sh(&format!("bridge fdb show dev {dev}"));
+        let routes = self.sh(&format!("ip -4 route show root {NETWORK}"));
+        sorted_lines(&[neigh, fdb, routes])
+    }
+
+    pub fn ping(&self, args: &str) -> bool {
+        self.try_sh(&format!("ping -c 2 -W 1 {args}")).0
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        run(&format!("ip netns del {}", self.name));
+    }
+}
+
+fn sorted_lines(outputs: &[String]) -> Vec<String> {
+    let all = outputs.iter().flat_map(|out| out.lines());
+    let mut lines: Vec<String> = all
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect();
+    lines.sort();
+    lines
+}
+
+fn enter_and_run<F, Fut, T>(path: &str, work: F) -> T
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let ns = File::open(path).unwrap_or_else(|e| panic!("opening {path}: {e}"));
+    setns(ns, CloneFlags::CLONE_NEWNET).expect("setns");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let bounded = rt.block_on(async { tokio::time::timeout(WORK_TIMEOUT, work()).await });
+    bounded.expect("backend work timed out")
+}
+
+fn run(cmd: &str) -> (bool, String) {
+    let out = Command::new("timeout")
+        .args([COMMAND_TIMEOUT_SECS.to_string().as_str(), "sh", "-c", cmd])
+        .output()
+        .expect("spawning sh");
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn run_ok(cmd: &str) -> String {
+    let (ok, out) = run(cmd);
+    assert!(ok, "`{cmd}` failed:\n{out}");
+    out
+}
+
+/// Two hosts on one L2 segment: `eth0` with 10.200.0.1/24 and 10.200.0.2/24.
+pub fn two_hosts(test: &str) -> (Netns, Netns) {
+    let (a, b) = (Netns::new(test), Netns::new(test));
+    let (na, nb) = (a.name(), b.name());
+    run_ok(&format!(
+        "ip link add eth0 netns {na} type veth peer name eth0 netns {nb}"
+    ));
+    a.sh("ip addr add 10.200.0.1/24 dev eth0 && ip link set eth0 up");
+    b.sh("ip addr add 10.200.0.2/24 dev eth0 && ip link set eth0 up");
+    (a, b)
+}
+
+pub fn config(direct_routing: bool) -> KernelConfig {
+    KernelConfig {
+        iface: "eth0".into(),
+        network: NETWORK.parse().unwrap(),
+        direct_routing,
+    }
+}
+
+pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
+    Lease {
+        subnet: subnet.parse::<Ipv4Net>().unwrap(),
+        public_ip: public_ip.parse().unwrap(),
+        backend_type: backend_type.map(str::to_string),
+        backend_data: None,
+    }
+}
+
+/// Sorted lines, for comparing with [`Netns::tunnel_state`] and [`Netns::network_routes`].
+pub fn lines(expected: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+    v.sort();
+    v
+}
