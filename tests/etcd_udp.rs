@@ -1,0 +1,251 @@
+//! twill nodes sharing a real etcd in flannel's schema, with the udp backend: leases, joins,
+//! leaves, restarts and an etcd outage, with traffic checked end to end.
+
+mod common;
+
+use anyhow::{Context, Result};
+use common::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use twill_lab::{Etcd, Ipv4Net, Lab, LabSpec, Proc};
+
+const PREFIX: &str = "/coreos.com/network";
+const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#;
+
+/// A lab whose first host also runs etcd on its underlay address.
+struct Cluster {
+    lab: Lab,
+    etcd: Etcd,
+    dir: tempfile::TempDir,
+}
+
+fn cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
+    twill_lab::require_root()?;
+    let lab = Lab::new(LabSpec {
+        hosts,
+        tag: tag.into(),
+        ..Default::default()
+    })?;
+    let etcd = Etcd::listening(Some(&lab.host(0).ns), lab.host(0).underlay_ip)?;
+    etcd.etcdctl(&["put", &format!("{PREFIX}/config"), config])?;
+    Ok(Cluster {
+        lab,
+        etcd,
+        dir: scratch()?,
+    })
+}
+
+impl Cluster {
+    fn subnet_file(&self, host: usize) -> PathBuf {
+        path_in(&self.dir, &format!("h{host}.env"))
+    }
+
+    fn start(&self, host: usize) -> Result<Proc> {
+        let endpoint = self.etcd.endpoint();
+        start_twill(
+            self.lab.host(host),
+            &["--etcd-endpoints", &endpoint],
+            &self.subnet_file(host),
+        )
+    }
+
+    /// The subnet a node wrote to its subnet file (FLANNEL_SUBNET is the first host address).
+    fn subnet(&self, host: usize) -> Result<Ipv4Net> {
+        let text = std::fs::read_to_string(self.subnet_file(host))?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+            .context("no FLANNEL_SUBNET")?;
+        Ok(line.parse::<Ipv4Net>()?.trunc())
+    }
+
+    fn lease_key(&self, subnet: Ipv4Net) -> String {
+        format!(
+            "{PREFIX}/subnets/{}-{}",
+            subnet.network(),
+            subnet.prefix_len()
+        )
+    }
+
+    fn add_container(&mut self, host: usize) -> Result<()> {
+        let subnet = self.subnet(host)?;
+        self.lab.host_mut(host).add_container(subnet)?;
+        Ok(())
+    }
+
+    fn container(&self, host: usize) -> &twill_lab::Container {
+        &self.lab.host(host).containers()[0]
+    }
+
+    fn peer_subnets(&self, host: usize) -> Result<Vec<String>> {
+        let s = status(&self.lab.host(host).ns)?;
+        Ok(s["peers"]
+            .as_array()
+            .context("peers")?
+            .iter()
+            .filter_map(|p| p["subnet"].as_str().map(str::to_string))
+            .collect())
+    }
+}
+
+#[test]
+fn two_nodes_get_distinct_flannel_leases_and_carry_traffic() -> Result<()> {
+    let mut c = cluster("eudp", 2, CONFIG)?;
+    let _nodes = [c.start(0)?, c.start(1)?];
+    let (s0, s1) = (c.subnet(0)?, c.subnet(1)?);
+    assert_ne!(s0, s1);
+    let value = c
+        .etcd
+        .etcdctl(&["get", "--print-value-only", &c.lease_key(s0)])?;
+    assert_eq!(
+        value.trim(),
+        r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#
+    );
+    c.add_container(0)?;
+    c.add_container(1)?;
+    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    let out = ping(c.container(0), c.container(1).ip, 2)?;
+    assert!(out.contains("2 received"), "{out}");
+    let (sent, received) = tcp_transfer(c.container(1), c.container(0), 64 << 20)?;
+    assert_eq!(sent, received);
+    Ok(())
+}
+
+#[test]
+fn a_joining_node_is_routed_to_within_a_second_and_a_leaving_one_is_removed() -> Result<()> {
+    let mut c = cluster("ejoin", 3, CONFIG)?;
+    let _first = [c.start(0)?, c.start(1)?];
+    let mut third = c.start(2)?;
+    let joined = Instant::now();
+    let s2 = c.subnet(2)?.to_string();
+    while !c.peer_subnets(0)?.contains(&s2) {
+        assert!(
+            joined.elapsed() < Duration::from_secs(1),
+            "not routed within 1 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.add_container(0)?;
+    c.add_container(2)?;
+    let out = ping(c.container(0), c.container(2).ip, 1)?;
+    assert!(out.contains("1 received"), "{out}");
+    // A clean shutdown keeps the lease, as flanneld's does; the lease going away removes it.
+    third.stop()?;
+    c.etcd.etcdctl(&["del", &c.lease_key(c.subnet(2)?)])?;
+    eventually("peer removed", || Ok(!c.peer_subnets(0)?.contains(&s2)))?;
+    let out = c
+        .container(0)
+        .ns
+        .sh(&format!("ping -c 1 -W 2 {} || true", c.container(2).ip))?;
+    assert!(out.contains("Destination Net Unreachable"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn a_restarted_node_keeps_its_subnet_even_after_kill_9() -> Result<()> {
+    let c = cluster("ekeep", 2, CONFIG)?;
+    let mut node = c.start(0)?;
+    let before = c.subnet(0)?;
+    node.stop()?;
+    let mut node = c.start(0)?;
+    assert_eq!(c.subnet(0)?, before);
+    node.kill9();
+    c.lab.host(0).ns.ip(&["link", "del", "twill0"]).ok();
+    let _node = c.start(0)?;
+    assert_eq!(c.subnet(0)?, before);
+    Ok(())
+}
+
+#[test]
+fn a_node_whose_key_is_deleted_reacquires_it() -> Result<()> {
+    let c = cluster("edel", 2, CONFIG)?;
+    let _node = c.start(0)?;
+    let key = c.lease_key(c.subnet(0)?);
+    c.etcd.etcdctl(&["del", &key])?;
+    eventually("lease re-acquired", || {
+        Ok(!c
+            .etcd
+            .etcdctl(&["get", "--print-value-only", &key])?
+            .trim()
+            .is_empty())
+    })
+}
+
+#[test]
+fn traffic_survives_an_etcd_outage_and_the_watch_resyncs() -> Result<()> {
+    let mut c = cluster("eout", 2, CONFIG)?;
+    let _nodes = [c.start(0)?, c.start(1)?];
+    c.add_container(0)?;
+    c.add_container(1)?;
+    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    let outage = Instant::now();
+    c.etcd.stop()?;
+    let (sent, received) = tcp_transfer(c.container(0), c.container(1), 64 << 20)?;
+    assert_eq!(sent, received);
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed()));
+    c.etcd.start()?;
+    // A lease written after etcd returns must reach the node through the re-established watch.
+    let key = format!("{PREFIX}/subnets/10.5.200.0-24");
+    c.etcd.etcdctl(&[
+        "put",
+        &key,
+        r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#,
+    ])?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !c.peer_subnets(0)?.contains(&"10.5.200.0/24".to_string()) {
+        assert!(Instant::now() < deadline, "watch did not resync");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = ping(c.container(1), c.container(0).ip, 1)?;
+    assert!(out.contains("1 received"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn a_compaction_under_the_watch_is_recovered() -> Result<()> {
+    let c = cluster("ecomp", 2, CONFIG)?;
+    let _node = c.start(0)?;
+    for i in 0..5 {
+        c.etcd.etcdctl(&["put", "/unrelated", &i.to_string()])?;
+    }
+    let rev = c.etcd.etcdctl(&["get", "/unrelated", "-w", "json"])?;
+    let rev: serde_json::Value = serde_json::from_str(&rev)?;
+    let rev = rev["header"]["revision"].as_u64().context("revision")?;
+    c.etcd.etcdctl(&["compact", &rev.to_string()])?;
+    let key = format!("{PREFIX}/subnets/10.5.201.0-24");
+    c.etcd.etcdctl(&[
+        "put",
+        &key,
+        r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#,
+    ])?;
+    eventually("lease seen after compaction", || {
+        Ok(c.peer_subnets(0)?.contains(&"10.5.201.0/24".to_string()))
+    })
+}
+
+#[test]
+fn an_invalid_config_is_one_clear_line_naming_the_field() -> Result<()> {
+    let c = cluster("ebad", 2, r#"{"Network":"10.5.0.0/16","SubnetLen":33}"#)?;
+    let endpoint = c.etcd.endpoint();
+    let file = c.subnet_file(0);
+    let mut node = c.lab.host(0).ns.spawn(
+        TWILL,
+        &[
+            "run",
+            "--etcd-endpoints",
+            &endpoint,
+            "--iface",
+            "eth0",
+            "--subnet-file",
+            file.to_str().context("path")?,
+        ],
+    )?;
+    let status = node
+        .wait_timeout(Duration::from_secs(10))?
+        .context("twill kept running on an invalid config")?;
+    assert!(!status.success());
+    let stderr = node.stderr();
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("SubnetLen"), "{stderr}");
+    Ok(())
+}
