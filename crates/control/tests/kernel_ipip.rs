@@ -16,7 +16,7 @@ fn missing_ipip_module_gives_one_clear_line() {
         eprintln!("this kernel has ipip; the missing-module error cannot be shown here");
         return;
     }
-    let err = a.block_on(|| async { IpipDevice::ensure(config(false)).await.err() });
+    let err = a.block_on(|| async { IpipDevice::ensure(&config(false)).await.err() });
     let msg = format!(
         "{:#}",
         err.expect("creating flannel.ipip must fail on this kernel")

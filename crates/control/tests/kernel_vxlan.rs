@@ -20,7 +20,7 @@ fn vxlan_lease(subnet: &str, public_ip: &str, mac: &str) -> Lease {
 /// Creates or reuses flannel.1 and returns its VtepMAC, as a node does before taking its lease.
 fn vtep_mac(ns: &Netns) -> String {
     ns.block_on(|| async {
-        let dev = VxlanDevice::ensure(config(false), VxlanConfig::default())
+        let dev = VxlanDevice::ensure(&config(false), VxlanConfig::default())
             .await
             .unwrap();
         dev.mac().to_string()
@@ -28,7 +28,7 @@ fn vtep_mac(ns: &Netns) -> String {
 }
 
 async fn start(own: &Lease, direct_routing: bool) -> VxlanBackend {
-    let dev = VxlanDevice::ensure(config(direct_routing), VxlanConfig::default())
+    let dev = VxlanDevice::ensure(&config(direct_routing), VxlanConfig::default())
         .await
         .unwrap();
     dev.attach(own).await.unwrap()

@@ -29,7 +29,7 @@ pub struct IpipDevice {
 }
 
 impl IpipDevice {
-    pub async fn ensure(config: KernelConfig) -> anyhow::Result<IpipDevice> {
+    pub async fn ensure(config: &KernelConfig) -> anyhow::Result<IpipDevice> {
         let (nl, uplink) = connect(&config.iface).await?;
         let want = wanted(&uplink);
         let mtu = uplink.mtu.checked_sub(ENCAP_OVERHEAD).filter(|&m| m > 0);
@@ -44,7 +44,7 @@ impl IpipDevice {
             nl,
             link,
             uplink,
-            config,
+            config: config.clone(),
         };
         Ok(IpipDevice { tunnel })
     }

@@ -30,7 +30,7 @@ pub struct KernelConfig {
 
 /// The external interface as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Uplink {
+pub(crate) struct Uplink {
     pub index: u32,
     /// First IPv4 address with its prefix, as flanneld picks it.
     pub addr: Ipv4Net,
@@ -140,7 +140,7 @@ impl Tunnel {
 /// Where a tunnel backend (vxlan, ipip) sends a peer's traffic: into its device, or straight
 /// out of the iface when DirectRouting is on and the peer shares our L2 segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TunnelRoutes {
+pub(crate) struct TunnelRoutes {
     pub dev: u32,
     pub uplink: Uplink,
     pub direct_routing: bool,

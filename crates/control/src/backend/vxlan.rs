@@ -49,7 +49,7 @@ pub struct VxlanDevice {
 impl VxlanDevice {
     /// Creates `flannel.<VNI>` on `config.iface`, or reuses an existing one whose settings
     /// match (recreating it otherwise, as flanneld does).
-    pub async fn ensure(config: KernelConfig, vxlan: VxlanConfig) -> anyhow::Result<VxlanDevice> {
+    pub async fn ensure(config: &KernelConfig, vxlan: VxlanConfig) -> anyhow::Result<VxlanDevice> {
         let (nl, uplink) = connect(&config.iface).await?;
         let want = VxlanParams {
             vni: vxlan.vni,
@@ -68,7 +68,7 @@ impl VxlanDevice {
             nl,
             link,
             uplink,
-            config,
+            config: config.clone(),
         };
         Ok(VxlanDevice {
             tunnel,
