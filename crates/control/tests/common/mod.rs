@@ -20,6 +20,9 @@ pub struct Etcd {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    /// Serve clients over TLS and require client certificates (certs in `tls_dir`).
+    tls: bool,
+    extra_args: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -38,7 +41,31 @@ impl Etcd {
             client_port: free_port(),
             peer_port: free_port(),
             child: None,
+            tls: false,
+            extra_args: vec![],
         }
+    }
+
+    /// An etcd started with additional command-line flags.
+    pub fn start_with(args: &[&str]) -> Etcd {
+        let mut etcd = Etcd::unstarted();
+        etcd.extra_args = args.iter().map(|a| a.to_string()).collect();
+        etcd.launch();
+        etcd
+    }
+
+    /// An etcd that speaks only TLS and wants a client certificate signed by its test CA.
+    pub fn start_tls() -> Etcd {
+        let mut etcd = Etcd::unstarted();
+        etcd.tls = true;
+        make_certs(&etcd.tls_dir());
+        etcd.launch();
+        etcd
+    }
+
+    /// ca.pem, and cert.pem/key.pem valid for 127.0.0.1 as server and as client.
+    pub fn tls_dir(&self) -> PathBuf {
+        self.dir.path().join("tls")
     }
 
     pub fn start() -> Etcd {
@@ -48,7 +75,8 @@ impl Etcd {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn log_path(&self) -> PathBuf {
@@ -64,6 +92,7 @@ impl Etcd {
             .open(self.log_path())
             .unwrap();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let secure_before = self.log().matches(SECURE_READY).count();
         let child = Command::new(ETCD_BIN)
             .args(["--name", "twill-test", "--data-dir"])
             .arg(self.dir.path().join("data"))
@@ -81,22 +110,40 @@ impl Etcd {
             ])
             .args(["--initial-cluster", &format!("twill-test={peer}")])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(self.tls_args())
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("start /usr/bin/etcd (Debian package etcd-server)");
         self.child = Some(child);
-        self.wait_healthy();
+        self.wait_healthy(secure_before);
     }
 
-    fn wait_healthy(&mut self) {
+    fn tls_args(&self) -> Vec<String> {
+        if !self.tls {
+            return vec![];
+        }
+        let file = |name: &str| self.tls_dir().join(name).display().to_string();
+        vec![
+            "--cert-file".into(),
+            file("cert.pem"),
+            "--key-file".into(),
+            file("key.pem"),
+            "--trusted-ca-file".into(),
+            file("ca.pem"),
+            "--client-cert-auth".into(),
+        ]
+    }
+
+    fn wait_healthy(&mut self, secure_before: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("etcd exited with {status}:\n{}", self.log());
             }
-            if self.healthy() {
+            if self.healthy(secure_before) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -104,7 +151,10 @@ impl Etcd {
         panic!("etcd not healthy after 30 s:\n{}", self.log());
     }
 
-    fn healthy(&self) -> bool {
+    fn healthy(&self, secure_before: usize) -> bool {
+        if self.tls {
+            return self.log().matches(SECURE_READY).count() > secure_before;
+        }
         let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
             return false;
         };
@@ -128,7 +178,20 @@ impl Etcd {
     }
 
     pub async fn client(&self) -> Client {
-        Client::connect([self.endpoint()], None).await.unwrap()
+        let mut options = etcd_client::ConnectOptions::new();
+        if self.tls {
+            let read = |name: &str| std::fs::read(self.tls_dir().join(name)).unwrap();
+            let tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(read("ca.pem")))
+                .identity(etcd_client::Identity::from_pem(
+                    read("cert.pem"),
+                    read("key.pem"),
+                ));
+            options = options.with_tls(tls);
+        }
+        Client::connect([self.endpoint()], Some(options))
+            .await
+            .unwrap()
     }
 
     pub async fn put_config(&self, json: &str) {
@@ -143,6 +206,11 @@ impl Etcd {
     pub fn options(&self) -> EtcdOptions {
         let mut opts = EtcdOptions::new(&self.endpoint());
         opts.timing = fast_timing();
+        if self.tls {
+            opts.cafile = Some(self.tls_dir().join("ca.pem"));
+            opts.certfile = Some(self.tls_dir().join("cert.pem"));
+            opts.keyfile = Some(self.tls_dir().join("key.pem"));
+        }
         opts
     }
 }
@@ -151,6 +219,93 @@ impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// What etcd logs once it accepts TLS clients (it has no plain /health to poll then).
+const SECURE_READY: &str = "serving client traffic securely";
+
+/// A throwaway CA and one certificate for 127.0.0.1, made with the openssl CLI.
+fn make_certs(dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"],
+            &ec[..],
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=twill-test-ca",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        dir,
+        &[
+            &["req"],
+            &ec[..],
+            &[
+                "-keyout",
+                "key.pem",
+                "-out",
+                "cert.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "cert.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "cert.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+        ],
+    );
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub fn fast_timing() -> Timing {

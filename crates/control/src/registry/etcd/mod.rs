@@ -177,7 +177,11 @@ fn connect_options(opts: &EtcdOptions) -> anyhow::Result<ConnectOptions> {
         .with_keep_alive(t * 2, t)
         .with_require_leader(true);
     if let Some(user) = &opts.username {
-        options = options.with_user(user, opts.password.clone().unwrap_or_default());
+        // etcd's auth tokens expire (5 min by default) and vanish on restart; a daemon that
+        // renews once a day must log in again when its token is refused.
+        options = options
+            .with_user(user, opts.password.clone().unwrap_or_default())
+            .with_auto_token_refresh(true);
     }
     if let Some(tls) = tls_options(opts)? {
         options = options.with_tls(tls);

@@ -1,0 +1,102 @@
+//! etcd with TLS client certificates, and etcd with user/password auth.
+
+mod common;
+
+use common::Etcd;
+use std::time::Duration;
+use twill_control::lease::{Lease, LeaseAttrs};
+use twill_control::registry::{EtcdRegistry, LeaseEvent, Registry};
+
+const CONFIG: &str = r#"{"Network":"10.5.0.0/16"}"#;
+
+#[tokio::test]
+async fn tls_with_client_certificates() {
+    let etcd = Etcd::start_tls();
+    etcd.put_config(CONFIG).await;
+    let opts = etcd.options();
+    assert!(opts.endpoints[0].starts_with("https://"));
+    let registry = tokio::time::timeout(Duration::from_secs(10), EtcdRegistry::connect(opts))
+        .await
+        .expect("TLS connect hangs")
+        .unwrap();
+    let (lease, _events) = registry
+        .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
+        .await
+        .unwrap();
+    let mut client = etcd.client().await;
+    let stored = common::get(&mut client, &lease.key(common::PREFIX)).await;
+    assert_eq!(stored.map(|(value, _)| value), Some(lease.to_json()));
+}
+
+/// Also across an etcd restart and with auth tokens that expire after a second (etcd's default
+/// is 5 minutes, far less than the 23 h between renewals): the registry must log in again rather
+/// than fail every request from then on.
+#[tokio::test]
+async fn username_and_password() {
+    let mut etcd = Etcd::start_with(&["--auth-token-ttl", "1"]);
+    etcd.put_config(CONFIG).await;
+    let mut admin = etcd.client().await;
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let mut opts = etcd.options();
+    opts.username = Some("root".into());
+    opts.password = Some("rootpw".into());
+    opts.timing.lease_ttl = Duration::from_secs(4);
+    opts.timing.renew_margin = Duration::from_secs(2);
+    let registry = EtcdRegistry::connect(opts.clone()).await.unwrap();
+    let (own, mut events) = registry
+        .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
+        .await
+        .unwrap();
+    common::next_event(&mut events, Duration::from_secs(5)).await;
+    etcd.stop();
+    etcd.launch();
+    common::wait_for(&mut events, Duration::from_secs(15), |e| {
+        matches!(e, LeaseEvent::Snapshot(_))
+    })
+    .await;
+
+    let root = etcd_client::ConnectOptions::new()
+        .with_user("root", "rootpw")
+        .with_auto_token_refresh(true);
+    let mut admin = etcd_client::Client::connect([etcd.endpoint()], Some(root))
+        .await
+        .unwrap();
+    let peer = Lease::new(
+        "10.5.99.0/24".parse().unwrap(),
+        LeaseAttrs::udp("127.0.0.2".parse().unwrap()),
+    );
+    admin
+        .put(peer.key(common::PREFIX), peer.to_json(), None)
+        .await
+        .unwrap();
+    let added = common::wait_for(&mut events, Duration::from_secs(5), |e| {
+        matches!(e, LeaseEvent::Added(_))
+    });
+    assert_eq!(added.await, LeaseEvent::Added(peer));
+    // Renewals 2 s apart, each long after the token expired: the key must survive 3 TTLs.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert!(
+        common::get(&mut admin, &own.key(common::PREFIX))
+            .await
+            .is_some(),
+        "lease expired"
+    );
+
+    opts.password = Some("wrong".into());
+    let refused = tokio::time::timeout(Duration::from_secs(10), EtcdRegistry::connect(opts))
+        .await
+        .expect("bad credentials must fail at once, not be retried");
+    let err = format!(
+        "{:#}",
+        refused
+            .err()
+            .expect("connect with a wrong password succeeded")
+    );
+    assert!(
+        !err.contains('\n') && err.contains("authentication failed"),
+        "{err}"
+    );
+}
