@@ -8,7 +8,7 @@
 mod etcd;
 mod static_peers;
 
-pub use etcd::{EtcdOptions, EtcdRegistry, Timing, DEFAULT_PREFIX};
+pub use etcd::{EtcdOptions, EtcdRegistry, Timing, DEFAULT_ENDPOINTS, DEFAULT_PREFIX};
 pub use static_peers::{parse_peer, StaticRegistry};
 
 use crate::config::Config;

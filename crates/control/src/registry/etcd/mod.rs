@@ -244,8 +244,9 @@ impl Registry for EtcdRegistry {
         &self.config
     }
 
-    /// Acquires our lease (see [`acquire::acquire`] for the order), then spawns the task that
-    /// renews it, re-acquires it if its key disappears, and watches the other leases.
+    /// Acquires our lease in flannel's order (the lease of our public IP, else the previous
+    /// subnet if free, else a random free one; a lost create race is retried), then spawns the
+    /// task that renews it, re-acquires it if its key disappears, and watches the other leases.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
         let timing = self.opts.timing.clone();
         let lease = self.acquire(&attrs).await?;
