@@ -1,1 +1,144 @@
-fn main() {}
+//! `twill-bench`: the command line; the work is in the library.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use twill_bench::measure::Timing;
+use twill_bench::paths::{PathKind, PathLab, Twill};
+use twill_bench::run::{measure, prepare, Options, Prepared, Progress};
+use twill_bench::{plot, report};
+
+/// Throughput, packet rate, latency and CPU of twill against the kernel's paths, container to
+/// container across two lab hosts (network namespaces). Needs root.
+#[derive(Parser)]
+#[command(name = "twill-bench", version)]
+struct Cli {
+    /// Paths to measure, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-batch"
+    )]
+    paths: Vec<PathKind>,
+    /// Runs per measurement; the median is reported [default: 5; --quick 1; --demo 1].
+    #[arg(long)]
+    repeat: Option<u32>,
+    /// Seconds per iperf3/qperf run [default: 10; --quick 2; --demo 5].
+    #[arg(short = 't', long = "time")]
+    duration: Option<u32>,
+    /// iperf3 warm-up seconds left out of the result (-O) [default: 2; --quick 0; --demo 1].
+    #[arg(short = 'O', long = "omit")]
+    warmup: Option<u32>,
+    /// CI smoke run: short runs, exit non-zero unless every number of every available path is
+    /// present and non-zero. No speed thresholds.
+    #[arg(long, conflicts_with = "demo")]
+    quick: bool,
+    /// The README's demo: ping through twill udp, then the comparison with short runs.
+    #[arg(long)]
+    demo: bool,
+    /// Write the results as a JSON array to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw the results as a PNG bar chart to this file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// The twill binary [default: `twill` next to this executable].
+    #[arg(long)]
+    twill: Option<PathBuf>,
+    /// Extra argument for `twill run`, e.g. --twill-arg=--no-offload. Repeat for more.
+    #[arg(long = "twill-arg", allow_hyphen_values = true)]
+    twill_args: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("twill-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ok(false) when the demo's ping or the --quick check failed (the report is still written).
+fn run(cli: Cli) -> Result<bool> {
+    twill_lab::require_root()?;
+    let opts = options(&cli)?;
+    let progress = Progress::new();
+    let prepared = prepare(&opts, &progress);
+    let mut ok = !cli.demo || demo_ping(&prepared, &progress);
+    let results = measure(&prepared, &opts, &progress);
+    // Tear the labs down before the (slow to read) report is printed.
+    drop(prepared);
+    let t = opts.timing;
+    let title = format!(
+        "twill-bench: medians of {} run(s) of {} s (+{} s warm-up); native host to host, others container to container",
+        opts.repeat, t.duration, t.warmup
+    );
+    println!("{title}\n×vxlan, ×native: single-stream TCP relative to those paths\n");
+    print!("{}", report::table(&results));
+    if let Some(path) = &cli.json {
+        let text = serde_json::to_string_pretty(&report::json(&results))?;
+        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
+    }
+    if let Some(path) = &cli.plot {
+        plot::draw(&results, &title, path)?;
+    }
+    if cli.quick {
+        if let Err(e) = report::check_complete(&results) {
+            eprintln!("twill-bench --quick: {e:#}");
+            ok = false;
+        }
+    }
+    Ok(ok)
+}
+
+/// Mode defaults, overridden by explicit flags.
+fn options(cli: &Cli) -> Result<Options> {
+    let (repeat, duration, warmup) = match (cli.quick, cli.demo) {
+        (true, _) => (1, 2, 0),
+        (_, true) => (1, 5, 1),
+        _ => (5, 10, 2),
+    };
+    let binary = match &cli.twill {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("twill"),
+    };
+    Ok(Options {
+        paths: cli.paths.clone(),
+        repeat: cli.repeat.unwrap_or(repeat).max(1),
+        timing: Timing {
+            duration: cli.duration.unwrap_or(duration).max(1),
+            warmup: cli.warmup.unwrap_or(warmup),
+        },
+        twill: Twill {
+            binary,
+            args: cli.twill_args.clone(),
+        },
+    })
+}
+
+/// Shows container-to-container ping through twill udp; false if it got no reply.
+fn demo_ping(prepared: &[Prepared], progress: &Progress) -> bool {
+    let Some(p) = prepared.iter().find(|p| p.kind == PathKind::TwillUdp) else {
+        return true;
+    };
+    progress.clear();
+    let result = p
+        .lab
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .and_then(PathLab::ping);
+    match result {
+        Ok(out) => {
+            println!("ping, container on host 1 -> container on host 2, through twill udp:\n{out}");
+            true
+        }
+        Err(e) => {
+            println!("twill udp does not work here: {e:#}\n");
+            false
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! One measurement (iperf3 TCP/UDP, qperf latency, CPU) between two endpoints of any path.
+
+use crate::parse;
+use anyhow::{bail, Context, Result};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+use twill_lab::{Netns, Proc};
+
+const IPERF_PORT: &str = "5201";
+const QPERF_PORT: &str = "19765";
+/// Connecting, iperf3's result exchange and qperf's set-up come on top of the run time.
+const SLACK: Duration = Duration::from_secs(20);
+
+/// Every number the bench reports, each with its JSON key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Field {
+    TcpGbps,
+    TcpP4Gbps,
+    TcpRevGbps,
+    Udp64Kpps,
+    Udp64LossPct,
+    LatencyUs,
+    CpuPct,
+    CpuSoftirqPct,
+}
+
+impl Field {
+    pub const ALL: [Field; 8] = [
+        Field::TcpGbps,
+        Field::TcpP4Gbps,
+        Field::TcpRevGbps,
+        Field::Udp64Kpps,
+        Field::Udp64LossPct,
+        Field::LatencyUs,
+        Field::CpuPct,
+        Field::CpuSoftirqPct,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Field::TcpGbps => "tcp_gbps",
+            Field::TcpP4Gbps => "tcp_p4_gbps",
+            Field::TcpRevGbps => "tcp_rev_gbps",
+            Field::Udp64Kpps => "udp64_kpps",
+            Field::Udp64LossPct => "udp64_loss_pct",
+            Field::LatencyUs => "latency_us",
+            Field::CpuPct => "cpu_pct",
+            Field::CpuSoftirqPct => "cpu_softirq_pct",
+        }
+    }
+
+    /// No loss and (on an idle path) no softirq time are real results, not missing ones.
+    pub fn may_be_zero(self) -> bool {
+        matches!(self, Field::Udp64LossPct | Field::CpuSoftirqPct)
+    }
+}
+
+/// The runs made for every path, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measurement {
+    /// Single-stream TCP, with whole-machine CPU use over the run.
+    Tcp,
+    TcpP4,
+    TcpReverse,
+    Udp64,
+    Latency,
+}
+
+impl Measurement {
+    pub const ALL: [Measurement; 5] = [
+        Measurement::Tcp,
+        Measurement::TcpP4,
+        Measurement::TcpReverse,
+        Measurement::Udp64,
+        Measurement::Latency,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Measurement::Tcp => "tcp single stream + cpu",
+            Measurement::TcpP4 => "tcp -P 4",
+            Measurement::TcpReverse => "tcp -R",
+            Measurement::Udp64 => "udp 64 B",
+            Measurement::Latency => "tcp_lat",
+        }
+    }
+
+    /// Runs once from `ends.client` to `ends.server_ip` and returns the values it yields.
+    pub fn run(self, ends: &Endpoints, timing: &Timing) -> Result<Vec<(Field, f64)>> {
+        match self {
+            Measurement::Tcp => {
+                let before = cpu_now()?;
+                let gbps = parse::iperf_tcp_gbps(&iperf(ends, timing, &[])?)?;
+                let cpu = cpu_now()?.since(&before).context("no CPU ticks passed")?;
+                Ok(vec![
+                    (Field::TcpGbps, gbps),
+                    (Field::CpuPct, cpu.busy_pct),
+                    (Field::CpuSoftirqPct, cpu.softirq_pct),
+                ])
+            }
+            Measurement::TcpP4 => {
+                let out = iperf(ends, timing, &["-P", "4"])?;
+                Ok(vec![(Field::TcpP4Gbps, parse::iperf_tcp_gbps(&out)?)])
+            }
+            Measurement::TcpReverse => {
+                let out = iperf(ends, timing, &["-R"])?;
+                Ok(vec![(Field::TcpRevGbps, parse::iperf_tcp_gbps(&out)?)])
+            }
+            Measurement::Udp64 => {
+                // -b 0: as fast as the sender can; what arrives is the path's packet rate.
+                let udp = parse::iperf_udp(&iperf(ends, timing, &["-u", "-l", "64", "-b", "0"])?)?;
+                Ok(vec![
+                    (Field::Udp64Kpps, udp.pps / 1e3),
+                    (Field::Udp64LossPct, udp.loss_pct),
+                ])
+            }
+            Measurement::Latency => {
+                let secs = timing.duration.to_string();
+                let ip = ends.server_ip.to_string();
+                let args = ["-t", &secs, "-lp", QPERF_PORT, &ip, "tcp_lat"];
+                let out = run_bounded(ends.client, "qperf", &args, timing.limit())?;
+                Ok(vec![(Field::LatencyUs, parse::qperf_latency_us(&out)?)])
+            }
+        }
+    }
+}
+
+/// Run length of each iperf3/qperf client in seconds; `warmup` is iperf3's `-O`.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub duration: u32,
+    pub warmup: u32,
+}
+
+impl Timing {
+    fn limit(&self) -> Duration {
+        Duration::from_secs(u64::from(self.duration + self.warmup)) + SLACK
+    }
+}
+
+/// Where the clients run and whom they talk to.
+pub struct Endpoints<'a> {
+    pub client: &'a Netns,
+    pub server: &'a Netns,
+    pub server_ip: Ipv4Addr,
+}
+
+/// The iperf3 and qperf servers of one path; killed on drop.
+pub struct Servers {
+    _iperf: Proc,
+    _qperf: Proc,
+}
+
+impl Servers {
+    /// Starts both servers in `ns` and waits until they listen.
+    pub fn start(ns: &Netns) -> Result<Servers> {
+        // --idle-timeout: a client killed mid-test must not leave the server stuck for later runs.
+        let iperf = ns.spawn("iperf3", &["-s", "-p", IPERF_PORT, "--idle-timeout", "30"])?;
+        let qperf = ns.spawn("qperf", &["-lp", QPERF_PORT])?;
+        wait_listening(ns, &[IPERF_PORT, QPERF_PORT])?;
+        Ok(Servers {
+            _iperf: iperf,
+            _qperf: qperf,
+        })
+    }
+}
+
+fn wait_listening(ns: &Netns, ports: &[&str]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let listening = ns.exec("ss", &["-Hltn"])?;
+        if ports.iter().all(|p| listening.contains(&format!(":{p} "))) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("servers not listening on {ports:?}: {listening}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn iperf(ends: &Endpoints, timing: &Timing, extra: &[&str]) -> Result<String> {
+    let (ip, secs, warmup) = (
+        ends.server_ip.to_string(),
+        timing.duration.to_string(),
+        timing.warmup.to_string(),
+    );
+    let mut args = vec!["-c", &ip, "-p", IPERF_PORT, "-J", "-t", &secs];
+    args.extend(["-O", &warmup, "--connect-timeout", "3000"]);
+    args.extend_from_slice(extra);
+    run_bounded(ends.client, "iperf3", &args, timing.limit())
+}
+
+/// Runs a client to completion within `limit` (killed otherwise, by Proc's drop) and returns
+/// its stdout.
+fn run_bounded(ns: &Netns, program: &str, args: &[&str], limit: Duration) -> Result<String> {
+    let mut proc = ns.spawn(program, args)?;
+    let Some(status) = proc.wait_timeout(limit)? else {
+        bail!("`{program}` did not finish within {limit:?}");
+    };
+    if !status.success() {
+        let stdout = proc.stdout();
+        let why = parse::iperf_error(&stdout).unwrap_or_else(|| proc.stderr().trim().to_string());
+        bail!("`{program}` failed ({status}): {why}");
+    }
+    Ok(proc.stdout())
+}
+
+fn cpu_now() -> Result<parse::CpuTimes> {
+    parse::cpu_times(&std::fs::read_to_string("/proc/stat")?)
+}

@@ -1,0 +1,374 @@
+//! The compared paths. Each gets its own two-host lab, set up the way that path runs for real:
+//! kernel paths with the `ip` commands flannel's backends amount to, twill with its own binary.
+
+use crate::measure::{Endpoints, Servers};
+use crate::parse;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+use twill_lab::{Host, Ipv4Net, Lab, LabSpec, Proc};
+
+const NETWORK: &str = "10.5.0.0/16";
+const UNDERLAY_MTU: u32 = 1500;
+const VXLAN_DEV: &str = "flannel.1";
+/// flannel: iface MTU - 50 (outer IPv4 + UDP + VXLAN + inner Ethernet).
+const VXLAN_MTU: u32 = UNDERLAY_MTU - 50;
+const IPIP_DEV: &str = "flannel.ipip";
+const IPIP_MTU: u32 = UNDERLAY_MTU - 20;
+/// Per host namespace, so both hosts use the same address.
+const TWILL_STATUS: &str = "127.0.0.1:9585";
+const TWILL_READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    Native,
+    HostGw,
+    Vxlan,
+    Ipip,
+    TwillUdp,
+    TwillBatch,
+}
+
+impl PathKind {
+    pub const ALL: [PathKind; 6] = [
+        PathKind::Native,
+        PathKind::HostGw,
+        PathKind::Vxlan,
+        PathKind::Ipip,
+        PathKind::TwillUdp,
+        PathKind::TwillBatch,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Native => "native",
+            PathKind::HostGw => "host-gw",
+            PathKind::Vxlan => "vxlan",
+            PathKind::Ipip => "ipip",
+            PathKind::TwillUdp => "twill-udp",
+            PathKind::TwillBatch => "twill-batch",
+        }
+    }
+}
+
+impl fmt::Display for PathKind {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PathKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        PathKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = PathKind::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown path {s:?}; known: {}", names.join(","))
+            })
+    }
+}
+
+/// The twill binary the twill paths run, and extra `twill run` arguments (e.g. `--no-offload`).
+#[derive(Debug, Clone)]
+pub struct Twill {
+    pub binary: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// A path ready to measure: its lab, the daemons forwarding through it and the servers at the
+/// far end. Everything stops and disappears on drop.
+pub struct PathLab {
+    // Drop order: processes stop before the namespaces they run in are deleted.
+    _servers: Servers,
+    _daemons: Vec<Proc>,
+    lab: Lab,
+    _files: tempfile::TempDir,
+}
+
+impl PathLab {
+    pub fn new(kind: PathKind, twill: &Twill) -> Result<PathLab> {
+        let mut lab = Lab::new(LabSpec {
+            hosts: 2,
+            underlay_mtu: UNDERLAY_MTU,
+            tag: kind.name().replace('-', ""),
+        })?;
+        // native runs host to host; every other path carries container traffic.
+        if kind != PathKind::Native {
+            for i in 0..2 {
+                lab.host_mut(i).add_container(subnet(i))?;
+            }
+        }
+        let files = tempfile::tempdir()?;
+        let (daemons, container_mtu) = match kind {
+            PathKind::Native => (Vec::new(), None),
+            PathKind::HostGw => (host_gw(&lab).map(|()| Vec::new())?, None),
+            PathKind::Vxlan => (vxlan(&lab).map(|()| Vec::new())?, Some(VXLAN_MTU)),
+            PathKind::Ipip => (ipip(&lab).map(|()| Vec::new())?, Some(IPIP_MTU)),
+            PathKind::TwillUdp => start_twill(&lab, twill, "udp", files.path())?,
+            PathKind::TwillBatch => start_twill(&lab, twill, "batch", files.path())?,
+        };
+        if let Some(mtu) = container_mtu {
+            set_container_mtu(&lab, mtu)?;
+        }
+        let servers = Servers::start(endpoints(&lab).server)?;
+        Ok(PathLab {
+            _servers: servers,
+            _daemons: daemons,
+            lab,
+            _files: files,
+        })
+    }
+
+    pub fn endpoints(&self) -> Endpoints<'_> {
+        endpoints(&self.lab)
+    }
+
+    /// `ping` output from client to server (the demo shows it); Err when no reply came.
+    pub fn ping(&self) -> Result<String> {
+        let ends = self.endpoints();
+        let ip = ends.server_ip.to_string();
+        // -w bounds the whole run even when nothing answers.
+        ends.client
+            .exec("ping", &["-c", "3", "-i", "0.2", "-w", "5", &ip])
+    }
+}
+
+/// Container subnet of host `i`.
+fn subnet(i: usize) -> Ipv4Net {
+    Ipv4Net::new([10, 5, i as u8 + 1, 0].into(), 24).expect("/24 is a valid prefix")
+}
+
+/// Host to host for native (no containers); container to container otherwise.
+fn endpoints(lab: &Lab) -> Endpoints<'_> {
+    match (
+        lab.host(0).containers().first(),
+        lab.host(1).containers().first(),
+    ) {
+        (Some(client), Some(server)) => Endpoints {
+            client: &client.ns,
+            server: &server.ns,
+            server_ip: server.ip,
+        },
+        _ => Endpoints {
+            client: &lab.host(0).ns,
+            server: &lab.host(1).ns,
+            server_ip: lab.host(1).underlay_ip,
+        },
+    }
+}
+
+/// Host `i` and the other host (`peer`), whose container subnet is `subnet(1 - i)`.
+fn pairs(lab: &Lab) -> [(usize, &Host, &Host); 2] {
+    [(0, lab.host(0), lab.host(1)), (1, lab.host(1), lab.host(0))]
+}
+
+/// flannel's host-gw backend: a plain route to the peer's subnet via its underlay address.
+fn host_gw(lab: &Lab) -> Result<()> {
+    for (i, host, peer) in pairs(lab) {
+        let (theirs, via) = (subnet(1 - i).to_string(), peer.underlay_ip.to_string());
+        host.ns
+            .ip(&["route", "add", &theirs, "via", &via, "dev", &host.iface])?;
+    }
+    Ok(())
+}
+
+/// flannel's vxlan backend: flannel.1 (VNI 1, port 8472, nolearning), then per peer a permanent
+/// neighbour and fdb entry for its VTEP and an onlink route via its subnet's network address.
+fn vxlan(lab: &Lab) -> Result<()> {
+    for (i, host, _) in pairs(lab) {
+        let local = host.underlay_ip.to_string();
+        host.ns.ip(&[
+            "link",
+            "add",
+            VXLAN_DEV,
+            "type",
+            "vxlan",
+            "id",
+            "1",
+            "dstport",
+            "8472",
+            "nolearning",
+            "local",
+            &local,
+            "dev",
+            &host.iface,
+        ])?;
+        device_up(host, VXLAN_DEV, VXLAN_MTU, i)?;
+    }
+    for (i, host, peer) in pairs(lab) {
+        let mac = link_mac(peer, VXLAN_DEV)?;
+        let (net, dst) = (
+            subnet(1 - i).network().to_string(),
+            peer.underlay_ip.to_string(),
+        );
+        host.ns.ip(&[
+            "neigh",
+            "replace",
+            &net,
+            "lladdr",
+            &mac,
+            "dev",
+            VXLAN_DEV,
+            "nud",
+            "permanent",
+        ])?;
+        host.ns.exec(
+            "bridge",
+            &[
+                "fdb",
+                "append",
+                &mac,
+                "dev",
+                VXLAN_DEV,
+                "dst",
+                &dst,
+                "self",
+                "permanent",
+            ],
+        )?;
+        onlink_route(host, subnet(1 - i), &net, VXLAN_DEV)?;
+    }
+    Ok(())
+}
+
+/// flannel's ipip backend: flannel.ipip and an onlink route per peer via its underlay address.
+fn ipip(lab: &Lab) -> Result<()> {
+    for (i, host, _) in pairs(lab) {
+        let local = host.underlay_ip.to_string();
+        host.ns
+            .ip(&["link", "add", IPIP_DEV, "type", "ipip", "local", &local])
+            .map_err(|e| match e.to_string() {
+                m if m.contains("Unknown device type") || m.contains("not supported") => {
+                    anyhow!("kernel lacks ipip")
+                }
+                _ => e,
+            })?;
+        device_up(host, IPIP_DEV, IPIP_MTU, i)?;
+    }
+    for (i, host, peer) in pairs(lab) {
+        onlink_route(host, subnet(1 - i), &peer.underlay_ip.to_string(), IPIP_DEV)?;
+    }
+    Ok(())
+}
+
+/// As flannel does for its devices: MTU, the lease's network address as /32, up.
+fn device_up(host: &Host, dev: &str, mtu: u32, i: usize) -> Result<()> {
+    let addr = format!("{}/32", subnet(i).network());
+    host.ns.ip(&["link", "set", dev, "mtu", &mtu.to_string()])?;
+    host.ns.ip(&["addr", "add", &addr, "dev", dev])?;
+    host.ns.ip(&["link", "set", dev, "up"])?;
+    Ok(())
+}
+
+fn onlink_route(host: &Host, to: Ipv4Net, via: &str, dev: &str) -> Result<()> {
+    let to = to.to_string();
+    host.ns
+        .ip(&["route", "replace", &to, "via", via, "dev", dev, "onlink"])?;
+    Ok(())
+}
+
+fn link_mac(host: &Host, dev: &str) -> Result<String> {
+    let json = host.ns.ip(&["-j", "link", "show", "dev", dev])?;
+    let links: serde_json::Value = serde_json::from_str(&json)?;
+    links[0]["address"]
+        .as_str()
+        .map(str::to_string)
+        .with_context(|| format!("no MAC for {dev} in {json}"))
+}
+
+/// Containers get the overlay MTU on both veth ends, as docker does with `--mtu=$FLANNEL_MTU`.
+fn set_container_mtu(lab: &Lab, mtu: u32) -> Result<()> {
+    let mtu = mtu.to_string();
+    for host in &lab.hosts {
+        for c in host.containers() {
+            c.ns.ip(&["link", "set", &c.iface, "mtu", &mtu])?;
+            host.ns.ip(&["link", "set", &c.host_iface, "mtu", &mtu])?;
+        }
+    }
+    Ok(())
+}
+
+/// `twill run --backend <backend>` on both hosts with each other as static peers; returns the
+/// daemons and the MTU they wrote to the subnet file (the containers' MTU).
+fn start_twill(
+    lab: &Lab,
+    twill: &Twill,
+    backend: &str,
+    dir: &Path,
+) -> Result<(Vec<Proc>, Option<u32>)> {
+    ensure!(
+        twill.binary.is_file(),
+        "no twill binary at {} (cargo build --release)",
+        twill.binary.display()
+    );
+    let files: Vec<_> = (0..2)
+        .map(|i| dir.join(format!("subnet-{i}.env")))
+        .collect();
+    let mut daemons = Vec::new();
+    for (i, host, peer) in pairs(lab) {
+        let (mine, peer_arg) = (
+            subnet(i).to_string(),
+            format!("{}={}", subnet(1 - i), peer.underlay_ip),
+        );
+        let file = files[i].to_string_lossy();
+        let mut args = vec![
+            "run",
+            "--backend",
+            backend,
+            "--iface",
+            &host.iface,
+            "--network",
+            NETWORK,
+            "--subnet",
+            &mine,
+            "--peer",
+            &peer_arg,
+            "--subnet-file",
+            &file,
+            "--status-addr",
+            TWILL_STATUS,
+        ];
+        args.extend(twill.args.iter().map(String::as_str));
+        let binary = twill.binary.to_string_lossy();
+        daemons.push(host.ns.spawn_with(&binary, &args, &[("NO_COLOR", "1")])?);
+    }
+    for ((_, host, _), (daemon, file)) in pairs(lab).into_iter().zip(daemons.iter_mut().zip(&files))
+    {
+        wait_twill_ready(host, daemon, &twill.binary, file)?;
+    }
+    let mtu = parse::subnet_env_mtu(&std::fs::read_to_string(&files[0])?)?;
+    Ok((daemons, Some(mtu)))
+}
+
+/// Ready = subnet file written and the status endpoint answering; a daemon that exits first
+/// makes the path unavailable with twill's own last words as the reason.
+fn wait_twill_ready(host: &Host, daemon: &mut Proc, twill: &Path, file: &Path) -> Result<()> {
+    let deadline = Instant::now() + TWILL_READY_TIMEOUT;
+    let twill = twill.to_string_lossy();
+    loop {
+        if let Some(status) = daemon.wait_timeout(Duration::ZERO)? {
+            let stderr = daemon.stderr();
+            let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+            bail!("twill exited ({status}): {}", last.unwrap_or("no output"));
+        }
+        if file.exists()
+            && host
+                .ns
+                .exec(&twill, &["status", "--addr", TWILL_STATUS])
+                .is_ok()
+        {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "twill not ready after {TWILL_READY_TIMEOUT:?}: {}",
+            daemon.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

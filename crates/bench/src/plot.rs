@@ -1,0 +1,162 @@
+//! `--plot`: a PNG with one bar panel per metric, paths side by side.
+
+use crate::measure::Field;
+use crate::report::PathResult;
+use anyhow::{anyhow, Context, Result};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::path::Path;
+use std::sync::OnceLock;
+
+/// Text needs a font file (no fontconfig in the bitmap backend); Debian's fonts-dejavu-core has it.
+const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+const FONT_PACKAGE: &str = "fonts-dejavu-core";
+const FONT: &str = "sans-serif";
+const SIZE: (u32, u32) = (1600, 1000);
+const COLORS: [RGBColor; 3] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+];
+
+/// One panel: a title and the fields drawn as grouped bars per path.
+struct Panel {
+    title: &'static str,
+    series: &'static [(&'static str, Field)],
+}
+
+const PANELS: [Panel; 4] = [
+    Panel {
+        title: "TCP throughput, Gbit/s (higher is better)",
+        series: &[
+            ("single stream", Field::TcpGbps),
+            ("-P 4", Field::TcpP4Gbps),
+            ("reverse", Field::TcpRevGbps),
+        ],
+    },
+    Panel {
+        title: "UDP 64-byte packets received, kpps (higher is better)",
+        series: &[("received", Field::Udp64Kpps)],
+    },
+    Panel {
+        title: "TCP round-trip latency (qperf tcp_lat), µs (lower is better)",
+        series: &[("latency", Field::LatencyUs)],
+    },
+    Panel {
+        title: "CPU of the whole machine during single-stream TCP, %",
+        series: &[
+            ("busy", Field::CpuPct),
+            ("of it softirq", Field::CpuSoftirqPct),
+        ],
+    },
+];
+
+/// Writes the PNG; `title` names the run (e.g. repeat and duration).
+pub fn draw(results: &[PathResult], title: &str, out: &Path) -> Result<()> {
+    register_font()?;
+    let root = BitMapBackend::new(out, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, (FONT, 28))?;
+    for (area, panel) in root.split_evenly((2, 2)).iter().zip(&PANELS) {
+        draw_panel(area, results, panel)?;
+    }
+    root.present()
+        .with_context(|| format!("cannot write {}", out.display()))
+}
+
+fn draw_panel(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    results: &[PathResult],
+    panel: &Panel,
+) -> Result<()> {
+    let values = |field: Field| results.iter().map(move |r| r.value(field));
+    let max = panel
+        .series
+        .iter()
+        .flat_map(|(_, f)| values(*f).flatten())
+        .fold(0.0, f64::max);
+    let n = results.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(panel.title, (FONT, 20))
+        .margin(12)
+        .x_label_area_size(30)
+        .y_label_area_size(60)
+        // Headroom above the tallest bar for its value label (and the legend).
+        .build_cartesian_2d(
+            -0.5..n as f64 - 0.5,
+            0.0..if max > 0.0 { max * 1.3 } else { 1.0 },
+        )?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&|x| path_at(results, *x))
+        .label_style((FONT, 15))
+        .draw()?;
+    let width = 0.8 / panel.series.len() as f64;
+    let label_style = TextStyle::from((FONT, 13)).pos(Pos::new(HPos::Center, VPos::Bottom));
+    for (k, (name, field)) in panel.series.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let bars: Vec<(f64, f64)> = values(*field)
+            .enumerate()
+            .filter_map(|(i, v)| Some((i as f64 - 0.4 + k as f64 * width, v?)))
+            .collect();
+        chart
+            .draw_series(bars.iter().map(|&(x, v)| {
+                Rectangle::new([(x + 0.01, 0.0), (x + width - 0.01, v)], color.filled())
+            }))?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 12, y + 6)], color.filled()));
+        chart.draw_series(
+            bars.iter()
+                .map(|&(x, v)| Text::new(short(v), (x + width / 2.0, v), label_style.clone())),
+        )?;
+    }
+    let missing = results.iter().enumerate().filter(|(_, r)| !r.available);
+    chart.draw_series(
+        missing.map(|(i, _)| Text::new("n/a", (i as f64, 0.0), label_style.clone())),
+    )?;
+    if panel.series.len() > 1 {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .label_font((FONT, 14))
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// The path name under each integer x; the axis may also ask for ticks in between.
+fn path_at(results: &[PathResult], x: f64) -> String {
+    let i = x.round();
+    match results.get(i as usize) {
+        Some(r) if (x - i).abs() < 1e-6 && i >= 0.0 => r.path.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Three significant digits, enough to read a bar.
+fn short(v: f64) -> String {
+    match v.abs() {
+        a if a >= 100.0 => format!("{v:.0}"),
+        a if a >= 10.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
+    }
+}
+
+/// Registered once per process; plotters keeps a `'static` reference to the bytes.
+fn register_font() -> Result<()> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let bytes = std::fs::read(FONT_PATH)
+                .map_err(|e| format!("{FONT_PATH}: {e} (install Debian's {FONT_PACKAGE})"))?;
+            plotters::style::register_font(FONT, FontStyle::Normal, Box::leak(bytes.into()))
+                .map_err(|_| format!("{FONT_PATH} is not a usable font"))
+        })
+        .clone()
+        .map_err(|e| anyhow!("plot font: {e}"))
+}

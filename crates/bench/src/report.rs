@@ -1,0 +1,166 @@
+//! Results of every path: medians, ratios to kernel VXLAN and native, the table, the JSON and
+//! the `--quick` completeness check.
+
+use crate::measure::Field;
+use crate::stats::{median, ratio};
+use anyhow::{ensure, Result};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Everything measured on one path, all samples kept; reported values are medians.
+#[derive(Debug, Clone, Default)]
+pub struct PathResult {
+    pub path: String,
+    pub available: bool,
+    /// Why the path is unavailable, or which measurements failed.
+    pub note: String,
+    pub samples: BTreeMap<Field, Vec<f64>>,
+}
+
+impl PathResult {
+    /// Median of the field's samples.
+    pub fn value(&self, field: Field) -> Option<f64> {
+        median(self.samples.get(&field)?)
+    }
+}
+
+/// Single-stream TCP of the path named `name`: the base of the ratio columns.
+fn baseline(results: &[PathResult], name: &str) -> Option<f64> {
+    results
+        .iter()
+        .find(|r| r.path == name)?
+        .value(Field::TcpGbps)
+}
+
+/// `(key, value)` of the two ratio columns for `r`.
+fn ratios(results: &[PathResult], r: &PathResult) -> [(&'static str, Option<f64>); 2] {
+    let tcp = r.value(Field::TcpGbps);
+    [
+        ("tcp_vs_vxlan", ratio(tcp, baseline(results, "vxlan"))),
+        ("tcp_vs_native", ratio(tcp, baseline(results, "native"))),
+    ]
+}
+
+const HEADER: [&str; 11] = [
+    "path",
+    "tcp Gbit/s",
+    "×vxlan",
+    "×native",
+    "-P4",
+    "-R",
+    "udp64 kpps",
+    "loss %",
+    "lat µs",
+    "cpu %",
+    "sirq %",
+];
+
+/// The comparison table, one row per path, then the notes of paths that had failures.
+pub fn table(results: &[PathResult]) -> String {
+    let rows: Vec<Vec<String>> = results.iter().map(|r| row(results, r)).collect();
+    let widths: Vec<usize> = (0..HEADER.len())
+        .map(|c| {
+            rows.iter()
+                .filter(|row| row.len() == HEADER.len())
+                .map(|row| row[c].chars().count())
+                .chain([HEADER[c].chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
+    let mut out = line(&header, &widths);
+    out += &line(
+        &widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>(),
+        &widths,
+    );
+    for row in &rows {
+        out += &line(row, &widths);
+    }
+    for r in results.iter().filter(|r| r.available && !r.note.is_empty()) {
+        out += &format!("note: {}: {}\n", r.path, r.note);
+    }
+    out
+}
+
+/// An unavailable path is one cell wide: its name and the reason.
+fn row(results: &[PathResult], r: &PathResult) -> Vec<String> {
+    if !r.available {
+        return vec![r.path.clone(), r.note.clone()];
+    }
+    let cell = |v: Option<f64>, decimals: usize| {
+        v.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+    };
+    let [vs_vxlan, vs_native] = ratios(results, r).map(|(_, v)| cell(v, 2));
+    vec![
+        r.path.clone(),
+        cell(r.value(Field::TcpGbps), 2),
+        vs_vxlan,
+        vs_native,
+        cell(r.value(Field::TcpP4Gbps), 2),
+        cell(r.value(Field::TcpRevGbps), 2),
+        cell(r.value(Field::Udp64Kpps), 1),
+        cell(r.value(Field::Udp64LossPct), 1),
+        cell(r.value(Field::LatencyUs), 1),
+        cell(r.value(Field::CpuPct), 0),
+        cell(r.value(Field::CpuSoftirqPct), 0),
+    ]
+}
+
+/// Numbers right-aligned under their header, the path name left-aligned (width counts chars,
+/// so × and µ line up).
+fn line(cells: &[String], widths: &[usize]) -> String {
+    let padded: Vec<String> = cells
+        .iter()
+        .zip(widths)
+        .enumerate()
+        .map(|(c, (cell, w))| match c {
+            0 => format!("{cell:<w$}"),
+            _ => format!("{cell:>w$}"),
+        })
+        .collect();
+    padded.join(" | ").trim_end().to_string() + "\n"
+}
+
+/// The `--json` document: an array with one object per path; missing values are null.
+pub fn json(results: &[PathResult]) -> Value {
+    let objects = results.iter().map(|r| {
+        let mut obj = Map::new();
+        obj.insert("path".into(), r.path.clone().into());
+        obj.insert("available".into(), r.available.into());
+        obj.insert("note".into(), r.note.clone().into());
+        for field in Field::ALL {
+            obj.insert(field.key().into(), r.value(field).into());
+        }
+        for (key, value) in ratios(results, r) {
+            obj.insert(key.into(), value.into());
+        }
+        let samples = r
+            .samples
+            .iter()
+            .map(|(f, s)| (f.key().into(), s.clone().into()));
+        obj.insert("samples".into(), Value::Object(samples.collect()));
+        Value::Object(obj)
+    });
+    Value::Array(objects.collect())
+}
+
+/// `--quick`: every number of every available path is present and non-zero (loss and softirq
+/// may be zero), and at least one path was available. No speed thresholds.
+pub fn check_complete(results: &[PathResult]) -> Result<()> {
+    ensure!(
+        results.iter().any(|r| r.available),
+        "no path could be set up"
+    );
+    let mut bad = Vec::new();
+    for r in results.iter().filter(|r| r.available) {
+        for field in Field::ALL {
+            match r.value(field) {
+                Some(v) if v > 0.0 || (field.may_be_zero() && v == 0.0) => {}
+                v => bad.push(format!("{} {} = {v:?}", r.path, field.key())),
+            }
+        }
+    }
+    ensure!(bad.is_empty(), "missing or zero: {}", bad.join(", "));
+    Ok(())
+}

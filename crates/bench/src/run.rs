@@ -1,0 +1,120 @@
+//! Orchestration: set every path up, then measure in rounds (each round visits every path once,
+//! so slow drift of a shared, noisy machine spreads over all paths instead of biasing one).
+
+use crate::measure::{Field, Measurement, Timing};
+use crate::paths::{PathKind, PathLab, Twill};
+use crate::report::PathResult;
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub paths: Vec<PathKind>,
+    pub repeat: u32,
+    pub timing: Timing,
+    pub twill: Twill,
+}
+
+/// A path after set-up: ready to measure, or the reason it cannot be.
+pub struct Prepared {
+    pub kind: PathKind,
+    pub lab: Result<PathLab, String>,
+}
+
+/// Builds every selected path's lab; a path that cannot be set up is kept with its reason.
+pub fn prepare(opts: &Options, progress: &Progress) -> Vec<Prepared> {
+    opts.paths
+        .iter()
+        .map(|&kind| {
+            progress.show(&format!("setting up {kind}"));
+            let lab = PathLab::new(kind, &opts.twill).map_err(|e| format!("{e:#}"));
+            Prepared { kind, lab }
+        })
+        .collect()
+}
+
+/// `repeat` rounds of every measurement on every ready path.
+pub fn measure(prepared: &[Prepared], opts: &Options, progress: &Progress) -> Vec<PathResult> {
+    let mut results: Vec<PathResult> = prepared.iter().map(initial_result).collect();
+    for round in 1..=opts.repeat {
+        for (p, result) in prepared.iter().zip(&mut results) {
+            let Ok(lab) = &p.lab else { continue };
+            for m in Measurement::ALL {
+                let secs = opts.timing.duration + opts.timing.warmup;
+                progress.show(&format!(
+                    "[round {round}/{}] {}: {} ({secs} s)",
+                    opts.repeat,
+                    p.kind,
+                    m.label()
+                ));
+                record(result, m, m.run(&lab.endpoints(), &opts.timing));
+            }
+        }
+    }
+    progress.clear();
+    results
+}
+
+fn initial_result(p: &Prepared) -> PathResult {
+    PathResult {
+        path: p.kind.name().to_string(),
+        available: p.lab.is_ok(),
+        note: p
+            .lab
+            .as_ref()
+            .err()
+            .map(|why| format!("unavailable: {why}"))
+            .unwrap_or_default(),
+        samples: BTreeMap::new(),
+    }
+}
+
+/// Keeps the values of a run; of failures only the first per measurement, for the note.
+fn record(result: &mut PathResult, m: Measurement, outcome: anyhow::Result<Vec<(Field, f64)>>) {
+    match outcome {
+        Ok(values) => {
+            for (field, value) in values {
+                result.samples.entry(field).or_default().push(value);
+            }
+        }
+        Err(e) if !result.note.contains(m.label()) => {
+            let sep = if result.note.is_empty() { "" } else { "; " };
+            result.note += &format!("{sep}{} failed: {e:#}", m.label());
+        }
+        Err(_) => {}
+    }
+}
+
+/// One status line on stderr: rewritten in place on a terminal, one line per step otherwise
+/// (CI logs).
+pub struct Progress {
+    tty: bool,
+}
+
+impl Progress {
+    pub fn new() -> Progress {
+        Progress {
+            tty: std::io::stderr().is_terminal(),
+        }
+    }
+
+    pub fn show(&self, msg: &str) {
+        if self.tty {
+            eprint!("\r\x1b[2K{msg}");
+        } else {
+            eprintln!("{msg}");
+        }
+    }
+
+    pub fn clear(&self) {
+        if self.tty {
+            eprint!("\r\x1b[2K");
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress::new()
+    }
+}

@@ -1,0 +1,84 @@
+//! Parsing of what iperf3, qperf, /proc/stat and flannel's subnet file print.
+
+use serde_json::json;
+use twill_bench::parse::*;
+
+fn iperf_tcp_json(received_bps: f64) -> String {
+    json!({
+        "start": {"connected": []},
+        "end": {
+            "sum_sent": {"bits_per_second": received_bps * 1.01, "retransmits": 3},
+            "sum_received": {"seconds": 10.0, "bytes": 1, "bits_per_second": received_bps}
+        }
+    })
+    .to_string()
+}
+
+#[test]
+fn tcp_throughput_is_the_receiver_sum_in_gbit() {
+    let gbps = iperf_tcp_gbps(&iperf_tcp_json(22.2e9)).unwrap();
+    assert!((gbps - 22.2).abs() < 1e-9, "{gbps}");
+}
+
+#[test]
+fn udp_rate_counts_only_packets_that_arrived() {
+    // The shape iperf3 3.12 prints for `-u -l 64 -b 0` (trimmed).
+    let out = json!({"end": {
+        "sum_sent": {"seconds": 2.0, "packets": 200000, "lost_packets": 0, "lost_percent": 0},
+        "sum_received": {"seconds": 2.0, "packets": 200000, "lost_packets": 50000,
+                         "lost_percent": 25.0, "bytes": 9600000}
+    }})
+    .to_string();
+    let udp = iperf_udp(&out).unwrap();
+    assert_eq!(udp.pps, 75000.0);
+    assert_eq!(udp.loss_pct, 25.0);
+}
+
+#[test]
+fn iperf_errors_are_reported_with_iperf_own_words() {
+    let out = r#"{"start": {}, "intervals": [], "end": {},
+        "error": "unable to connect to server: Connection refused"}"#;
+    assert_eq!(
+        iperf_error(out).as_deref(),
+        Some("unable to connect to server: Connection refused")
+    );
+    let e = iperf_tcp_gbps(out).unwrap_err().to_string();
+    assert!(e.contains("Connection refused"), "{e}");
+    assert!(iperf_error("not json").is_none());
+    assert!(iperf_tcp_gbps(r#"{"end": {}}"#).is_err());
+    assert!(iperf_udp(r#"{"end": {"sum_received": {"seconds": 0, "packets": 1, "lost_packets": 0, "lost_percent": 0}}}"#).is_err());
+}
+
+#[test]
+fn qperf_latency_in_any_unit_becomes_microseconds() {
+    let plain = "tcp_lat:\n    latency  =  7.8 us\n";
+    assert_eq!(qperf_latency_us(plain).unwrap(), 7.8);
+    let verbose = "tcp_lat:\n    latency        =  900 ns\n    msg_rate       =  67.3 K/sec\n";
+    assert!((qperf_latency_us(verbose).unwrap() - 0.9).abs() < 1e-12);
+    assert_eq!(
+        qperf_latency_us("tcp_lat:\n latency = 1.5 ms\n").unwrap(),
+        1500.0
+    );
+    assert!(qperf_latency_us("tcp_lat:\n").is_err());
+    assert!(qperf_latency_us("latency = 3 parsecs").is_err());
+}
+
+#[test]
+fn cpu_use_counts_softirq_and_all_busy_time_of_the_whole_machine() {
+    let before = cpu_times("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n").unwrap();
+    // +100 ticks: 30 user, 10 system, 20 softirq, 35 idle, 5 iowait.
+    let after = cpu_times("cpu  130 0 60 835 55 0 20 0 0 0\n").unwrap();
+    let used = after.since(&before).unwrap();
+    assert!((used.busy_pct - 60.0).abs() < 1e-9, "{used:?}");
+    assert!((used.softirq_pct - 20.0).abs() < 1e-9, "{used:?}");
+    assert!(before.since(&before).is_none(), "no ticks, no percentage");
+    assert!(cpu_times("cpu0 1 2 3").is_err());
+    assert!(cpu_times("cpu  1 2 3").is_err());
+}
+
+#[test]
+fn flannel_mtu_comes_from_the_subnet_file() {
+    let env = "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.1.1/24\nFLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n";
+    assert_eq!(subnet_env_mtu(env).unwrap(), 1472);
+    assert!(subnet_env_mtu("FLANNEL_SUBNET=10.5.1.1/24\n").is_err());
+}

@@ -1,0 +1,116 @@
+//! Medians, ratios, the table, the JSON and the --quick completeness check.
+
+use std::collections::BTreeMap;
+use twill_bench::measure::Field;
+use twill_bench::report::{check_complete, json, table, PathResult};
+use twill_bench::stats::{median, ratio};
+
+#[test]
+fn median_of_odd_even_and_empty_sample_sets() {
+    assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+    assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+    assert_eq!(median(&[29.4, 38.6, 31.0, 1.0, 35.0]), Some(31.0));
+    assert_eq!(median(&[]), None);
+}
+
+#[test]
+fn ratio_needs_both_values_and_a_positive_base() {
+    assert_eq!(ratio(Some(11.1), Some(22.2)), Some(0.5));
+    assert_eq!(ratio(None, Some(1.0)), None);
+    assert_eq!(ratio(Some(1.0), None), None);
+    assert_eq!(ratio(Some(1.0), Some(0.0)), None);
+}
+
+/// An available path: samples 1, 2, 3 for every field, `tcp` for single-stream TCP.
+fn measured(path: &str, tcp: &[f64]) -> PathResult {
+    let mut samples = BTreeMap::new();
+    for field in Field::ALL {
+        samples.insert(field, vec![1.0, 2.0, 3.0]);
+    }
+    samples.insert(Field::TcpGbps, tcp.to_vec());
+    PathResult {
+        path: path.into(),
+        available: true,
+        note: String::new(),
+        samples,
+    }
+}
+
+fn unavailable(path: &str) -> PathResult {
+    PathResult {
+        path: path.into(),
+        note: "unavailable: kernel lacks ipip".into(),
+        ..Default::default()
+    }
+}
+
+fn sample_run() -> Vec<PathResult> {
+    vec![
+        measured("native", &[30.0, 40.0, 35.0]),
+        measured("vxlan", &[20.0, 21.0, 100.0]),
+        unavailable("ipip"),
+        measured("twill-udp", &[10.5, 1.0, 99.0]),
+    ]
+}
+
+#[test]
+fn json_holds_medians_ratios_and_unavailable_paths() {
+    let doc = json(&sample_run());
+    let paths = doc.as_array().unwrap();
+    assert_eq!(paths.len(), 4);
+    let twill = &paths[3];
+    assert_eq!(twill["path"], "twill-udp");
+    assert_eq!(twill["available"], true);
+    assert_eq!(twill["tcp_gbps"], 10.5);
+    assert_eq!(twill["tcp_vs_vxlan"], 0.5);
+    assert_eq!(twill["tcp_vs_native"], 0.3);
+    assert_eq!(twill["latency_us"], 2.0);
+    assert_eq!(twill["samples"]["tcp_gbps"].as_array().unwrap().len(), 3);
+    for key in [
+        "note",
+        "tcp_p4_gbps",
+        "tcp_rev_gbps",
+        "udp64_kpps",
+        "udp64_loss_pct",
+        "cpu_pct",
+    ] {
+        assert!(twill.get(key).is_some(), "{key} missing");
+    }
+    let ipip = &paths[2];
+    assert_eq!(ipip["available"], false);
+    assert_eq!(ipip["note"], "unavailable: kernel lacks ipip");
+    assert!(ipip["tcp_gbps"].is_null());
+}
+
+#[test]
+fn table_has_a_row_per_path_with_ratios_and_reasons() {
+    let text = table(&sample_run());
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("path"), "{text}");
+    assert!(
+        lines[0].contains("×vxlan") && lines[0].contains("cpu %"),
+        "{text}"
+    );
+    let twill = lines.iter().find(|l| l.starts_with("twill-udp")).unwrap();
+    assert!(twill.contains("10.50") && twill.contains("0.50") && twill.contains("0.30"));
+    let ipip = lines.iter().find(|l| l.starts_with("ipip")).unwrap();
+    assert!(ipip.contains("unavailable: kernel lacks ipip"), "{text}");
+    // Columns line up: every full row is as wide as the header.
+    let width = lines[0].chars().count();
+    let vxlan = lines.iter().find(|l| l.starts_with("vxlan")).unwrap();
+    assert_eq!(vxlan.chars().count(), width, "{text}");
+}
+
+#[test]
+fn quick_check_wants_every_number_of_available_paths_but_allows_zero_loss() {
+    let mut run = sample_run();
+    check_complete(&run).unwrap();
+    run[1].samples.insert(Field::Udp64LossPct, vec![0.0]);
+    check_complete(&run).unwrap();
+    run[1].samples.insert(Field::LatencyUs, vec![0.0]);
+    let e = check_complete(&run).unwrap_err().to_string();
+    assert!(e.contains("vxlan latency_us"), "{e}");
+    run[1].samples.remove(&Field::LatencyUs);
+    assert!(check_complete(&run).is_err());
+    assert!(check_complete(&[unavailable("ipip")]).is_err());
+}
