@@ -199,11 +199,19 @@ fn run_bounded(ns: &Netns, program: &str, args: &[&str], limit: Duration) -> Res
         bail!("`{program}` did not finish within {limit:?}");
     };
     if !status.success() {
-        let stdout = proc.stdout();
-        let why = parse::iperf_error(&stdout).unwrap_or_else(|| proc.stderr().trim().to_string());
-        bail!("`{program}` failed ({status}): {why}");
+        bail!("`{program}` failed ({status}): {}", failure_reason(&proc));
     }
     Ok(proc.stdout())
+}
+
+/// iperf3 -J reports errors in its JSON on stdout, qperf prints them to stdout too; stderr for
+/// everything else.
+fn failure_reason(proc: &Proc) -> String {
+    let (stdout, stderr) = (proc.stdout(), proc.stderr());
+    parse::iperf_error(&stdout).unwrap_or_else(|| match stderr.trim() {
+        "" => stdout.trim().to_string(),
+        stderr => stderr.to_string(),
+    })
 }
 
 fn cpu_now() -> Result<parse::CpuTimes> {
