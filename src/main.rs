@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use twill_control::config::{Config, DEFAULT_BACKEND};
 use twill_control::daemon::{self, NodeOptions};
+use twill_control::lease::backend_type;
 use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
 };
@@ -42,7 +43,7 @@ enum Command {
 struct RunArgs {
     #[command(flatten)]
     etcd: EtcdArgs,
-    /// Backend for the static registry; with etcd the backend comes from the network config.
+    /// Backend for the static registry (udp, batch); with etcd the network config names it.
     #[arg(long)]
     backend: Option<String>,
     /// Underlay interface; its first IPv4 address is the default --public-ip.
@@ -68,12 +69,15 @@ struct RunArgs {
     port: Option<u16>,
     #[arg(long, default_value = "twill0")]
     tun_name: String,
-    /// TUN MTU; default: the interface MTU minus 28 (outer IPv4 + UDP).
+    /// TUN MTU; default: the interface MTU minus the encapsulation (udp 28, batch 42).
     #[arg(long)]
     mtu: Option<u16>,
     /// TUN queues, each served by its own task.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     queues: u16,
+    /// batch: let a not-full datagram wait this many µs for more packets (default: never wait).
+    #[arg(long, value_name = "MICROS")]
+    batch_delay: Option<u64>,
     /// Disable TUN offloads (virtio-net header, TSO/GRO), e.g. to measure what they bring.
     #[arg(long)]
     no_offload: bool,
@@ -184,6 +188,10 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         queues: usize::from(args.queues),
         no_offload: args.no_offload,
         status_addrs: status_addrs(args),
+        batch_delay: args
+            .batch_delay
+            .filter(|&us| us > 0)
+            .map(Duration::from_micros),
     }
 }
 
@@ -204,7 +212,10 @@ fn print_status(addr: SocketAddr) -> anyhow::Result<()> {
 fn static_registry(args: &RunArgs) -> anyhow::Result<StaticRegistry> {
     let network = args.network.context("--network is required without etcd")?;
     let subnet = args.subnet.context("--subnet is required without etcd")?;
-    let backend = args.backend.as_deref().unwrap_or(DEFAULT_BACKEND);
+    let backend = match args.backend.as_deref() {
+        Some("batch") => backend_type::TWILL_BATCH,
+        other => other.unwrap_or(DEFAULT_BACKEND),
+    };
     let mut config = Config::for_network(network, backend)?;
     if args.port.is_some() {
         config.backend.port = args.port;

@@ -4,11 +4,11 @@
 use anyhow::{bail, Context, Result};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use twill_lab::{Container, Host, Netns, Proc};
+use twill_lab::{Container, Host, Lab, LabSpec, Netns, Proc};
 
 pub const TWILL: &str = env!("CARGO_BIN_EXE_twill");
 
@@ -137,4 +137,162 @@ pub fn scratch() -> Result<tempfile::TempDir> {
 
 pub fn path_in(dir: &tempfile::TempDir, name: &str) -> PathBuf {
     dir.path().join(name)
+}
+
+/// The container subnets of [`start_pair`]'s two hosts, inside the network 10.5.0.0/16.
+pub const PAIR_SUBNETS: [&str; 2] = ["10.5.1.0/24", "10.5.2.0/24"];
+
+/// Two lab hosts running `twill run ARGS` with static peers, one container each.
+pub struct Pair {
+    pub lab: Lab,
+    pub nodes: Vec<Proc>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Pair {
+    pub fn container(&self, host: usize) -> &Container {
+        &self.lab.host(host).containers()[0]
+    }
+
+    pub fn host(&self, host: usize) -> &Host {
+        self.lab.host(host)
+    }
+}
+
+/// Start a [`Pair`]: each host names the other as its peer; host 0 also gets `extra_peer`.
+pub fn start_pair(tag: &str, args: &[&str], extra_peer: Option<&str>) -> Result<Pair> {
+    twill_lab::require_root()?;
+    let mut lab = Lab::new(LabSpec {
+        hosts: 2,
+        tag: tag.into(),
+        ..Default::default()
+    })?;
+    for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
+        lab.host_mut(i).add_container(subnet.parse()?)?;
+    }
+    let dir = scratch()?;
+    let mut nodes = Vec::new();
+    for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
+        let other = 1 - i;
+        let peer = format!("{}={}", PAIR_SUBNETS[other], lab.host(other).underlay_ip);
+        let mut all = vec![
+            "--network",
+            "10.5.0.0/16",
+            "--subnet",
+            subnet,
+            "--peer",
+            &peer,
+        ];
+        if let Some(extra) = extra_peer.filter(|_| i == 0) {
+            all.extend(["--peer", extra]);
+        }
+        all.extend_from_slice(args);
+        let file = path_in(&dir, &format!("h{i}.env"));
+        nodes.push(start_twill(lab.host(i), &all, &file)?);
+    }
+    Ok(Pair { lab, nodes, dir })
+}
+
+/// What a bounded UDP flood from one container to another achieved.
+#[derive(Debug, Clone, Copy)]
+pub struct Flood {
+    pub sent: u64,
+    pub received: u64,
+    /// From the first arrival to the last.
+    pub elapsed: Duration,
+}
+
+impl Flood {
+    pub fn received_per_second(&self) -> f64 {
+        self.received as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Send UDP packets of `ip_len` bytes (IPv4 header included) from `from` to `to` as fast as
+/// `senders` threads can, until each has sent `max_packets` or `max_time` has passed, and count
+/// what arrives.
+pub fn udp_flood(
+    from: &Container,
+    to: &Container,
+    ip_len: usize,
+    senders: usize,
+    max_packets: u64,
+    max_time: Duration,
+) -> Result<Flood> {
+    let addr = SocketAddr::from((to.ip, 5002));
+    let payload = vec![0x5a; ip_len - 28];
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let receiver = s.spawn(|| to.ns.enter(|| count_arrivals(addr, ready_tx, &done)));
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .context("flood receiver never bound")??;
+        let sent = from.ns.enter(|| {
+            std::thread::scope(|s| {
+                let threads: Vec<_> = (0..senders)
+                    .map(|_| s.spawn(|| blast(addr, &payload, max_packets, max_time)))
+                    .collect();
+                threads
+                    .into_iter()
+                    .map(|t| t.join().expect("flood sender thread"))
+                    .sum::<Result<u64>>()
+            })
+        });
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (received, elapsed) = receiver.join().expect("flood receiver thread")?;
+        Ok(Flood {
+            sent: sent?,
+            received,
+            elapsed,
+        })
+    })
+}
+
+fn blast(addr: SocketAddr, payload: &[u8], max_packets: u64, max_time: Duration) -> Result<u64> {
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    let start = Instant::now();
+    let (mut sent, mut tries) = (0u64, 0u64);
+    while sent < max_packets && (tries % 1024 != 0 || start.elapsed() < max_time) {
+        tries += 1;
+        // A full TUN queue refuses some sends (ENOBUFS); that is the load we want, not an error.
+        if socket.send_to(payload, addr).is_ok() {
+            sent += 1;
+        }
+    }
+    Ok(sent)
+}
+
+fn count_arrivals(
+    addr: SocketAddr,
+    ready: std::sync::mpsc::Sender<Result<()>>,
+    done: &std::sync::atomic::AtomicBool,
+) -> Result<(u64, Duration)> {
+    let socket = match UdpSocket::bind(addr) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = ready.send(Err(e.into()));
+            bail!("bind {addr}");
+        }
+    };
+    socket.set_read_timeout(Some(Duration::from_millis(300)))?;
+    let _ = ready.send(Ok(()));
+    let mut buf = [0u8; 2048];
+    let (mut received, mut first, mut last) = (0u64, None, Instant::now());
+    loop {
+        match socket.recv(&mut buf) {
+            Ok(_) => {
+                received += 1;
+                last = Instant::now();
+                first.get_or_insert(last);
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if done.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok((received, first.map_or(Duration::ZERO, |f| last - f)))
 }

@@ -1,11 +1,11 @@
 //! The node's lifecycle: acquire a lease, start the backend, write subnet.env, follow the other
 //! leases until told to stop.
 
-use crate::backend::userspace::Userspace;
+use crate::backend::userspace::{self, Userspace};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::host::{self, Interface};
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{backend_type, Lease};
 use crate::registry::{LeaseEvent, Registry};
 use crate::status::{self, NodeStatus};
 use crate::subnet_env::SubnetEnv;
@@ -14,10 +14,10 @@ use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::TunConfig;
-use twill_dataplane::wire::flannel;
 
 /// How this node joins the network, independent of where leases live.
 #[derive(Debug, Clone)]
@@ -37,6 +37,8 @@ pub struct NodeOptions {
     pub no_offload: bool,
     /// Where `/status`, `/metrics` and `/healthz` are served (flannel's `--healthz-*` too).
     pub status_addrs: Vec<SocketAddr>,
+    /// twill-batch: how long a not-full datagram may wait for more packets; `None` never waits.
+    pub batch_delay: Option<Duration>,
 }
 
 /// Where this node's network stands, for the subnet file and `twill status`.
@@ -63,7 +65,15 @@ pub async fn run<R: Registry>(
     let node = Node { status, ..node };
     match config.backend.backend_type.as_str() {
         "udp" => run_userspace(registry, &options, &node, EngineKind::FlannelUdp, shutdown).await,
-        other => bail!("backend type {other:?} is not supported by this build; supported: udp"),
+        backend_type::TWILL_BATCH => {
+            let kind = EngineKind::Batch {
+                delay: options.batch_delay,
+            };
+            run_userspace(registry, &options, &node, kind, shutdown).await
+        }
+        other => bail!(
+            "backend type {other:?} is not supported by this build; supported: udp, twill-batch"
+        ),
     }
 }
 
@@ -89,11 +99,15 @@ async fn run_userspace<R: Registry>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let config = registry.config().clone();
-    let port = config.backend.port.unwrap_or(flannel::DEFAULT_PORT);
-    let (lease, events) = registry.start(LeaseAttrs::udp(node.public_ip)).await?;
-    let mtu = options.mtu.unwrap_or_else(|| tun_mtu(&node.iface));
+    let port = config.backend.port.unwrap_or(kind.default_port());
+    let attrs = userspace::lease_attrs(kind, node.public_ip, port);
+    let (lease, events) = registry.start(attrs).await?;
+    let mtu = options
+        .mtu
+        .unwrap_or_else(|| tun_mtu(&node.iface, kind.overhead()));
     let engine = Engine::start(&EngineConfig {
         kind,
+        subnet: lease.subnet,
         tun: TunConfig {
             name: options.tun_name.clone(),
             mtu,
@@ -113,8 +127,8 @@ async fn run_userspace<R: Registry>(
     follow(&mut backend, events, &node.status, shutdown).await
 }
 
-fn tun_mtu(iface: &Interface) -> u16 {
-    let mtu = iface.mtu.saturating_sub(flannel::OVERHEAD as u32);
+fn tun_mtu(iface: &Interface, overhead: usize) -> u16 {
+    let mtu = iface.mtu.saturating_sub(overhead as u32);
     u16::try_from(mtu).unwrap_or(u16::MAX)
 }
 

@@ -5,12 +5,25 @@
 //! for the whole network, so the kernel hands every packet for another host's subnet to us.
 
 use super::Backend;
-use crate::lease::Lease;
+use crate::lease::{backend_type, Lease, LeaseAttrs};
 use std::collections::BTreeMap;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use twill_dataplane::engine::{Engine, EngineKind};
 use twill_dataplane::table::{PeerSpec, SharedTable};
+use twill_dataplane::wire::batch;
+
+/// This node's lease for `kind`. A twill-batch lease names its port and the highest batch
+/// version it reads, as docs/batch-protocol.md specifies; flannel's udp leases carry nothing.
+pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAttrs {
+    match kind {
+        EngineKind::FlannelUdp => LeaseAttrs::udp(public_ip),
+        EngineKind::Batch { .. } => LeaseAttrs {
+            backend_data: Some(serde_json::json!({ "Port": port, "Version": batch::VERSION })),
+            ..LeaseAttrs::twill_batch(public_ip)
+        },
+    }
+}
 
 /// Feeds an engine's peer table from leases of one backend type.
 pub struct Userspace {
@@ -69,6 +82,7 @@ impl Backend for Userspace {
     fn backend_type(&self) -> Option<&'static str> {
         match self.kind {
             EngineKind::FlannelUdp => None,
+            EngineKind::Batch { .. } => Some(backend_type::TWILL_BATCH),
         }
     }
 

@@ -4,15 +4,18 @@
 //! check a packet from a peer before it reaches TUN. The engines differ only in how packets
 //! are laid out in datagrams.
 
+pub mod batch;
 pub mod udp;
 
 use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
-use crate::stats::{DropReason, EngineStats};
+use crate::stats::{DropReason, DropTally, EngineStats};
 use crate::table::{Peer, PeerTable, SharedTable};
 use crate::wire::ipv4::Ipv4Packet;
-use crate::wire::{flannel, icmp, WireError};
+use crate::wire::{self, flannel, icmp, WireError};
+use ipnet::Ipv4Net;
 use std::net::SocketAddrV4;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::task::JoinHandle;
 
 /// Which datagram layout an engine speaks.
@@ -20,12 +23,34 @@ use tokio::task::JoinHandle;
 pub enum EngineKind {
     /// flannel's udp backend: one bare inner packet per datagram.
     FlannelUdp,
+    /// twill's batch protocol: many packets per datagram. `delay` lets a not-full datagram wait
+    /// that long for more packets; `None` never waits.
+    Batch { delay: Option<Duration> },
+}
+
+impl EngineKind {
+    pub fn default_port(self) -> u16 {
+        match self {
+            EngineKind::FlannelUdp => flannel::DEFAULT_PORT,
+            EngineKind::Batch { .. } => wire::batch::DEFAULT_PORT,
+        }
+    }
+
+    /// Bytes the underlay and the format add to a packet sent alone: TUN MTU = underlay - this.
+    pub fn overhead(self) -> usize {
+        match self {
+            EngineKind::FlannelUdp => flannel::OVERHEAD,
+            EngineKind::Batch { .. } => wire::batch::OVERHEAD,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub kind: EngineKind,
     pub tun: TunConfig,
+    /// This node's lease: batch datagrams name their sender by it.
+    pub subnet: Ipv4Net,
     /// Where to bind; peers send to this port on our public IP.
     pub bind: SocketAddrV4,
 }
@@ -53,6 +78,7 @@ impl Engine {
         };
         let tasks = match config.kind {
             EngineKind::FlannelUdp => udp::spawn(&tun, &io),
+            EngineKind::Batch { delay } => batch::spawn(&tun, &io, config.subnet, delay),
         };
         Ok(Engine {
             table,
@@ -129,5 +155,20 @@ pub(crate) fn reply_unreachable(packet: &[u8], writer: &mut TunWriter) {
     let mut reply = [0u8; icmp::MAX_UNREACHABLE_LEN];
     if let Ok(Some(len)) = icmp::net_unreachable(&offender, &mut reply) {
         writer.push(&reply[..len]);
+    }
+}
+
+/// Queue a checked packet for TUN, writing the batch out once it is full.
+pub(crate) async fn write_to_tun(writer: &mut TunWriter, packet: &[u8], drops: &mut DropTally) {
+    writer.push(packet);
+    if writer.is_full() {
+        flush_tun(writer, drops).await;
+    }
+}
+
+pub(crate) async fn flush_tun(writer: &mut TunWriter, drops: &mut DropTally) {
+    if let Err(e) = writer.flush().await {
+        tracing::debug!("TUN write failed: {e}");
+        drops.count(DropReason::IoError);
     }
 }

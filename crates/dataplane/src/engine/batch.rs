@@ -1,0 +1,714 @@
+//! The batch engine: many inner packets per UDP datagram, as docs/batch-protocol.md specifies.
+//!
+//! Each TUN read is a drain: its packets are grouped by peer, kept in order, and packed into as
+//! few datagrams as fit under the path MTU. Nothing waits for packets that have not arrived
+//! (unless `--batch-delay` asks), so batching grows with load and a lone packet leaves at once.
+//! One peer's datagrams are written back to back, so a run of equal sizes (full datagrams and a
+//! shorter last one: the common case) leaves in one UDP GSO send.
+
+use super::{accept_inbound, flush_tun, reply_unreachable, route_outbound, write_to_tun, Shared};
+use crate::io::tun::READ_BATCH;
+use crate::io::udp::sender_v4;
+use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
+use crate::stats::{DropReason, DropTally};
+use crate::table::{Peer, PeerTable};
+use crate::wire::batch::{BatchPacket, BatchWriter, Records, OVERHEAD, RECORD_PREFIX_LEN};
+use crate::wire::{ipv4, WireError};
+use ipnet::Ipv4Net;
+use std::io;
+use std::net::{IpAddr, SocketAddrV4};
+use std::ops::{AddAssign, Range};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// Outer IPv4 and UDP headers: a datagram's payload may be PMTU minus this.
+const UDP_IP_HEADERS: usize = 20 + 8;
+/// The largest UDP payload IPv4 can carry.
+const MAX_PAYLOAD: usize = 65535 - UDP_IP_HEADERS;
+/// A datagram with less room than this cannot take another packet, so it is never held back.
+const SMALLEST_RECORD: usize = RECORD_PREFIX_LEN + ipv4::MIN_HEADER_LEN;
+/// Ends a per-peer packet list in [`Groups`].
+const END: u16 = u16::MAX;
+
+pub(crate) fn spawn(
+    tun: &Tun,
+    io: &Shared,
+    subnet: Ipv4Net,
+    delay: Option<Duration>,
+) -> Vec<JoinHandle<()>> {
+    let path = Arc::new(PathMtu::new(io.mtu + OVERHEAD));
+    let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
+        .map(|q| {
+            let sender = Sender::new(io.clone(), path.clone(), subnet, delay);
+            tokio::spawn(tun_to_udp(tun.reader(q), tun.writer(q), sender))
+        })
+        .collect();
+    tasks.push(tokio::spawn(udp_to_tun(
+        tun.writer(0),
+        Receiver::new(io.clone()),
+    )));
+    tasks
+}
+
+/// The underlay path MTU. One for all peers: flannel gives the whole network one MTU, and the
+/// TUN, whose MTU bounds every packet, is shared by all peers too.
+struct PathMtu(AtomicUsize);
+
+impl PathMtu {
+    fn new(mtu: usize) -> PathMtu {
+        PathMtu(AtomicUsize::new(mtu))
+    }
+
+    /// The most a datagram's payload may hold.
+    fn capacity(&self) -> usize {
+        (self.0.load(Relaxed) - UDP_IP_HEADERS).min(MAX_PAYLOAD)
+    }
+
+    /// A send was refused as too big: adopt what the kernel's route to `dst` allows now, if less.
+    fn lower(&self, local: IpAddr, dst: SocketAddrV4) {
+        match route_mtu(local, dst) {
+            Ok(mtu) => {
+                let old = self.0.fetch_min(mtu, Relaxed);
+                if mtu < old {
+                    tracing::warn!(%dst, old, new = mtu, "path MTU lowered after EMSGSIZE");
+                }
+            }
+            Err(e) => tracing::debug!(%dst, "cannot read the route MTU: {e}"),
+        }
+    }
+}
+
+/// The engine's socket is not connected, so ask a connected throwaway socket (IP_MTU): it sees
+/// the route's MTU, learned PMTU included.
+fn route_mtu(local: IpAddr, dst: SocketAddrV4) -> io::Result<usize> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let probe = std::net::UdpSocket::bind((local, 0))?;
+    probe.connect(dst)?;
+    let mtu = getsockopt(&probe, sockopt::IpMtu)?;
+    usize::try_from(mtu).map_err(|_| io::Error::other("negative IP_MTU"))
+}
+
+/// Datagrams, inner packets and inner bytes: what the counters are made of.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    datagrams: u64,
+    packets: u64,
+    bytes: u64,
+}
+
+impl AddAssign for Counts {
+    fn add_assign(&mut self, other: Counts) {
+        self.datagrams += other.datagrams;
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+    }
+}
+
+async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut tx: Sender) {
+    loop {
+        let read = tokio::select! {
+            read = reader.read_batch() => read,
+            () = until(tx.held.deadline) => {
+                tx.send_held().await;
+                continue;
+            }
+        };
+        let n = match read {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!("TUN read failed, stopping TUN->UDP: {e}");
+                return;
+            }
+        };
+        tx.drain(&mut reader, n, &mut icmp).await;
+        flush_tun(&mut icmp, &mut tx.drops).await;
+        tx.publish();
+    }
+}
+
+async fn until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The socket and the path MTU it learns, shared by the TUN queues.
+struct Link {
+    io: Shared,
+    path: Arc<PathMtu>,
+}
+
+impl Link {
+    /// One send syscall; returns whether it went out. Lost packets are counted here.
+    async fn send(
+        &self,
+        dst: SocketAddrV4,
+        datagrams: &[u8],
+        segment: usize,
+        packets: u64,
+    ) -> bool {
+        let Err(e) = self.io.udp.send(dst, datagrams, segment).await else {
+            return true;
+        };
+        // A GSO train over the device MTU is refused with EINVAL rather than EMSGSIZE.
+        if matches!(e.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) {
+            if let Ok(local) = self.io.udp.local_addr() {
+                self.path.lower(local.ip(), dst);
+            }
+        }
+        let reason = match e.raw_os_error() {
+            Some(libc::EMSGSIZE) => DropReason::TooBig,
+            _ => DropReason::IoError,
+        };
+        tracing::debug!(%dst, "UDP send failed: {e}");
+        self.io.stats.add_drops(reason, packets);
+        false
+    }
+}
+
+/// The TUN -> UDP half for one TUN queue.
+struct Sender {
+    link: Link,
+    subnet: Ipv4Net,
+    delay: Option<Duration>,
+    groups: Groups,
+    train: Train,
+    held: Held,
+    drops: DropTally,
+    sent: Counts,
+}
+
+impl Sender {
+    fn new(io: Shared, path: Arc<PathMtu>, subnet: Ipv4Net, delay: Option<Duration>) -> Sender {
+        Sender {
+            link: Link { io, path },
+            subnet,
+            delay,
+            groups: Groups::default(),
+            train: Train::default(),
+            held: Held::default(),
+            drops: DropTally::default(),
+            sent: Counts::default(),
+        }
+    }
+
+    /// Route the packets of one read and send each peer's share.
+    async fn drain(&mut self, reader: &mut TunReader, n: usize, icmp: &mut TunWriter) {
+        let table = self.link.io.table.load();
+        self.group(reader, n, &table, icmp);
+        for g in 0..self.groups.groups.len() {
+            let Group { peer, head, .. } = self.groups.groups[g];
+            self.pack(reader, head, &table.peers()[peer]).await;
+        }
+    }
+
+    fn group(&mut self, reader: &mut TunReader, n: usize, table: &PeerTable, icmp: &mut TunWriter) {
+        self.groups.clear(table.len());
+        for i in 0..n {
+            match route_outbound(reader.packet_mut(i), table) {
+                Ok(peer) => self.groups.add(peer, i),
+                Err(reason) => {
+                    if reason == DropReason::NoRoute {
+                        reply_unreachable(reader.packet_mut(i), icmp);
+                    }
+                    self.drops.count(reason);
+                }
+            }
+        }
+    }
+
+    /// Pack one peer's packets (after those of its held datagram) into datagrams and send them.
+    async fn pack(&mut self, reader: &mut TunReader, head: u16, peer: &Peer) {
+        let capacity = self.link.path.capacity();
+        let mut held = self.held.take(peer.spec.endpoint);
+        let view = BatchPacket::new_checked(&held[..]).ok();
+        let mut source = Source {
+            held: view.as_ref().map(BatchPacket::records),
+            packet: head,
+        };
+        let mut hold = None;
+        loop {
+            let mut writer = BatchWriter::new(self.train.space(capacity), self.subnet);
+            let mut bytes = 0;
+            while let Some(packet) = source.peek(reader) {
+                let len = packet.len();
+                if !writer.push(packet) {
+                    break;
+                }
+                bytes += len as u64;
+                source.advance(&self.groups.next);
+            }
+            let more = source.peek(reader).is_some();
+            if writer.is_empty() {
+                if !more {
+                    break;
+                }
+                self.drops.count(DropReason::TooBig);
+                source.advance(&self.groups.next);
+                continue;
+            }
+            let counts = Counts {
+                datagrams: 1,
+                packets: writer.count() as u64,
+                bytes,
+            };
+            let len = writer.finish();
+            if !more && self.delay.is_some() && capacity - len >= SMALLEST_RECORD {
+                hold = Some((len, counts));
+                break;
+            }
+            self.close(peer, len, counts).await;
+            if !more {
+                break;
+            }
+        }
+        if let Some(delay) = self.delay {
+            let (len, counts) = hold.unwrap_or_default();
+            held.clear();
+            held.extend_from_slice(self.train.open(len));
+            self.held.put(peer.spec.endpoint, held, counts, delay);
+        }
+        self.send_train(peer, 0).await;
+    }
+
+    /// A datagram of `len` bytes was written after the train: add it, or send the train first.
+    async fn close(&mut self, peer: &Peer, len: usize, counts: Counts) {
+        let segment = if self.train.is_empty() {
+            len
+        } else {
+            self.train.segment
+        };
+        if !self
+            .train
+            .accepts(len, self.link.io.udp.segments_per_send(segment))
+        {
+            self.send_train(peer, len).await;
+        }
+        self.train.push(len, counts);
+    }
+
+    /// Send the train; `pending` bytes written after it stay, as the start of the next one.
+    async fn send_train(&mut self, peer: &Peer, pending: usize) {
+        if self.train.is_empty() {
+            return;
+        }
+        let (datagrams, segment, counts) = self.train.closed();
+        let dst = peer.spec.endpoint;
+        if self
+            .link
+            .send(dst, datagrams, segment, counts.packets)
+            .await
+        {
+            peer.stats.tx.add(counts.packets, counts.bytes);
+            self.sent += counts;
+        }
+        self.train.restart(pending);
+    }
+
+    /// Send the held datagrams, each on its own: they are all partly empty.
+    async fn send_held(&mut self) {
+        let table = self.link.io.table.load();
+        for i in 0..self.held.slots.len() {
+            let slot = &mut self.held.slots[i];
+            if slot.datagram.is_empty() {
+                continue;
+            }
+            let (endpoint, counts) = (slot.endpoint, slot.counts);
+            let mut datagram = std::mem::take(&mut slot.datagram);
+            let len = datagram.len();
+            if self
+                .link
+                .send(endpoint, &datagram, len, counts.packets)
+                .await
+            {
+                if let Some(peer) = table.by_endpoint(endpoint) {
+                    peer.stats.tx.add(counts.packets, counts.bytes);
+                }
+                self.sent += counts;
+            }
+            datagram.clear();
+            self.held.slots[i].datagram = datagram;
+        }
+        self.held.deadline = None;
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        let stats = &self.link.io.stats;
+        let sent = std::mem::take(&mut self.sent);
+        stats.tx.add(sent.packets, sent.bytes);
+        stats.tx_datagrams.fetch_add(sent.datagrams, Relaxed);
+        self.drops.publish(stats);
+    }
+}
+
+/// A drain's packets grouped by peer in read order, without moving them: one linked list per
+/// peer threaded through `next`.
+struct Groups {
+    next: [u16; READ_BATCH],
+    groups: Vec<Group>,
+    /// Table index -> position in `groups`, or END.
+    group_of_peer: Vec<u16>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    peer: usize,
+    head: u16,
+    tail: u16,
+}
+
+impl Default for Groups {
+    fn default() -> Groups {
+        Groups {
+            next: [END; READ_BATCH],
+            groups: Vec::with_capacity(READ_BATCH),
+            group_of_peer: Vec::new(),
+        }
+    }
+}
+
+impl Groups {
+    fn clear(&mut self, peers: usize) {
+        for group in self.groups.drain(..) {
+            self.group_of_peer[group.peer] = END;
+        }
+        self.group_of_peer.resize(peers, END);
+    }
+
+    fn add(&mut self, peer: usize, packet: usize) {
+        let packet = packet as u16;
+        self.next[usize::from(packet)] = END;
+        match self.group_of_peer[peer] {
+            END => {
+                self.group_of_peer[peer] = self.groups.len() as u16;
+                self.groups.push(Group {
+                    peer,
+                    head: packet,
+                    tail: packet,
+                });
+            }
+            g => {
+                let group = &mut self.groups[usize::from(g)];
+                self.next[usize::from(group.tail)] = packet;
+                group.tail = packet;
+            }
+        }
+    }
+}
+
+/// One peer's packets in order: those of its held datagram first, then this drain's.
+struct Source<'h> {
+    held: Option<Records<'h>>,
+    packet: u16,
+}
+
+impl<'h> Source<'h> {
+    fn peek<'a>(&'a self, reader: &'a mut TunReader) -> Option<&'a [u8]> {
+        // Held datagrams are our own, so their records always frame.
+        if let Some(Ok(record)) = self.held.clone().and_then(|mut r| r.next()) {
+            return Some(record);
+        }
+        (self.packet != END).then(|| &*reader.packet_mut(usize::from(self.packet)))
+    }
+
+    fn advance(&mut self, next: &[u16; READ_BATCH]) {
+        if self.held.as_mut().and_then(Iterator::next).is_none() {
+            self.held = None;
+            self.packet = next[usize::from(self.packet)];
+        }
+    }
+}
+
+/// Closed datagrams to one peer, back to back: sendable as one GSO train while all are
+/// `segment` bytes but the last, which may be shorter. After them lies the datagram being
+/// written.
+struct Train {
+    buf: Vec<u8>,
+    len: usize,
+    segment: usize,
+    last: usize,
+    counts: Counts,
+}
+
+impl Default for Train {
+    fn default() -> Train {
+        Train {
+            // A full GSO send plus the next datagram, which is written before it is known
+            // whether it joins.
+            buf: vec![0; 2 * 65535],
+            len: 0,
+            segment: 0,
+            last: 0,
+            counts: Counts::default(),
+        }
+    }
+}
+
+impl Train {
+    fn is_empty(&self) -> bool {
+        self.counts.datagrams == 0
+    }
+
+    /// Where the next datagram is written.
+    fn space(&mut self, capacity: usize) -> &mut [u8] {
+        &mut self.buf[self.len..self.len + capacity]
+    }
+
+    /// The datagram written after the train, not (yet) part of it.
+    fn open(&self, len: usize) -> &[u8] {
+        &self.buf[self.len..self.len + len]
+    }
+
+    fn accepts(&self, len: usize, max_segments: usize) -> bool {
+        self.is_empty()
+            || (len <= self.segment
+                && self.last == self.segment
+                && (self.counts.datagrams as usize) < max_segments)
+    }
+
+    fn push(&mut self, len: usize, counts: Counts) {
+        if self.is_empty() {
+            self.segment = len;
+        }
+        self.last = len;
+        self.len += len;
+        self.counts += counts;
+    }
+
+    fn closed(&self) -> (&[u8], usize, Counts) {
+        (&self.buf[..self.len], self.segment, self.counts)
+    }
+
+    /// Forget the sent train, moving the `pending` bytes written after it to the front.
+    fn restart(&mut self, pending: usize) {
+        self.buf.copy_within(self.len..self.len + pending, 0);
+        self.len = 0;
+        self.counts = Counts::default();
+    }
+}
+
+/// Not-full datagrams kept back under `--batch-delay`, at most one per peer, all sent when the
+/// first one's delay is up.
+#[derive(Default)]
+struct Held {
+    /// Slots stay once made, so their buffers are reused; an empty datagram means none held.
+    slots: Vec<HeldSlot>,
+    deadline: Option<Instant>,
+}
+
+struct HeldSlot {
+    endpoint: SocketAddrV4,
+    datagram: Vec<u8>,
+    counts: Counts,
+}
+
+impl Held {
+    /// The peer's held datagram, to be packed again in front of its new packets.
+    fn take(&mut self, endpoint: SocketAddrV4) -> Vec<u8> {
+        self.slots
+            .iter_mut()
+            .find(|s| s.endpoint == endpoint)
+            .map(|s| std::mem::take(&mut s.datagram))
+            .unwrap_or_default()
+    }
+
+    /// Hold `datagram` (or, if empty, just keep its buffer) for the peer at `endpoint`.
+    fn put(&mut self, endpoint: SocketAddrV4, datagram: Vec<u8>, counts: Counts, delay: Duration) {
+        if !datagram.is_empty() && self.deadline.is_none() {
+            self.deadline = Some(Instant::now() + delay);
+        }
+        let slot = HeldSlot {
+            endpoint,
+            datagram,
+            counts,
+        };
+        match self.slots.iter_mut().find(|s| s.endpoint == endpoint) {
+            Some(existing) => *existing = slot,
+            None => self.slots.push(slot),
+        }
+    }
+}
+
+/// The UDP -> TUN half.
+struct Receiver {
+    io: Shared,
+    /// Where each record of the datagram at hand lies; reused, so no allocation per datagram.
+    records: Vec<Range<usize>>,
+    drops: DropTally,
+}
+
+async fn udp_to_tun(mut writer: TunWriter, mut rx: Receiver) {
+    let mut batch = RecvBatch::default();
+    loop {
+        if let Err(e) = rx.io.udp.recv(&mut batch).await {
+            tracing::warn!("UDP receive failed: {e}");
+            continue;
+        }
+        let got = rx.deliver(&mut batch, &mut writer).await;
+        flush_tun(&mut writer, &mut rx.drops).await;
+        rx.io.stats.rx.add(got.packets, got.bytes);
+        rx.io.stats.rx_datagrams.fetch_add(got.datagrams, Relaxed);
+        rx.drops.publish(&rx.io.stats);
+    }
+}
+
+impl Receiver {
+    fn new(io: Shared) -> Receiver {
+        Receiver {
+            io,
+            records: Vec::new(),
+            drops: DropTally::default(),
+        }
+    }
+
+    /// Check every datagram of a receive batch and queue the packets that pass for TUN.
+    async fn deliver(&mut self, batch: &mut RecvBatch, writer: &mut TunWriter) -> Counts {
+        let table = self.io.table.load();
+        let mut got = Counts::default();
+        for (addr, train) in batch.messages() {
+            let peer = sender_v4(addr).and_then(|a| table.by_endpoint(a));
+            let mut from_peer = Counts::default();
+            for datagram in train {
+                from_peer.datagrams += 1;
+                match self.unpack(datagram, peer, writer).await {
+                    Ok(packets) => from_peer += packets,
+                    Err(reason) => self.drops.count(reason),
+                }
+            }
+            if let Some(peer) = peer {
+                peer.stats.rx.add(from_peer.packets, from_peer.bytes);
+            }
+            got += from_peer;
+        }
+        got
+    }
+
+    /// Queue a datagram's good records for TUN; `Err` drops the whole datagram.
+    async fn unpack(
+        &mut self,
+        datagram: &mut [u8],
+        peer: Option<&Peer>,
+        writer: &mut TunWriter,
+    ) -> Result<Counts, DropReason> {
+        let peer = self.frame(datagram, peer)?;
+        let mut got = Counts::default();
+        for i in 0..self.records.len() {
+            let packet = &mut datagram[self.records[i].clone()];
+            if let Err(reason) = accept_inbound(packet, peer, self.io.mtu) {
+                self.drops.count(reason);
+                continue;
+            }
+            got.packets += 1;
+            got.bytes += packet.len() as u64;
+            write_to_tun(writer, packet, &mut self.drops).await;
+        }
+        Ok(got)
+    }
+
+    /// The header and sender checks, then where the records lie; a record running past the end
+    /// costs only the records from there on. Records are noted as ranges, not slices, because
+    /// each is then changed in place (TTL) on its way to TUN.
+    fn frame<'p>(
+        &mut self,
+        datagram: &[u8],
+        peer: Option<&'p Peer>,
+    ) -> Result<&'p Peer, DropReason> {
+        let batch = BatchPacket::new_checked(datagram).map_err(|e| match e {
+            WireError::BadMagic => DropReason::BadMagic,
+            WireError::UnsupportedVersion => DropReason::BadVersion,
+            _ => DropReason::Malformed,
+        })?;
+        let peer = peer
+            .filter(|p| p.spec.subnet == batch.sender())
+            .ok_or(DropReason::UnknownPeer)?;
+        self.records.clear();
+        for record in batch.records() {
+            match record {
+                Ok(record) => self.records.push(span(datagram, record)),
+                Err(_) => self.drops.count(DropReason::Malformed),
+            }
+        }
+        Ok(peer)
+    }
+}
+
+/// Where `inner`, a subslice of `outer`, lies in it.
+fn span(outer: &[u8], inner: &[u8]) -> Range<usize> {
+    let start = inner.as_ptr() as usize - outer.as_ptr() as usize;
+    start..start + inner.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE: Counts = Counts {
+        datagrams: 1,
+        packets: 2,
+        bytes: 100,
+    };
+
+    fn walk(groups: &Groups, head: u16) -> Vec<u16> {
+        std::iter::successors(Some(head), |&p| {
+            Some(groups.next[usize::from(p)]).filter(|&n| n != END)
+        })
+        .collect()
+    }
+
+    #[test]
+    fn groups_keep_each_peers_packets_in_read_order() {
+        let mut groups = Groups::default();
+        groups.clear(3);
+        for (packet, peer) in [2, 0, 2, 1, 0].into_iter().enumerate() {
+            groups.add(peer, packet);
+        }
+        let lists: Vec<(usize, Vec<u16>)> = groups
+            .groups
+            .iter()
+            .map(|g| (g.peer, walk(&groups, g.head)))
+            .collect();
+        assert_eq!(lists, vec![(2, vec![0, 2]), (0, vec![1, 4]), (1, vec![3])]);
+        // The next drain may see a smaller table.
+        groups.clear(1);
+        groups.add(0, 0);
+        groups.add(0, 1);
+        assert_eq!(walk(&groups, groups.groups[0].head), vec![0, 1]);
+    }
+
+    #[test]
+    fn train_takes_equal_datagrams_then_one_shorter() {
+        let mut train = Train::default();
+        train.push(1400, ONE);
+        assert!(train.accepts(1400, 64));
+        assert!(!train.accepts(1401, 64), "a longer datagram cannot follow");
+        train.push(1400, ONE);
+        train.push(900, ONE);
+        assert!(!train.accepts(900, 64), "nothing follows a shorter one");
+        let (datagrams, segment, counts) = train.closed();
+        assert_eq!((datagrams.len(), segment, counts.packets), (3700, 1400, 6));
+    }
+
+    #[test]
+    fn train_stops_at_the_gso_segment_limit() {
+        let mut train = Train::default();
+        train.push(1000, ONE);
+        train.push(1000, ONE);
+        assert!(!train.accepts(1000, 2));
+    }
+
+    #[test]
+    fn restart_keeps_the_datagram_written_after_the_train() {
+        let mut train = Train::default();
+        train.space(10)[..4].copy_from_slice(b"sent");
+        train.push(4, ONE);
+        train.space(10)[..4].copy_from_slice(b"next");
+        train.restart(4);
+        assert!(train.is_empty());
+        assert_eq!(&train.buf[..4], b"next");
+    }
+}
