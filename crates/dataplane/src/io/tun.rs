@@ -216,6 +216,10 @@ enum ReadMode {
     NoWait,
 }
 
+/// tun-rs's GRO only merges into a buffer that can already hold a 64 KB super-packet plus
+/// headroom; a smaller one silently makes every packet its own write.
+const SLOT_CAPACITY: usize = 2 * VIRTIO_NET_HDR_LEN + 65535;
+
 /// Collects packets for TUN and writes them with tun-rs's GRO, which merges segments of one
 /// flow into super-packets before the write.
 pub struct TunWriter {
@@ -230,7 +234,9 @@ impl TunWriter {
         TunWriter {
             dev,
             gro: GROTable::default(),
-            slots: (0..WRITE_BATCH).map(|_| Vec::new()).collect(),
+            slots: (0..WRITE_BATCH)
+                .map(|_| Vec::with_capacity(SLOT_CAPACITY))
+                .collect(),
             len: 0,
         }
     }
