@@ -4,93 +4,13 @@
 mod common;
 
 use anyhow::{Context, Result};
+use common::cluster::*;
 use common::*;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use twill_lab::{Etcd, Ipv4Net, Lab, LabSpec, Proc};
-
-const PREFIX: &str = "/coreos.com/network";
-const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#;
-
-/// A lab whose first host also runs etcd on its underlay address.
-struct Cluster {
-    lab: Lab,
-    etcd: Etcd,
-    dir: tempfile::TempDir,
-}
-
-fn cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
-    twill_lab::require_root()?;
-    let lab = Lab::new(LabSpec {
-        hosts,
-        tag: tag.into(),
-        ..Default::default()
-    })?;
-    let etcd = Etcd::listening(Some(&lab.host(0).ns), lab.host(0).underlay_ip)?;
-    etcd.etcdctl(&["put", &format!("{PREFIX}/config"), config])?;
-    Ok(Cluster {
-        lab,
-        etcd,
-        dir: scratch()?,
-    })
-}
-
-impl Cluster {
-    fn subnet_file(&self, host: usize) -> PathBuf {
-        path_in(&self.dir, &format!("h{host}.env"))
-    }
-
-    fn start(&self, host: usize) -> Result<Proc> {
-        let endpoint = self.etcd.endpoint();
-        start_twill(
-            self.lab.host(host),
-            &["--etcd-endpoints", &endpoint],
-            &self.subnet_file(host),
-        )
-    }
-
-    /// The subnet a node wrote to its subnet file (FLANNEL_SUBNET is the first host address).
-    fn subnet(&self, host: usize) -> Result<Ipv4Net> {
-        let text = std::fs::read_to_string(self.subnet_file(host))?;
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
-            .context("no FLANNEL_SUBNET")?;
-        Ok(line.parse::<Ipv4Net>()?.trunc())
-    }
-
-    fn lease_key(&self, subnet: Ipv4Net) -> String {
-        format!(
-            "{PREFIX}/subnets/{}-{}",
-            subnet.network(),
-            subnet.prefix_len()
-        )
-    }
-
-    fn add_container(&mut self, host: usize) -> Result<()> {
-        let subnet = self.subnet(host)?;
-        self.lab.host_mut(host).add_container(subnet)?;
-        Ok(())
-    }
-
-    fn container(&self, host: usize) -> &twill_lab::Container {
-        &self.lab.host(host).containers()[0]
-    }
-
-    fn peer_subnets(&self, host: usize) -> Result<Vec<String>> {
-        let s = status(&self.lab.host(host).ns)?;
-        Ok(s["peers"]
-            .as_array()
-            .context("peers")?
-            .iter()
-            .filter_map(|p| p["subnet"].as_str().map(str::to_string))
-            .collect())
-    }
-}
 
 #[test]
 fn two_nodes_get_distinct_flannel_leases_and_carry_traffic() -> Result<()> {
-    let mut c = cluster("eudp", 2, CONFIG)?;
+    let mut c = cluster("eudp", 2, UDP_CONFIG)?;
     let _nodes = [c.start(0)?, c.start(1)?];
     let (s0, s1) = (c.subnet(0)?, c.subnet(1)?);
     assert_ne!(s0, s1);
@@ -113,7 +33,7 @@ fn two_nodes_get_distinct_flannel_leases_and_carry_traffic() -> Result<()> {
 
 #[test]
 fn a_joining_node_is_routed_to_within_a_second_and_a_leaving_one_is_removed() -> Result<()> {
-    let mut c = cluster("ejoin", 3, CONFIG)?;
+    let mut c = cluster("ejoin", 3, UDP_CONFIG)?;
     let _first = [c.start(0)?, c.start(1)?];
     let mut third = c.start(2)?;
     let joined = Instant::now();
@@ -143,7 +63,7 @@ fn a_joining_node_is_routed_to_within_a_second_and_a_leaving_one_is_removed() ->
 
 #[test]
 fn a_restarted_node_keeps_its_subnet_even_after_kill_9() -> Result<()> {
-    let c = cluster("ekeep", 2, CONFIG)?;
+    let c = cluster("ekeep", 2, UDP_CONFIG)?;
     let mut node = c.start(0)?;
     let before = c.subnet(0)?;
     node.stop()?;
@@ -158,7 +78,7 @@ fn a_restarted_node_keeps_its_subnet_even_after_kill_9() -> Result<()> {
 
 #[test]
 fn a_node_whose_key_is_deleted_reacquires_it() -> Result<()> {
-    let c = cluster("edel", 2, CONFIG)?;
+    let c = cluster("edel", 2, UDP_CONFIG)?;
     let _node = c.start(0)?;
     let key = c.lease_key(c.subnet(0)?);
     c.etcd.etcdctl(&["del", &key])?;
@@ -173,7 +93,7 @@ fn a_node_whose_key_is_deleted_reacquires_it() -> Result<()> {
 
 #[test]
 fn traffic_survives_an_etcd_outage_and_the_watch_resyncs() -> Result<()> {
-    let mut c = cluster("eout", 2, CONFIG)?;
+    let mut c = cluster("eout", 2, UDP_CONFIG)?;
     let _nodes = [c.start(0)?, c.start(1)?];
     c.add_container(0)?;
     c.add_container(1)?;
@@ -203,7 +123,7 @@ fn traffic_survives_an_etcd_outage_and_the_watch_resyncs() -> Result<()> {
 
 #[test]
 fn a_compaction_under_the_watch_is_recovered() -> Result<()> {
-    let c = cluster("ecomp", 2, CONFIG)?;
+    let c = cluster("ecomp", 2, UDP_CONFIG)?;
     let _node = c.start(0)?;
     for i in 0..5 {
         c.etcd.etcdctl(&["put", "/unrelated", &i.to_string()])?;

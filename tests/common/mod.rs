@@ -1,6 +1,8 @@
 //! Shared pieces of the integration tests: twill nodes on lab hosts, traffic checked end to end.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod cluster;
+
 use anyhow::{bail, Context, Result};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};

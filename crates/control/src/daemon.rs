@@ -1,11 +1,15 @@
 //! The node's lifecycle: acquire a lease, start the backend, write subnet.env, follow the other
 //! leases until told to stop.
 
+use crate::backend::host_gw::HostGwBackend;
+use crate::backend::ipip::IpipDevice;
+use crate::backend::kernel::KernelConfig;
 use crate::backend::userspace::{self, Userspace};
+use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
 use crate::backend::Backend;
 use crate::config::Config;
 use crate::host::{self, Interface};
-use crate::lease::{backend_type, Lease};
+use crate::lease::{backend_type, Lease, LeaseAttrs};
 use crate::registry::{LeaseEvent, Registry};
 use crate::status::{self, NodeStatus};
 use crate::subnet_env::SubnetEnv;
@@ -71,10 +75,98 @@ pub async fn run<R: Registry>(
             };
             run_userspace(registry, &options, &node, kind, shutdown).await
         }
+        backend_type::VXLAN => run_vxlan(registry, &options, &node, shutdown).await,
+        backend_type::IPIP => run_ipip(registry, &options, &node, shutdown).await,
+        backend_type::HOST_GW => run_host_gw(registry, &options, &node, shutdown).await,
         other => bail!(
-            "backend type {other:?} is not supported by this build; supported: udp, twill-batch"
+            "backend type {other:?} is not supported; supported: udp, twill-batch, vxlan, ipip, host-gw"
         ),
     }
+}
+
+fn kernel_config(config: &Config, node: &Node) -> KernelConfig {
+    KernelConfig {
+        iface: node.iface.name.clone(),
+        network: config.network,
+        direct_routing: config.backend.direct_routing,
+    }
+}
+
+/// flanneld's order: the device first, since the lease must carry its VtepMAC.
+async fn run_vxlan<R: Registry>(
+    registry: R,
+    options: &NodeOptions,
+    node: &Node,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let config = registry.config().clone();
+    let defaults = VxlanConfig::default();
+    let vxlan = VxlanConfig {
+        vni: config.backend.vni.unwrap_or(defaults.vni),
+        port: config.backend.port.unwrap_or(defaults.port),
+    };
+    let device = VxlanDevice::ensure(&kernel_config(&config, node), vxlan).await?;
+    let attrs = LeaseAttrs::vxlan(node.public_ip, vxlan.vni, &device.mac().to_string());
+    let (lease, events) = registry.start(attrs).await?;
+    let backend = device.attach(&lease).await?;
+    let mtu = backend.mtu();
+    serve(
+        backend, mtu, &config, options, node, lease, events, shutdown,
+    )
+    .await
+}
+
+/// The device first, so a kernel without ipip fails before a subnet is claimed.
+async fn run_ipip<R: Registry>(
+    registry: R,
+    options: &NodeOptions,
+    node: &Node,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let config = registry.config().clone();
+    let device = IpipDevice::ensure(&kernel_config(&config, node)).await?;
+    let (lease, events) = registry.start(LeaseAttrs::ipip(node.public_ip)).await?;
+    let backend = device.attach(&lease).await?;
+    let mtu = backend.mtu();
+    serve(
+        backend, mtu, &config, options, node, lease, events, shutdown,
+    )
+    .await
+}
+
+async fn run_host_gw<R: Registry>(
+    registry: R,
+    options: &NodeOptions,
+    node: &Node,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let config = registry.config().clone();
+    let (lease, events) = registry.start(LeaseAttrs::host_gw(node.public_ip)).await?;
+    let backend = HostGwBackend::connect(&kernel_config(&config, node), &lease).await?;
+    let mtu = backend.mtu();
+    serve(
+        backend, mtu, &config, options, node, lease, events, shutdown,
+    )
+    .await
+}
+
+/// What every backend does once it has its lease: publish the subnet file and status, then
+/// follow the other leases.
+#[allow(clippy::too_many_arguments)]
+async fn serve<B: Backend>(
+    mut backend: B,
+    mtu: u32,
+    config: &Config,
+    options: &NodeOptions,
+    node: &Node,
+    lease: Lease,
+    events: mpsc::Receiver<LeaseEvent>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    write_subnet_env(options, config, &lease, mtu)?;
+    tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
+    node.status.set_lease(&lease, &config.backend.backend_type);
+    follow(&mut backend, events, &node.status, &lease, shutdown).await
 }
 
 fn resolve_node(options: &NodeOptions) -> anyhow::Result<Node> {
@@ -119,12 +211,13 @@ async fn run_userspace<R: Registry>(
         bind: SocketAddrV4::new(node.iface.address, port),
     })?;
     host::route_network_to(config.network, &options.tun_name).await?;
-    write_subnet_env(options, &config, &lease, u32::from(mtu))?;
-    tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
-    node.status.set_lease(&lease, &config.backend.backend_type);
     node.status.set_engine(&engine);
-    let mut backend = Userspace::new(&engine, kind, port);
-    follow(&mut backend, events, &node.status, shutdown).await
+    let backend = Userspace::new(&engine, kind, port);
+    let mtu = u32::from(mtu);
+    serve(
+        backend, mtu, &config, options, node, lease, events, shutdown,
+    )
+    .await
 }
 
 fn tun_mtu(iface: &Interface, overhead: usize) -> u16 {
@@ -148,26 +241,51 @@ fn write_subnet_env(
     .with_context(|| format!("cannot write {}", options.subnet_file.display()))
 }
 
+/// How often the backend's state is compared with the leases and repaired, besides at start:
+/// it undoes what a person or another program changed behind our back.
+const RECONCILE_EVERY: Duration = Duration::from_secs(60);
+
 /// Apply lease events to the backend until shutdown or until the registry goes away.
 async fn follow<B: Backend>(
     backend: &mut B,
     mut events: mpsc::Receiver<LeaseEvent>,
     status: &NodeStatus,
+    own: &Lease,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let mut peers = PeerSet::default();
+    let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
+    reconcile.tick().await;
     loop {
         let event = tokio::select! {
             () = &mut shutdown => return Ok(()),
+            _ = reconcile.tick() => LeaseEvent::Snapshot(peers.leases()),
             event = events.recv() => event.context("the lease registry stopped")?,
         };
+        if let LeaseEvent::OwnLease(lease) = &event {
+            check_own_subnet(own, lease)?;
+        }
         if let Err(e) = apply(backend, &event).await {
             tracing::warn!("applying {event:?} failed: {e:#}");
         }
         peers.apply(&event);
-        status.set_peers(peers.0.values().cloned().collect());
+        status.set_peers(peers.leases());
     }
+}
+
+/// Devices, routes and the subnet file all carry our subnet; if the registry had to move us to
+/// another one, exit so the supervisor restarts twill cleanly on the new lease.
+fn check_own_subnet(own: &Lease, reacquired: &Lease) -> anyhow::Result<()> {
+    if reacquired.subnet != own.subnet {
+        bail!(
+            "our lease moved from {} to {} (the old subnet was taken); restart twill to use it",
+            own.subnet,
+            reacquired.subnet
+        );
+    }
+    tracing::info!(subnet = %own.subnet, "own lease re-acquired");
+    Ok(())
 }
 
 /// The peer leases as the events describe them, for status.
@@ -175,6 +293,10 @@ async fn follow<B: Backend>(
 struct PeerSet(std::collections::BTreeMap<ipnet::Ipv4Net, Lease>);
 
 impl PeerSet {
+    fn leases(&self) -> Vec<Lease> {
+        self.0.values().cloned().collect()
+    }
+
     fn apply(&mut self, event: &LeaseEvent) {
         match event {
             LeaseEvent::Snapshot(all) => {
@@ -196,9 +318,6 @@ async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Resul
         LeaseEvent::Snapshot(leases) => backend.reconcile(leases).await,
         LeaseEvent::Added(lease) => backend.add_peer(lease).await,
         LeaseEvent::Removed(lease) => backend.remove_peer(lease).await,
-        LeaseEvent::OwnLease(lease) => {
-            tracing::warn!(subnet = %lease.subnet, "own lease re-acquired");
-            Ok(())
-        }
+        LeaseEvent::OwnLease(_) => Ok(()),
     }
 }

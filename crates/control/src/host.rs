@@ -1,8 +1,8 @@
 //! Facts about this host that the daemon needs before any backend runs: the underlay interface,
 //! our privileges, and the one route the userspace backends add.
 
+use crate::backend::netlink::{Netlink, Route};
 use anyhow::{bail, Context};
-use futures::TryStreamExt;
 use ipnet::Ipv4Net;
 use nix::ifaddrs::getifaddrs;
 use std::net::Ipv4Addr;
@@ -83,26 +83,19 @@ pub fn require_net_admin() -> anyhow::Result<()> {
 /// `ip route replace <network> dev <dev>`: flanneld's one route that sends the whole container
 /// network through the TUN; the more specific local subnet route still wins for our containers.
 pub async fn route_network_to(network: Ipv4Net, dev: &str) -> anyhow::Result<()> {
-    let (connection, handle, _) = rtnetlink::new_connection()?;
-    tokio::spawn(connection);
-    let link = handle
-        .link()
-        .get()
-        .match_name(dev.to_string())
-        .execute()
-        .try_next()
-        .await
-        .with_context(|| format!("cannot find device {dev}"))?
+    let netlink = Netlink::connect()?;
+    let link = netlink
+        .link_by_name(dev)
+        .await?
         .with_context(|| format!("device {dev} does not exist"))?;
-    let route = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(network.network(), network.prefix_len())
-        .output_interface(link.header.index)
-        .build();
-    handle
-        .route()
-        .add(route)
-        .replace()
-        .execute()
+    let route = Route {
+        dst: network,
+        gateway: None,
+        oif: link.index,
+        onlink: false,
+    };
+    netlink
+        .replace_route(&route)
         .await
         .with_context(|| format!("cannot add route {network} dev {dev}"))
 }

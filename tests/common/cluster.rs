@@ -1,0 +1,85 @@
+//! A lab whose hosts share a real etcd, for control-plane tests.
+
+use super::*;
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use twill_lab::{Etcd, Ipv4Net, Lab, LabSpec, Proc};
+
+pub const PREFIX: &str = "/coreos.com/network";
+pub const UDP_CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#;
+
+/// A lab whose first host also runs etcd on its underlay address.
+pub struct Cluster {
+    pub lab: Lab,
+    pub etcd: Etcd,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
+    twill_lab::require_root()?;
+    let lab = Lab::new(LabSpec {
+        hosts,
+        tag: tag.into(),
+        ..Default::default()
+    })?;
+    let etcd = Etcd::listening(Some(&lab.host(0).ns), lab.host(0).underlay_ip)?;
+    etcd.etcdctl(&["put", &format!("{PREFIX}/config"), config])?;
+    Ok(Cluster {
+        lab,
+        etcd,
+        dir: scratch()?,
+    })
+}
+
+impl Cluster {
+    pub fn subnet_file(&self, host: usize) -> PathBuf {
+        path_in(&self.dir, &format!("h{host}.env"))
+    }
+
+    pub fn start(&self, host: usize) -> Result<Proc> {
+        let endpoint = self.etcd.endpoint();
+        start_twill(
+            self.lab.host(host),
+            &["--etcd-endpoints", &endpoint],
+            &self.subnet_file(host),
+        )
+    }
+
+    /// The subnet a node wrote to its subnet file (FLANNEL_SUBNET is the first host address).
+    pub fn subnet(&self, host: usize) -> Result<Ipv4Net> {
+        let text = std::fs::read_to_string(self.subnet_file(host))?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
+            .context("no FLANNEL_SUBNET")?;
+        Ok(line.parse::<Ipv4Net>()?.trunc())
+    }
+
+    pub fn lease_key(&self, subnet: Ipv4Net) -> String {
+        format!(
+            "{PREFIX}/subnets/{}-{}",
+            subnet.network(),
+            subnet.prefix_len()
+        )
+    }
+
+    pub fn add_container(&mut self, host: usize) -> Result<()> {
+        let subnet = self.subnet(host)?;
+        self.lab.host_mut(host).add_container(subnet)?;
+        Ok(())
+    }
+
+    pub fn container(&self, host: usize) -> &twill_lab::Container {
+        &self.lab.host(host).containers()[0]
+    }
+
+    pub fn peer_subnets(&self, host: usize) -> Result<Vec<String>> {
+        let s = status(&self.lab.host(host).ns)?;
+        Ok(s["peers"]
+            .as_array()
+            .context("peers")?
+            .iter()
+            .filter_map(|p| p["subnet"].as_str().map(str::to_string))
+            .collect())
+    }
+}
