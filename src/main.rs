@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Join the network and forward container traffic until SIGINT/SIGTERM.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print a running node's lease, peers and counters.
     Status {
         /// The node's status address (`twill run --status-addr`).
@@ -126,7 +126,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(*args),
         Command::Status { addr } => print_status(addr),
     };
     if let Err(e) = result {

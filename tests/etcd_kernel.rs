@@ -123,7 +123,7 @@ fn ipip_on_this_kernel_fails_with_a_clear_message() -> Result<()> {
 #[test]
 fn a_node_killed_with_9_and_restarted_ends_with_exactly_the_right_state() -> Result<()> {
     let c = cluster("kcrash", 3, VXLAN)?;
-    let mut nodes = vec![c.start(0)?, c.start(1)?, c.start(2)?];
+    let mut nodes = [c.start(0)?, c.start(1)?, c.start(2)?];
     let (s1, s2) = (c.subnet(1)?, c.subnet(2)?);
     eventually("both peers programmed", || {
         let routes = c

@@ -7,59 +7,9 @@ use anyhow::{Context, Result};
 use common::*;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
-use twill_lab::{Lab, LabSpec, Proc};
-
-/// Two hosts running `twill run --backend udp`, each with one container.
-struct Pair {
-    lab: Lab,
-    nodes: Vec<Proc>,
-    _dir: tempfile::TempDir,
-}
-
-const SUBNETS: [&str; 2] = ["10.5.1.0/24", "10.5.2.0/24"];
 
 fn pair(tag: &str, extra_peer: Option<&str>) -> Result<Pair> {
-    twill_lab::require_root()?;
-    let mut lab = Lab::new(LabSpec {
-        hosts: 2,
-        tag: tag.into(),
-        ..Default::default()
-    })?;
-    for (i, subnet) in SUBNETS.iter().enumerate() {
-        lab.host_mut(i).add_container(subnet.parse()?)?;
-    }
-    let dir = scratch()?;
-    let mut nodes = Vec::new();
-    for i in 0..2 {
-        let other = 1 - i;
-        let peer = format!("{}={}", SUBNETS[other], lab.host(other).underlay_ip);
-        let mut args = vec![
-            "--backend",
-            "udp",
-            "--network",
-            "10.5.0.0/16",
-            "--subnet",
-            SUBNETS[i],
-            "--peer",
-            &peer,
-        ];
-        if let Some(extra) = extra_peer.filter(|_| i == 0) {
-            args.extend(["--peer", extra]);
-        }
-        let file = path_in(&dir, &format!("h{i}.env"));
-        nodes.push(start_twill(lab.host(i), &args, &file)?);
-    }
-    Ok(Pair {
-        lab,
-        nodes,
-        _dir: dir,
-    })
-}
-
-impl Pair {
-    fn container(&self, host: usize) -> &twill_lab::Container {
-        &self.lab.host(host).containers()[0]
-    }
+    start_pair(tag, &["--backend", "udp"], extra_peer)
 }
 
 #[test]
@@ -94,7 +44,7 @@ fn datagram_on_the_wire_is_the_bare_inner_packet_on_port_8285() -> Result<()> {
     let pair = pair("uwire", None)?;
     let (a, b) = (pair.container(0), pair.container(1));
     let host_b = &pair.lab.host(1).ns;
-    let pcap = pair._dir.path().join("wire.pcap");
+    let pcap = pair.dir.path().join("wire.pcap");
     let pcap_arg = pcap.to_str().context("path")?;
     let mut capture = host_b.spawn(
         "tcpdump",
