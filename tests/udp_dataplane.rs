@@ -181,3 +181,42 @@ fn sigterm_removes_the_tun_device() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn metrics_and_healthz_are_served() -> Result<()> {
+    let pair = start_pair("umetr", &["--healthz-port", "8471"], None)?;
+    let host = pair.host(0);
+    let out = pair
+        .container(0)
+        .ns
+        .sh("ping -c 1 -W 2 10.5.77.1 || true")?;
+    assert!(out.contains("Unreachable"), "{out}");
+    let metrics = http_get(&host.ns, "127.0.0.1:9585", "/metrics")?;
+    assert!(
+        metrics.contains("twill_drops_total{reason=\"no_route\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("twill_peer_packets_total{peer=\"10.5.2.0/24\""),
+        "{metrics}"
+    );
+    let health = http_get(&host.ns, &format!("{}:8471", host.underlay_ip), "/healthz")?;
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    Ok(())
+}
+
+/// A plain HTTP/1.1 GET from inside a namespace; returns the whole response.
+fn http_get(ns: &twill_lab::Netns, addr: &str, path: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    ns.enter(|| {
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    })
+}
