@@ -204,7 +204,10 @@ impl TunReader {
         for i in first..first + count {
             let len = self.sizes[i];
             let from = i * self.stride;
-            self.buf.copy_within(from..from + len, end);
+            // Full-sized segments already sit at their place: stride == segment.
+            if from != end {
+                self.buf.copy_within(from..from + len, end);
+            }
             end += if i + 1 < first + count { segment } else { len };
         }
         &self.buf[base..end]
