@@ -73,10 +73,13 @@ fn run(cli: Cli) -> Result<bool> {
     // Tear the labs down before the (slow to read) report is printed.
     drop(prepared);
     let t = opts.timing;
-    let title = format!(
+    let mut title = format!(
         "twill-bench: medians of {} run(s) of {} s (+{} s warm-up); native host to host, others container to container",
         opts.repeat, t.duration, t.warmup
     );
+    if !cli.twill_args.is_empty() {
+        title += &format!("; twill run {}", cli.twill_args.join(" "));
+    }
     println!("{title}\n×vxlan, ×native: single-stream TCP relative to those paths\n");
     print!("{}", report::table(&results));
     if let Some(path) = &cli.json {

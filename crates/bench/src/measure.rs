@@ -85,6 +85,14 @@ impl Measurement {
         }
     }
 
+    /// How long one run takes (qperf has no warm-up), for the progress line.
+    pub fn seconds(self, timing: &Timing) -> u32 {
+        match self {
+            Measurement::Latency => timing.duration,
+            _ => timing.duration + timing.warmup,
+        }
+    }
+
     /// Runs once from `ends.client` to `ends.server_ip` and returns the values it yields.
     pub fn run(self, ends: &Endpoints, timing: &Timing) -> Result<Vec<(Field, f64)>> {
         match self {
@@ -205,13 +213,14 @@ fn run_bounded(ns: &Netns, program: &str, args: &[&str], limit: Duration) -> Res
 }
 
 /// iperf3 -J reports errors in its JSON on stdout, qperf prints them to stdout too; stderr for
-/// everything else.
+/// everything else. One line, as it ends up in a table note.
 fn failure_reason(proc: &Proc) -> String {
     let (stdout, stderr) = (proc.stdout(), proc.stderr());
-    parse::iperf_error(&stdout).unwrap_or_else(|| match stderr.trim() {
-        "" => stdout.trim().to_string(),
-        stderr => stderr.to_string(),
-    })
+    let text = parse::iperf_error(&stdout).unwrap_or_else(|| match stderr.trim() {
+        "" => stdout,
+        _ => stderr,
+    });
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn cpu_now() -> Result<parse::CpuTimes> {

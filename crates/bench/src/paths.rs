@@ -106,9 +106,18 @@ impl PathLab {
         let files = tempfile::tempdir()?;
         let (daemons, container_mtu) = match kind {
             PathKind::Native => (Vec::new(), None),
-            PathKind::HostGw => (host_gw(&lab).map(|()| Vec::new())?, None),
-            PathKind::Vxlan => (vxlan(&lab).map(|()| Vec::new())?, Some(VXLAN_MTU)),
-            PathKind::Ipip => (ipip(&lab).map(|()| Vec::new())?, Some(IPIP_MTU)),
+            PathKind::HostGw => {
+                host_gw(&lab)?;
+                (Vec::new(), None)
+            }
+            PathKind::Vxlan => {
+                vxlan(&lab)?;
+                (Vec::new(), Some(VXLAN_MTU))
+            }
+            PathKind::Ipip => {
+                ipip(&lab)?;
+                (Vec::new(), Some(IPIP_MTU))
+            }
             PathKind::TwillUdp => start_twill(&lab, twill, "udp", files.path())?,
             PathKind::TwillBatch => start_twill(&lab, twill, "batch", files.path())?,
         };

@@ -113,10 +113,15 @@ fn draw_panel(
                 .map(|&(x, v)| Text::new(short(v), (x + width / 2.0, v), label_style.clone())),
         )?;
     }
-    let missing = results.iter().enumerate().filter(|(_, r)| !r.available);
-    chart.draw_series(
-        missing.map(|(i, _)| Text::new("n/a", (i as f64, 0.0), label_style.clone())),
-    )?;
+    // A path with no bar in this panel says why: not set up at all, or its runs failed.
+    let empty = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| panel.series.iter().all(|(_, f)| r.value(*f).is_none()));
+    chart.draw_series(empty.map(|(i, r)| {
+        let why = if r.available { "failed" } else { "n/a" };
+        Text::new(why, (i as f64, 0.0), label_style.clone())
+    }))?;
     if panel.series.len() > 1 {
         chart
             .configure_series_labels()

@@ -40,12 +40,12 @@ pub fn measure(prepared: &[Prepared], opts: &Options, progress: &Progress) -> Ve
         for (p, result) in prepared.iter().zip(&mut results) {
             let Ok(lab) = &p.lab else { continue };
             for m in Measurement::ALL {
-                let secs = opts.timing.duration + opts.timing.warmup;
                 progress.show(&format!(
-                    "[round {round}/{}] {}: {} ({secs} s)",
+                    "[round {round}/{}] {}: {} ({} s)",
                     opts.repeat,
                     p.kind,
-                    m.label()
+                    m.label(),
+                    m.seconds(&opts.timing)
                 ));
                 record(result, m, m.run(&lab.endpoints(), &opts.timing));
             }

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use twill_bench::measure::Field;
+use twill_bench::plot;
 use twill_bench::report::{check_complete, json, table, PathResult};
 use twill_bench::stats::{median, ratio};
 
@@ -113,4 +114,15 @@ fn quick_check_wants_every_number_of_available_paths_but_allows_zero_loss() {
     run[1].samples.remove(&Field::LatencyUs);
     assert!(check_complete(&run).is_err());
     assert!(check_complete(&[unavailable("ipip")]).is_err());
+}
+
+#[test]
+fn plot_is_a_png_with_unavailable_and_failed_paths_in_it() {
+    let mut run = sample_run();
+    run[3].samples.remove(&Field::LatencyUs);
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("perf.png");
+    plot::draw(&run, "test run", &png).unwrap();
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 }
