@@ -127,7 +127,11 @@ pub struct DropTally([u64; DropReason::ALL.len()]);
 
 impl DropTally {
     pub fn count(&mut self, reason: DropReason) {
-        self.0[reason as usize] += 1;
+        self.add(reason, 1);
+    }
+
+    pub fn add(&mut self, reason: DropReason, count: u64) {
+        self.0[reason as usize] += count;
     }
 
     pub fn publish(&mut self, stats: &EngineStats) {

@@ -6,7 +6,8 @@
 //! One peer's datagrams are written back to back, so a run of equal sizes (full datagrams and a
 //! shorter last one: the common case) leaves in one UDP GSO send.
 
-use super::{accept_inbound, flush_tun, reply_unreachable, route_outbound, write_to_tun, Shared};
+use std::ops::ControlFlow;
+use super::{tun_read_failed, accept_inbound, flush_tun, reply_unreachable, route_outbound, write_to_tun, Shared};
 use crate::io::tun::READ_BATCH;
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
@@ -118,11 +119,12 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut tx: Sender) 
         };
         let n = match read {
             Ok(n) => n,
-            Err(e) => {
-                tracing::error!("TUN read failed, stopping TUN->UDP: {e}");
-                return;
-            }
+            Err(e) => match tun_read_failed(&e, &mut tx.drops) {
+                ControlFlow::Continue(()) => continue,
+                ControlFlow::Break(()) => return,
+            },
         };
+        tx.drops.add(DropReason::IoError, reader.take_failed_reads());
         tx.drain(&mut reader, n, &mut icmp).await;
         flush_tun(&mut icmp, &mut tx.drops).await;
         tx.publish();

@@ -14,6 +14,8 @@ use crate::wire::ipv4::Ipv4Packet;
 use crate::wire::{self, flannel, icmp, WireError};
 use ipnet::Ipv4Net;
 use std::net::SocketAddrV4;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -145,6 +147,23 @@ pub(crate) fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Resu
         return Err(DropReason::TtlExceeded);
     }
     Ok(())
+}
+
+/// Decide whether a TUN->UDP task goes on after a failed read. A read can fail for one packet
+/// (say, a super-packet tun-rs cannot split), which is counted and logged sparingly, so a bad
+/// stream neither stops forwarding nor floods the log; only a device that is gone ends the task.
+pub(crate) fn tun_read_failed(e: &std::io::Error, drops: &mut DropTally) -> ControlFlow<()> {
+    static FAILURES: AtomicU64 = AtomicU64::new(0);
+    if matches!(e.raw_os_error(), Some(libc::EBADFD | libc::EBADF | libc::ENODEV)) {
+        tracing::error!("TUN device gone, stopping TUN->UDP: {e}");
+        return ControlFlow::Break(());
+    }
+    drops.count(DropReason::IoError);
+    let n = FAILURES.fetch_add(1, Ordering::Relaxed);
+    if n < 10 || n.is_power_of_two() {
+        tracing::warn!("TUN read failed ({} so far): {e}", n + 1);
+    }
+    ControlFlow::Continue(())
 }
 
 /// Answer a packet with no peer with ICMP net-unreachable into TUN, as flanneld does.

@@ -4,7 +4,8 @@
 //! equal-sized packets to one peer leaves in one UDP GSO send (the kernel still puts each in its
 //! own datagram), and GRO trains from the socket go to TUN in one coalesced write.
 
-use super::{accept_inbound, reply_unreachable, route_outbound, Shared};
+use std::ops::ControlFlow;
+use super::{tun_read_failed, accept_inbound, reply_unreachable, route_outbound, Shared};
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
@@ -50,11 +51,12 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, io: Shared) {
     loop {
         let n = match reader.read_batch().await {
             Ok(n) => n,
-            Err(e) => {
-                tracing::error!("TUN read failed, stopping TUN->UDP: {e}");
-                return;
-            }
+            Err(e) => match tun_read_failed(&e, &mut drops) {
+                ControlFlow::Continue(()) => continue,
+                ControlFlow::Break(()) => return,
+            },
         };
+        drops.add(DropReason::IoError, reader.take_failed_reads());
         let table = io.table.load();
         classify(
             &mut reader,

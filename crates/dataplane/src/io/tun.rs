@@ -14,6 +14,9 @@ use tun_rs::{AsyncDevice, DeviceBuilder, GROTable, VIRTIO_NET_HDR_LEN};
 pub const READ_BATCH: usize = 256;
 /// Packets per write batch, as wireguard-go's and tun-rs's IDEAL_BATCH_SIZE.
 pub const WRITE_BATCH: usize = 128;
+/// Slots kept free for one more read: a 64 KB super-packet splits into as many segments as its
+/// MSS allows, which the peer's MSS can make far smaller than our MTU; 128 covers an MSS of 512.
+const SLOTS_PER_READ: usize = 128;
 /// Largest read: the virtio header and a 64 KB super-packet.
 const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
 
@@ -126,6 +129,7 @@ pub struct TunReader {
     stride: usize,
     sizes: [usize; READ_BATCH],
     len: usize,
+    failed_reads: u64,
 }
 
 impl TunReader {
@@ -138,6 +142,7 @@ impl TunReader {
             stride,
             sizes: [0; READ_BATCH],
             len: 0,
+            failed_reads: 0,
         }
     }
 
@@ -147,19 +152,19 @@ impl TunReader {
         self.len = 0;
         let n = self.read_into(0, ReadMode::Wait).await?;
         self.len = n;
-        while READ_BATCH - self.len >= self.slots_per_read() {
+        while READ_BATCH - self.len >= SLOTS_PER_READ {
             match self.read_into(self.len, ReadMode::NoWait).await {
                 Ok(n) => self.len += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(e),
+                // Keep what was read so far; the engine counts the failure from `failed_reads`.
+                Err(e) => {
+                    tracing::debug!("TUN read failed after {} packets: {e}", self.len);
+                    self.failed_reads += 1;
+                    break;
+                }
             }
         }
         Ok(self.len)
-    }
-
-    /// A super-packet splits into at most 64 KB / stride segments.
-    fn slots_per_read(&self) -> usize {
-        65535 / self.stride + 1
     }
 
     async fn read_into(&mut self, first: usize, mode: ReadMode) -> io::Result<usize> {
@@ -180,6 +185,11 @@ impl TunReader {
 
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Reads that failed after the first of a batch, since the last call.
+    pub fn take_failed_reads(&mut self) -> u64 {
+        std::mem::take(&mut self.failed_reads)
     }
 
     pub fn is_empty(&self) -> bool {
