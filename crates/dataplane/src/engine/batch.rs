@@ -6,8 +6,10 @@
 //! One peer's datagrams are written back to back, so a run of equal sizes (full datagrams and a
 //! shorter last one: the common case) leaves in one UDP GSO send.
 
-use std::ops::ControlFlow;
-use super::{tun_read_failed, accept_inbound, flush_tun, reply_unreachable, route_outbound, write_to_tun, Shared};
+use super::{
+    accept_inbound, flush_tun, reply_unreachable, route_outbound, tun_read_failed, write_to_tun,
+    Shared,
+};
 use crate::io::tun::READ_BATCH;
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
@@ -18,6 +20,7 @@ use crate::wire::{ipv4, WireError};
 use ipnet::Ipv4Net;
 use std::io;
 use std::net::{IpAddr, SocketAddrV4};
+use std::ops::ControlFlow;
 use std::ops::{AddAssign, Range};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -124,7 +127,8 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut tx: Sender) 
                 ControlFlow::Break(()) => return,
             },
         };
-        tx.drops.add(DropReason::IoError, reader.take_failed_reads());
+        tx.drops
+            .add(DropReason::IoError, reader.take_failed_reads());
         tx.drain(&mut reader, n, &mut icmp).await;
         flush_tun(&mut icmp, &mut tx.drops).await;
         tx.publish();

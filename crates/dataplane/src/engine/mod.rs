@@ -154,7 +154,10 @@ pub(crate) fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Resu
 /// stream neither stops forwarding nor floods the log; only a device that is gone ends the task.
 pub(crate) fn tun_read_failed(e: &std::io::Error, drops: &mut DropTally) -> ControlFlow<()> {
     static FAILURES: AtomicU64 = AtomicU64::new(0);
-    if matches!(e.raw_os_error(), Some(libc::EBADFD | libc::EBADF | libc::ENODEV)) {
+    if matches!(
+        e.raw_os_error(),
+        Some(libc::EBADFD | libc::EBADF | libc::ENODEV)
+    ) {
         tracing::error!("TUN device gone, stopping TUN->UDP: {e}");
         return ControlFlow::Break(());
     }

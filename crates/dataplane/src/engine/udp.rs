@@ -4,14 +4,14 @@
 //! equal-sized packets to one peer leaves in one UDP GSO send (the kernel still puts each in its
 //! own datagram), and GRO trains from the socket go to TUN in one coalesced write.
 
-use std::ops::ControlFlow;
-use super::{tun_read_failed, accept_inbound, reply_unreachable, route_outbound, Shared};
+use super::{accept_inbound, reply_unreachable, route_outbound, tun_read_failed, Shared};
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
 use arrayvec::ArrayVec;
 use std::net::SocketAddrV4;
+use std::ops::ControlFlow;
 use tokio::task::JoinHandle;
 
 pub(crate) fn spawn(tun: &Tun, io: &Shared) -> Vec<JoinHandle<()>> {
