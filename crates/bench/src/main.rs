@@ -136,7 +136,10 @@ fn demo_ping(prepared: &[Prepared], progress: &Progress) -> bool {
         .and_then(PathLab::ping);
     match result {
         Ok(out) => {
-            println!("ping, container on host 1 -> container on host 2, through twill udp:\n{out}");
+            println!(
+                "ping, container on host 1 -> container on host 2, through twill udp \
+                 (leases in a real etcd on host 1):\n{out}"
+            );
             true
         }
         Err(e) => {

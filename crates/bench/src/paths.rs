@@ -8,7 +8,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
-use twill_lab::{Host, Ipv4Net, Lab, LabSpec, Proc};
+use twill_lab::{Etcd, Host, Ipv4Net, Lab, LabSpec, Proc};
 
 const NETWORK: &str = "10.5.0.0/16";
 const UNDERLAY_MTU: u32 = 1500;
@@ -86,6 +86,7 @@ pub struct PathLab {
     // Drop order: processes stop before the namespaces they run in are deleted.
     _servers: Servers,
     _daemons: Vec<Proc>,
+    _etcd: Option<Etcd>,
     lab: Lab,
     _files: tempfile::TempDir,
 }
@@ -104,6 +105,7 @@ impl PathLab {
             }
         }
         let files = tempfile::tempdir()?;
+        let mut etcd = None;
         let (daemons, container_mtu) = match kind {
             PathKind::Native => (Vec::new(), None),
             PathKind::HostGw => {
@@ -118,8 +120,20 @@ impl PathLab {
                 ipip(&lab)?;
                 (Vec::new(), Some(IPIP_MTU))
             }
-            PathKind::TwillUdp => start_twill(&lab, twill, "udp", files.path())?,
-            PathKind::TwillBatch => start_twill(&lab, twill, "batch", files.path())?,
+            PathKind::TwillUdp => start_twill(
+                &lab,
+                twill,
+                "udp",
+                files.path(),
+                etcd.insert(etcd_for(&lab)?),
+            )?,
+            PathKind::TwillBatch => start_twill(
+                &lab,
+                twill,
+                "twill-batch",
+                files.path(),
+                etcd.insert(etcd_for(&lab)?),
+            )?,
         };
         if let Some(mtu) = container_mtu {
             set_container_mtu(&lab, mtu)?;
@@ -128,6 +142,7 @@ impl PathLab {
         Ok(PathLab {
             _servers: servers,
             _daemons: daemons,
+            _etcd: etcd,
             lab,
             _files: files,
         })
@@ -302,41 +317,45 @@ fn set_container_mtu(lab: &Lab, mtu: u32) -> Result<()> {
     Ok(())
 }
 
-/// `twill run --backend <backend>` on both hosts with each other as static peers; returns the
-/// daemons and the MTU they wrote to the subnet file (the containers' MTU).
+/// A real etcd on host 0's underlay address, as flannel deployments have one.
+fn etcd_for(lab: &Lab) -> Result<Etcd> {
+    let host = lab.host(0);
+    Etcd::listening(Some(&host.ns), host.underlay_ip)
+}
+
+/// `twill run --etcd-endpoints` on both hosts with `backend` in the network config; returns the
+/// daemons and the MTU they wrote to the subnet file (the containers' MTU). The subnet files are
+/// written first, so each node takes the subnet its container was given, as a restarted
+/// flannel node takes its old one.
 fn start_twill(
     lab: &Lab,
     twill: &Twill,
     backend: &str,
     dir: &Path,
+    etcd: &Etcd,
 ) -> Result<(Vec<Proc>, Option<u32>)> {
     ensure!(
         twill.binary.is_file(),
         "no twill binary at {} (cargo build --release)",
         twill.binary.display()
     );
+    let config = format!(r#"{{"Network":"{NETWORK}","Backend":{{"Type":"{backend}"}}}}"#);
+    etcd.etcdctl(&["put", "/coreos.com/network/config", &config])?;
+    let endpoint = etcd.endpoint();
     let files: Vec<_> = (0..2)
         .map(|i| dir.join(format!("subnet-{i}.env")))
         .collect();
     let mut daemons = Vec::new();
-    for (i, host, peer) in pairs(lab) {
-        let (mine, peer_arg) = (
-            subnet(i).to_string(),
-            format!("{}={}", subnet(1 - i), peer.underlay_ip),
-        );
+    for (i, host, _) in pairs(lab) {
+        let first_host = Ipv4Net::new(subnet(i).hosts().next().context("subnet")?, 24)?;
+        std::fs::write(&files[i], format!("FLANNEL_SUBNET={first_host}\n"))?;
         let file = files[i].to_string_lossy();
         let mut args = vec![
             "run",
-            "--backend",
-            backend,
+            "--etcd-endpoints",
+            &endpoint,
             "--iface",
             &host.iface,
-            "--network",
-            NETWORK,
-            "--subnet",
-            &mine,
-            "--peer",
-            &peer_arg,
             "--subnet-file",
             &file,
             "--status-addr",
@@ -350,8 +369,29 @@ fn start_twill(
     {
         wait_twill_ready(host, daemon, &twill.binary, file)?;
     }
+    // Ready means the lease is written; wait until each node also follows the other's.
+    for (_, host, _) in pairs(lab) {
+        wait_peer_known(host, &twill.binary)?;
+    }
     let mtu = parse::subnet_env_mtu(&std::fs::read_to_string(&files[0])?)?;
     Ok((daemons, Some(mtu)))
+}
+
+fn wait_peer_known(host: &Host, twill: &Path) -> Result<()> {
+    let deadline = Instant::now() + TWILL_READY_TIMEOUT;
+    let twill = twill.to_string_lossy();
+    loop {
+        let status = host.ns.exec(&twill, &["status", "--addr", TWILL_STATUS])?;
+        let status: serde_json::Value = serde_json::from_str(&status)?;
+        if status["peers"].as_array().is_some_and(|p| !p.is_empty()) {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "twill never learned its peer from etcd"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Ready = subnet file written and the status endpoint answering; a daemon that exits first
