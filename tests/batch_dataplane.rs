@@ -8,7 +8,6 @@ use common::*;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 use twill_dataplane::wire::batch::{BatchWriter, DEFAULT_PORT};
-use twill_dataplane::wire::ipv4::{Ipv4Repr, PROTO_UDP};
 
 const BATCH: [&str; 2] = ["--backend", "batch"];
 
@@ -151,20 +150,6 @@ fn datagram(sender: ipnet::Ipv4Net, packets: &[&[u8]]) -> Vec<u8> {
     }
     let len = writer.finish();
     buf.truncate(len);
-    buf
-}
-
-/// A UDP packet from `src` to `dst` with a valid IPv4 header.
-fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
-    let repr = Ipv4Repr {
-        src,
-        dst,
-        protocol: PROTO_UDP,
-        ttl: 64,
-        payload_len: 12,
-    };
-    let mut buf = vec![0u8; repr.total_len()];
-    repr.emit(&mut buf).expect("emit");
     buf
 }
 

@@ -7,7 +7,6 @@ mod common;
 use anyhow::{Context, Result};
 use common::cluster::*;
 use common::*;
-use std::time::Duration;
 
 const VXLAN: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
 const HOST_GW: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#;
@@ -82,25 +81,7 @@ fn ipip_on_this_kernel_fails_with_a_clear_message() -> Result<()> {
         2,
         r#"{"Network":"10.5.0.0/16","Backend":{"Type":"ipip"}}"#,
     )?;
-    let endpoint = c.etcd.endpoint();
-    let file = c.subnet_file(0);
-    let mut node = c.lab.host(0).ns.spawn(
-        TWILL,
-        &[
-            "run",
-            "--etcd-endpoints",
-            &endpoint,
-            "--iface",
-            "eth0",
-            "--subnet-file",
-            file.to_str().context("path")?,
-        ],
-    )?;
-    let status = node
-        .wait_timeout(Duration::from_secs(10))?
-        .context("twill kept running without ipip")?;
-    assert!(!status.success());
-    let stderr = node.stderr();
+    let last = c.failing_start(0)?;
     if c.lab
         .host(1)
         .ns
@@ -110,8 +91,7 @@ fn ipip_on_this_kernel_fails_with_a_clear_message() -> Result<()> {
         eprintln!("this kernel has ipip; the clear-error path cannot be exercised here");
         return Ok(());
     }
-    let last = stderr.lines().last().unwrap_or_default();
-    assert!(last.contains("CONFIG_NET_IPIP"), "{stderr}");
+    assert!(last.contains("CONFIG_NET_IPIP"), "{last}");
     assert!(last.contains("vxlan") && last.contains("host-gw"), "{last}");
     let keys = c
         .etcd

@@ -146,26 +146,7 @@ fn a_compaction_under_the_watch_is_recovered() -> Result<()> {
 #[test]
 fn an_invalid_config_is_one_clear_line_naming_the_field() -> Result<()> {
     let c = cluster("ebad", 2, r#"{"Network":"10.5.0.0/16","SubnetLen":33}"#)?;
-    let endpoint = c.etcd.endpoint();
-    let file = c.subnet_file(0);
-    let mut node = c.lab.host(0).ns.spawn(
-        TWILL,
-        &[
-            "run",
-            "--etcd-endpoints",
-            &endpoint,
-            "--iface",
-            "eth0",
-            "--subnet-file",
-            file.to_str().context("path")?,
-        ],
-    )?;
-    let status = node
-        .wait_timeout(Duration::from_secs(10))?
-        .context("twill kept running on an invalid config")?;
-    assert!(!status.success());
-    let stderr = node.stderr();
-    let last = stderr.lines().last().unwrap_or_default();
-    assert!(last.contains("SubnetLen"), "{stderr}");
+    let last = c.failing_start(0)?;
+    assert!(last.contains("SubnetLen"), "{last}");
     Ok(())
 }

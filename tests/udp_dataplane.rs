@@ -141,21 +141,6 @@ fn unknown_spoofed_and_malformed_datagrams_are_dropped_and_counted() -> Result<(
     Ok(())
 }
 
-/// A UDP packet from `src` to `dst` with a valid IPv4 header.
-fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
-    use twill_dataplane::wire::ipv4::{Ipv4Repr, PROTO_UDP};
-    let repr = Ipv4Repr {
-        src,
-        dst,
-        protocol: PROTO_UDP,
-        ttl: 64,
-        payload_len: 12,
-    };
-    let mut buf = vec![0u8; repr.total_len()];
-    repr.emit(&mut buf).expect("emit");
-    buf
-}
-
 #[test]
 fn packets_to_unleased_subnets_get_net_unreachable() -> Result<()> {
     let pair = pair("uunre", None)?;

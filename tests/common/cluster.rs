@@ -82,4 +82,26 @@ impl Cluster {
             .filter_map(|p| p["subnet"].as_str().map(str::to_string))
             .collect())
     }
+
+    /// Start a node that must refuse to run, and return the last line it printed.
+    pub fn failing_start(&self, host: usize) -> Result<String> {
+        let endpoint = self.etcd.endpoint();
+        let file = self.subnet_file(host);
+        let args = [
+            "run",
+            "--etcd-endpoints",
+            &endpoint,
+            "--iface",
+            "eth0",
+            "--subnet-file",
+            file.to_str().context("path")?,
+        ];
+        let mut node = self.lab.host(host).ns.spawn(TWILL, &args)?;
+        let status = node
+            .wait_timeout(std::time::Duration::from_secs(10))?
+            .context("twill kept running")?;
+        anyhow::ensure!(!status.success(), "twill exited successfully");
+        let stderr = node.stderr();
+        Ok(stderr.lines().last().unwrap_or_default().to_string())
+    }
 }

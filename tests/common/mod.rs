@@ -298,3 +298,18 @@ fn count_arrivals(
     }
     Ok((received, first.map_or(Duration::ZERO, |f| last - f)))
 }
+
+/// A UDP packet from `src` to `dst` with a valid IPv4 header, for hand-made datagrams.
+pub fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
+    use twill_dataplane::wire::ipv4::{Ipv4Repr, PROTO_UDP};
+    let repr = Ipv4Repr {
+        src,
+        dst,
+        protocol: PROTO_UDP,
+        ttl: 64,
+        payload_len: 12,
+    };
+    let mut buf = vec![0u8; repr.total_len()];
+    repr.emit(&mut buf).expect("emit");
+    buf
+}
