@@ -1,0 +1,320 @@
+//! Checks that twill's engines allocate nothing per packet: two real engines, one per host of
+//! a two-host lab, forward traffic both ways while a counting global allocator watches the whole
+//! process (engine threads included). After a warm-up, allocations are counted over a window and
+//! divided by the packets the engines delivered to TUN in it; more than 0.01 per packet fails.
+//!
+//! Run with `sudo cargo bench --bench alloc`; without root it prints a note and does nothing.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::backtrace::Backtrace;
+use std::cell::Cell;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
+use twill_dataplane::io::TunConfig;
+use twill_dataplane::table::PeerSpec;
+use twill_lab::{Lab, LabSpec};
+
+/// Counts every allocation and reallocation (frees are not the question), and when armed keeps
+/// the backtrace of the next one, so a failing run names the code that allocated.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static CAPTURE_NEXT: AtomicBool = AtomicBool::new(false);
+static CAPTURED: Mutex<Option<Backtrace>> = Mutex::new(None);
+
+thread_local! {
+    /// Set while this thread captures a backtrace, whose own allocations are not counted.
+    static CAPTURING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    if CAPTURING.get() {
+        return;
+    }
+    ALLOCATIONS.fetch_add(1, Relaxed);
+    if CAPTURE_NEXT.swap(false, Relaxed) {
+        CAPTURING.set(true);
+        let trace = Backtrace::force_capture();
+        *CAPTURED.lock().unwrap_or_else(PoisonError::into_inner) = Some(trace);
+        CAPTURING.set(false);
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count();
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count();
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count();
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const LIMIT_PER_PACKET: f64 = 0.01;
+const NETWORK: &str = "10.5.0.0/16";
+const APP_PORT: u16 = 5201;
+/// A bulk inner packet of 1400 bytes: the app's UDP payload plus 28 bytes of headers.
+const UDP_PAYLOAD: usize = 1400 - 28;
+const BURST: usize = 32;
+const WARM_UP_BURSTS: usize = 500;
+const MEASURED_BURSTS: usize = 5_000;
+const TCP_WARM_UP: Duration = Duration::from_secs(1);
+const TCP_MEASURED: Duration = Duration::from_secs(3);
+/// Longer than any healthy pause: past it the engines have stopped forwarding, and the bench
+/// fails instead of hanging.
+const STALL: Duration = Duration::from_secs(2);
+
+fn main() {
+    if let Err(e) = twill_lab::require_root() {
+        println!("skipping the allocation benchmark: {e:#}");
+        return;
+    }
+    let engines = [
+        ("udp", EngineKind::FlannelUdp),
+        ("batch", EngineKind::Batch { delay: None }),
+    ];
+    let failed = engines
+        .into_iter()
+        .flat_map(|(name, kind)| under_load(name, kind))
+        .filter(|window| !window.passes())
+        .count();
+    assert!(
+        failed == 0,
+        "steady-state allocations exceed {LIMIT_PER_PACKET} per packet under {failed} load(s)"
+    );
+}
+
+/// Both loads on a fresh two-host lab running engines of one kind.
+fn under_load(name: &str, kind: EngineKind) -> [Window; 2] {
+    let lab = Lab::new(LabSpec {
+        hosts: 2,
+        tag: format!("al{name}"),
+        ..Default::default()
+    })
+    .expect("two-host lab");
+    let nodes = [Node::start(&lab, kind, 0), Node::start(&lab, kind, 1)];
+    [
+        udp_bursts(&lab, &nodes, name),
+        tcp_stream(&lab, &nodes, name),
+    ]
+}
+
+/// A host running a real engine, whose TUN holds the lease's network address as flanneld's
+/// does; apps bind to that address, so their traffic to the other host crosses both engines.
+struct Node {
+    engine: Engine,
+    address: Ipv4Addr,
+    _runtime: Runtime,
+}
+
+impl Node {
+    fn start(lab: &Lab, kind: EngineKind, i: usize) -> Node {
+        let (host, peer) = (lab.host(i), lab.host(1 - i));
+        let port = kind.default_port();
+        let config = EngineConfig {
+            kind,
+            tun: TunConfig {
+                name: "twill0".into(),
+                mtu: 1500 - kind.overhead() as u16,
+                address: subnet(i).addr(),
+                offload: true,
+                queues: 1,
+                tx_queue_len: 10_000,
+            },
+            subnet: subnet(i),
+            bind: SocketAddrV4::new(host.underlay_ip, port),
+        };
+        // The runtime's worker thread is spawned here, inside the host's namespace.
+        let (runtime, engine) = host.ns.enter(|| {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            let engine = runtime
+                .block_on(async { Engine::start(&config) })
+                .expect("start the engine");
+            (runtime, engine)
+        });
+        host.ns
+            .ip(&["route", "add", NETWORK, "dev", "twill0"])
+            .expect("route the network into the TUN");
+        engine.table().set_peers(&[PeerSpec {
+            subnet: subnet(1 - i).trunc(),
+            endpoint: SocketAddrV4::new(peer.underlay_ip, port),
+        }]);
+        Node {
+            engine,
+            address: subnet(i).addr(),
+            _runtime: runtime,
+        }
+    }
+
+    fn app(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.address, APP_PORT)
+    }
+}
+
+fn subnet(i: usize) -> ipnet::Ipv4Net {
+    ipnet::Ipv4Net::new(Ipv4Addr::new(10, 5, i as u8 + 1, 0), 24).expect("valid prefix")
+}
+
+/// Inner packets the engines checked and wrote to TUN: each one was also read from the other
+/// host's TUN, routed and sent, so it has crossed the whole hot path once.
+fn delivered(nodes: &[Node]) -> u64 {
+    nodes.iter().map(|n| n.engine.stats().rx.packets()).sum()
+}
+
+struct Window {
+    load: String,
+    allocations: u64,
+    packets: u64,
+    elapsed: Duration,
+    first_site: Option<Backtrace>,
+}
+
+impl Window {
+    fn measure(load: String, nodes: &[Node], run: impl FnOnce()) -> Window {
+        let (allocations, packets) = (ALLOCATIONS.load(Relaxed), delivered(nodes));
+        CAPTURE_NEXT.store(true, Relaxed);
+        let start = Instant::now();
+        run();
+        let elapsed = start.elapsed();
+        CAPTURE_NEXT.store(false, Relaxed);
+        Window {
+            load,
+            allocations: ALLOCATIONS.load(Relaxed) - allocations,
+            packets: delivered(nodes) - packets,
+            elapsed,
+            first_site: CAPTURED
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        }
+    }
+
+    /// Prints the result, and where the first allocation came from if there were too many.
+    fn passes(&self) -> bool {
+        println!("{self}");
+        let passes = self.per_packet() <= LIMIT_PER_PACKET;
+        if let (false, Some(site)) = (passes, &self.first_site) {
+            println!("first allocation in that window:\n{site}");
+        }
+        passes
+    }
+
+    fn per_packet(&self) -> f64 {
+        assert!(
+            self.packets > 0,
+            "{}: no packet crossed the engines",
+            self.load
+        );
+        self.allocations as f64 / self.packets as f64
+    }
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} allocations over {} packets in {:.1} s = {:.4} allocations/packet",
+            self.load,
+            self.allocations,
+            self.packets,
+            self.elapsed.as_secs_f64(),
+            self.per_packet()
+        )
+    }
+}
+
+/// Bursts of 1400-byte datagrams, one way then back, each burst drained before the next: the
+/// engines see full batches without the sockets ever overflowing.
+fn udp_bursts(lab: &Lab, nodes: &[Node; 2], engine: &str) -> Window {
+    let sockets: Vec<UdpSocket> = (0..2)
+        .map(|i| lab.host(i).ns.enter(|| app_socket(nodes[i].app())))
+        .collect();
+    let exchange = |bursts: usize| {
+        let (payload, mut buf) = ([0xab; UDP_PAYLOAD], [0; 2048]);
+        for _ in 0..bursts {
+            for (from, to) in [(0, 1), (1, 0)] {
+                for _ in 0..BURST {
+                    let sent = sockets[from].send_to(&payload, nodes[to].app());
+                    sent.expect("send into the TUN");
+                }
+                for _ in 0..BURST {
+                    sockets[to]
+                        .recv(&mut buf)
+                        .expect("a datagram through the engines");
+                }
+            }
+        }
+    };
+    exchange(WARM_UP_BURSTS);
+    let load = format!("{engine} engine, UDP bursts of {BURST} x 1400 B both ways");
+    Window::measure(load, nodes, || exchange(MEASURED_BURSTS))
+}
+
+fn app_socket(addr: SocketAddrV4) -> UdpSocket {
+    let socket = UdpSocket::bind(addr).expect("bind the app socket");
+    socket.set_read_timeout(Some(STALL)).expect("read timeout");
+    socket
+}
+
+/// One TCP stream from host 1 to host 2: the kernel hands the TUN 64 KB super-packets that the
+/// engine splits, and the receiving engine coalesces (GRO) before its TUN write.
+fn tcp_stream(lab: &Lab, nodes: &[Node; 2], engine: &str) -> Window {
+    let listener = lab.host(1).ns.enter(|| TcpListener::bind(nodes[1].app()));
+    let listener = listener.expect("listen");
+    let sender = lab.host(0).ns.enter(|| {
+        let socket = TcpStream::connect_timeout(&nodes[1].app().into(), Duration::from_secs(5));
+        socket.expect("connect through the engines")
+    });
+    let (receiver, _) = listener.accept().expect("accept");
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| send_until(sender, &stop));
+        scope.spawn(|| drain(receiver));
+        std::thread::sleep(TCP_WARM_UP);
+        let load = format!("{engine} engine, one TCP stream");
+        let window = Window::measure(load, nodes, || std::thread::sleep(TCP_MEASURED));
+        stop.store(true, Relaxed);
+        window
+    })
+}
+
+fn send_until(mut stream: TcpStream, stop: &AtomicBool) {
+    stream
+        .set_write_timeout(Some(STALL))
+        .expect("write timeout");
+    let chunk = [0x5a; 64 * 1024];
+    while !stop.load(Relaxed) {
+        stream
+            .write_all(&chunk)
+            .expect("TCP write through the engines");
+    }
+}
+
+fn drain(mut stream: TcpStream) {
+    stream.set_read_timeout(Some(STALL)).expect("read timeout");
+    let mut buf = [0; 64 * 1024];
+    while stream.read(&mut buf).expect("TCP read through the engines") > 0 {}
+}
