@@ -121,7 +121,7 @@ pub(crate) struct Shared {
 }
 
 /// Route a packet read from TUN: find its peer's index and decrement its TTL as flanneld does.
-pub(crate) fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
+pub fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
     let mut ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
         WireError::BadVersion => DropReason::NotIpv4,
         _ => DropReason::Malformed,
@@ -135,7 +135,7 @@ pub(crate) fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usi
 
 /// Check a packet that arrived from `peer` before it goes to TUN: it must decode, come from
 /// inside the peer's subnet, fit the TUN, and have TTL left (flanneld decrements here too).
-pub(crate) fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), DropReason> {
+pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), DropReason> {
     let mut ip = flannel::decap(packet).map_err(|_| DropReason::Malformed)?;
     if !peer.spec.subnet.contains(&ip.src_addr()) {
         return Err(DropReason::SpoofedSource);
