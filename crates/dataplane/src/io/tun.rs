@@ -4,11 +4,12 @@
 //! MTU-sized segments for us, and a write can hand the kernel many segments that tun-rs first
 //! coalesces (GRO). So one syscall moves up to 64 KB each way instead of one packet.
 
+use super::gro::Coalescer;
 use arrayvec::ArrayVec;
 use std::io;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use tun_rs::{AsyncDevice, DeviceBuilder, GROTable, VIRTIO_NET_HDR_LEN};
+use tun_rs::{AsyncDevice, DeviceBuilder, VIRTIO_NET_HDR_LEN};
 
 /// Packets per read batch: enough for a few 64 KB super-packets at the smallest useful MTU.
 pub const READ_BATCH: usize = 256;
@@ -83,7 +84,7 @@ impl Tun {
     }
 
     pub fn writer(&self, queue: usize) -> TunWriter {
-        TunWriter::new(self.queues[queue].clone())
+        TunWriter::new(self.queues[queue].clone(), self.offload)
     }
 }
 
@@ -229,67 +230,51 @@ enum ReadMode {
     NoWait,
 }
 
-/// tun-rs's GRO only merges into a buffer that can already hold a 64 KB super-packet plus
-/// headroom; a smaller one silently makes every packet its own write.
-const SLOT_CAPACITY: usize = 2 * VIRTIO_NET_HDR_LEN + 65535;
-
-/// Collects packets for TUN and writes them with tun-rs's GRO, which merges segments of one
-/// flow into super-packets before the write.
+/// Collects packets for TUN and writes them, merged into super-packets by [`Coalescer`] when
+/// the device takes virtio-net headers.
 pub struct TunWriter {
     dev: Arc<AsyncDevice>,
-    gro: GROTable,
-    slots: Vec<Vec<u8>>,
-    len: usize,
+    packets: Coalescer,
+    /// Whether each write starts with a virtio-net header (offloads on).
+    vnet_hdr: bool,
 }
 
 impl TunWriter {
-    fn new(dev: Arc<AsyncDevice>) -> TunWriter {
+    fn new(dev: Arc<AsyncDevice>, vnet_hdr: bool) -> TunWriter {
         TunWriter {
             dev,
-            gro: GROTable::default(),
-            slots: (0..WRITE_BATCH)
-                .map(|_| Vec::with_capacity(SLOT_CAPACITY))
-                .collect(),
-            len: 0,
+            packets: Coalescer::new(WRITE_BATCH),
+            vnet_hdr,
         }
     }
 
     /// Queue a copy of `packet`; the caller flushes when [`TunWriter::is_full`].
     pub fn push(&mut self, packet: &[u8]) {
-        let slot = &mut self.slots[self.len];
-        slot.clear();
-        slot.resize(VIRTIO_NET_HDR_LEN, 0);
-        slot.extend_from_slice(packet);
-        self.len += 1;
+        self.packets.push(packet, self.vnet_hdr);
     }
 
     pub fn is_full(&self) -> bool {
-        self.len == WRITE_BATCH
+        self.packets.is_full()
     }
 
     pub fn len(&self) -> usize {
-        self.len
+        self.packets.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.packets.is_empty()
     }
 
-    /// Write everything queued. On error the batch is discarded: the packets are lost as a
-    /// congested link would lose them, and the caller counts them.
+    /// Write everything queued, one write per (super-)packet. A failed write loses that packet,
+    /// as a congested link would; the rest are still written and the first error is returned.
     pub async fn flush(&mut self) -> io::Result<()> {
-        if self.len == 0 {
-            return Ok(());
+        let skip = if self.vnet_hdr { 0 } else { VIRTIO_NET_HDR_LEN };
+        let mut result = Ok(());
+        for buf in self.packets.drain() {
+            if let Err(e) = self.dev.send(&buf[skip..]).await {
+                result = result.and(Err(e));
+            }
         }
-        let result = self
-            .dev
-            .send_multiple(
-                &mut self.gro,
-                &mut self.slots[..self.len],
-                VIRTIO_NET_HDR_LEN,
-            )
-            .await;
-        self.len = 0;
-        result.map(drop)
+        result
     }
 }
