@@ -313,3 +313,20 @@ pub fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
     repr.emit(&mut buf).expect("emit");
     buf
 }
+
+/// 64 MiB over TCP from host 0's container to host 1's, checked by sha256, and counted by the
+/// sending node's per-peer counter.
+pub fn transfer_64_mib_intact(pair: &Pair) -> Result<()> {
+    let (sent, received) = tcp_transfer(pair.container(0), pair.container(1), 64 << 20)?;
+    anyhow::ensure!(
+        sent == received,
+        "sha256 sent {sent} != received {received}"
+    );
+    let s = status(&pair.host(0).ns)?;
+    let tx = s["counters"]["peers"][0]["tx_bytes"].as_u64().unwrap_or(0);
+    anyhow::ensure!(
+        tx > 64 << 20,
+        "peer tx counter {tx} below the bytes sent: {s}"
+    );
+    Ok(())
+}
