@@ -4,7 +4,10 @@
 //! equal-sized packets to one peer leaves in one UDP GSO send (the kernel still puts each in its
 //! own datagram), and GRO trains from the socket go to TUN in one coalesced write.
 
-use super::{accept_inbound, reply_unreachable, route_outbound, tun_read_failed, Shared};
+use super::{
+    accept_inbound, flush_tun, reply_unreachable, route_outbound, tun_read_failed, write_to_tun,
+    Shared,
+};
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
@@ -68,9 +71,7 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, io: Shared) {
             &mut icmp,
         );
         send_runs(&mut reader, &runs, &table, &io, &mut drops).await;
-        if let Err(e) = icmp.flush().await {
-            tracing::debug!("ICMP reply write failed: {e}");
-        }
+        flush_tun(&mut icmp, &mut drops).await;
         drops.publish(&io.stats);
     }
 }
@@ -161,10 +162,7 @@ async fn udp_to_tun(mut writer: TunWriter, io: Shared) {
             continue;
         }
         let (packets, bytes, datagrams) = deliver(&mut batch, &mut writer, &io, &mut drops).await;
-        if let Err(e) = writer.flush().await {
-            tracing::debug!("TUN write failed: {e}");
-            drops.count(DropReason::IoError);
-        }
+        flush_tun(&mut writer, &mut drops).await;
         io.stats.rx.add(packets, bytes);
         io.stats
             .rx_datagrams
@@ -195,15 +193,9 @@ async fn deliver(
                 drops.count(reason);
                 continue;
             }
-            writer.push(datagram);
             peer_packets += 1;
             peer_bytes += datagram.len() as u64;
-            if writer.is_full() {
-                if let Err(e) = writer.flush().await {
-                    tracing::debug!("TUN write failed: {e}");
-                    drops.count(DropReason::IoError);
-                }
-            }
+            write_to_tun(writer, datagram, drops).await;
         }
         if let Some(peer) = peer {
             peer.stats.rx.add(peer_packets, peer_bytes);
