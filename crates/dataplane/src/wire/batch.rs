@@ -198,23 +198,14 @@ fn read_u32(data: &[u8], at: usize) -> u32 {
 mod tests {
     use super::*;
     use crate::wire::flannel;
-    use crate::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_UDP};
+    use crate::wire::ipv4::{test_packet, Ipv4Packet};
 
     fn sender() -> Ipv4Net {
         "10.5.1.0/24".parse().unwrap()
     }
 
     fn inner(payload_len: usize) -> Vec<u8> {
-        let repr = Ipv4Repr {
-            src: Ipv4Addr::new(10, 5, 1, 2),
-            dst: Ipv4Addr::new(10, 5, 2, 2),
-            protocol: PROTO_UDP,
-            ttl: 64,
-            payload_len,
-        };
-        let mut buf = vec![payload_len as u8; repr.total_len()];
-        repr.emit(&mut buf).unwrap();
-        buf
+        test_packet(payload_len, 64, payload_len as u8)
     }
 
     fn datagram(packets: &[&[u8]]) -> Vec<u8> {

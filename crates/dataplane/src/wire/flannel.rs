@@ -31,20 +31,10 @@ pub fn encap<T: AsRef<[u8]>>(packet: &Ipv4Packet<T>) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::ipv4::{Ipv4Repr, PROTO_UDP};
-    use std::net::Ipv4Addr;
+    use crate::wire::ipv4::test_packet;
 
     fn packet(payload_len: usize) -> Vec<u8> {
-        let repr = Ipv4Repr {
-            src: Ipv4Addr::new(10, 5, 1, 2),
-            dst: Ipv4Addr::new(10, 5, 2, 2),
-            protocol: PROTO_UDP,
-            ttl: 64,
-            payload_len,
-        };
-        let mut buf = vec![7; repr.total_len()];
-        repr.emit(&mut buf).unwrap();
-        buf
+        test_packet(payload_len, 64, 7)
     }
 
     #[test]

@@ -185,21 +185,28 @@ fn read_addr(data: &[u8], at: usize) -> Ipv4Addr {
     Ipv4Addr::new(data[at], data[at + 1], data[at + 2], data[at + 3])
 }
 
+/// A UDP packet 10.5.1.2 -> 10.5.2.2 with a valid header and `payload_len` bytes of `fill`, for
+/// the wire modules' tests.
+#[cfg(test)]
+pub(crate) fn test_packet(payload_len: usize, ttl: u8, fill: u8) -> Vec<u8> {
+    let repr = Ipv4Repr {
+        src: Ipv4Addr::new(10, 5, 1, 2),
+        dst: Ipv4Addr::new(10, 5, 2, 2),
+        protocol: PROTO_UDP,
+        ttl,
+        payload_len,
+    };
+    let mut buf = vec![fill; repr.total_len()];
+    repr.emit(&mut buf).unwrap();
+    buf
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sample(ttl: u8) -> Vec<u8> {
-        let repr = Ipv4Repr {
-            src: Ipv4Addr::new(10, 5, 1, 2),
-            dst: Ipv4Addr::new(10, 5, 2, 2),
-            protocol: PROTO_UDP,
-            ttl,
-            payload_len: 8,
-        };
-        let mut buf = vec![0xaa; repr.total_len()];
-        repr.emit(&mut buf).unwrap();
-        buf
+        test_packet(8, ttl, 0xaa)
     }
 
     #[test]
