@@ -18,13 +18,7 @@ fn counter(s: &serde_json::Value, name: &str) -> u64 {
 #[test]
 fn ping_both_ways_with_flannels_ttl() -> Result<()> {
     let pair = start_pair("bping", &BATCH, None)?;
-    let (a, b) = (pair.container(0), pair.container(1));
-    let out = ping(a, b.ip, 3)?;
-    assert!(out.contains("3 received"), "{out}");
-    // 64, minus one per routing host and one for each twill decrement on send and on receive.
-    assert!(out.contains("ttl=60"), "{out}");
-    let out = ping(b, a.ip, 3)?;
-    assert!(out.contains("3 received"), "{out}");
+    ping_both_ways_with_ttl_60(&pair)?;
     let s = status(&pair.host(0).ns)?;
     assert_eq!(s["backend"], "twill-batch", "{s}");
     Ok(())

@@ -11,17 +11,6 @@ use common::*;
 const VXLAN: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
 const HOST_GW: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#;
 
-fn traffic_between_two_nodes(c: &mut Cluster) -> Result<()> {
-    c.add_container(0)?;
-    c.add_container(1)?;
-    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
-    let out = ping(c.container(0), c.container(1).ip, 2)?;
-    assert!(out.contains("2 received"), "{out}");
-    let (sent, received) = tcp_transfer(c.container(0), c.container(1), 64 << 20)?;
-    assert_eq!(sent, received);
-    Ok(())
-}
-
 #[test]
 fn vxlan_nodes_program_flannels_state_and_carry_traffic() -> Result<()> {
     let mut c = cluster("kvx", 2, VXLAN)?;
@@ -61,7 +50,7 @@ fn vxlan_nodes_program_flannels_state_and_carry_traffic() -> Result<()> {
     let env = std::fs::read_to_string(c.subnet_file(0))?;
     assert!(env.contains("FLANNEL_MTU=1450"), "{env}");
     assert_ne!(s0, s1);
-    traffic_between_two_nodes(&mut c)
+    c.traffic_between_two_nodes()
 }
 
 #[test]
@@ -71,7 +60,7 @@ fn host_gw_nodes_route_via_each_other_and_carry_traffic() -> Result<()> {
     let s1 = c.subnet(1)?;
     let routes = c.lab.host(0).ns.ip(&["route", "show", &s1.to_string()])?;
     assert!(routes.contains("via 10.200.0.2 dev eth0"), "{routes}");
-    traffic_between_two_nodes(&mut c)
+    c.traffic_between_two_nodes()
 }
 
 #[test]

@@ -21,14 +21,7 @@ fn two_nodes_get_distinct_flannel_leases_and_carry_traffic() -> Result<()> {
         value.trim(),
         r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#
     );
-    c.add_container(0)?;
-    c.add_container(1)?;
-    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
-    let out = ping(c.container(0), c.container(1).ip, 2)?;
-    assert!(out.contains("2 received"), "{out}");
-    let (sent, received) = tcp_transfer(c.container(1), c.container(0), 64 << 20)?;
-    assert_eq!(sent, received);
-    Ok(())
+    c.traffic_between_two_nodes()
 }
 
 #[test]

@@ -14,15 +14,7 @@ fn pair(tag: &str, extra_peer: Option<&str>) -> Result<Pair> {
 
 #[test]
 fn ping_both_ways_with_flannels_ttl() -> Result<()> {
-    let pair = pair("uping", None)?;
-    let (a, b) = (pair.container(0), pair.container(1));
-    let out = ping(a, b.ip, 3)?;
-    assert!(out.contains("3 received"), "{out}");
-    // 64, minus one per routing host and one for each twill decrement on send and on receive.
-    assert!(out.contains("ttl=60"), "{out}");
-    let out = ping(b, a.ip, 3)?;
-    assert!(out.contains("3 received"), "{out}");
-    Ok(())
+    ping_both_ways_with_ttl_60(&pair("uping", None)?)
 }
 
 #[test]

@@ -104,4 +104,19 @@ impl Cluster {
         let stderr = node.stderr();
         Ok(stderr.lines().last().unwrap_or_default().to_string())
     }
+
+    /// Containers on hosts 0 and 1 in their leased subnets; ping, then 64 MiB checked by sha256.
+    pub fn traffic_between_two_nodes(&mut self) -> Result<()> {
+        self.add_container(0)?;
+        self.add_container(1)?;
+        eventually("peers known", || Ok(self.peer_subnets(0)?.len() == 1))?;
+        let out = ping(self.container(0), self.container(1).ip, 2)?;
+        anyhow::ensure!(out.contains("2 received"), "{out}");
+        let (sent, received) = tcp_transfer(self.container(0), self.container(1), 64 << 20)?;
+        anyhow::ensure!(
+            sent == received,
+            "sha256 sent {sent} != received {received}"
+        );
+        Ok(())
+    }
 }

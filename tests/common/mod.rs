@@ -330,3 +330,17 @@ pub fn transfer_64_mib_intact(pair: &Pair) -> Result<()> {
     );
     Ok(())
 }
+
+/// Three pings each way between the pair's containers, with flanneld's TTL: 64, minus one per
+/// routing host and one for each twill decrement on send and on receive.
+pub fn ping_both_ways_with_ttl_60(pair: &Pair) -> Result<()> {
+    let (a, b) = (pair.container(0), pair.container(1));
+    let out = ping(a, b.ip, 3)?;
+    anyhow::ensure!(
+        out.contains("3 received") && out.contains("ttl=60"),
+        "{out}"
+    );
+    let out = ping(b, a.ip, 3)?;
+    anyhow::ensure!(out.contains("3 received"), "{out}");
+    Ok(())
+}
