@@ -17,6 +17,7 @@ use tokio::runtime::Runtime;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::TunConfig;
 use twill_dataplane::table::PeerSpec;
+use twill_dataplane::wire::batch;
 use twill_lab::{Lab, LabSpec};
 
 /// Counts every allocation and reallocation (frees are not the question), and when armed keeps
@@ -161,6 +162,7 @@ impl Node {
         engine.table().set_peers(&[PeerSpec {
             subnet: subnet(1 - i).trunc(),
             endpoint: SocketAddrV4::new(peer.underlay_ip, port),
+            version: batch::HIGHEST_VERSION,
         }]);
         Node {
             engine,

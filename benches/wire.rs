@@ -94,6 +94,7 @@ fn table(peers: u32) -> PeerTable {
         .map(|i| PeerSpec {
             subnet: subnet(i),
             endpoint: endpoint(i),
+            version: 1,
         })
         .collect();
     PeerTable::new(&specs, &PeerTable::default())

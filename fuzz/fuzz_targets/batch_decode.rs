@@ -1,13 +1,19 @@
-//! A batch datagram off the wire: check the header, walk every record, and decode each record
-//! as the inner IPv4 packet the batch engine would forward.
+//! A batch datagram off the wire: a version 2 chunk must lie inside its super-packet; a version 1
+//! datagram's records are walked and each decoded as the inner IPv4 packet the engine would forward.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use twill_dataplane::wire::batch::BatchPacket;
+use twill_dataplane::wire::chunk::ChunkPacket;
 use twill_dataplane::wire::ipv4::Ipv4Packet;
 
 fuzz_target!(|data: &[u8]| {
+    if let Ok(chunk) = ChunkPacket::new_checked(data) {
+        let repr = chunk.repr();
+        let end = usize::from(repr.offset) + chunk.payload().len();
+        assert!(!chunk.payload().is_empty() && end <= usize::from(repr.total));
+    }
     let Ok(batch) = BatchPacket::new_checked(data) else {
         return;
     };

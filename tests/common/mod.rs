@@ -163,6 +163,11 @@ impl Pair {
 
 /// Start a [`Pair`]: each host names the other as its peer; host 0 also gets `extra_peer`.
 pub fn start_pair(tag: &str, args: &[&str], extra_peer: Option<&str>) -> Result<Pair> {
+    start_pair_with(tag, [args, args], extra_peer)
+}
+
+/// [`start_pair`] with different arguments for host 0 and host 1.
+pub fn start_pair_with(tag: &str, args: [&[&str]; 2], extra_peer: Option<&str>) -> Result<Pair> {
     twill_lab::require_root()?;
     let mut lab = Lab::new(LabSpec {
         hosts: 2,
@@ -188,7 +193,7 @@ pub fn start_pair(tag: &str, args: &[&str], extra_peer: Option<&str>) -> Result<
         if let Some(extra) = extra_peer.filter(|_| i == 0) {
             all.extend(["--peer", extra]);
         }
-        all.extend_from_slice(args);
+        all.extend_from_slice(args[i]);
         let file = path_in(&dir, &format!("h{i}.env"));
         nodes.push(start_twill(lab.host(i), &all, &file)?);
     }

@@ -93,6 +93,8 @@ fn counters_json(table: &SharedTable, stats: &EngineStats) -> Value {
         "rx_packets": stats.rx.packets(), "rx_bytes": stats.rx.bytes(),
         "tx_datagrams": stats.tx_datagrams.load(std::sync::atomic::Ordering::Relaxed),
         "rx_datagrams": stats.rx_datagrams.load(std::sync::atomic::Ordering::Relaxed),
+        "tx_super_packets": stats.tx_super_packets.load(std::sync::atomic::Ordering::Relaxed),
+        "rx_super_packets": stats.rx_super_packets.load(std::sync::atomic::Ordering::Relaxed),
         "drops": drops,
         "peers": peers,
     })
@@ -107,6 +109,14 @@ fn write_engine_metrics(out: &mut String, table: &SharedTable, stats: &EngineSta
         ("twill_rx_bytes_total", stats.rx.bytes()),
         ("twill_tx_datagrams_total", stats.tx_datagrams.load(Relaxed)),
         ("twill_rx_datagrams_total", stats.rx_datagrams.load(Relaxed)),
+        (
+            "twill_tx_super_packets_total",
+            stats.tx_super_packets.load(Relaxed),
+        ),
+        (
+            "twill_rx_super_packets_total",
+            stats.rx_super_packets.load(Relaxed),
+        ),
     ];
     for (name, value) in totals {
         let _ = writeln!(out, "# TYPE {name} counter\n{name} {value}");

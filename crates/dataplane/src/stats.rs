@@ -28,10 +28,12 @@ pub enum DropReason {
     BadVersion,
     /// The kernel refused a send or a write.
     IoError,
+    /// A super-packet given up because one of its chunks was lost or came out of order.
+    IncompleteSuperPacket,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 10] = [
+    pub const ALL: [DropReason; 11] = [
         DropReason::UnknownPeer,
         DropReason::SpoofedSource,
         DropReason::Malformed,
@@ -42,6 +44,7 @@ impl DropReason {
         DropReason::BadMagic,
         DropReason::BadVersion,
         DropReason::IoError,
+        DropReason::IncompleteSuperPacket,
     ];
 
     /// The label used in logs, `twill status` and Prometheus metrics.
@@ -57,6 +60,7 @@ impl DropReason {
             DropReason::BadMagic => "bad_magic",
             DropReason::BadVersion => "bad_version",
             DropReason::IoError => "io_error",
+            DropReason::IncompleteSuperPacket => "incomplete_super_packet",
         }
     }
 }
@@ -102,6 +106,10 @@ pub struct EngineStats {
     /// Underlay datagrams sent and received (differs from packets for the batch protocol).
     pub tx_datagrams: AtomicU64,
     pub rx_datagrams: AtomicU64,
+    /// TCP super-packets carried whole, as batch version 2 chunks (each also counts its
+    /// segments in `tx`/`rx`).
+    pub tx_super_packets: AtomicU64,
+    pub rx_super_packets: AtomicU64,
     drops: [AtomicU64; DropReason::ALL.len()],
 }
 

@@ -15,6 +15,9 @@ use std::sync::Arc;
 pub struct PeerSpec {
     pub subnet: Ipv4Net,
     pub endpoint: SocketAddrV4,
+    /// The highest batch protocol version the peer reads (its lease's `Version`; 1 if absent).
+    /// Only the batch engine looks at it.
+    pub version: u8,
 }
 
 #[derive(Debug)]
@@ -41,7 +44,7 @@ impl PeerTable {
         for spec in specs {
             let spec = PeerSpec {
                 subnet: spec.subnet.trunc(),
-                endpoint: spec.endpoint,
+                ..*spec
             };
             if table.by_endpoint.contains_key(&spec.endpoint) || table.owner(&spec).is_some() {
                 continue;
@@ -143,6 +146,7 @@ mod tests {
         PeerSpec {
             subnet: subnet.parse().unwrap(),
             endpoint: SocketAddrV4::new(ip.into(), 8285),
+            version: 1,
         }
     }
 

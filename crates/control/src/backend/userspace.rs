@@ -19,7 +19,9 @@ pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAtt
     match kind {
         EngineKind::FlannelUdp => LeaseAttrs::udp(public_ip),
         EngineKind::Batch { .. } => LeaseAttrs {
-            backend_data: Some(serde_json::json!({ "Port": port, "Version": batch::VERSION })),
+            backend_data: Some(
+                serde_json::json!({ "Port": port, "Version": batch::HIGHEST_VERSION }),
+            ),
             ..LeaseAttrs::twill_batch(public_ip)
         },
     }
@@ -64,16 +66,19 @@ impl Userspace {
     }
 
     fn spec(&self, lease: &Lease) -> PeerSpec {
-        let port = lease
-            .backend_data
-            .as_ref()
-            .and_then(|d| d.get("Port"))
-            .and_then(|p| p.as_u64())
-            .and_then(|p| u16::try_from(p).ok())
-            .unwrap_or(self.default_port);
+        let field = |name: &str| {
+            lease
+                .backend_data
+                .as_ref()
+                .and_then(|d| d.get(name))
+                .and_then(|v| v.as_u64())
+        };
+        let port = field("Port").and_then(|p| u16::try_from(p).ok());
+        let version = field("Version").and_then(|v| u8::try_from(v).ok());
         PeerSpec {
             subnet: lease.subnet,
-            endpoint: SocketAddrV4::new(lease.public_ip, port),
+            endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(self.default_port)),
+            version: version.unwrap_or(batch::VERSION),
         }
     }
 }

@@ -3,11 +3,13 @@
 
 use super::{LeaseEvent, Registry, EVENT_QUEUE};
 use crate::config::{Config, DEFAULT_BACKEND};
+use crate::lease::backend_type::TWILL_BATCH;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
 use tokio::sync::mpsc;
+use twill_dataplane::wire::batch;
 
 /// Leases that never change: ours and the peers', all known at start.
 #[derive(Debug, Clone)]
@@ -62,6 +64,8 @@ impl Registry for StaticRegistry {
 ///
 /// The port, when given, goes into `BackendData` as `{"Port":N}` (how twill-batch leases carry
 /// theirs), because a lease has no other place for it; without it the config's port applies.
+/// A static twill-batch peer is taken to read the batch versions this build reads, as its
+/// lease would say.
 pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
     let bad = || {
         format!("invalid --peer {spec:?}: expected CIDR=IP[:PORT], e.g. 10.5.2.0/24=192.0.2.2:8285")
@@ -77,11 +81,18 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
     };
     let public_ip: Ipv4Addr = ip.parse().with_context(bad)?;
     let backend_type = &config.backend.backend_type;
+    let mut backend_data = serde_json::Map::new();
+    if let Some(port) = port {
+        backend_data.insert("Port".into(), port.into());
+    }
+    if backend_type == TWILL_BATCH {
+        backend_data.insert("Version".into(), batch::HIGHEST_VERSION.into());
+    }
     Ok(Lease {
         subnet,
         public_ip,
         backend_type: (backend_type != DEFAULT_BACKEND).then(|| backend_type.clone()),
-        backend_data: port.map(|p| serde_json::json!({ "Port": p })),
+        backend_data: (!backend_data.is_empty()).then(|| backend_data.into()),
     })
 }
 
@@ -101,7 +112,11 @@ mod tests {
         assert_eq!((p.backend_type, p.backend_data), (None, None));
         let p = parse_peer("10.5.3.0/24=192.0.2.3:9000", &config("twill-batch")).unwrap();
         assert_eq!(p.backend_type.as_deref(), Some("twill-batch"));
-        assert_eq!(p.backend_data.unwrap()["Port"], 9000);
+        let data = p.backend_data.unwrap();
+        assert_eq!(
+            (data["Port"].as_u64(), data["Version"].as_u64()),
+            (Some(9000), Some(2))
+        );
     }
 
     #[test]

@@ -10,13 +10,16 @@ use super::{
     accept_inbound, flush_tun, reply_unreachable, route_outbound, tun_read_failed, write_to_tun,
     Shared,
 };
+use crate::io::gso;
 use crate::io::tun::READ_BATCH;
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::{Peer, PeerTable};
-use crate::wire::batch::{BatchPacket, BatchWriter, Records, OVERHEAD, RECORD_PREFIX_LEN};
-use crate::wire::{ipv4, WireError};
+use crate::wire::batch::{self, BatchPacket, BatchWriter, Records, OVERHEAD, RECORD_PREFIX_LEN};
+use crate::wire::chunk::{self, ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
+use crate::wire::ipv4::{self, Ipv4Packet};
+use crate::wire::WireError;
 use ipnet::Ipv4Net;
 use std::io;
 use std::net::{IpAddr, SocketAddrV4};
@@ -27,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 /// Outer IPv4 and UDP headers: a datagram's payload may be PMTU minus this.
 const UDP_IP_HEADERS: usize = 20 + 8;
@@ -46,8 +50,10 @@ pub(crate) fn spawn(
     let path = Arc::new(PathMtu::new(io.mtu + OVERHEAD));
     let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
         .map(|q| {
-            let sender = Sender::new(io.clone(), path.clone(), subnet, delay);
-            tokio::spawn(tun_to_udp(tun.reader(q), tun.writer(q), sender))
+            let sender = Sender::new(io.clone(), path.clone(), subnet, delay, q as u8);
+            let mut reader = tun.reader(q);
+            reader.keep_whole(true);
+            tokio::spawn(tun_to_udp(reader, tun.writer(q), sender))
         })
         .collect();
     tasks.push(tokio::spawn(udp_to_tun(
@@ -130,6 +136,9 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut tx: Sender) 
         tx.drops
             .add(DropReason::IoError, reader.take_failed_reads());
         tx.drain(&mut reader, n, &mut icmp).await;
+        if reader.whole().is_some() {
+            tx.send_whole(&mut reader, &mut icmp).await;
+        }
         flush_tun(&mut icmp, &mut tx.drops).await;
         tx.publish();
     }
@@ -181,6 +190,9 @@ struct Sender {
     link: Link,
     subnet: Ipv4Net,
     delay: Option<Duration>,
+    /// This queue's chunk stream and the number of its next super-packet.
+    stream: u8,
+    next_seq: u32,
     groups: Groups,
     train: Train,
     held: Held,
@@ -189,11 +201,19 @@ struct Sender {
 }
 
 impl Sender {
-    fn new(io: Shared, path: Arc<PathMtu>, subnet: Ipv4Net, delay: Option<Duration>) -> Sender {
+    fn new(
+        io: Shared,
+        path: Arc<PathMtu>,
+        subnet: Ipv4Net,
+        delay: Option<Duration>,
+        stream: u8,
+    ) -> Sender {
         Sender {
             link: Link { io, path },
             subnet,
             delay,
+            stream,
+            next_seq: 0,
             groups: Groups::default(),
             train: Train::default(),
             held: Held::default(),
@@ -279,6 +299,73 @@ impl Sender {
             self.held.put(peer.spec.endpoint, held, counts, delay);
         }
         self.send_train(peer, 0).await;
+    }
+
+    /// Send the super-packet that ended the read: whole, as chunks, to a peer that reads them;
+    /// split into packets like any other to one that does not (or to no peer at all).
+    async fn send_whole(&mut self, reader: &mut TunReader, icmp: &mut TunWriter) {
+        let table = self.link.io.table.load();
+        let frame = reader
+            .whole()
+            .expect("called only with a whole super-packet");
+        let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
+        let dst = Ipv4Packet::new_checked(&*packet).map(|ip| ip.dst_addr());
+        let peer = dst.ok().and_then(|dst| table.route(dst));
+        if peer.is_none_or(|p| table.peers()[p].spec.version < chunk::VERSION) {
+            match reader.split_whole() {
+                Ok(n) => self.drain(reader, n, icmp).await,
+                Err(e) => {
+                    tracing::debug!("cannot split a TUN super-packet: {e}");
+                    self.drops.count(DropReason::Malformed);
+                }
+            }
+            return;
+        }
+        let peer = match route_outbound(packet, &table) {
+            Ok(peer) => &table.peers()[peer],
+            Err(reason) => return self.drops.count(reason),
+        };
+        if self.held.deadline.is_some() {
+            self.send_held().await;
+        }
+        self.send_chunks(frame, peer).await;
+    }
+
+    /// Cut a super-packet frame into chunk datagrams filling the path MTU, sent as GSO trains.
+    async fn send_chunks(&mut self, frame: &[u8], peer: &Peer) {
+        let Ok(hdr) = gso::header(frame) else { return };
+        let packet = &frame[VIRTIO_NET_HDR_LEN..];
+        let capacity = self.link.path.capacity();
+        let mut chunk = ChunkRepr {
+            sender: self.subnet,
+            seq: self.next_seq,
+            total: packet.len() as u16,
+            offset: 0,
+            gso_size: hdr.gso_size,
+            gso_type: hdr.gso_type,
+            stream: self.stream,
+        };
+        self.next_seq = self.next_seq.wrapping_add(1);
+        for part in packet.chunks(capacity - CHUNK_HEADER_LEN) {
+            let space = self.train.space(capacity);
+            chunk.emit(space);
+            space[CHUNK_HEADER_LEN..][..part.len()].copy_from_slice(part);
+            let last = usize::from(chunk.offset) + part.len() == packet.len();
+            let counts = Counts {
+                datagrams: 1,
+                ..if last {
+                    super_counts(packet, hdr.gso_size)
+                } else {
+                    Counts::default()
+                }
+            };
+            self.close(peer, CHUNK_HEADER_LEN + part.len(), counts)
+                .await;
+            chunk.offset += part.len() as u16;
+        }
+        self.send_train(peer, 0).await;
+        let stats = &self.link.io.stats;
+        stats.tx_super_packets.fetch_add(1, Relaxed);
     }
 
     /// A datagram of `len` bytes was written after the train: add it, or send the train first.
@@ -545,6 +632,7 @@ struct Receiver {
     io: Shared,
     /// Where each record of the datagram at hand lies; reused, so no allocation per datagram.
     records: Vec<Range<usize>>,
+    supers: Reassembly,
     drops: DropTally,
 }
 
@@ -568,6 +656,7 @@ impl Receiver {
         Receiver {
             io,
             records: Vec::new(),
+            supers: Reassembly::default(),
             drops: DropTally::default(),
         }
     }
@@ -581,7 +670,11 @@ impl Receiver {
             let mut from_peer = Counts::default();
             for datagram in train {
                 from_peer.datagrams += 1;
-                match self.unpack(datagram, peer, writer).await {
+                let got = match batch::version(datagram) {
+                    Some(chunk::VERSION) => self.reassemble(datagram, peer, writer).await,
+                    _ => self.unpack(datagram, peer, writer).await,
+                };
+                match got {
                     Ok(packets) => from_peer += packets,
                     Err(reason) => self.drops.count(reason),
                 }
@@ -616,6 +709,35 @@ impl Receiver {
         Ok(got)
     }
 
+    /// Add a chunk to its super-packet, and write the super-packet to TUN once it is whole.
+    async fn reassemble(
+        &mut self,
+        datagram: &[u8],
+        peer: Option<&Peer>,
+        writer: &mut TunWriter,
+    ) -> Result<Counts, DropReason> {
+        let chunk = ChunkPacket::new_checked(datagram).map_err(|_| DropReason::Malformed)?;
+        let repr = chunk.repr();
+        let peer = peer
+            .filter(|p| p.spec.subnet == repr.sender)
+            .ok_or(DropReason::UnknownPeer)?;
+        let slot = self.supers.slot(peer.spec.endpoint, repr.stream);
+        let lost = slot.add(&repr, chunk.payload());
+        self.drops.add(DropReason::IncompleteSuperPacket, lost);
+        let Some(frame) = slot.complete() else {
+            return Ok(Counts::default());
+        };
+        let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
+        let hdr = accept_super(packet, peer, self.io.mtu, repr.gso_type, repr.gso_size)?;
+        let got = super_counts(packet, repr.gso_size);
+        writer.write_super(frame, hdr).await.map_err(|e| {
+            tracing::debug!("TUN write of a super-packet failed: {e}");
+            DropReason::IoError
+        })?;
+        self.io.stats.rx_super_packets.fetch_add(1, Relaxed);
+        Ok(got)
+    }
+
     /// The header and sender checks, then where the records lie; a record running past the end
     /// costs only the records from there on. Records are noted as ranges, not slices, because
     /// each is then changed in place (TTL) on its way to TUN.
@@ -640,6 +762,145 @@ impl Receiver {
             }
         }
         Ok(peer)
+    }
+}
+
+/// The checks of [`accept_inbound`] for a super-packet, plus: it is TCP, and each segment the
+/// kernel cuts from it fits the TUN. Returns the virtio-net header to write it with, made here
+/// rather than taken from the wire.
+fn accept_super(
+    packet: &mut [u8],
+    peer: &Peer,
+    mtu: usize,
+    gso_type: u8,
+    gso_size: u16,
+) -> Result<VirtioNetHdr, DropReason> {
+    let is_tcp = Ipv4Packet::new_checked(&*packet).is_ok_and(|ip| ip.protocol() == ipv4::PROTO_TCP);
+    let hdr = gso::tcp_super_header(packet, gso_type, gso_size)
+        .filter(|_| is_tcp)
+        .ok_or(DropReason::Malformed)?;
+    if usize::from(hdr.hdr_len) + usize::from(gso_size) > mtu {
+        return Err(DropReason::TooBig);
+    }
+    accept_inbound(packet, peer, usize::from(u16::MAX))?;
+    Ok(hdr)
+}
+
+/// Super-packets being put together from chunks: one slot per (peer, sender stream), since
+/// each stream sends its super-packets one after the other.
+#[derive(Default)]
+struct Reassembly {
+    slots: Vec<SuperSlot>,
+}
+
+impl Reassembly {
+    fn slot(&mut self, endpoint: SocketAddrV4, stream: u8) -> &mut SuperSlot {
+        let key = (endpoint, stream);
+        let i = match self.slots.iter().position(|s| s.key == key) {
+            Some(i) => i,
+            None => {
+                self.slots.push(SuperSlot::new(key));
+                self.slots.len() - 1
+            }
+        };
+        &mut self.slots[i]
+    }
+}
+
+/// One stream's super-packet in progress. Chunks must come in order: a gap means a lost chunk,
+/// and the super-packet is given up (TCP sends its data again).
+struct SuperSlot {
+    key: (SocketAddrV4, u8),
+    state: SlotState,
+    seq: u32,
+    total: usize,
+    /// Bytes of the super-packet received so far, in order.
+    next: usize,
+    gso: (u8, u16),
+    /// Room for the virtio-net header, then the super-packet.
+    frame: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Idle,
+    Building,
+    /// `seq` was given up; its remaining chunks are dropped without counting it again.
+    Broken,
+}
+
+impl SuperSlot {
+    fn new(key: (SocketAddrV4, u8)) -> SuperSlot {
+        SuperSlot {
+            key,
+            state: SlotState::Idle,
+            seq: 0,
+            total: 0,
+            next: 0,
+            gso: (0, 0),
+            frame: vec![0; VIRTIO_NET_HDR_LEN + usize::from(u16::MAX)],
+        }
+    }
+
+    /// Take a chunk; returns how many super-packets were given up because of it.
+    fn add(&mut self, chunk: &ChunkRepr, payload: &[u8]) -> u64 {
+        let mut lost = 0;
+        if chunk.offset == 0 {
+            lost = u64::from(self.state == SlotState::Building);
+            self.state = SlotState::Building;
+            self.seq = chunk.seq;
+            self.total = usize::from(chunk.total);
+            self.next = 0;
+            self.gso = (chunk.gso_type, chunk.gso_size);
+        } else if !self.continues(chunk) {
+            return self.give_up(chunk.seq);
+        }
+        let at = VIRTIO_NET_HDR_LEN + self.next;
+        self.frame[at..at + payload.len()].copy_from_slice(payload);
+        self.next += payload.len();
+        lost
+    }
+
+    fn continues(&self, chunk: &ChunkRepr) -> bool {
+        self.state == SlotState::Building
+            && chunk.seq == self.seq
+            && usize::from(chunk.offset) == self.next
+            && usize::from(chunk.total) == self.total
+            && (chunk.gso_type, chunk.gso_size) == self.gso
+    }
+
+    fn give_up(&mut self, seq: u32) -> u64 {
+        let lost = match self.state {
+            SlotState::Building => 1 + u64::from(seq != self.seq),
+            SlotState::Broken if seq == self.seq => 0,
+            _ => 1,
+        };
+        self.state = SlotState::Broken;
+        self.seq = seq;
+        lost
+    }
+
+    /// The frame, once every byte of the super-packet is in.
+    fn complete(&mut self) -> Option<&mut [u8]> {
+        if self.state != SlotState::Building || self.next < self.total {
+            return None;
+        }
+        self.state = SlotState::Idle;
+        Some(&mut self.frame[..VIRTIO_NET_HDR_LEN + self.total])
+    }
+}
+
+/// A super-packet counts as the segments the kernel cuts it into, so counters agree whether
+/// it travels whole or split.
+fn super_counts(packet: &[u8], gso_size: u16) -> Counts {
+    let ihl = usize::from(packet[0] & 0x0f) * 4;
+    let headers = gso::tcp_headers_end(packet, ihl).unwrap_or(packet.len());
+    Counts {
+        datagrams: 0,
+        packets: (packet.len() - headers)
+            .div_ceil(usize::from(gso_size).max(1))
+            .max(1) as u64,
+        bytes: packet.len() as u64,
     }
 }
 
@@ -716,5 +977,69 @@ mod tests {
         train.restart(4);
         assert!(train.is_empty());
         assert_eq!(&train.buf[..4], b"next");
+    }
+    fn chunk(seq: u32, offset: u16, total: u16) -> ChunkRepr {
+        ChunkRepr {
+            sender: "10.5.1.0/24".parse().unwrap(),
+            seq,
+            total,
+            offset,
+            gso_size: 1000,
+            gso_type: chunk::GSO_TCPV4,
+            stream: 0,
+        }
+    }
+
+    fn slot() -> SuperSlot {
+        SuperSlot::new((SocketAddrV4::new([192, 0, 2, 1].into(), 8286), 0))
+    }
+
+    #[test]
+    fn chunks_in_order_make_the_super_packet() {
+        let mut slot = slot();
+        assert_eq!(slot.add(&chunk(1, 0, 300), &[1; 200]), 0);
+        assert!(slot.complete().is_none());
+        assert_eq!(slot.add(&chunk(1, 200, 300), &[2; 100]), 0);
+        let frame = slot.complete().unwrap();
+        assert_eq!(&frame[VIRTIO_NET_HDR_LEN..][..200], &[1; 200][..]);
+        assert_eq!(&frame[VIRTIO_NET_HDR_LEN + 200..], &[2; 100][..]);
+        assert!(slot.complete().is_none(), "handed over once");
+    }
+
+    #[test]
+    fn a_lost_chunk_gives_up_its_super_packet_once() {
+        let mut slot = slot();
+        slot.add(&chunk(1, 0, 300), &[0; 100]);
+        assert_eq!(slot.add(&chunk(1, 200, 300), &[0; 100]), 1, "gap at 100");
+        assert!(slot.complete().is_none());
+        assert_eq!(
+            slot.add(&chunk(1, 250, 300), &[0; 50]),
+            0,
+            "counted already"
+        );
+        assert_eq!(slot.add(&chunk(2, 0, 100), &[0; 100]), 0);
+        assert!(slot.complete().is_some(), "the next one is whole");
+    }
+
+    #[test]
+    fn lost_tail_and_lost_head_each_count() {
+        let mut slot = slot();
+        slot.add(&chunk(1, 0, 300), &[0; 100]);
+        assert_eq!(slot.add(&chunk(2, 0, 300), &[0; 100]), 1, "1 never ended");
+        assert_eq!(
+            slot.add(&chunk(3, 100, 300), &[0; 100]),
+            2,
+            "2 never ended, 3 never began"
+        );
+        assert_eq!(slot.add(&chunk(4, 100, 300), &[0; 100]), 1, "4 never began");
+    }
+
+    #[test]
+    fn super_packets_count_as_their_segments() {
+        let mut packet = vec![0u8; 40 + 2500];
+        packet[0] = 0x45;
+        packet[32] = 5 << 4;
+        let counts = super_counts(&packet, 1000);
+        assert_eq!((counts.packets, counts.bytes), (3, 2540));
     }
 }

@@ -6,15 +6,13 @@
 //! super-packet it joins, and nothing is allocated after start-up. Only consecutive segments
 //! merge: the engines deliver a peer's GRO train in order, and a train is one flow.
 
-use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+use super::gso::{tcp_super_header, GSO_TCPV4};
+use tun_rs::VIRTIO_NET_HDR_LEN;
 
 /// A super-packet is one IPv4 packet: at most 64 KB.
 const MAX_PACKET: usize = 65535;
 const TCP_ACK: u8 = 0x10;
 const TCP_PSH: u8 = 0x08;
-const VIRTIO_NET_HDR_F_NEEDS_CSUM: u8 = 1;
-const VIRTIO_NET_HDR_GSO_TCPV4: u8 = 1;
-const TCP_CHECKSUM_OFFSET: u16 = 16;
 
 /// Buffers of virtio header + packet, ready to write, with the last one open for merging.
 pub struct Coalescer {
@@ -206,15 +204,8 @@ fn finish_super_packet(slot: &mut [u8], open: &Open) {
     packet[10..12].copy_from_slice(&ip_sum.to_be_bytes());
     let pseudo = tun_rs::checksum(&[], pseudo_header_sum(packet, total - 20));
     packet[36..38].copy_from_slice(&pseudo.to_be_bytes());
-    let header = VirtioNetHdr {
-        flags: VIRTIO_NET_HDR_F_NEEDS_CSUM,
-        gso_type: VIRTIO_NET_HDR_GSO_TCPV4,
-        hdr_len: open.headers as u16,
-        gso_size: open.gso_size as u16,
-        csum_start: 20,
-        csum_offset: TCP_CHECKSUM_OFFSET,
-    };
-    header
+    tcp_super_header(packet, GSO_TCPV4, open.gso_size as u16)
+        .expect("a merged packet has a whole TCP header")
         .encode(&mut slot[..VIRTIO_NET_HDR_LEN])
         .expect("a virtio header fits its slot");
 }
@@ -222,6 +213,7 @@ fn finish_super_packet(slot: &mut [u8], open: &Open) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tun_rs::VirtioNetHdr;
 
     /// A TCP segment 10.5.1.2:5001 -> 10.5.2.2:80 with valid checksums.
     fn segment(seq: u32, payload: &[u8], flags: u8) -> Vec<u8> {
@@ -315,7 +307,7 @@ mod tests {
         for slot in drained(&mut c) {
             let hdr = VirtioNetHdr::decode(&slot[..VIRTIO_NET_HDR_LEN]).unwrap();
             let packet = &slot[VIRTIO_NET_HDR_LEN..];
-            assert_eq!(hdr.gso_type, VIRTIO_NET_HDR_GSO_TCPV4);
+            assert_eq!(hdr.gso_type, GSO_TCPV4);
             assert_eq!(usize::from(u16::from_be_bytes([packet[2], packet[3]])), 140);
         }
     }

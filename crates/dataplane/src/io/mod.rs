@@ -3,6 +3,7 @@
 //! write hands over many packets in as few syscalls as the kernel allows.
 
 pub mod gro;
+pub mod gso;
 pub mod tun;
 pub mod udp;
 

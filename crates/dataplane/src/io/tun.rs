@@ -5,11 +5,12 @@
 //! coalesces (GRO). So one syscall moves up to 64 KB each way instead of one packet.
 
 use super::gro::Coalescer;
+use super::gso;
 use arrayvec::ArrayVec;
 use std::io;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use tun_rs::{AsyncDevice, DeviceBuilder, VIRTIO_NET_HDR_LEN};
+use tun_rs::{AsyncDevice, DeviceBuilder, VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 /// Packets per read batch: enough for a few 64 KB super-packets at the smallest useful MTU.
 pub const READ_BATCH: usize = 256;
@@ -80,7 +81,7 @@ impl Tun {
     }
 
     pub fn reader(&self, queue: usize) -> TunReader {
-        TunReader::new(self.queues[queue].clone(), self.mtu)
+        TunReader::new(self.queues[queue].clone(), self.mtu, self.offload)
     }
 
     pub fn writer(&self, queue: usize) -> TunWriter {
@@ -123,9 +124,18 @@ fn open_error(config: &TunConfig, e: io::Error) -> anyhow::Error {
 ///
 /// Keeping the packets in one buffer lets an engine send a run of equal-sized packets to one
 /// peer as a single UDP GSO send after moving them together, instead of copying each.
+///
+/// With [`TunReader::keep_whole`], a TCP super-packet is not split: the batch ends before it and
+/// [`TunReader::whole`] hands it over as read, for an engine that carries it in one piece.
 pub struct TunReader {
     dev: Arc<AsyncDevice>,
+    /// Whether reads start with a virtio-net header (offloads on).
+    vnet_hdr: bool,
+    keep_whole: bool,
+    /// One frame as read: virtio-net header and (super-)packet.
     raw: Vec<u8>,
+    /// The length of the super-packet frame in `raw` kept whole by the last batch, if any.
+    whole: Option<usize>,
     buf: Vec<u8>,
     stride: usize,
     sizes: [usize; READ_BATCH],
@@ -134,11 +144,14 @@ pub struct TunReader {
 }
 
 impl TunReader {
-    fn new(dev: Arc<AsyncDevice>, mtu: u16) -> TunReader {
+    fn new(dev: Arc<AsyncDevice>, mtu: u16, vnet_hdr: bool) -> TunReader {
         let stride = usize::from(mtu);
         TunReader {
             dev,
+            vnet_hdr,
+            keep_whole: false,
             raw: vec![0; MAX_READ],
+            whole: None,
             buf: vec![0; stride * READ_BATCH],
             stride,
             sizes: [0; READ_BATCH],
@@ -147,13 +160,20 @@ impl TunReader {
         }
     }
 
+    /// Keep TCP super-packets whole (see [`TunReader::whole`]); only possible with offloads.
+    pub fn keep_whole(&mut self, keep: bool) {
+        self.keep_whole = keep && self.vnet_hdr;
+    }
+
     /// Wait for at least one packet, then take whatever else is already queued, never waiting
-    /// for more. Returns the number of packets now in the batch.
+    /// for more. Returns the number of packets now in the batch; a super-packet kept whole
+    /// ends the batch and is not counted.
     pub async fn read_batch(&mut self) -> io::Result<usize> {
         self.len = 0;
+        self.whole = None;
         let n = self.read_into(0, ReadMode::Wait).await?;
         self.len = n;
-        while READ_BATCH - self.len >= SLOTS_PER_READ {
+        while self.whole.is_none() && READ_BATCH - self.len >= SLOTS_PER_READ {
             match self.read_into(self.len, ReadMode::NoWait).await {
                 Ok(n) => self.len += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -169,19 +189,38 @@ impl TunReader {
     }
 
     async fn read_into(&mut self, first: usize, mode: ReadMode) -> io::Result<usize> {
+        if !self.vnet_hdr {
+            let slot = &mut self.buf[first * self.stride..(first + 1) * self.stride];
+            self.sizes[first] = read(&self.dev, slot, mode).await?;
+            return Ok(1);
+        }
+        let len = read(&self.dev, &mut self.raw, mode).await?;
+        let frame = &mut self.raw[..len];
+        if self.keep_whole {
+            let hdr = gso::header(frame)?;
+            if gso::is_tcpv4_super_packet(&hdr, &frame[VIRTIO_NET_HDR_LEN..]) {
+                self.whole = Some(len);
+                return Ok(0);
+            }
+        }
         let mut slots: ArrayVec<&mut [u8], READ_BATCH> =
             self.buf.chunks_exact_mut(self.stride).skip(first).collect();
-        let sizes = &mut self.sizes[first..first + slots.len()];
-        match mode {
-            ReadMode::Wait => {
-                self.dev
-                    .recv_multiple(&mut self.raw, &mut slots, sizes, 0)
-                    .await
-            }
-            ReadMode::NoWait => self
-                .dev
-                .try_recv_multiple(&mut self.raw, &mut slots, sizes, 0),
-        }
+        gso::split(frame, &mut slots, &mut self.sizes[first..])
+    }
+
+    /// The TCP super-packet frame that ended the last batch, if one was kept whole.
+    pub fn whole(&mut self) -> Option<&mut [u8]> {
+        self.whole.map(|len| &mut self.raw[..len])
+    }
+
+    /// Split the whole super-packet after all into the batch's slots (its packets were sent):
+    /// for a peer that cannot take it whole. Returns the packets now in the batch.
+    pub fn split_whole(&mut self) -> io::Result<usize> {
+        let len = self.whole.take().unwrap_or(0);
+        let mut slots: ArrayVec<&mut [u8], READ_BATCH> =
+            self.buf.chunks_exact_mut(self.stride).collect();
+        self.len = gso::split(&mut self.raw[..len], &mut slots, &mut self.sizes)?;
+        Ok(self.len)
     }
 
     pub fn len(&self) -> usize {
@@ -225,6 +264,13 @@ impl TunReader {
     }
 }
 
+async fn read(dev: &AsyncDevice, buf: &mut [u8], mode: ReadMode) -> io::Result<usize> {
+    match mode {
+        ReadMode::Wait => dev.recv(buf).await,
+        ReadMode::NoWait => dev.try_recv(buf),
+    }
+}
+
 enum ReadMode {
     Wait,
     NoWait,
@@ -237,6 +283,9 @@ pub struct TunWriter {
     packets: Coalescer,
     /// Whether each write starts with a virtio-net header (offloads on).
     vnet_hdr: bool,
+    /// Segments of a super-packet this device cannot take whole; made on first use.
+    segments: Vec<u8>,
+    segment_sizes: Vec<usize>,
 }
 
 impl TunWriter {
@@ -245,6 +294,8 @@ impl TunWriter {
             dev,
             packets: Coalescer::new(WRITE_BATCH),
             vnet_hdr,
+            segments: Vec::new(),
+            segment_sizes: Vec::new(),
         }
     }
 
@@ -276,5 +327,34 @@ impl TunWriter {
             }
         }
         result
+    }
+
+    /// Write a TCP super-packet after everything queued, so order is kept. `frame` is room for
+    /// the virtio-net header, then the packet; `hdr` says how the kernel segments it. A device
+    /// without offloads cannot take it whole, so it is split here instead.
+    pub async fn write_super(&mut self, frame: &mut [u8], hdr: VirtioNetHdr) -> io::Result<()> {
+        let queued = self.flush().await;
+        hdr.encode(&mut frame[..VIRTIO_NET_HDR_LEN])?;
+        if self.vnet_hdr {
+            self.dev.send(frame).await?;
+        } else {
+            self.write_segments(frame).await?;
+        }
+        queued
+    }
+
+    async fn write_segments(&mut self, frame: &mut [u8]) -> io::Result<()> {
+        if self.segments.is_empty() {
+            self.segments = vec![0; 4 * MAX_READ];
+        }
+        let hdr = gso::header(frame)?;
+        let stride = usize::from(hdr.hdr_len) + usize::from(hdr.gso_size);
+        let mut slots: Vec<&mut [u8]> = self.segments.chunks_exact_mut(stride).collect();
+        self.segment_sizes.resize(slots.len(), 0);
+        let n = gso::split(frame, &mut slots, &mut self.segment_sizes)?;
+        for (slot, &len) in slots.iter().zip(&self.segment_sizes[..n]) {
+            self.dev.send(&slot[..len]).await?;
+        }
+        Ok(())
     }
 }

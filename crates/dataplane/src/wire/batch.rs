@@ -14,7 +14,10 @@ pub const DEFAULT_PORT: u16 = 8286;
 /// The first byte is not 0x4_ or 0x6_, so a bare IP packet (flannel udp) sent to this port by
 /// mistake is rejected as a bad magic, not misread.
 pub const MAGIC: [u8; 4] = *b"TWLB";
+/// The version of record datagrams.
 pub const VERSION: u8 = 1;
+/// The highest version this node reads: 2 adds chunk datagrams ([`super::chunk`]).
+pub const HIGHEST_VERSION: u8 = super::chunk::VERSION;
 pub const HEADER_LEN: usize = 12;
 pub const RECORD_PREFIX_LEN: usize = 2;
 
@@ -48,38 +51,13 @@ impl<T: AsRef<[u8]>> BatchPacket<T> {
         Ok(packet)
     }
 
-    /// Magic and version come first and before the length check: they are the bytes every
-    /// version shares, so a short datagram of another version still counts as a bad version.
     fn check(&self) -> Result<(), WireError> {
-        let data = self.buffer.as_ref();
-        if data.len() <= field::VERSION {
-            return Err(WireError::Truncated);
-        }
-        if data[field::MAGIC] != MAGIC {
-            return Err(WireError::BadMagic);
-        }
-        if data[field::VERSION] != VERSION {
-            return Err(WireError::UnsupportedVersion);
-        }
-        if data.len() < HEADER_LEN {
-            return Err(WireError::Truncated);
-        }
-        self.parse_sender().map(drop)
-    }
-
-    fn parse_sender(&self) -> Result<Ipv4Net, WireError> {
-        let data = self.buffer.as_ref();
-        let addr = Ipv4Addr::from(read_u32(data, field::SUBNET.start));
-        Ipv4Net::new(addr, data[field::PREFIX_LEN])
-            .ok()
-            .filter(|net| net.network() == addr)
-            .ok_or(WireError::BadSender)
+        check_header(self.buffer.as_ref(), VERSION)
     }
 
     /// The sender's lease subnet, to be compared with the lease of the peer it came from.
     pub fn sender(&self) -> Ipv4Net {
-        self.parse_sender()
-            .expect("sender validated by new_checked")
+        parse_sender(self.buffer.as_ref()).expect("sender validated by new_checked")
     }
 
     /// Reserved: senders write 0 and receivers ignore bits they do not know.
@@ -138,12 +116,7 @@ impl<'a> BatchWriter<'a> {
     ///
     /// Panics if `buf` is shorter than [`HEADER_LEN`]: a capacity that small is a caller bug.
     pub fn new(buf: &'a mut [u8], sender: Ipv4Net) -> Self {
-        let header = &mut buf[..HEADER_LEN];
-        header[field::MAGIC].copy_from_slice(&MAGIC);
-        header[field::VERSION] = VERSION;
-        header[field::PREFIX_LEN] = sender.prefix_len();
-        header[field::FLAGS].fill(0);
-        header[field::SUBNET].copy_from_slice(&sender.network().octets());
+        emit_header(buf, VERSION, sender);
         BatchWriter {
             buf,
             len: HEADER_LEN,
@@ -190,7 +163,53 @@ impl<'a> BatchWriter<'a> {
     }
 }
 
-fn read_u32(data: &[u8], at: usize) -> u32 {
+/// The version byte of a datagram that starts with twill's magic.
+pub fn version(data: &[u8]) -> Option<u8> {
+    (data.get(field::MAGIC) == Some(&MAGIC[..]))
+        .then(|| data.get(field::VERSION).copied())
+        .flatten()
+}
+
+/// The header every datagram starts with, whatever its version; checked in this order.
+/// Magic and version come first and before the length check: they are the bytes every
+/// version shares, so a short datagram of another version still counts as a bad version.
+pub(crate) fn check_header(data: &[u8], version: u8) -> Result<(), WireError> {
+    if data.len() <= field::VERSION {
+        return Err(WireError::Truncated);
+    }
+    if data[field::MAGIC] != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    if data[field::VERSION] != version {
+        return Err(WireError::UnsupportedVersion);
+    }
+    if data.len() < HEADER_LEN {
+        return Err(WireError::Truncated);
+    }
+    parse_sender(data).map(drop)
+}
+
+/// The sender subnet of a datagram whose header is at least [`HEADER_LEN`] long.
+pub(crate) fn parse_sender(data: &[u8]) -> Result<Ipv4Net, WireError> {
+    let addr = Ipv4Addr::from(read_u32(data, field::SUBNET.start));
+    Ipv4Net::new(addr, data[field::PREFIX_LEN])
+        .ok()
+        .filter(|net| net.network() == addr)
+        .ok_or(WireError::BadSender)
+}
+
+/// Write the header for `sender` (its network address, host bits cleared) with flags 0.
+/// Panics if `buf` is shorter than [`HEADER_LEN`]: a capacity that small is a caller bug.
+pub(crate) fn emit_header(buf: &mut [u8], version: u8, sender: Ipv4Net) {
+    let header = &mut buf[..HEADER_LEN];
+    header[field::MAGIC].copy_from_slice(&MAGIC);
+    header[field::VERSION] = version;
+    header[field::PREFIX_LEN] = sender.prefix_len();
+    header[field::FLAGS].fill(0);
+    header[field::SUBNET].copy_from_slice(&sender.network().octets());
+}
+
+pub(crate) fn read_u32(data: &[u8], at: usize) -> u32 {
     u32::from_be_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
 }
 

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod checksum;
+pub mod chunk;
 pub mod flannel;
 pub mod icmp;
 pub mod ipv4;
@@ -23,4 +24,6 @@ pub enum WireError {
     UnsupportedVersion,
     #[error("sender subnet is not a valid IPv4 network")]
     BadSender,
+    #[error("segmentation offload type or size the receiver cannot take")]
+    BadGso,
 }

@@ -1,0 +1,238 @@
+//! virtio-net headers on TUN frames: split a super-packet into packets where the wire needs
+//! them (tun-rs's `gso_split` does the segmenting), or describe a TCP super-packet that is
+//! written whole.
+//!
+//! A frame is the 10-byte virtio-net header followed by one (super-)packet, as TUN reads and
+//! writes it when offloads are on.
+
+use crate::wire::checksum;
+use std::io;
+use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+
+pub const NEEDS_CSUM: u8 = 1;
+pub const GSO_NONE: u8 = 0;
+pub const GSO_TCPV4: u8 = 1;
+pub const GSO_UDP_L4: u8 = 5;
+pub const GSO_ECN: u8 = 0x80;
+pub const TCP_CHECKSUM_OFFSET: u16 = 16;
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// The header of a frame; errors if the frame is no longer than a header.
+pub fn header(frame: &[u8]) -> io::Result<VirtioNetHdr> {
+    if frame.len() <= VIRTIO_NET_HDR_LEN {
+        return Err(invalid("TUN frame shorter than its virtio-net header"));
+    }
+    VirtioNetHdr::decode(&frame[..VIRTIO_NET_HDR_LEN])
+}
+
+/// A TCP/IPv4 super-packet whose TCP checksum the kernel left to the segmenter (CHECKSUM_PARTIAL
+/// at the usual place): it can be carried whole and handed to the far kernel as it is.
+pub fn is_tcpv4_super_packet(hdr: &VirtioNetHdr, packet: &[u8]) -> bool {
+    let Some(&first) = packet.first() else {
+        return false;
+    };
+    let ihl = usize::from(first & 0x0f) * 4;
+    hdr.gso_type & !GSO_ECN == GSO_TCPV4
+        && hdr.gso_size > 0
+        && hdr.flags & NEEDS_CSUM != 0
+        && first >> 4 == 4
+        && usize::from(hdr.csum_start) == ihl
+        && hdr.csum_offset == TCP_CHECKSUM_OFFSET
+        && tcp_headers_end(packet, ihl).is_some()
+}
+
+/// Where the TCP header of `packet` (IP header `ihl` bytes) ends, if it is whole and sane.
+pub fn tcp_headers_end(packet: &[u8], ihl: usize) -> Option<usize> {
+    let tcp_len = usize::from(*packet.get(ihl + 12)? >> 4) * 4;
+    let end = ihl + tcp_len;
+    ((20..=60).contains(&tcp_len) && end <= packet.len()).then_some(end)
+}
+
+/// The header that asks the kernel to segment a TCP/IPv4 super-packet at `gso_size` bytes of
+/// payload and fill in every segment's checksum; the TCP checksum field must hold the
+/// pseudo-header sum. None if `packet` has no whole TCP header.
+pub fn tcp_super_header(packet: &[u8], gso_type: u8, gso_size: u16) -> Option<VirtioNetHdr> {
+    let ihl = usize::from(packet.first()? & 0x0f) * 4;
+    let end = tcp_headers_end(packet, ihl)?;
+    Some(VirtioNetHdr {
+        flags: NEEDS_CSUM,
+        gso_type,
+        hdr_len: end as u16,
+        gso_size,
+        csum_start: ihl as u16,
+        csum_offset: TCP_CHECKSUM_OFFSET,
+    })
+}
+
+/// Split `frame` into packets, one per slot, as the wire needs them: a plain packet gets its
+/// checksum finished, a super-packet is segmented. Returns the number of packets; `sizes[i]` is
+/// the length of the packet in `slots[i]`.
+pub fn split<B: AsRef<[u8]> + AsMut<[u8]>>(
+    frame: &mut [u8],
+    slots: &mut [B],
+    sizes: &mut [usize],
+) -> io::Result<usize> {
+    let mut hdr = header(frame)?;
+    let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
+    if hdr.gso_type == GSO_NONE {
+        if hdr.flags & NEEDS_CSUM != 0 {
+            finish_checksum(packet, &hdr)?;
+        }
+        let slot = slots
+            .first_mut()
+            .and_then(|s| s.as_mut().get_mut(..packet.len()))
+            .ok_or_else(|| invalid("TUN packet longer than its slot"))?;
+        slot.copy_from_slice(packet);
+        sizes[0] = packet.len();
+        return Ok(1);
+    }
+    if hdr.gso_size == 0 {
+        return Err(invalid("super-packet with a zero segment size"));
+    }
+    let is_v6 = match packet[0] >> 4 {
+        4 => false,
+        6 => true,
+        _ => return Err(invalid("super-packet that is neither IPv4 nor IPv6")),
+    };
+    // The kernel's hdr_len can cover the whole first packet on a forwarding path, so it is
+    // worked out from the transport header, as wireguard-go and tun-rs do.
+    let start = usize::from(hdr.csum_start);
+    let end = if hdr.gso_type & !GSO_ECN == GSO_UDP_L4 {
+        Some(start + 8).filter(|&end| end <= packet.len())
+    } else {
+        tcp_headers_end(packet, start)
+    };
+    hdr.hdr_len = end.ok_or_else(|| invalid("super-packet with a broken transport header"))? as u16;
+    tun_rs::gso_split(packet, hdr, slots, sizes, 0, is_v6)
+}
+
+/// CHECKSUM_PARTIAL: the field at csum_start + csum_offset holds the pseudo-header sum, and
+/// the sum over everything from csum_start completes it.
+fn finish_checksum(packet: &mut [u8], hdr: &VirtioNetHdr) -> io::Result<()> {
+    let start = usize::from(hdr.csum_start);
+    let at = start + usize::from(hdr.csum_offset);
+    if at + 2 > packet.len() {
+        return Err(invalid("checksum field past the end of the packet"));
+    }
+    let sum = !checksum::fold(checksum::sum(&packet[start..]));
+    packet[at..at + 2].copy_from_slice(&sum.to_be_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::ipv4::Ipv4Packet;
+
+    /// A TCP/IPv4 packet 10.5.1.2 -> 10.5.2.2 with `payload` bytes and the pseudo-header sum in
+    /// its checksum field, as TUN hands out a CHECKSUM_PARTIAL packet.
+    fn partial_tcp(payload: usize) -> Vec<u8> {
+        let total = 40 + payload;
+        let mut p = vec![0u8; total];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&[10, 5, 1, 2]);
+        p[16..20].copy_from_slice(&[10, 5, 2, 2]);
+        let ip_sum = checksum::compute(&p[..20]);
+        p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+        p[32] = 5 << 4;
+        p[33] = 0x10;
+        for (i, b) in p[40..].iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let pseudo = checksum::sum(&p[12..20]) + 6 + (total as u32 - 20);
+        p[36..38].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+        p
+    }
+
+    fn frame(hdr: VirtioNetHdr, packet: &[u8]) -> Vec<u8> {
+        let mut f = vec![0; VIRTIO_NET_HDR_LEN];
+        hdr.encode(&mut f).unwrap();
+        f.extend_from_slice(packet);
+        f
+    }
+
+    fn tcp_valid(p: &[u8]) -> bool {
+        let pseudo = checksum::sum(&p[12..20]) + 6 + (p.len() as u32 - 20);
+        checksum::fold(pseudo + checksum::sum(&p[20..])) == 0xffff
+    }
+
+    #[test]
+    fn plain_partial_packet_gets_its_checksum() {
+        let packet = partial_tcp(100);
+        let hdr = tcp_super_header(&packet, GSO_NONE, 0).unwrap();
+        let mut f = frame(hdr, &packet);
+        let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 2], [0; 2]);
+        assert_eq!(split(&mut f, &mut slots, &mut sizes).unwrap(), 1);
+        assert!(tcp_valid(&slots[0][..sizes[0]]));
+    }
+
+    #[test]
+    fn super_packet_splits_into_valid_segments() {
+        let packet = partial_tcp(3000);
+        let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
+        assert!(is_tcpv4_super_packet(&hdr, &packet));
+        let mut f = frame(hdr, &packet);
+        let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 4], [0; 4]);
+        assert_eq!(split(&mut f, &mut slots, &mut sizes).unwrap(), 3);
+        assert_eq!(sizes[..3], [1440, 1440, 240]);
+        let mut payload = Vec::new();
+        for (slot, &len) in slots.iter().zip(&sizes[..3]) {
+            let seg = &slot[..len];
+            assert!(tcp_valid(seg));
+            assert!(Ipv4Packet::new_checked(seg).unwrap().verify_checksum());
+            payload.extend_from_slice(&seg[40..]);
+        }
+        assert_eq!(payload, packet[40..]);
+    }
+
+    #[test]
+    fn broken_frames_are_errors_not_panics() {
+        let packet = partial_tcp(3000);
+        let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
+        let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 4], [0; 4]);
+        assert!(split(&mut [0; 10], &mut slots, &mut sizes).is_err());
+        let mut short = frame(hdr, &packet[..30]);
+        assert!(split(&mut short, &mut slots, &mut sizes).is_err());
+        let mut too_many = frame(
+            VirtioNetHdr {
+                gso_size: 100,
+                ..hdr
+            },
+            &packet,
+        );
+        assert!(split(&mut too_many, &mut slots, &mut sizes).is_err());
+        let mut bad_offset = frame(
+            VirtioNetHdr {
+                gso_type: GSO_NONE,
+                csum_offset: 5000,
+                ..hdr
+            },
+            &packet,
+        );
+        assert!(split(&mut bad_offset, &mut slots, &mut sizes).is_err());
+    }
+
+    #[test]
+    fn only_tcpv4_partial_super_packets_travel_whole() {
+        let packet = partial_tcp(3000);
+        let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
+        assert!(!is_tcpv4_super_packet(
+            &VirtioNetHdr { flags: 0, ..hdr },
+            &packet
+        ));
+        assert!(!is_tcpv4_super_packet(
+            &VirtioNetHdr {
+                gso_type: GSO_UDP_L4,
+                ..hdr
+            },
+            &packet
+        ));
+        assert!(!is_tcpv4_super_packet(&hdr, &packet[..30]));
+    }
+}
