@@ -15,8 +15,11 @@ use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 use twill_dataplane::engine;
+use twill_dataplane::io::gro::Coalescer;
+use twill_dataplane::io::gso;
 use twill_dataplane::table::{PeerSpec, PeerTable};
 use twill_dataplane::wire::batch::{BatchPacket, BatchWriter};
+use twill_dataplane::wire::chunk::{ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
 use twill_dataplane::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_UDP};
 use twill_dataplane::wire::{checksum, flannel};
 
@@ -40,6 +43,7 @@ fn main() {
     flannel_udp(&mut c);
     batch(&mut c);
     peer_table(&mut c);
+    super_packet(&mut c);
     devices::bench(&mut c);
     c.final_summary();
 }
@@ -214,4 +218,94 @@ fn peer_table(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// The MSS of a TCP stream over the batch engine's TUN (MTU 1458) and the segments of a
+/// 64 KB super-packet at that MSS.
+const MSS: usize = 1418;
+const SUPER_SEGMENTS: usize = 46;
+
+/// A TCP/IPv4 super-packet frame as TUN reads it with TSO: virtio-net header, then one packet
+/// of `SUPER_SEGMENTS` MSS-sized segments with the pseudo-header sum in its checksum field.
+fn tcp_super_frame() -> Vec<u8> {
+    let total = 40 + SUPER_SEGMENTS * MSS;
+    let mut p = vec![0u8; total];
+    p[0] = 0x45;
+    p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    p[6] = 0x40;
+    p[8] = 64;
+    p[9] = 6;
+    p[12..16].copy_from_slice(&[10, 0, 1, 2]);
+    p[16..20].copy_from_slice(&[10, 0, 2, 2]);
+    let ip_sum = checksum::compute(&p[..20]);
+    p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+    p[32] = 5 << 4;
+    p[33] = 0x10;
+    StdRng::seed_from_u64(7).fill(&mut p[40..]);
+    let pseudo = checksum::sum(&p[12..20]) + 6 + (total as u32 - 20);
+    p[36..38].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
+    let hdr = gso::tcp_super_header(&p, gso::GSO_TCPV4, MSS as u16).expect("TCP header");
+    let mut frame = vec![0u8; gso::VIRTIO_NET_HDR_LEN];
+    hdr.encode(&mut frame).expect("header fits");
+    frame.extend_from_slice(&p);
+    frame
+}
+
+/// What each end does in userspace with one 64 KB TCP super-packet, per segment: split it into
+/// packets and coalesce them again (udp, batch v1), or cut it into chunks and lay them out
+/// again (batch v2). The syscalls are the same size either way, so they are left out.
+fn super_packet(c: &mut Criterion) {
+    let frame = tcp_super_frame();
+    let mut group = c.benchmark_group("super_packet");
+    group.throughput(Throughput::Elements(SUPER_SEGMENTS as u64));
+    let mut slots = vec![vec![0u8; MTU]; 64];
+    let mut sizes = [0usize; 64];
+    let mut coalescer = Coalescer::new(128);
+    group.bench_function("split+coalesce/64KB", |b| {
+        b.iter_batched_ref(
+            || frame.clone(),
+            |frame| {
+                let n = gso::split(frame, &mut slots, &mut sizes).expect("split");
+                for (slot, &len) in slots.iter().zip(&sizes[..n]) {
+                    coalescer.push(&slot[..len], true);
+                }
+                coalescer.drain().map(<[u8]>::len).sum::<usize>()
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let mut train = vec![0u8; 2 * 65535];
+    let mut reassembled = vec![0u8; frame.len()];
+    group.bench_function("chunk+reassemble/64KB", |b| {
+        b.iter(|| chunk_and_reassemble(black_box(&frame), &mut train, &mut reassembled))
+    });
+    group.finish();
+}
+
+/// The sender's `send_chunks` and the receiver's reassembly, without the engines around them.
+fn chunk_and_reassemble(frame: &[u8], train: &mut [u8], out: &mut [u8]) -> usize {
+    let packet = &frame[gso::VIRTIO_NET_HDR_LEN..];
+    let mut repr = ChunkRepr {
+        sender: subnet(1),
+        seq: 0,
+        total: packet.len() as u16,
+        offset: 0,
+        gso_size: MSS as u16,
+        gso_type: gso::GSO_TCPV4,
+        stream: 0,
+    };
+    let mut end = 0;
+    for part in packet.chunks(BATCH_CAPACITY - CHUNK_HEADER_LEN) {
+        let datagram = &mut train[end..end + CHUNK_HEADER_LEN + part.len()];
+        repr.emit(datagram);
+        datagram[CHUNK_HEADER_LEN..].copy_from_slice(part);
+        repr.offset += part.len() as u16;
+        end += datagram.len();
+    }
+    for datagram in train[..end].chunks(BATCH_CAPACITY) {
+        let chunk = ChunkPacket::new_checked(datagram).expect("valid chunk");
+        let at = usize::from(chunk.repr().offset);
+        out[at..at + chunk.payload().len()].copy_from_slice(chunk.payload());
+    }
+    end
 }

@@ -7,7 +7,8 @@
 
 use crate::wire::checksum;
 use std::io;
-use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+use tun_rs::VirtioNetHdr;
+pub use tun_rs::VIRTIO_NET_HDR_LEN;
 
 pub const NEEDS_CSUM: u8 = 1;
 pub const GSO_NONE: u8 = 0;
