@@ -21,7 +21,7 @@ use twill_dataplane::table::{PeerSpec, PeerTable};
 use twill_dataplane::wire::batch::{BatchPacket, BatchWriter};
 use twill_dataplane::wire::chunk::{ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
 use twill_dataplane::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_UDP};
-use twill_dataplane::wire::{checksum, flannel};
+use twill_dataplane::wire::{checksum, flannel, virtio};
 
 /// A bulk packet, as fast-path.md counts them.
 const BULK: usize = 1400;
@@ -244,7 +244,7 @@ fn tcp_super_frame() -> Vec<u8> {
     StdRng::seed_from_u64(7).fill(&mut p[40..]);
     let pseudo = checksum::sum(&p[12..20]) + 6 + (total as u32 - 20);
     p[36..38].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
-    let hdr = gso::tcp_super_header(&p, gso::GSO_TCPV4, MSS as u16).expect("TCP header");
+    let hdr = gso::tcp_super_header(&p, virtio::GSO_TCPV4, MSS as u16).expect("TCP header");
     let mut frame = vec![0u8; gso::VIRTIO_NET_HDR_LEN];
     hdr.encode(&mut frame).expect("header fits");
     frame.extend_from_slice(&p);
@@ -291,7 +291,7 @@ fn chunk_and_reassemble(frame: &[u8], train: &mut [u8], out: &mut [u8]) -> usize
         total: packet.len() as u16,
         offset: 0,
         gso_size: MSS as u16,
-        gso_type: gso::GSO_TCPV4,
+        gso_type: virtio::GSO_TCPV4,
         stream: 0,
     };
     let mut end = 0;

@@ -8,7 +8,8 @@ use common::*;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Duration;
 use twill_dataplane::wire::batch::{BatchWriter, DEFAULT_PORT};
-use twill_dataplane::wire::chunk::{ChunkRepr, CHUNK_HEADER_LEN, GSO_TCPV4};
+use twill_dataplane::wire::chunk::{ChunkRepr, CHUNK_HEADER_LEN};
+use twill_dataplane::wire::virtio::GSO_TCPV4;
 
 const BATCH: [&str; 2] = ["--backend", "batch"];
 

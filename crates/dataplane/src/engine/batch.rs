@@ -985,7 +985,7 @@ mod tests {
             total,
             offset,
             gso_size: 1000,
-            gso_type: chunk::GSO_TCPV4,
+            gso_type: crate::wire::virtio::GSO_TCPV4,
             stream: 0,
         }
     }

@@ -6,7 +6,8 @@
 //! super-packet it joins, and nothing is allocated after start-up. Only consecutive segments
 //! merge: the engines deliver a peer's GRO train in order, and a train is one flow.
 
-use super::gso::{tcp_super_header, GSO_TCPV4};
+use super::gso::tcp_super_header;
+use crate::wire::virtio::GSO_TCPV4;
 use tun_rs::VIRTIO_NET_HDR_LEN;
 
 /// A super-packet is one IPv4 packet: at most 64 KB.

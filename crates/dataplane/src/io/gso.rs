@@ -6,16 +6,10 @@
 //! writes it when offloads are on.
 
 use crate::wire::checksum;
+use crate::wire::virtio::{self, GSO_ECN, GSO_NONE, GSO_UDP_L4, NEEDS_CSUM, TCP_CHECKSUM_OFFSET};
 use std::io;
 use tun_rs::VirtioNetHdr;
 pub use tun_rs::VIRTIO_NET_HDR_LEN;
-
-pub const NEEDS_CSUM: u8 = 1;
-pub const GSO_NONE: u8 = 0;
-pub const GSO_TCPV4: u8 = 1;
-pub const GSO_UDP_L4: u8 = 5;
-pub const GSO_ECN: u8 = 0x80;
-pub const TCP_CHECKSUM_OFFSET: u16 = 16;
 
 fn invalid(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
@@ -36,7 +30,7 @@ pub fn is_tcpv4_super_packet(hdr: &VirtioNetHdr, packet: &[u8]) -> bool {
         return false;
     };
     let ihl = usize::from(first & 0x0f) * 4;
-    hdr.gso_type & !GSO_ECN == GSO_TCPV4
+    virtio::is_tcpv4(hdr.gso_type)
         && hdr.gso_size > 0
         && hdr.flags & NEEDS_CSUM != 0
         && first >> 4 == 4
@@ -127,6 +121,7 @@ fn finish_checksum(packet: &mut [u8], hdr: &VirtioNetHdr) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::wire::ipv4::Ipv4Packet;
+    use crate::wire::virtio::GSO_TCPV4;
 
     /// A TCP/IPv4 packet 10.5.1.2 -> 10.5.2.2 with `payload` bytes and the pseudo-header sum in
     /// its checksum field, as TUN hands out a CHECKSUM_PARTIAL packet.

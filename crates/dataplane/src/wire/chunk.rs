@@ -3,14 +3,11 @@
 //! Layout and receiver rules: docs/batch-protocol.md, "Version 2".
 
 use super::batch::{check_header, emit_header, parse_sender, read_u32, HEADER_LEN};
-use super::WireError;
+use super::{virtio, WireError};
 use ipnet::Ipv4Net;
 
 pub const VERSION: u8 = 2;
 pub const CHUNK_HEADER_LEN: usize = HEADER_LEN + 12;
-/// virtio-net GSO types a chunk may carry: TCP over IPv4, with or without the ECN bit.
-pub const GSO_TCPV4: u8 = 1;
-pub const GSO_ECN: u8 = 0x80;
 /// The smallest super-packet: an IPv4 header and a TCP header.
 const MIN_TOTAL: usize = 40;
 
@@ -74,7 +71,8 @@ impl<T: AsRef<[u8]>> ChunkPacket<T> {
         if usize::from(repr.total) < MIN_TOTAL || end > usize::from(repr.total) {
             return Err(WireError::BadLength);
         }
-        if repr.gso_type & !GSO_ECN != GSO_TCPV4 || repr.gso_size == 0 {
+        // The only super-packets a chunk carries: TCP over IPv4, with or without ECN.
+        if !virtio::is_tcpv4(repr.gso_type) || repr.gso_size == 0 {
             return Err(WireError::BadGso);
         }
         Ok(packet)
@@ -103,6 +101,7 @@ impl<T: AsRef<[u8]>> ChunkPacket<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::virtio::{GSO_ECN, GSO_TCPV4};
 
     fn repr() -> ChunkRepr {
         ChunkRepr {

@@ -8,6 +8,7 @@ pub mod chunk;
 pub mod flannel;
 pub mod icmp;
 pub mod ipv4;
+pub mod virtio;
 
 /// Why a packet or datagram was rejected by a decoder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
