@@ -305,7 +305,7 @@ impl Sender {
     /// split into packets like any other to one that does not (or to no peer at all).
     async fn send_whole(&mut self, reader: &mut TunReader, icmp: &mut TunWriter) {
         let table = self.link.io.table.load();
-        let frame = reader
+        let (hdr, frame) = reader
             .whole()
             .expect("called only with a whole super-packet");
         let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
@@ -328,12 +328,11 @@ impl Sender {
         if self.held.deadline.is_some() {
             self.send_held().await;
         }
-        self.send_chunks(frame, peer).await;
+        self.send_chunks(&hdr, frame, peer).await;
     }
 
     /// Cut a super-packet frame into chunk datagrams filling the path MTU, sent as GSO trains.
-    async fn send_chunks(&mut self, frame: &[u8], peer: &Peer) {
-        let Ok(hdr) = gso::header(frame) else { return };
+    async fn send_chunks(&mut self, hdr: &VirtioNetHdr, frame: &[u8], peer: &Peer) {
         let packet = &frame[VIRTIO_NET_HDR_LEN..];
         let capacity = self.link.path.capacity();
         let mut chunk = ChunkRepr {

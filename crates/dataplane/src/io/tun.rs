@@ -134,8 +134,8 @@ pub struct TunReader {
     keep_whole: bool,
     /// One frame as read: virtio-net header and (super-)packet.
     raw: Vec<u8>,
-    /// The length of the super-packet frame in `raw` kept whole by the last batch, if any.
-    whole: Option<usize>,
+    /// The header and length of the super-packet frame in `raw` kept whole by the last batch.
+    whole: Option<(VirtioNetHdr, usize)>,
     buf: Vec<u8>,
     stride: usize,
     sizes: [usize; READ_BATCH],
@@ -199,7 +199,7 @@ impl TunReader {
         if self.keep_whole {
             let hdr = gso::header(frame)?;
             if gso::is_tcpv4_super_packet(&hdr, &frame[VIRTIO_NET_HDR_LEN..]) {
-                self.whole = Some(len);
+                self.whole = Some((hdr, len));
                 return Ok(0);
             }
         }
@@ -208,15 +208,16 @@ impl TunReader {
         gso::split(frame, &mut slots, &mut self.sizes[first..])
     }
 
-    /// The TCP super-packet frame that ended the last batch, if one was kept whole.
-    pub fn whole(&mut self) -> Option<&mut [u8]> {
-        self.whole.map(|len| &mut self.raw[..len])
+    /// The TCP super-packet frame that ended the last batch, if one was kept whole, with its
+    /// virtio-net header decoded.
+    pub fn whole(&mut self) -> Option<(VirtioNetHdr, &mut [u8])> {
+        self.whole.map(|(hdr, len)| (hdr, &mut self.raw[..len]))
     }
 
     /// Split the whole super-packet after all into the batch's slots (its packets were sent):
     /// for a peer that cannot take it whole. Returns the packets now in the batch.
     pub fn split_whole(&mut self) -> io::Result<usize> {
-        let len = self.whole.take().unwrap_or(0);
+        let len = self.whole.take().map_or(0, |(_, len)| len);
         let mut slots: ArrayVec<&mut [u8], READ_BATCH> =
             self.buf.chunks_exact_mut(self.stride).collect();
         self.len = gso::split(&mut self.raw[..len], &mut slots, &mut self.sizes)?;
