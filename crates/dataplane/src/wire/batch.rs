@@ -165,9 +165,8 @@ impl<'a> BatchWriter<'a> {
 
 /// The version byte of a datagram that starts with twill's magic.
 pub fn version(data: &[u8]) -> Option<u8> {
-    (data.get(field::MAGIC) == Some(&MAGIC[..]))
-        .then(|| data.get(field::VERSION).copied())
-        .flatten()
+    data.starts_with(&MAGIC)
+        .then(|| data.get(field::VERSION).copied())?
 }
 
 /// The header every datagram starts with, whatever its version; checked in this order.
@@ -255,6 +254,14 @@ mod tests {
         assert_eq!(batch.sender(), sender());
         assert_eq!(batch.flags(), 0);
         assert_eq!(records(&wire), vec![Ok(a), Ok(b)]);
+    }
+
+    #[test]
+    fn version_is_read_only_behind_the_magic() {
+        assert_eq!(version(&datagram(&[])), Some(VERSION));
+        assert_eq!(version(&inner(10)), None, "a bare IPv4 packet");
+        assert_eq!(version(b"TWLB"), None, "no version byte");
+        assert_eq!(version(b"TWLX\x02"), None);
     }
 
     #[test]
