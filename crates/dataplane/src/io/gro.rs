@@ -184,7 +184,8 @@ fn same_flow(a: &[u8], b: &[u8], headers: usize) -> bool {
         && a[40..headers] == b[40..headers]
 }
 
-fn tcp_checksum_valid(packet: &[u8]) -> bool {
+/// Whether the TCP checksum of `packet` (IPv4 with a 20-byte header) verifies.
+pub(crate) fn tcp_checksum_valid(packet: &[u8]) -> bool {
     let tcp_len = packet.len() - 20;
     tun_rs::checksum(&packet[20..], pseudo_header_sum(packet, tcp_len)) == 0xffff
 }
@@ -214,32 +215,8 @@ fn finish_super_packet(slot: &mut [u8], open: &Open) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::ipv4::test_tcp_segment;
     use tun_rs::VirtioNetHdr;
-
-    /// A TCP segment 10.5.1.2:5001 -> 10.5.2.2:80 with valid checksums.
-    fn segment(seq: u32, payload: &[u8], flags: u8) -> Vec<u8> {
-        let total = 40 + payload.len();
-        let mut p = vec![0u8; total];
-        p[0] = 0x45;
-        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        p[6] = 0x40;
-        p[8] = 62;
-        p[9] = 6;
-        p[12..16].copy_from_slice(&[10, 5, 1, 2]);
-        p[16..20].copy_from_slice(&[10, 5, 2, 2]);
-        let ip_sum = !tun_rs::checksum(&p[..20], 0);
-        p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
-        p[20..22].copy_from_slice(&5001u16.to_be_bytes());
-        p[22..24].copy_from_slice(&80u16.to_be_bytes());
-        p[24..28].copy_from_slice(&seq.to_be_bytes());
-        p[32] = 5 << 4;
-        p[33] = flags;
-        p[34..36].copy_from_slice(&512u16.to_be_bytes());
-        p[40..].copy_from_slice(payload);
-        let sum = !tun_rs::checksum(&p[20..], pseudo_header_sum(&p, total - 20));
-        p[36..38].copy_from_slice(&sum.to_be_bytes());
-        p
-    }
 
     fn drained(c: &mut Coalescer) -> Vec<Vec<u8>> {
         c.drain().map(<[u8]>::to_vec).collect()
@@ -251,7 +228,7 @@ mod tests {
         let payloads: [&[u8]; 3] = [&[1; 100], &[2; 100], &[3; 40]];
         let mut seq = 1000;
         for p in payloads {
-            c.push(&segment(seq, p, TCP_ACK), true);
+            c.push(&test_tcp_segment(seq, p, TCP_ACK), true);
             seq += p.len() as u32;
         }
         let out = drained(&mut c);
@@ -271,13 +248,13 @@ mod tests {
     #[test]
     fn a_gap_psh_or_other_flow_starts_a_new_packet() {
         let mut c = Coalescer::new(8);
-        c.push(&segment(0, &[0; 50], TCP_ACK | TCP_PSH), true);
-        c.push(&segment(50, &[0; 50], TCP_ACK), true);
-        c.push(&segment(999, &[0; 50], TCP_ACK), true);
-        let mut other = segment(1049, &[0; 50], TCP_ACK);
+        c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK | TCP_PSH), true);
+        c.push(&test_tcp_segment(50, &[0; 50], TCP_ACK), true);
+        c.push(&test_tcp_segment(999, &[0; 50], TCP_ACK), true);
+        let mut other = test_tcp_segment(1049, &[0; 50], TCP_ACK);
         other[22..24].copy_from_slice(&81u16.to_be_bytes());
         c.push(&other, true);
-        c.push(&segment(2000, &[], TCP_ACK), true);
+        c.push(&test_tcp_segment(2000, &[], TCP_ACK), true);
         let out = drained(&mut c);
         assert_eq!(out.len(), 5);
         for slot in &out {
@@ -289,8 +266,8 @@ mod tests {
     #[test]
     fn a_segment_with_a_bad_checksum_is_not_merged() {
         let mut c = Coalescer::new(4);
-        c.push(&segment(0, &[7; 64], TCP_ACK), true);
-        let mut bad = segment(64, &[7; 64], TCP_ACK);
+        c.push(&test_tcp_segment(0, &[7; 64], TCP_ACK), true);
+        let mut bad = test_tcp_segment(64, &[7; 64], TCP_ACK);
         bad[60] ^= 0xff;
         c.push(&bad, true);
         let out = drained(&mut c);
@@ -301,10 +278,10 @@ mod tests {
     #[test]
     fn every_super_packet_is_sealed_not_only_the_last() {
         let mut c = Coalescer::new(4);
-        c.push(&segment(0, &[1; 50], TCP_ACK), true);
-        c.push(&segment(50, &[1; 50], TCP_ACK | TCP_PSH), true);
-        c.push(&segment(100, &[2; 50], TCP_ACK), true);
-        c.push(&segment(150, &[2; 50], TCP_ACK), true);
+        c.push(&test_tcp_segment(0, &[1; 50], TCP_ACK), true);
+        c.push(&test_tcp_segment(50, &[1; 50], TCP_ACK | TCP_PSH), true);
+        c.push(&test_tcp_segment(100, &[2; 50], TCP_ACK), true);
+        c.push(&test_tcp_segment(150, &[2; 50], TCP_ACK), true);
         for slot in drained(&mut c) {
             let hdr = VirtioNetHdr::decode(&slot[..VIRTIO_NET_HDR_LEN]).unwrap();
             let packet = &slot[VIRTIO_NET_HDR_LEN..];
@@ -316,8 +293,8 @@ mod tests {
     #[test]
     fn longer_segment_ends_the_train() {
         let mut c = Coalescer::new(4);
-        c.push(&segment(0, &[0; 50], TCP_ACK), true);
-        c.push(&segment(50, &[0; 60], TCP_ACK), true);
+        c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK), true);
+        c.push(&test_tcp_segment(50, &[0; 60], TCP_ACK), true);
         assert_eq!(drained(&mut c).len(), 2);
     }
 }

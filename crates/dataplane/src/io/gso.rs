@@ -120,28 +120,16 @@ fn finish_checksum(packet: &mut [u8], hdr: &VirtioNetHdr) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::ipv4::Ipv4Packet;
+    use crate::io::gro::tcp_checksum_valid;
+    use crate::wire::ipv4::{test_tcp_segment, Ipv4Packet};
     use crate::wire::virtio::GSO_TCPV4;
 
-    /// A TCP/IPv4 packet 10.5.1.2 -> 10.5.2.2 with `payload` bytes and the pseudo-header sum in
-    /// its checksum field, as TUN hands out a CHECKSUM_PARTIAL packet.
+    /// A TCP/IPv4 packet with `payload` bytes and the pseudo-header sum in its checksum field,
+    /// as TUN hands out a CHECKSUM_PARTIAL packet.
     fn partial_tcp(payload: usize) -> Vec<u8> {
-        let total = 40 + payload;
-        let mut p = vec![0u8; total];
-        p[0] = 0x45;
-        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-        p[8] = 64;
-        p[9] = 6;
-        p[12..16].copy_from_slice(&[10, 5, 1, 2]);
-        p[16..20].copy_from_slice(&[10, 5, 2, 2]);
-        let ip_sum = checksum::compute(&p[..20]);
-        p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
-        p[32] = 5 << 4;
-        p[33] = 0x10;
-        for (i, b) in p[40..].iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let pseudo = checksum::sum(&p[12..20]) + 6 + (total as u32 - 20);
+        let bytes: Vec<u8> = (0..payload).map(|i| i as u8).collect();
+        let mut p = test_tcp_segment(0, &bytes, 0x10);
+        let pseudo = checksum::sum(&p[12..20]) + 6 + (p.len() as u32 - 20);
         p[36..38].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
         p
     }
@@ -153,11 +141,6 @@ mod tests {
         f
     }
 
-    fn tcp_valid(p: &[u8]) -> bool {
-        let pseudo = checksum::sum(&p[12..20]) + 6 + (p.len() as u32 - 20);
-        checksum::fold(pseudo + checksum::sum(&p[20..])) == 0xffff
-    }
-
     #[test]
     fn plain_partial_packet_gets_its_checksum() {
         let packet = partial_tcp(100);
@@ -165,7 +148,7 @@ mod tests {
         let mut f = frame(hdr, &packet);
         let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 2], [0; 2]);
         assert_eq!(split(&mut f, &mut slots, &mut sizes).unwrap(), 1);
-        assert!(tcp_valid(&slots[0][..sizes[0]]));
+        assert!(tcp_checksum_valid(&slots[0][..sizes[0]]));
     }
 
     #[test]
@@ -180,7 +163,7 @@ mod tests {
         let mut payload = Vec::new();
         for (slot, &len) in slots.iter().zip(&sizes[..3]) {
             let seg = &slot[..len];
-            assert!(tcp_valid(seg));
+            assert!(tcp_checksum_valid(seg));
             assert!(Ipv4Packet::new_checked(seg).unwrap().verify_checksum());
             payload.extend_from_slice(&seg[40..]);
         }

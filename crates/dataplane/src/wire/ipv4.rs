@@ -201,6 +201,32 @@ pub(crate) fn test_packet(payload_len: usize, ttl: u8, fill: u8) -> Vec<u8> {
     buf
 }
 
+/// A TCP segment 10.5.1.2:5001 -> 10.5.2.2:80 carrying `payload`, with valid checksums.
+#[cfg(test)]
+pub(crate) fn test_tcp_segment(seq: u32, payload: &[u8], flags: u8) -> Vec<u8> {
+    use super::checksum;
+    let repr = Ipv4Repr {
+        src: Ipv4Addr::new(10, 5, 1, 2),
+        dst: Ipv4Addr::new(10, 5, 2, 2),
+        protocol: PROTO_TCP,
+        ttl: 62,
+        payload_len: 20 + payload.len(),
+    };
+    let mut p = vec![0u8; repr.total_len()];
+    repr.emit(&mut p).unwrap();
+    p[20..22].copy_from_slice(&5001u16.to_be_bytes());
+    p[22..24].copy_from_slice(&80u16.to_be_bytes());
+    p[24..28].copy_from_slice(&seq.to_be_bytes());
+    p[32] = 5 << 4;
+    p[33] = flags;
+    p[34..36].copy_from_slice(&512u16.to_be_bytes());
+    p[40..].copy_from_slice(payload);
+    let pseudo = checksum::sum(&p[12..20]) + u32::from(PROTO_TCP) + repr.payload_len as u32;
+    let sum = !checksum::fold(pseudo + checksum::sum(&p[20..]));
+    p[36..38].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
