@@ -14,7 +14,7 @@ use crate::io::gso;
 use crate::io::tun::READ_BATCH;
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
-use crate::stats::{DropReason, DropTally};
+use crate::stats::{DropReason, DropTally, EngineStats};
 use crate::table::{Peer, PeerTable};
 use crate::wire::batch::{self, BatchPacket, BatchWriter, Records, OVERHEAD, RECORD_PREFIX_LEN};
 use crate::wire::chunk::{self, ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
@@ -107,6 +107,8 @@ struct Counts {
     datagrams: u64,
     packets: u64,
     bytes: u64,
+    /// TCP super-packets carried whole (their segments count in `packets` too).
+    super_packets: u64,
 }
 
 impl AddAssign for Counts {
@@ -114,6 +116,25 @@ impl AddAssign for Counts {
         self.datagrams += other.datagrams;
         self.packets += other.packets;
         self.bytes += other.bytes;
+        self.super_packets += other.super_packets;
+    }
+}
+
+impl Counts {
+    fn publish_tx(&self, stats: &EngineStats) {
+        stats.tx.add(self.packets, self.bytes);
+        stats.tx_datagrams.fetch_add(self.datagrams, Relaxed);
+        stats
+            .tx_super_packets
+            .fetch_add(self.super_packets, Relaxed);
+    }
+
+    fn publish_rx(&self, stats: &EngineStats) {
+        stats.rx.add(self.packets, self.bytes);
+        stats.rx_datagrams.fetch_add(self.datagrams, Relaxed);
+        stats
+            .rx_super_packets
+            .fetch_add(self.super_packets, Relaxed);
     }
 }
 
@@ -281,6 +302,7 @@ impl Sender {
                 datagrams: 1,
                 packets: writer.count() as u64,
                 bytes,
+                super_packets: 0,
             };
             let len = writer.finish();
             if !more && self.delay.is_some() && capacity - len >= SMALLEST_RECORD {
@@ -363,8 +385,6 @@ impl Sender {
             chunk.offset += part.len() as u16;
         }
         self.send_train(peer, 0).await;
-        let stats = &self.link.io.stats;
-        stats.tx_super_packets.fetch_add(1, Relaxed);
     }
 
     /// A datagram of `len` bytes was written after the train: add it, or send the train first.
@@ -431,9 +451,7 @@ impl Sender {
 
     fn publish(&mut self) {
         let stats = &self.link.io.stats;
-        let sent = std::mem::take(&mut self.sent);
-        stats.tx.add(sent.packets, sent.bytes);
-        stats.tx_datagrams.fetch_add(sent.datagrams, Relaxed);
+        std::mem::take(&mut self.sent).publish_tx(stats);
         self.drops.publish(stats);
     }
 }
@@ -644,8 +662,7 @@ async fn udp_to_tun(mut writer: TunWriter, mut rx: Receiver) {
         }
         let got = rx.deliver(&mut batch, &mut writer).await;
         flush_tun(&mut writer, &mut rx.drops).await;
-        rx.io.stats.rx.add(got.packets, got.bytes);
-        rx.io.stats.rx_datagrams.fetch_add(got.datagrams, Relaxed);
+        got.publish_rx(&rx.io.stats);
         rx.drops.publish(&rx.io.stats);
     }
 }
@@ -733,7 +750,6 @@ impl Receiver {
             tracing::debug!("TUN write of a super-packet failed: {e}");
             DropReason::IoError
         })?;
-        self.io.stats.rx_super_packets.fetch_add(1, Relaxed);
         Ok(got)
     }
 
@@ -896,6 +912,7 @@ fn super_counts(packet: &[u8], gso_size: u16) -> Counts {
     let headers = gso::tcp_headers_end(packet, ihl).unwrap_or(packet.len());
     Counts {
         datagrams: 0,
+        super_packets: 1,
         packets: (packet.len() - headers)
             .div_ceil(usize::from(gso_size).max(1))
             .max(1) as u64,
@@ -917,6 +934,7 @@ mod tests {
         datagrams: 1,
         packets: 2,
         bytes: 100,
+        super_packets: 0,
     };
 
     fn walk(groups: &Groups, head: u16) -> Vec<u16> {
@@ -1039,6 +1057,9 @@ mod tests {
         packet[0] = 0x45;
         packet[32] = 5 << 4;
         let counts = super_counts(&packet, 1000);
-        assert_eq!((counts.packets, counts.bytes), (3, 2540));
+        assert_eq!(
+            (counts.packets, counts.bytes, counts.super_packets),
+            (3, 2540, 1)
+        );
     }
 }
