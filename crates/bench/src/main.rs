@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use twill_bench::measure::Timing;
+use twill_bench::measure::{Measurement, Timing};
 use twill_bench::paths::{PathKind, PathLab, Twill};
 use twill_bench::run::{measure, prepare, Options, Prepared, Progress};
 use twill_bench::{plot, report};
@@ -21,6 +21,10 @@ struct Cli {
         default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-batch"
     )]
     paths: Vec<PathKind>,
+    /// Measurements to make, comma-separated [default: all]; not with --quick, which checks
+    /// that every number is there.
+    #[arg(long, value_delimiter = ',', conflicts_with = "quick")]
+    measure: Vec<Measurement>,
     /// Runs per measurement; the median is reported [default: 5; --quick 1; --demo 1].
     #[arg(long)]
     repeat: Option<u32>,
@@ -111,6 +115,11 @@ fn options(cli: &Cli) -> Result<Options> {
     };
     Ok(Options {
         paths: cli.paths.clone(),
+        measurements: if cli.measure.is_empty() {
+            Measurement::ALL.to_vec()
+        } else {
+            cli.measure.clone()
+        },
         repeat: cli.repeat.unwrap_or(repeat).max(1),
         timing: Timing {
             duration: cli.duration.unwrap_or(duration).max(1),

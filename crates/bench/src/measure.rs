@@ -55,14 +55,20 @@ impl Field {
     }
 }
 
-/// The runs made for every path, in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The runs made for every path, in this order (`--measure` picks some).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Measurement {
     /// Single-stream TCP, with whole-machine CPU use over the run.
     Tcp,
+    /// Four TCP streams.
+    #[value(name = "tcp-p4")]
     TcpP4,
+    /// Single-stream TCP, server to client.
+    #[value(name = "tcp-rev")]
     TcpReverse,
+    /// 64-byte UDP packets as fast as iperf3 sends them.
     Udp64,
+    /// qperf tcp_lat round trips.
     Latency,
 }
 

@@ -10,6 +10,7 @@ use std::io::IsTerminal;
 #[derive(Debug, Clone)]
 pub struct Options {
     pub paths: Vec<PathKind>,
+    pub measurements: Vec<Measurement>,
     pub repeat: u32,
     pub timing: Timing,
     pub twill: Twill,
@@ -39,7 +40,7 @@ pub fn measure(prepared: &[Prepared], opts: &Options, progress: &Progress) -> Ve
     for round in 1..=opts.repeat {
         for (p, result) in prepared.iter().zip(&mut results) {
             let Ok(lab) = &p.lab else { continue };
-            for m in Measurement::ALL {
+            for &m in &opts.measurements {
                 progress.show(&format!(
                     "[round {round}/{}] {}: {} ({} s)",
                     opts.repeat,
