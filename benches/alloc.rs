@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
-use twill_dataplane::io::TunConfig;
+use twill_dataplane::io::{TunConfig, DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
 use twill_dataplane::table::PeerSpec;
 use twill_dataplane::wire::batch;
 use twill_lab::{Lab, LabSpec};
@@ -139,10 +139,11 @@ impl Node {
                 address: subnet(i).addr(),
                 offload: true,
                 queues: 1,
-                tx_queue_len: 10_000,
+                tx_queue_len: DEFAULT_TX_QUEUE_LEN,
             },
             subnet: subnet(i),
             bind: SocketAddrV4::new(host.underlay_ip, port),
+            socket_buffer: DEFAULT_SOCKET_BUFFER,
         };
         // The runtime's worker thread is spawned here, inside the host's namespace.
         let (runtime, engine) = host.ns.enter(|| {

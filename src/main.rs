@@ -2,6 +2,7 @@
 //! twill-dataplane.
 
 use anyhow::Context;
+use clap::builder::TypedValueParser;
 use clap::{Args, Parser, Subcommand};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -15,6 +16,7 @@ use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
 };
 use twill_control::{status, subnet_env};
+use twill_dataplane::io::{DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +83,15 @@ struct RunArgs {
     /// Disable TUN offloads (virtio-net header, TSO/GRO), e.g. to measure what they bring.
     #[arg(long)]
     no_offload: bool,
+    /// UDP socket send and receive buffer of the userspace backends, bytes each (at least
+    /// 64 KiB: one GSO send).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SOCKET_BUFFER,
+          value_parser = clap::value_parser!(u32).range(65536..=1 << 30).map(|b| b as usize))]
+    udp_buffer: usize,
+    /// txqueuelen of the TUN device: packets the kernel holds for twill to read.
+    #[arg(long, value_name = "PACKETS", default_value_t = DEFAULT_TX_QUEUE_LEN,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    tun_txqueuelen: u32,
     /// Written to FLANNEL_IPMASQ; twill itself does not masquerade.
     #[arg(long)]
     ip_masq: bool,
@@ -187,6 +198,8 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         ip_masq: args.ip_masq,
         queues: usize::from(args.queues),
         no_offload: args.no_offload,
+        udp_buffer: args.udp_buffer,
+        tun_tx_queue_len: args.tun_txqueuelen,
         status_addrs: status_addrs(args),
         batch_delay: args
             .batch_delay

@@ -65,6 +65,17 @@ fn bad_cidr_names_the_flag() -> Result<()> {
 }
 
 #[test]
+fn tuning_flags_out_of_range_name_the_flag() -> Result<()> {
+    let lab = lab("cli-tune")?;
+    let base = ["--iface", "eth0", "--subnet", "10.5.1.0/24"];
+    for bad in [["--udp-buffer", "4096"], ["--tun-txqueuelen", "0"]] {
+        let args = [base.as_slice(), bad.as_slice()].concat();
+        assert_fails_with(&lab, &args, bad[0])?;
+    }
+    Ok(())
+}
+
+#[test]
 fn subnet_outside_the_network_is_refused() -> Result<()> {
     let lab = lab("cli-out")?;
     assert_fails_with(

@@ -77,6 +77,31 @@ fn datagram_on_the_wire_is_the_bare_inner_packet_on_port_8285() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn udp_buffer_and_tun_txqueuelen_flags_reach_the_kernel() -> Result<()> {
+    let args = [
+        "--backend",
+        "udp",
+        "--udp-buffer",
+        "1048576",
+        "--tun-txqueuelen",
+        "777",
+    ];
+    let pair = start_pair("utune", &args, None)?;
+    let host = &pair.host(0).ns;
+    let link = host.sh("ip -o link show twill0")?;
+    assert!(link.contains("qlen 777"), "{link}");
+    // The kernel doubles a requested socket buffer for its own bookkeeping.
+    let socket = host.sh("ss -uamnH 'sport = :8285'")?;
+    assert!(
+        socket.contains("rb2097152") && socket.contains("tb2097152"),
+        "{socket}"
+    );
+    let out = ping(pair.container(0), pair.container(1).ip, 2)?;
+    assert!(out.contains("2 received"), "{out}");
+    Ok(())
+}
+
 /// The first frame of a pcap file (classic format, Ethernet link type).
 fn first_pcap_frame(file: &[u8]) -> Result<&[u8]> {
     anyhow::ensure!(file.len() > 40, "pcap too short");

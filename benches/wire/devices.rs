@@ -12,7 +12,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use twill_dataplane::io::udp::sender_v4;
-use twill_dataplane::io::{RecvBatch, Tun, TunConfig, TunReader, TunWriter, UdpIo};
+use twill_dataplane::io::{
+    RecvBatch, Tun, TunConfig, TunReader, TunWriter, UdpIo, DEFAULT_SOCKET_BUFFER,
+};
 use twill_lab::Netns;
 
 /// Datagrams per iteration: as many as one GSO send of 1400-byte datagrams carries (46).
@@ -206,7 +208,7 @@ fn mmsg(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
 /// twill's own socket: one sendmsg with UDP_SEGMENT carries the burst, and with UDP_GRO the
 /// receiver gets it back as one train in one recvmsg.
 fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
-    let bind = || UdpIo::bind(LOOPBACK).expect("bind UdpIo");
+    let bind = || UdpIo::bind(LOOPBACK, DEFAULT_SOCKET_BUFFER).expect("bind UdpIo");
     let (tx, rx) = sandbox.open(|| (bind(), bind()));
     let to = local_v4(rx.local_addr());
     assert!(

@@ -39,6 +39,10 @@ pub struct NodeOptions {
     pub queues: usize,
     /// Turn TUN and UDP offloads off, for comparisons and for kernels that misbehave.
     pub no_offload: bool,
+    /// The userspace backends' UDP socket buffers, bytes each way.
+    pub udp_buffer: usize,
+    /// The TUN device's txqueuelen: packets the kernel queues for the engine to read.
+    pub tun_tx_queue_len: u32,
     /// Where `/status`, `/metrics` and `/healthz` are served (flannel's `--healthz-*` too).
     pub status_addrs: Vec<SocketAddr>,
     /// twill-batch: how long a not-full datagram may wait for more packets; `None` never waits.
@@ -206,9 +210,10 @@ async fn run_userspace<R: Registry>(
             address: lease.subnet.network(),
             offload: !options.no_offload,
             queues: options.queues,
-            tx_queue_len: 10_000,
+            tx_queue_len: options.tun_tx_queue_len,
         },
         bind: SocketAddrV4::new(node.iface.address, port),
+        socket_buffer: options.udp_buffer,
     })?;
     host::route_network_to(config.network, &options.tun_name).await?;
     node.status.set_engine(&engine);

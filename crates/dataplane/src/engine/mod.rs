@@ -55,6 +55,8 @@ pub struct EngineConfig {
     pub subnet: Ipv4Net,
     /// Where to bind; peers send to this port on our public IP.
     pub bind: SocketAddrV4,
+    /// Send and receive buffer of the UDP socket, bytes each.
+    pub socket_buffer: usize,
 }
 
 /// A running dataplane. Dropping it stops the tasks and removes the TUN device.
@@ -68,7 +70,7 @@ pub struct Engine {
 impl Engine {
     /// Open the TUN and the socket and start forwarding. Must run inside a tokio runtime.
     pub fn start(config: &EngineConfig) -> anyhow::Result<Engine> {
-        let udp = Arc::new(UdpIo::bind(config.bind)?);
+        let udp = Arc::new(UdpIo::bind(config.bind, config.socket_buffer)?);
         let tun = Tun::open(&config.tun)?;
         let table = Arc::new(SharedTable::default());
         let stats = Arc::new(EngineStats::default());

@@ -7,5 +7,5 @@ pub mod gso;
 pub mod tun;
 pub mod udp;
 
-pub use tun::{Tun, TunConfig, TunReader, TunWriter};
-pub use udp::{RecvBatch, UdpIo};
+pub use tun::{Tun, TunConfig, TunReader, TunWriter, DEFAULT_TX_QUEUE_LEN};
+pub use udp::{RecvBatch, UdpIo, DEFAULT_SOCKET_BUFFER};

@@ -19,6 +19,9 @@ pub const WRITE_BATCH: usize = 128;
 /// Slots kept free for one more read: a 64 KB super-packet splits into as many segments as its
 /// MSS allows, which the peer's MSS can make far smaller than our MTU; 128 covers an MSS of 512.
 const SLOTS_PER_READ: usize = 128;
+/// flannel leaves flannel0 at the kernel's 500; a 64 KB burst of MTU-sized packets written
+/// by the peer's GSO send alone is ~45 packets, and several streams at once overflow 500.
+pub const DEFAULT_TX_QUEUE_LEN: u32 = 10_000;
 /// Largest read: the virtio header and a 64 KB super-packet.
 const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
 

@@ -12,7 +12,7 @@ use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
 /// wireguard-go's choice: 7 MB each way absorbs bursts of 64 KB sends without drops.
-pub const SOCKET_BUFFER: usize = 7 << 20;
+pub const DEFAULT_SOCKET_BUFFER: usize = 7 << 20;
 /// Largest GRO read or GSO send: one 64 KB IP datagram's worth.
 pub const MAX_DATAGRAM_TRAIN: usize = 65535;
 /// A GSO send must fit one IP datagram: 65535 minus the outer IPv4 and UDP headers.
@@ -24,10 +24,11 @@ pub struct UdpIo {
 }
 
 impl UdpIo {
-    /// Bind on `addr` (flanneld binds iface_ip:port). Must run inside a tokio runtime.
-    pub fn bind(addr: SocketAddrV4) -> anyhow::Result<UdpIo> {
+    /// Bind on `addr` (flanneld binds iface_ip:port) with `buffer` bytes of send and of
+    /// receive buffer. Must run inside a tokio runtime.
+    pub fn bind(addr: SocketAddrV4, buffer: usize) -> anyhow::Result<UdpIo> {
         let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
-        set_buffers(&socket);
+        set_buffers(&socket, buffer);
         socket.bind(&SocketAddr::V4(addr).into()).map_err(|e| {
             if e.kind() == io::ErrorKind::AddrInUse {
                 anyhow::anyhow!(
@@ -104,14 +105,14 @@ impl UdpIo {
 }
 
 /// Force the buffers past rmem_max/wmem_max when root; otherwise take what the limits allow.
-fn set_buffers(socket: &Socket) {
+fn set_buffers(socket: &Socket, bytes: usize) {
     use nix::sys::socket::{setsockopt, sockopt};
-    let forced = setsockopt(socket, sockopt::SndBufForce, &SOCKET_BUFFER)
-        .and_then(|_| setsockopt(socket, sockopt::RcvBufForce, &SOCKET_BUFFER));
+    let forced = setsockopt(socket, sockopt::SndBufForce, &bytes)
+        .and_then(|_| setsockopt(socket, sockopt::RcvBufForce, &bytes));
     if let Err(e) = forced {
         tracing::debug!("SO_*BUFFORCE refused ({e}); using SO_*BUF within sysctl limits");
-        let _ = socket.set_send_buffer_size(SOCKET_BUFFER);
-        let _ = socket.set_recv_buffer_size(SOCKET_BUFFER);
+        let _ = socket.set_send_buffer_size(bytes);
+        let _ = socket.set_recv_buffer_size(bytes);
     }
 }
 
