@@ -85,6 +85,11 @@ fn lost_chunks_cost_their_super_packet_and_tcp_recovers() -> Result<()> {
 }
 
 #[test]
+fn udp_bursts_arrive_intact_coalesced_into_fewer_tun_writes() -> Result<()> {
+    udp_bursts_arrive_intact_in_fewer_tun_writes(&start_pair("buso", &BATCH, None)?)
+}
+
+#[test]
 fn a_flood_of_small_packets_shares_datagrams() -> Result<()> {
     let pair = start_pair("bflood", &BATCH, None)?;
     let flood = udp_flood(

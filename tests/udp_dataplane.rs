@@ -18,6 +18,11 @@ fn ping_both_ways_with_flannels_ttl() -> Result<()> {
 }
 
 #[test]
+fn udp_bursts_arrive_intact_coalesced_into_fewer_tun_writes() -> Result<()> {
+    udp_bursts_arrive_intact_in_fewer_tun_writes(&pair("uuso", None)?)
+}
+
+#[test]
 fn tcp_transfer_of_64_mib_arrives_intact() -> Result<()> {
     transfer_64_mib_intact(&pair("utcp", None)?)
 }

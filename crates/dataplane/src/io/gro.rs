@@ -1,5 +1,6 @@
-//! TCP coalescing before TUN writes: consecutive in-order segments of one flow become one
-//! super-packet that the kernel takes in one write (virtio-net GSO), as a NIC's GRO would.
+//! Coalescing before TUN writes: consecutive segments of one TCP or UDP flow become one
+//! super-packet that the kernel takes in one write (virtio-net GSO, USO for UDP), as a NIC's
+//! GRO would.
 //!
 //! tun-rs has a GRO too, but it copies every packet to the heap before looking at it and needs
 //! each packet in a buffer of its own. Here a packet is copied once, straight into the
@@ -7,13 +8,20 @@
 //! merge: the engines deliver a peer's GRO train in order, and a train is one flow.
 
 use super::gso::tcp_super_header;
-use crate::wire::virtio::GSO_TCPV4;
-use tun_rs::VIRTIO_NET_HDR_LEN;
+use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
+use crate::wire::virtio::{GSO_TCPV4, GSO_UDP_L4, NEEDS_CSUM, TCP_CHECKSUM_OFFSET};
+use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 /// A super-packet is one IPv4 packet: at most 64 KB.
 const MAX_PACKET: usize = 65535;
+/// The kernel refuses (EINVAL) a UDP GSO write of more segments than its UDP_MAX_SEGMENTS:
+/// 128 on this project's 6.18 kernel (measured), 64 on older ones. 64-byte datagrams would
+/// reach that long before 64 KB.
+const MAX_UDP_SEGMENTS: usize = 64;
 const TCP_ACK: u8 = 0x10;
 const TCP_PSH: u8 = 0x08;
+const UDP_HEADER: usize = 8;
+const UDP_CHECKSUM_OFFSET: usize = 6;
 
 /// Buffers of virtio header + packet, ready to write, with the last one open for merging.
 pub struct Coalescer {
@@ -25,48 +33,89 @@ pub struct Coalescer {
 /// The super-packet being built in the last slot.
 #[derive(Debug, Clone, Copy)]
 struct Open {
+    flow: Flow,
     headers: usize,
     gso_size: usize,
-    next_seq: u32,
     segments: usize,
     /// The first segment's checksum was checked (done when the second one arrives).
     first_verified: bool,
-    /// A short or PSH segment ended it.
+    /// A short (or TCP PSH) segment ended it.
     closed: bool,
+}
+
+/// What a super-packet's next segment must continue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Tcp { next_seq: u32 },
+    Udp,
 }
 
 /// The fields of a segment that decide whether it may join a super-packet.
 struct Segment {
     ip_len: usize,
     headers: usize,
-    seq: u32,
     payload: usize,
-    psh: bool,
+    transport: Transport,
+}
+
+#[derive(Clone, Copy)]
+enum Transport {
+    Tcp { seq: u32, psh: bool },
+    Udp,
 }
 
 impl Segment {
-    /// A plain in-order data segment: IPv4 without options or fragments, TCP with only ACK (and
-    /// maybe PSH) set, and a payload. Anything else is written as it is.
+    /// A plain data segment: IPv4 without options or fragments, and either TCP with only ACK
+    /// (and maybe PSH) set or UDP, with a payload. Anything else is written as it is.
     fn parse(p: &[u8]) -> Option<Segment> {
-        if p.len() < 40 || p[0] != 0x45 || p[9] != 6 || p[6] & 0x3f != 0 || p[7] != 0 {
+        if p.len() < 20 + UDP_HEADER || p[0] != 0x45 || p[6] & 0x3f != 0 || p[7] != 0 {
             return None;
         }
         let ip_len = usize::from(u16::from_be_bytes([p[2], p[3]]));
-        let headers = 20 + usize::from(p[32] >> 4) * 4;
-        let flags = p[33];
-        if ip_len != p.len() || headers < 40 || headers >= ip_len {
+        if ip_len != p.len() {
             return None;
         }
-        if flags != TCP_ACK && flags != TCP_ACK | TCP_PSH {
-            return None;
-        }
-        Some(Segment {
+        let (headers, transport) = match p[9] {
+            PROTO_TCP => Self::tcp(p)?,
+            PROTO_UDP => Self::udp(p)?,
+            _ => return None,
+        };
+        (headers < ip_len).then_some(Segment {
             ip_len,
             headers,
-            seq: u32::from_be_bytes([p[24], p[25], p[26], p[27]]),
             payload: ip_len - headers,
-            psh: flags & TCP_PSH != 0,
+            transport,
         })
+    }
+
+    fn tcp(p: &[u8]) -> Option<(usize, Transport)> {
+        let headers = 20 + usize::from(*p.get(32)? >> 4) * 4;
+        let flags = *p.get(33)?;
+        if headers < 40 || (flags != TCP_ACK && flags != TCP_ACK | TCP_PSH) {
+            return None;
+        }
+        let seq = u32::from_be_bytes([p[24], p[25], p[26], p[27]]);
+        let psh = flags & TCP_PSH != 0;
+        Some((headers, Transport::Tcp { seq, psh }))
+    }
+
+    fn udp(p: &[u8]) -> Option<(usize, Transport)> {
+        let udp_len = usize::from(u16::from_be_bytes([p[24], p[25]]));
+        (udp_len == p.len() - 20).then_some((20 + UDP_HEADER, Transport::Udp))
+    }
+
+    /// What the next segment must continue for this one to be followed.
+    fn flow_after(&self) -> Flow {
+        match self.transport {
+            Transport::Tcp { seq, .. } => Flow::Tcp {
+                next_seq: seq.wrapping_add(self.payload as u32),
+            },
+            Transport::Udp => Flow::Udp,
+        }
+    }
+
+    fn ends_train(&self) -> bool {
+        matches!(self.transport, Transport::Tcp { psh: true, .. })
     }
 }
 
@@ -113,12 +162,12 @@ impl Coalescer {
         slot.extend_from_slice(packet);
         self.len += 1;
         self.open = segment.map(|s| Open {
+            flow: s.flow_after(),
             headers: s.headers,
             gso_size: s.payload,
-            next_seq: s.seq.wrapping_add(s.payload as u32),
             segments: 1,
             first_verified: false,
-            closed: s.psh,
+            closed: s.ends_train(),
         });
     }
 
@@ -128,29 +177,28 @@ impl Coalescer {
         };
         let slot = &mut self.slots[self.len - 1];
         let head = &slot[VIRTIO_NET_HDR_LEN..];
-        let fits = !open.closed
-            && seg.headers == open.headers
-            && seg.seq == open.next_seq
-            && seg.payload <= open.gso_size
-            && head.len() + seg.payload <= MAX_PACKET
-            && same_flow(head, packet, seg.headers);
-        if !fits {
+        if open.closed
+            || seg.headers != open.headers
+            || seg.payload > open.gso_size
+            || head.len() + seg.payload > MAX_PACKET
+            || !continues(open, seg, head, packet)
+        {
             return false;
         }
         // A merged super-packet gets a fresh checksum from the kernel, so a corrupt segment
         // must be kept out here, where its own checksum still tells.
-        if (!open.first_verified && !tcp_checksum_valid(head)) || !tcp_checksum_valid(packet) {
+        if (!open.first_verified && !checksum_valid(head)) || !checksum_valid(packet) {
             open.closed = true;
             return false;
         }
         open.first_verified = true;
         slot.extend_from_slice(&packet[seg.headers..seg.ip_len]);
-        if seg.psh {
+        if seg.ends_train() {
             slot[VIRTIO_NET_HDR_LEN + 33] |= TCP_PSH;
         }
-        open.next_seq = open.next_seq.wrapping_add(seg.payload as u32);
+        open.flow = seg.flow_after();
         open.segments += 1;
-        open.closed = seg.psh || seg.payload < open.gso_size;
+        open.closed = seg.ends_train() || seg.payload < open.gso_size;
         true
     }
 
@@ -171,32 +219,51 @@ impl Coalescer {
     }
 }
 
-/// Same addresses, ports, TOS, DF, TTL, ack, window and TCP options: what the kernel's GRO
-/// requires too, so the super-packet says what each segment said.
-fn same_flow(a: &[u8], b: &[u8], headers: usize) -> bool {
-    a[1] == b[1]
-        && a[6] == b[6]
-        && a[8] == b[8]
-        && a[12..20] == b[12..20]
-        && a[20..24] == b[20..24]
+/// Whether `seg` (the bytes `packet`) continues the super-packet `head` of `open`.
+fn continues(open: &Open, seg: &Segment, head: &[u8], packet: &[u8]) -> bool {
+    match (open.flow, seg.transport) {
+        (Flow::Tcp { next_seq }, Transport::Tcp { seq, .. }) => {
+            seq == next_seq && same_tcp_flow(head, packet, seg.headers)
+        }
+        (Flow::Udp, Transport::Udp) => {
+            open.segments < MAX_UDP_SEGMENTS && same_ip_and_ports(head, packet)
+        }
+        _ => false,
+    }
+}
+
+/// Same addresses, ports, TOS, DF and TTL: what the kernel's GRO requires too, so the
+/// super-packet says what each segment said.
+fn same_ip_and_ports(a: &[u8], b: &[u8]) -> bool {
+    a[1] == b[1] && a[6] == b[6] && a[8] == b[8] && a[12..24] == b[12..24]
+}
+
+/// [`same_ip_and_ports`], and the same ack, window and TCP options.
+fn same_tcp_flow(a: &[u8], b: &[u8], headers: usize) -> bool {
+    same_ip_and_ports(a, b)
         && a[28..32] == b[28..32]
         && a[34..36] == b[34..36]
         && a[40..headers] == b[40..headers]
 }
 
-/// Whether the TCP checksum of `packet` (IPv4 with a 20-byte header) verifies.
-pub(crate) fn tcp_checksum_valid(packet: &[u8]) -> bool {
-    let tcp_len = packet.len() - 20;
-    tun_rs::checksum(&packet[20..], pseudo_header_sum(packet, tcp_len)) == 0xffff
+/// Whether the TCP or UDP checksum of `packet` (IPv4 with a 20-byte header) verifies; a UDP
+/// checksum of zero means the sender sent none.
+pub(crate) fn checksum_valid(packet: &[u8]) -> bool {
+    let protocol = packet[9];
+    if protocol == PROTO_UDP && packet[26..28] == [0, 0] {
+        return true;
+    }
+    let len = packet.len() - 20;
+    tun_rs::checksum(&packet[20..], pseudo_header_sum(packet, len)) == 0xffff
 }
 
-fn pseudo_header_sum(packet: &[u8], tcp_len: usize) -> u64 {
+fn pseudo_header_sum(packet: &[u8], transport_len: usize) -> u64 {
     let word = |i: usize| u64::from(u16::from_be_bytes([packet[i], packet[i + 1]]));
-    word(12) + word(14) + word(16) + word(18) + 6 + tcp_len as u64
+    word(12) + word(14) + word(16) + word(18) + u64::from(packet[9]) + transport_len as u64
 }
 
-/// Fix the IPv4 header of the merged packet and hand the TCP checksum to the kernel: the field
-/// holds the pseudo-header sum, as `CHECKSUM_PARTIAL` wants.
+/// Fix the IPv4 (and UDP) lengths of the merged packet and hand the transport checksum to the
+/// kernel: the field holds the pseudo-header sum, as `CHECKSUM_PARTIAL` wants.
 fn finish_super_packet(slot: &mut [u8], open: &Open) {
     let packet = &mut slot[VIRTIO_NET_HDR_LEN..];
     let total = packet.len();
@@ -205,18 +272,42 @@ fn finish_super_packet(slot: &mut [u8], open: &Open) {
     let ip_sum = !tun_rs::checksum(&packet[..20], 0);
     packet[10..12].copy_from_slice(&ip_sum.to_be_bytes());
     let pseudo = tun_rs::checksum(&[], pseudo_header_sum(packet, total - 20));
-    packet[36..38].copy_from_slice(&pseudo.to_be_bytes());
-    tcp_super_header(packet, GSO_TCPV4, open.gso_size as u16)
-        .expect("a merged packet has a whole TCP header")
-        .encode(&mut slot[..VIRTIO_NET_HDR_LEN])
+    let gso_size = open.gso_size as u16;
+    let hdr = match open.flow {
+        Flow::Tcp { .. } => {
+            let at = 20 + usize::from(TCP_CHECKSUM_OFFSET);
+            packet[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
+            tcp_super_header(packet, GSO_TCPV4, gso_size)
+                .expect("a merged packet has a whole TCP header")
+        }
+        Flow::Udp => {
+            packet[24..26].copy_from_slice(&((total - 20) as u16).to_be_bytes());
+            let at = 20 + UDP_CHECKSUM_OFFSET;
+            packet[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
+            udp_super_header(gso_size)
+        }
+    };
+    hdr.encode(&mut slot[..VIRTIO_NET_HDR_LEN])
         .expect("a virtio header fits its slot");
+}
+
+/// The header that asks the kernel to cut a UDP/IPv4 super-packet into datagrams of
+/// `gso_size` payload bytes, each with its own UDP header and checksum.
+fn udp_super_header(gso_size: u16) -> VirtioNetHdr {
+    VirtioNetHdr {
+        flags: NEEDS_CSUM,
+        gso_type: GSO_UDP_L4,
+        hdr_len: (20 + UDP_HEADER) as u16,
+        gso_size,
+        csum_start: 20,
+        csum_offset: UDP_CHECKSUM_OFFSET as u16,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::ipv4::test_tcp_segment;
-    use tun_rs::VirtioNetHdr;
+    use crate::wire::ipv4::{test_tcp_segment, test_udp_datagram};
 
     fn drained(c: &mut Coalescer) -> Vec<Vec<u8>> {
         c.drain().map(<[u8]>::to_vec).collect()
@@ -296,5 +387,74 @@ mod tests {
         c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK), true);
         c.push(&test_tcp_segment(50, &[0; 60], TCP_ACK), true);
         assert_eq!(drained(&mut c).len(), 2);
+    }
+
+    #[test]
+    fn udp_datagrams_of_one_flow_become_one_uso_packet() {
+        let mut c = Coalescer::new(4);
+        for fill in [1, 2] {
+            c.push(&test_udp_datagram(4000, &[fill; 64]), true);
+        }
+        c.push(&test_udp_datagram(4000, &[3; 10]), true);
+        let out = drained(&mut c);
+        assert_eq!(out.len(), 1);
+        let hdr = VirtioNetHdr::decode(&out[0][..VIRTIO_NET_HDR_LEN]).unwrap();
+        assert_eq!(
+            (hdr.gso_type, hdr.gso_size, hdr.hdr_len),
+            (GSO_UDP_L4, 64, 28)
+        );
+        assert_eq!((hdr.flags, hdr.csum_start, hdr.csum_offset), (1, 20, 6));
+        let packet = &out[0][VIRTIO_NET_HDR_LEN..];
+        assert_eq!(packet.len(), 28 + 138);
+        assert_eq!(u16::from_be_bytes([packet[2], packet[3]]), 166);
+        assert_eq!(
+            u16::from_be_bytes([packet[24], packet[25]]),
+            146,
+            "UDP length"
+        );
+        assert_eq!(tun_rs::checksum(&packet[..20], 0), 0xffff);
+        assert_eq!(&packet[28..92], &[1; 64]);
+        assert_eq!(&packet[156..], &[3; 10]);
+    }
+
+    #[test]
+    fn uso_packets_stay_within_the_kernels_segment_limit() {
+        let mut c = Coalescer::new(8);
+        for _ in 0..MAX_UDP_SEGMENTS * 2 + 1 {
+            c.push(&test_udp_datagram(4000, &[0; 16]), true);
+        }
+        let segments: Vec<usize> = drained(&mut c)
+            .iter()
+            .map(|slot| (slot.len() - VIRTIO_NET_HDR_LEN - 28) / 16)
+            .collect();
+        assert_eq!(segments, [MAX_UDP_SEGMENTS, MAX_UDP_SEGMENTS, 1]);
+    }
+
+    #[test]
+    fn udp_of_another_flow_a_bad_checksum_or_tcp_is_not_merged() {
+        let mut c = Coalescer::new(8);
+        c.push(&test_udp_datagram(4000, &[0; 32]), true);
+        c.push(&test_udp_datagram(4001, &[0; 32]), true);
+        let mut bad = test_udp_datagram(4001, &[0; 32]);
+        bad[40] ^= 1;
+        c.push(&bad, true);
+        c.push(&test_tcp_segment(0, &[0; 32], TCP_ACK), true);
+        let out = drained(&mut c);
+        assert_eq!(out.len(), 4);
+        assert_eq!(&out[2][VIRTIO_NET_HDR_LEN..], &bad[..]);
+    }
+
+    #[test]
+    fn udp_without_a_checksum_merges_and_a_longer_datagram_ends_the_train() {
+        let mut c = Coalescer::new(4);
+        for len in [32, 32, 48] {
+            let mut datagram = test_udp_datagram(4000, &vec![5; len]);
+            datagram[26..28].fill(0);
+            c.push(&datagram, true);
+        }
+        let out = drained(&mut c);
+        assert_eq!(out.len(), 2);
+        let hdr = VirtioNetHdr::decode(&out[0][..VIRTIO_NET_HDR_LEN]).unwrap();
+        assert_eq!((hdr.gso_type, hdr.gso_size), (GSO_UDP_L4, 32));
     }
 }

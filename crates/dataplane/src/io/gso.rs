@@ -120,7 +120,7 @@ fn finish_checksum(packet: &mut [u8], hdr: &VirtioNetHdr) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::gro::tcp_checksum_valid;
+    use crate::io::gro::checksum_valid;
     use crate::wire::ipv4::{test_tcp_segment, Ipv4Packet};
     use crate::wire::virtio::GSO_TCPV4;
 
@@ -148,7 +148,7 @@ mod tests {
         let mut f = frame(hdr, &packet);
         let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 2], [0; 2]);
         assert_eq!(split(&mut f, &mut slots, &mut sizes).unwrap(), 1);
-        assert!(tcp_checksum_valid(&slots[0][..sizes[0]]));
+        assert!(checksum_valid(&slots[0][..sizes[0]]));
     }
 
     #[test]
@@ -163,7 +163,7 @@ mod tests {
         let mut payload = Vec::new();
         for (slot, &len) in slots.iter().zip(&sizes[..3]) {
             let seg = &slot[..len];
-            assert!(tcp_checksum_valid(seg));
+            assert!(checksum_valid(seg));
             assert!(Ipv4Packet::new_checked(seg).unwrap().verify_checksum());
             payload.extend_from_slice(&seg[40..]);
         }

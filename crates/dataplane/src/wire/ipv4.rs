@@ -204,26 +204,50 @@ pub(crate) fn test_packet(payload_len: usize, ttl: u8, fill: u8) -> Vec<u8> {
 /// A TCP segment 10.5.1.2:5001 -> 10.5.2.2:80 carrying `payload`, with valid checksums.
 #[cfg(test)]
 pub(crate) fn test_tcp_segment(seq: u32, payload: &[u8], flags: u8) -> Vec<u8> {
+    let mut tcp = [0u8; 20];
+    tcp[0..2].copy_from_slice(&5001u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = flags;
+    tcp[14..16].copy_from_slice(&512u16.to_be_bytes());
+    test_transport_packet(PROTO_TCP, &tcp, payload, 16)
+}
+
+/// A UDP datagram 10.5.1.2:`src_port` -> 10.5.2.2:53 carrying `payload`, with valid checksums.
+#[cfg(test)]
+pub(crate) fn test_udp_datagram(src_port: u16, payload: &[u8]) -> Vec<u8> {
+    let mut udp = [0u8; 8];
+    udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&53u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&(8 + payload.len() as u16).to_be_bytes());
+    test_transport_packet(PROTO_UDP, &udp, payload, 6)
+}
+
+/// 10.5.1.2 -> 10.5.2.2: `header` then `payload`, the checksum at `checksum_at` in the
+/// transport header filled in.
+#[cfg(test)]
+fn test_transport_packet(
+    protocol: u8,
+    header: &[u8],
+    payload: &[u8],
+    checksum_at: usize,
+) -> Vec<u8> {
     use super::checksum;
     let repr = Ipv4Repr {
         src: Ipv4Addr::new(10, 5, 1, 2),
         dst: Ipv4Addr::new(10, 5, 2, 2),
-        protocol: PROTO_TCP,
+        protocol,
         ttl: 62,
-        payload_len: 20 + payload.len(),
+        payload_len: header.len() + payload.len(),
     };
     let mut p = vec![0u8; repr.total_len()];
     repr.emit(&mut p).unwrap();
-    p[20..22].copy_from_slice(&5001u16.to_be_bytes());
-    p[22..24].copy_from_slice(&80u16.to_be_bytes());
-    p[24..28].copy_from_slice(&seq.to_be_bytes());
-    p[32] = 5 << 4;
-    p[33] = flags;
-    p[34..36].copy_from_slice(&512u16.to_be_bytes());
-    p[40..].copy_from_slice(payload);
-    let pseudo = checksum::sum(&p[12..20]) + u32::from(PROTO_TCP) + repr.payload_len as u32;
+    p[20..20 + header.len()].copy_from_slice(header);
+    p[20 + header.len()..].copy_from_slice(payload);
+    let pseudo = checksum::sum(&p[12..20]) + u32::from(protocol) + repr.payload_len as u32;
     let sum = !checksum::fold(pseudo + checksum::sum(&p[20..]));
-    p[36..38].copy_from_slice(&sum.to_be_bytes());
+    p[20 + checksum_at..22 + checksum_at].copy_from_slice(&sum.to_be_bytes());
     p
 }
 
