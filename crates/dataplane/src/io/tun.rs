@@ -6,6 +6,7 @@
 
 use super::gro::Coalescer;
 use super::gso;
+use crate::wire::virtio::GSO_NONE;
 use arrayvec::ArrayVec;
 use std::io;
 use std::net::Ipv4Addr;
@@ -198,17 +199,26 @@ impl TunReader {
             return Ok(1);
         }
         let len = read(&self.dev, &mut self.raw, mode).await?;
-        let frame = &mut self.raw[..len];
-        if self.keep_whole {
-            let hdr = gso::header(frame)?;
-            if gso::is_tcpv4_super_packet(&hdr, &frame[VIRTIO_NET_HDR_LEN..]) {
-                self.whole = Some((hdr, len));
-                return Ok(0);
-            }
+        let hdr = gso::header(&self.raw[..len])?;
+        if self.keep_whole && gso::is_tcpv4_super_packet(&hdr, &self.raw[VIRTIO_NET_HDR_LEN..len]) {
+            self.whole = Some((hdr, len));
+            return Ok(0);
         }
-        let mut slots: ArrayVec<&mut [u8], READ_BATCH> =
-            self.buf.chunks_exact_mut(self.stride).skip(first).collect();
-        gso::split(frame, &mut slots, &mut self.sizes[first..])
+        self.split_frame(len, first, hdr.gso_type == GSO_NONE)
+    }
+
+    /// Split the frame in `raw[..len]` into the batch's slots from `first` on. A plain packet
+    /// gets only the one slot it needs: listing all 256 costs more than a small packet's read.
+    fn split_frame(&mut self, len: usize, first: usize, plain: bool) -> io::Result<usize> {
+        let wanted = if plain { 1 } else { READ_BATCH - first };
+        let mut slots: ArrayVec<&mut [u8], READ_BATCH> = ArrayVec::new();
+        slots.extend(
+            self.buf
+                .chunks_exact_mut(self.stride)
+                .skip(first)
+                .take(wanted),
+        );
+        gso::split(&mut self.raw[..len], &mut slots, &mut self.sizes[first..])
     }
 
     /// The TCP super-packet frame that ended the last batch, if one was kept whole, with its
@@ -221,9 +231,7 @@ impl TunReader {
     /// for a peer that cannot take it whole. Returns the packets now in the batch.
     pub fn split_whole(&mut self) -> io::Result<usize> {
         let len = self.whole.take().map_or(0, |(_, len)| len);
-        let mut slots: ArrayVec<&mut [u8], READ_BATCH> =
-            self.buf.chunks_exact_mut(self.stride).collect();
-        self.len = gso::split(&mut self.raw[..len], &mut slots, &mut self.sizes)?;
+        self.len = self.split_frame(len, 0, false)?;
         Ok(self.len)
     }
 
