@@ -270,20 +270,34 @@ fn blast(addr: SocketAddr, payload: &[u8], max_packets: u64, max_time: Duration)
     Ok(sent)
 }
 
+/// Bind a receiving socket with a read timeout and tell the sender whether it is ready.
+fn bind_receiver(
+    addr: SocketAddr,
+    timeout: Duration,
+    ready: std::sync::mpsc::Sender<Result<()>>,
+) -> Result<UdpSocket> {
+    let bound = UdpSocket::bind(addr).and_then(|s| {
+        s.set_read_timeout(Some(timeout))?;
+        Ok(s)
+    });
+    match bound {
+        Ok(socket) => {
+            let _ = ready.send(Ok(()));
+            Ok(socket)
+        }
+        Err(e) => {
+            let _ = ready.send(Err(anyhow::anyhow!("bind {addr}: {e}")));
+            bail!("bind {addr}: {e}");
+        }
+    }
+}
+
 fn count_arrivals(
     addr: SocketAddr,
     ready: std::sync::mpsc::Sender<Result<()>>,
     done: &std::sync::atomic::AtomicBool,
 ) -> Result<(u64, Duration)> {
-    let socket = match UdpSocket::bind(addr) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e.into()));
-            bail!("bind {addr}");
-        }
-    };
-    socket.set_read_timeout(Some(Duration::from_millis(300)))?;
-    let _ = ready.send(Ok(()));
+    let socket = bind_receiver(addr, Duration::from_millis(300), ready)?;
     let mut buf = [0u8; 2048];
     let (mut received, mut first, mut last) = (0u64, None, Instant::now());
     loop {
@@ -409,15 +423,7 @@ fn collect_numbered(
     count: u32,
     ready: std::sync::mpsc::Sender<Result<()>>,
 ) -> Result<u32> {
-    let socket = match UdpSocket::bind(addr) {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e.into()));
-            bail!("bind {addr}");
-        }
-    };
-    socket.set_read_timeout(Some(Duration::from_secs(1)))?;
-    let _ = ready.send(Ok(()));
+    let socket = bind_receiver(addr, Duration::from_secs(1), ready)?;
     let mut seen = vec![false; count as usize];
     let mut arrived = 0;
     let mut buf = [0u8; 2048];
