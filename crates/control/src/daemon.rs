@@ -113,11 +113,7 @@ async fn run_vxlan<R: Registry>(
     let attrs = LeaseAttrs::vxlan(node.public_ip, vxlan.vni, &device.mac().to_string());
     let (lease, events) = registry.start(attrs).await?;
     let backend = device.attach(&lease).await?;
-    let mtu = backend.mtu();
-    serve(
-        backend, mtu, &config, options, node, lease, events, shutdown,
-    )
-    .await
+    serve(backend, &config, options, node, lease, events, shutdown).await
 }
 
 /// The device first, so a kernel without ipip fails before a subnet is claimed.
@@ -131,11 +127,7 @@ async fn run_ipip<R: Registry>(
     let device = IpipDevice::ensure(&kernel_config(&config, node)).await?;
     let (lease, events) = registry.start(LeaseAttrs::ipip(node.public_ip)).await?;
     let backend = device.attach(&lease).await?;
-    let mtu = backend.mtu();
-    serve(
-        backend, mtu, &config, options, node, lease, events, shutdown,
-    )
-    .await
+    serve(backend, &config, options, node, lease, events, shutdown).await
 }
 
 async fn run_host_gw<R: Registry>(
@@ -147,19 +139,13 @@ async fn run_host_gw<R: Registry>(
     let config = registry.config().clone();
     let (lease, events) = registry.start(LeaseAttrs::host_gw(node.public_ip)).await?;
     let backend = HostGwBackend::connect(&kernel_config(&config, node), &lease).await?;
-    let mtu = backend.mtu();
-    serve(
-        backend, mtu, &config, options, node, lease, events, shutdown,
-    )
-    .await
+    serve(backend, &config, options, node, lease, events, shutdown).await
 }
 
 /// What every backend does once it has its lease: publish the subnet file and status, then
 /// follow the other leases.
-#[allow(clippy::too_many_arguments)]
 async fn serve<B: Backend>(
     mut backend: B,
-    mtu: u32,
     config: &Config,
     options: &NodeOptions,
     node: &Node,
@@ -167,7 +153,7 @@ async fn serve<B: Backend>(
     events: mpsc::Receiver<LeaseEvent>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    write_subnet_env(options, config, &lease, mtu)?;
+    write_subnet_env(options, config, &lease, backend.mtu())?;
     tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
     node.status.set_lease(&lease, &config.backend.backend_type);
     follow(&mut backend, events, &node.status, &lease, shutdown).await
@@ -218,11 +204,7 @@ async fn run_userspace<R: Registry>(
     host::route_network_to(config.network, &options.tun_name).await?;
     node.status.set_engine(&engine);
     let backend = Userspace::new(&engine, kind, port);
-    let mtu = u32::from(mtu);
-    serve(
-        backend, mtu, &config, options, node, lease, events, shutdown,
-    )
-    .await
+    serve(backend, &config, options, node, lease, events, shutdown).await
 }
 
 fn tun_mtu(iface: &Interface, overhead: usize) -> u16 {

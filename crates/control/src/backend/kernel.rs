@@ -214,11 +214,6 @@ impl<P: PeerPlan> KernelBackend<P> {
         }
     }
 
-    /// MTU for containers (FLANNEL_MTU): the tunnel device's, or the iface's for host-gw.
-    pub fn mtu(&self) -> u32 {
-        self.mtu
-    }
-
     /// Whether `lease` is a peer this backend programs. flanneld skips leases of another
     /// BackendType with a warning; reconcile runs periodically, so it only logs at debug.
     fn is_peer(&self, lease: &Lease, quiet: bool) -> bool {
@@ -338,6 +333,10 @@ impl<P: PeerPlan> KernelBackend<P> {
 impl<P: PeerPlan> Backend for KernelBackend<P> {
     fn backend_type(&self) -> Option<&'static str> {
         Some(P::BACKEND_TYPE)
+    }
+
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {

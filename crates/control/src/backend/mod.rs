@@ -22,6 +22,8 @@ pub trait Backend {
     /// The `BackendType` this backend writes into its lease (`None` for flannel's udp, which
     /// writes no BackendType at all).
     fn backend_type(&self) -> Option<&'static str>;
+    /// MTU for containers (FLANNEL_MTU): the TUN's or tunnel device's, or the iface's for host-gw.
+    fn mtu(&self) -> u32;
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()>;

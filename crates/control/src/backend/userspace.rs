@@ -31,6 +31,7 @@ pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAtt
 pub struct Userspace {
     kind: EngineKind,
     table: Arc<SharedTable>,
+    mtu: u32,
     /// The port peers listen on when their lease does not say (flannel leases never do).
     default_port: u16,
     peers: BTreeMap<ipnet::Ipv4Net, Lease>,
@@ -41,6 +42,7 @@ impl Userspace {
         Userspace {
             kind,
             table: engine.table().clone(),
+            mtu: u32::from(engine.mtu()),
             default_port,
             peers: BTreeMap::new(),
         }
@@ -89,6 +91,10 @@ impl Backend for Userspace {
             EngineKind::FlannelUdp => None,
             EngineKind::Batch { .. } => Some(backend_type::TWILL_BATCH),
         }
+    }
+
+    fn mtu(&self) -> u32 {
+        self.mtu
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {

@@ -65,6 +65,7 @@ pub struct Engine {
     stats: Arc<EngineStats>,
     tasks: Vec<JoinHandle<()>>,
     offload: bool,
+    mtu: u16,
 }
 
 impl Engine {
@@ -89,6 +90,7 @@ impl Engine {
             stats,
             tasks,
             offload: tun.offload(),
+            mtu: tun.mtu(),
         })
     }
 
@@ -102,6 +104,10 @@ impl Engine {
 
     pub fn offload(&self) -> bool {
         self.offload
+    }
+
+    pub fn mtu(&self) -> u16 {
+        self.mtu
     }
 }
 
