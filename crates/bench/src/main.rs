@@ -91,7 +91,7 @@ fn run(cli: Cli) -> Result<bool> {
         std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
     }
     if let Some(path) = &cli.plot {
-        plot::draw(&results, &title, path)?;
+        plot::draw(&results, &opts.measurements, &title, path)?;
     }
     if cli.quick {
         if let Err(e) = report::check_complete(&results) {

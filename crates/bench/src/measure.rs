@@ -91,6 +91,17 @@ impl Measurement {
         }
     }
 
+    /// The fields a run of this measurement yields.
+    pub fn fields(self) -> &'static [Field] {
+        match self {
+            Measurement::Tcp => &[Field::TcpGbps, Field::CpuPct, Field::CpuSoftirqPct],
+            Measurement::TcpP4 => &[Field::TcpP4Gbps],
+            Measurement::TcpReverse => &[Field::TcpRevGbps],
+            Measurement::Udp64 => &[Field::Udp64Kpps, Field::Udp64LossPct],
+            Measurement::Latency => &[Field::LatencyUs],
+        }
+    }
+
     /// How long one run takes (qperf has no warm-up), for the progress line.
     pub fn seconds(self, timing: &Timing) -> u32 {
         match self {

@@ -1,6 +1,6 @@
 //! `--plot`: a PNG with one bar panel per metric, paths side by side.
 
-use crate::measure::Field;
+use crate::measure::{Field, Measurement};
 use crate::report::PathResult;
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::Shift;
@@ -53,22 +53,35 @@ const PANELS: [Panel; 4] = [
 ];
 
 /// Writes the PNG; `title` names the run (e.g. repeat and duration).
-pub fn draw(results: &[PathResult], title: &str, out: &Path) -> Result<()> {
+/// Draw every panel; `measured` says which measurements ran, so a panel of the others reads
+/// "not measured" rather than "failed".
+pub fn draw(
+    results: &[PathResult],
+    measured: &[Measurement],
+    title: &str,
+    out: &Path,
+) -> Result<()> {
     register_font()?;
     let root = BitMapBackend::new(out, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, (FONT, 28))?;
     for (area, panel) in root.split_evenly((2, 2)).iter().zip(&PANELS) {
-        draw_panel(area, results, panel)?;
+        let ran = panel
+            .series
+            .iter()
+            .any(|(_, f)| measured.iter().any(|m| m.fields().contains(f)));
+        draw_panel(area, results, panel, ran)?;
     }
     root.present()
         .with_context(|| format!("cannot write {}", out.display()))
 }
 
+/// `ran`: whether any measurement behind this panel was asked for.
 fn draw_panel(
     area: &DrawingArea<BitMapBackend, Shift>,
     results: &[PathResult],
     panel: &Panel,
+    ran: bool,
 ) -> Result<()> {
     let values = |field: Field| results.iter().map(move |r| r.value(field));
     let max = panel
@@ -113,13 +126,18 @@ fn draw_panel(
                 .map(|&(x, v)| Text::new(short(v), (x + width / 2.0, v), label_style.clone())),
         )?;
     }
-    // A path with no bar in this panel says why: not set up at all, or its runs failed.
+    // A path with no bar in this panel says why: not set up at all, not asked for, or its runs
+    // failed.
     let empty = results
         .iter()
         .enumerate()
         .filter(|(_, r)| panel.series.iter().all(|(_, f)| r.value(*f).is_none()));
     chart.draw_series(empty.map(|(i, r)| {
-        let why = if r.available { "failed" } else { "n/a" };
+        let why = match (r.available, ran) {
+            (false, _) => "n/a",
+            (true, false) => "not measured",
+            (true, true) => "failed",
+        };
         Text::new(why, (i as f64, 0.0), label_style.clone())
     }))?;
     if panel.series.len() > 1 {

@@ -1,7 +1,7 @@
 //! Medians, ratios, the table, the JSON and the --quick completeness check.
 
 use std::collections::BTreeMap;
-use twill_bench::measure::Field;
+use twill_bench::measure::{Field, Measurement};
 use twill_bench::plot;
 use twill_bench::report::{check_complete, json, table, PathResult};
 use twill_bench::stats::{median, ratio};
@@ -122,7 +122,7 @@ fn plot_is_a_png_with_unavailable_and_failed_paths_in_it() {
     run[3].samples.remove(&Field::LatencyUs);
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("perf.png");
-    plot::draw(&run, "test run", &png).unwrap();
+    plot::draw(&run, &Measurement::ALL, "test run", &png).unwrap();
     let bytes = std::fs::read(&png).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
 }
