@@ -86,11 +86,11 @@ fn tun_round_trip(c: &mut Criterion, sandbox: &Sandbox) {
     let (mut reader, mut writer) = (tun.reader(0), tun.writer(0));
     let src = SocketAddrV4::new(Ipv4Addr::new(10, 5, 2, 2), 5201);
     let dst = SocketAddrV4::new(Ipv4Addr::new(10, 5, 3, 3), 5201);
-    let packet = udp_packet(src, dst, super::BULK);
     let mut group = c.benchmark_group("tun");
-    for count in [1, BURST] {
+    for (size, count) in [(super::BULK, 1), (super::BULK, BURST), (64, BURST)] {
+        let packet = udp_packet(src, dst, size);
         group.throughput(Throughput::Elements(count as u64));
-        group.bench_function(format!("write+forward+read/{count}x1400B"), |b| {
+        group.bench_function(format!("write+forward+read/{count}x{size}B"), |b| {
             b.iter_custom(|iters| {
                 sandbox
                     .rt
