@@ -15,7 +15,7 @@ use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::Duration;
 use twill_dataplane::engine;
-use twill_dataplane::io::gro::Coalescer;
+use twill_dataplane::io::gro::{Coalescer, Merge};
 use twill_dataplane::io::gso;
 use twill_dataplane::table::{PeerSpec, PeerTable};
 use twill_dataplane::wire::batch::{BatchPacket, BatchWriter};
@@ -260,14 +260,18 @@ fn super_packet(c: &mut Criterion) {
     group.throughput(Throughput::Elements(SUPER_SEGMENTS as u64));
     let mut slots = vec![vec![0u8; MTU]; 64];
     let mut sizes = [0usize; 64];
-    let mut coalescer = Coalescer::new(128);
+    let merge = Merge {
+        tcp: true,
+        udp: true,
+    };
+    let mut coalescer = Coalescer::new(128, merge);
     group.bench_function("split+coalesce/64KB", |b| {
         b.iter_batched_ref(
             || frame.clone(),
             |frame| {
                 let n = gso::split(frame, &mut slots, &mut sizes).expect("split");
                 for (slot, &len) in slots.iter().zip(&sizes[..n]) {
-                    coalescer.push(&slot[..len], true);
+                    coalescer.push(&slot[..len]);
                 }
                 coalescer.drain().map(<[u8]>::len).sum::<usize>()
             },

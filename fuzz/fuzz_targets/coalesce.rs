@@ -6,16 +6,20 @@
 
 use libfuzzer_sys::fuzz_target;
 use tun_rs::VIRTIO_NET_HDR_LEN;
-use twill_dataplane::io::gro::Coalescer;
+use twill_dataplane::io::gro::{Coalescer, Merge};
 
 fuzz_target!(|data: &[u8]| {
-    let mut coalescer = Coalescer::new(4);
+    let merge = Merge {
+        tcp: true,
+        udp: true,
+    };
+    let mut coalescer = Coalescer::new(4, merge);
     let (mut pushed, mut written) = (0, 0);
     for packet in length_prefixed(data) {
         if coalescer.is_full() {
             written += drained_bytes(&mut coalescer);
         }
-        coalescer.push(packet, true);
+        coalescer.push(packet);
         pushed += packet.len();
     }
     written += drained_bytes(&mut coalescer);

@@ -28,6 +28,15 @@ pub struct Coalescer {
     slots: Vec<Vec<u8>>,
     len: usize,
     open: Option<Open>,
+    merge: Merge,
+}
+
+/// Which transports a coalescer merges. TCP needs a TUN with virtio-net headers; UDP also needs
+/// the kernel's USO (Linux 6.2), as an older kernel refuses UDP GSO writes.
+#[derive(Debug, Clone, Copy)]
+pub struct Merge {
+    pub tcp: bool,
+    pub udp: bool,
 }
 
 /// The super-packet being built in the last slot.
@@ -80,7 +89,7 @@ impl Segment {
             PROTO_UDP => Self::udp(p)?,
             _ => return None,
         };
-        (headers < ip_len).then_some(Segment {
+        (headers < ip_len).then(|| Segment {
             ip_len,
             headers,
             payload: ip_len - headers,
@@ -120,13 +129,14 @@ impl Segment {
 }
 
 impl Coalescer {
-    pub fn new(slots: usize) -> Coalescer {
+    pub fn new(slots: usize, merge: Merge) -> Coalescer {
         Coalescer {
             slots: (0..slots)
                 .map(|_| Vec::with_capacity(VIRTIO_NET_HDR_LEN + MAX_PACKET))
                 .collect(),
             len: 0,
             open: None,
+            merge,
         }
     }
 
@@ -142,10 +152,13 @@ impl Coalescer {
         self.len == self.slots.len()
     }
 
-    /// Add a packet, merging it into the previous one where it may when `merge` is set; the
-    /// caller keeps [`Coalescer::is_full`] false before calling.
-    pub fn push(&mut self, packet: &[u8], merge: bool) {
-        let segment = Segment::parse(packet).filter(|_| merge);
+    /// Add a packet, merging it into the previous one where it may; the caller keeps
+    /// [`Coalescer::is_full`] false before calling.
+    pub fn push(&mut self, packet: &[u8]) {
+        let segment = Segment::parse(packet).filter(|s| match s.transport {
+            Transport::Tcp { .. } => self.merge.tcp,
+            Transport::Udp => self.merge.udp,
+        });
         if let Some(seg) = &segment {
             if self.try_merge(seg, packet) {
                 return;
@@ -309,17 +322,22 @@ mod tests {
     use super::*;
     use crate::wire::ipv4::{test_tcp_segment, test_udp_datagram};
 
+    const ALL: Merge = Merge {
+        tcp: true,
+        udp: true,
+    };
+
     fn drained(c: &mut Coalescer) -> Vec<Vec<u8>> {
         c.drain().map(<[u8]>::to_vec).collect()
     }
 
     #[test]
     fn in_order_segments_become_one_gso_packet() {
-        let mut c = Coalescer::new(4);
+        let mut c = Coalescer::new(4, ALL);
         let payloads: [&[u8]; 3] = [&[1; 100], &[2; 100], &[3; 40]];
         let mut seq = 1000;
         for p in payloads {
-            c.push(&test_tcp_segment(seq, p, TCP_ACK), true);
+            c.push(&test_tcp_segment(seq, p, TCP_ACK));
             seq += p.len() as u32;
         }
         let out = drained(&mut c);
@@ -338,14 +356,14 @@ mod tests {
 
     #[test]
     fn a_gap_psh_or_other_flow_starts_a_new_packet() {
-        let mut c = Coalescer::new(8);
-        c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK | TCP_PSH), true);
-        c.push(&test_tcp_segment(50, &[0; 50], TCP_ACK), true);
-        c.push(&test_tcp_segment(999, &[0; 50], TCP_ACK), true);
+        let mut c = Coalescer::new(8, ALL);
+        c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK | TCP_PSH));
+        c.push(&test_tcp_segment(50, &[0; 50], TCP_ACK));
+        c.push(&test_tcp_segment(999, &[0; 50], TCP_ACK));
         let mut other = test_tcp_segment(1049, &[0; 50], TCP_ACK);
         other[22..24].copy_from_slice(&81u16.to_be_bytes());
-        c.push(&other, true);
-        c.push(&test_tcp_segment(2000, &[], TCP_ACK), true);
+        c.push(&other);
+        c.push(&test_tcp_segment(2000, &[], TCP_ACK));
         let out = drained(&mut c);
         assert_eq!(out.len(), 5);
         for slot in &out {
@@ -356,11 +374,11 @@ mod tests {
 
     #[test]
     fn a_segment_with_a_bad_checksum_is_not_merged() {
-        let mut c = Coalescer::new(4);
-        c.push(&test_tcp_segment(0, &[7; 64], TCP_ACK), true);
+        let mut c = Coalescer::new(4, ALL);
+        c.push(&test_tcp_segment(0, &[7; 64], TCP_ACK));
         let mut bad = test_tcp_segment(64, &[7; 64], TCP_ACK);
         bad[60] ^= 0xff;
-        c.push(&bad, true);
+        c.push(&bad);
         let out = drained(&mut c);
         assert_eq!(out.len(), 2);
         assert_eq!(&out[1][VIRTIO_NET_HDR_LEN..], &bad[..]);
@@ -368,11 +386,11 @@ mod tests {
 
     #[test]
     fn every_super_packet_is_sealed_not_only_the_last() {
-        let mut c = Coalescer::new(4);
-        c.push(&test_tcp_segment(0, &[1; 50], TCP_ACK), true);
-        c.push(&test_tcp_segment(50, &[1; 50], TCP_ACK | TCP_PSH), true);
-        c.push(&test_tcp_segment(100, &[2; 50], TCP_ACK), true);
-        c.push(&test_tcp_segment(150, &[2; 50], TCP_ACK), true);
+        let mut c = Coalescer::new(4, ALL);
+        c.push(&test_tcp_segment(0, &[1; 50], TCP_ACK));
+        c.push(&test_tcp_segment(50, &[1; 50], TCP_ACK | TCP_PSH));
+        c.push(&test_tcp_segment(100, &[2; 50], TCP_ACK));
+        c.push(&test_tcp_segment(150, &[2; 50], TCP_ACK));
         for slot in drained(&mut c) {
             let hdr = VirtioNetHdr::decode(&slot[..VIRTIO_NET_HDR_LEN]).unwrap();
             let packet = &slot[VIRTIO_NET_HDR_LEN..];
@@ -383,19 +401,19 @@ mod tests {
 
     #[test]
     fn longer_segment_ends_the_train() {
-        let mut c = Coalescer::new(4);
-        c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK), true);
-        c.push(&test_tcp_segment(50, &[0; 60], TCP_ACK), true);
+        let mut c = Coalescer::new(4, ALL);
+        c.push(&test_tcp_segment(0, &[0; 50], TCP_ACK));
+        c.push(&test_tcp_segment(50, &[0; 60], TCP_ACK));
         assert_eq!(drained(&mut c).len(), 2);
     }
 
     #[test]
     fn udp_datagrams_of_one_flow_become_one_uso_packet() {
-        let mut c = Coalescer::new(4);
+        let mut c = Coalescer::new(4, ALL);
         for fill in [1, 2] {
-            c.push(&test_udp_datagram(4000, &[fill; 64]), true);
+            c.push(&test_udp_datagram(4000, &[fill; 64]));
         }
-        c.push(&test_udp_datagram(4000, &[3; 10]), true);
+        c.push(&test_udp_datagram(4000, &[3; 10]));
         let out = drained(&mut c);
         assert_eq!(out.len(), 1);
         let hdr = VirtioNetHdr::decode(&out[0][..VIRTIO_NET_HDR_LEN]).unwrap();
@@ -419,9 +437,9 @@ mod tests {
 
     #[test]
     fn uso_packets_stay_within_the_kernels_segment_limit() {
-        let mut c = Coalescer::new(8);
+        let mut c = Coalescer::new(8, ALL);
         for _ in 0..MAX_UDP_SEGMENTS * 2 + 1 {
-            c.push(&test_udp_datagram(4000, &[0; 16]), true);
+            c.push(&test_udp_datagram(4000, &[0; 16]));
         }
         let segments: Vec<usize> = drained(&mut c)
             .iter()
@@ -432,13 +450,13 @@ mod tests {
 
     #[test]
     fn udp_of_another_flow_a_bad_checksum_or_tcp_is_not_merged() {
-        let mut c = Coalescer::new(8);
-        c.push(&test_udp_datagram(4000, &[0; 32]), true);
-        c.push(&test_udp_datagram(4001, &[0; 32]), true);
+        let mut c = Coalescer::new(8, ALL);
+        c.push(&test_udp_datagram(4000, &[0; 32]));
+        c.push(&test_udp_datagram(4001, &[0; 32]));
         let mut bad = test_udp_datagram(4001, &[0; 32]);
         bad[40] ^= 1;
-        c.push(&bad, true);
-        c.push(&test_tcp_segment(0, &[0; 32], TCP_ACK), true);
+        c.push(&bad);
+        c.push(&test_tcp_segment(0, &[0; 32], TCP_ACK));
         let out = drained(&mut c);
         assert_eq!(out.len(), 4);
         assert_eq!(&out[2][VIRTIO_NET_HDR_LEN..], &bad[..]);
@@ -446,15 +464,50 @@ mod tests {
 
     #[test]
     fn udp_without_a_checksum_merges_and_a_longer_datagram_ends_the_train() {
-        let mut c = Coalescer::new(4);
+        let mut c = Coalescer::new(4, ALL);
         for len in [32, 32, 48] {
             let mut datagram = test_udp_datagram(4000, &vec![5; len]);
             datagram[26..28].fill(0);
-            c.push(&datagram, true);
+            c.push(&datagram);
         }
         let out = drained(&mut c);
         assert_eq!(out.len(), 2);
         let hdr = VirtioNetHdr::decode(&out[0][..VIRTIO_NET_HDR_LEN]).unwrap();
         assert_eq!((hdr.gso_type, hdr.gso_size), (GSO_UDP_L4, 32));
+    }
+
+    #[test]
+    fn without_uso_udp_is_written_as_it_came_and_tcp_still_merges() {
+        let mut c = Coalescer::new(
+            8,
+            Merge {
+                tcp: true,
+                udp: false,
+            },
+        );
+        for _ in 0..3 {
+            c.push(&test_udp_datagram(4000, &[0; 32]));
+        }
+        c.push(&test_tcp_segment(0, &[1; 50], TCP_ACK));
+        c.push(&test_tcp_segment(50, &[1; 50], TCP_ACK));
+        let gso_types: Vec<u8> = drained(&mut c)
+            .iter()
+            .map(|slot| {
+                VirtioNetHdr::decode(&slot[..VIRTIO_NET_HDR_LEN])
+                    .unwrap()
+                    .gso_type
+            })
+            .collect();
+        assert_eq!(gso_types, [0, 0, 0, GSO_TCPV4]);
+    }
+
+    #[test]
+    fn a_tcp_header_longer_than_its_packet_is_written_as_it_came() {
+        let mut c = Coalescer::new(4, ALL);
+        let mut short = test_tcp_segment(0, &[], TCP_ACK);
+        short[32] = 15 << 4;
+        c.push(&short);
+        c.push(&short);
+        assert_eq!(drained(&mut c).len(), 2);
     }
 }

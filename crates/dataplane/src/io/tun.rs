@@ -4,7 +4,7 @@
 //! MTU-sized segments for us, and a write can hand the kernel many segments that tun-rs first
 //! coalesces (GRO). So one syscall moves up to 64 KB each way instead of one packet.
 
-use super::gro::Coalescer;
+use super::gro::{Coalescer, Merge};
 use super::gso;
 use crate::wire::virtio::GSO_NONE;
 use arrayvec::ArrayVec;
@@ -41,6 +41,8 @@ pub struct TunConfig {
 pub struct Tun {
     queues: Vec<Arc<AsyncDevice>>,
     offload: bool,
+    /// The kernel takes UDP GSO writes (USO, Linux 6.2), so UDP may be coalesced too.
+    uso: bool,
     mtu: u16,
 }
 
@@ -57,18 +59,20 @@ impl Tun {
             Err(e) => return Err(open_error(config, e)),
         };
         let offload = config.offload && first.tcp_gso();
+        let uso = offload && first.udp_gso();
         disable_ipv6(&config.name);
         let mut queues = vec![Arc::new(first)];
         for _ in 1..config.queues {
             queues.push(Arc::new(queues[0].try_clone()?));
         }
         tracing::info!(
-            name = %config.name, mtu = config.mtu, offload, queues = queues.len(),
+            name = %config.name, mtu = config.mtu, offload, uso, queues = queues.len(),
             "TUN device up"
         );
         Ok(Tun {
             queues,
             offload,
+            uso,
             mtu: config.mtu,
         })
     }
@@ -90,7 +94,11 @@ impl Tun {
     }
 
     pub fn writer(&self, queue: usize) -> TunWriter {
-        TunWriter::new(self.queues[queue].clone(), self.offload)
+        let merge = Merge {
+            tcp: self.offload,
+            udp: self.uso,
+        };
+        TunWriter::new(self.queues[queue].clone(), self.offload, merge)
     }
 }
 
@@ -302,10 +310,10 @@ pub struct TunWriter {
 }
 
 impl TunWriter {
-    fn new(dev: Arc<AsyncDevice>, vnet_hdr: bool) -> TunWriter {
+    fn new(dev: Arc<AsyncDevice>, vnet_hdr: bool, merge: Merge) -> TunWriter {
         TunWriter {
             dev,
-            packets: Coalescer::new(WRITE_BATCH),
+            packets: Coalescer::new(WRITE_BATCH, merge),
             vnet_hdr,
             segments: Vec::new(),
             segment_sizes: Vec::new(),
@@ -314,7 +322,7 @@ impl TunWriter {
 
     /// Queue a copy of `packet`; the caller flushes when [`TunWriter::is_full`].
     pub fn push(&mut self, packet: &[u8]) {
-        self.packets.push(packet, self.vnet_hdr);
+        self.packets.push(packet);
     }
 
     pub fn is_full(&self) -> bool {
