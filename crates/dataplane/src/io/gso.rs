@@ -62,16 +62,16 @@ pub fn tcp_super_header(packet: &[u8], gso_type: u8, gso_size: u16) -> Option<Vi
     })
 }
 
-/// Split `frame` into packets, one per slot, as the wire needs them: a plain packet gets its
-/// checksum finished, a super-packet is segmented. Returns the number of packets; `sizes[i]` is
-/// the length of the packet in `slots[i]`.
+/// Split `packet`, read from TUN with the virtio-net header `hdr` (see [`header`]), into packets,
+/// one per slot, as the wire needs them: a plain packet gets its checksum finished, a
+/// super-packet is segmented. Returns the number of packets; `sizes[i]` is the length of the
+/// packet in `slots[i]`.
 pub fn split<B: AsRef<[u8]> + AsMut<[u8]>>(
-    frame: &mut [u8],
+    mut hdr: VirtioNetHdr,
+    packet: &mut [u8],
     slots: &mut [B],
     sizes: &mut [usize],
 ) -> io::Result<usize> {
-    let mut hdr = header(frame)?;
-    let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
     if hdr.gso_type == GSO_NONE {
         if hdr.flags & NEEDS_CSUM != 0 {
             finish_checksum(packet, &hdr)?;
@@ -87,9 +87,9 @@ pub fn split<B: AsRef<[u8]> + AsMut<[u8]>>(
     if hdr.gso_size == 0 {
         return Err(invalid("super-packet with a zero segment size"));
     }
-    let is_v6 = match packet[0] >> 4 {
-        4 => false,
-        6 => true,
+    let is_v6 = match packet.first().map(|b| b >> 4) {
+        Some(4) => false,
+        Some(6) => true,
         _ => return Err(invalid("super-packet that is neither IPv4 nor IPv6")),
     };
     // The kernel's hdr_len can cover the whole first packet on a forwarding path, so it is
@@ -134,20 +134,13 @@ mod tests {
         p
     }
 
-    fn frame(hdr: VirtioNetHdr, packet: &[u8]) -> Vec<u8> {
-        let mut f = vec![0; VIRTIO_NET_HDR_LEN];
-        hdr.encode(&mut f).unwrap();
-        f.extend_from_slice(packet);
-        f
-    }
-
     #[test]
     fn plain_partial_packet_gets_its_checksum() {
         let packet = partial_tcp(100);
         let hdr = tcp_super_header(&packet, GSO_NONE, 0).unwrap();
-        let mut f = frame(hdr, &packet);
         let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 2], [0; 2]);
-        assert_eq!(split(&mut f, &mut slots, &mut sizes).unwrap(), 1);
+        let mut p = packet.clone();
+        assert_eq!(split(hdr, &mut p, &mut slots, &mut sizes).unwrap(), 1);
         assert!(checksum_valid(&slots[0][..sizes[0]]));
     }
 
@@ -156,9 +149,9 @@ mod tests {
         let packet = partial_tcp(3000);
         let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
         assert!(is_tcpv4_super_packet(&hdr, &packet));
-        let mut f = frame(hdr, &packet);
         let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 4], [0; 4]);
-        assert_eq!(split(&mut f, &mut slots, &mut sizes).unwrap(), 3);
+        let mut p = packet.clone();
+        assert_eq!(split(hdr, &mut p, &mut slots, &mut sizes).unwrap(), 3);
         assert_eq!(sizes[..3], [1440, 1440, 240]);
         let mut payload = Vec::new();
         for (slot, &len) in slots.iter().zip(&sizes[..3]) {
@@ -175,26 +168,23 @@ mod tests {
         let packet = partial_tcp(3000);
         let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
         let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 4], [0; 4]);
-        assert!(split(&mut [0; 10], &mut slots, &mut sizes).is_err());
-        let mut short = frame(hdr, &packet[..30]);
-        assert!(split(&mut short, &mut slots, &mut sizes).is_err());
-        let mut too_many = frame(
-            VirtioNetHdr {
-                gso_size: 100,
-                ..hdr
-            },
-            &packet,
+        assert!(
+            header(&[0; 10]).is_err(),
+            "a frame no longer than its header"
         );
-        assert!(split(&mut too_many, &mut slots, &mut sizes).is_err());
-        let mut bad_offset = frame(
-            VirtioNetHdr {
-                gso_type: GSO_NONE,
-                csum_offset: 5000,
-                ..hdr
-            },
-            &packet,
-        );
-        assert!(split(&mut bad_offset, &mut slots, &mut sizes).is_err());
+        assert!(split(hdr, &mut [], &mut slots, &mut sizes).is_err());
+        assert!(split(hdr, &mut packet[..30].to_vec(), &mut slots, &mut sizes).is_err());
+        let too_many = VirtioNetHdr {
+            gso_size: 100,
+            ..hdr
+        };
+        assert!(split(too_many, &mut packet.clone(), &mut slots, &mut sizes).is_err());
+        let bad_offset = VirtioNetHdr {
+            gso_type: GSO_NONE,
+            csum_offset: 5000,
+            ..hdr
+        };
+        assert!(split(bad_offset, &mut packet.clone(), &mut slots, &mut sizes).is_err());
     }
 
     #[test]

@@ -213,13 +213,18 @@ impl TunReader {
             self.whole = Some((hdr, len));
             return Ok(0);
         }
-        self.split_frame(len, first, hdr.gso_type == GSO_NONE)
+        self.split_frame(hdr, len, first)
     }
 
-    /// Split the frame in `raw[..len]` into the batch's slots from `first` on. A plain packet
-    /// gets only the one slot it needs: listing all 256 costs more than a small packet's read.
-    fn split_frame(&mut self, len: usize, first: usize, plain: bool) -> io::Result<usize> {
-        let wanted = if plain { 1 } else { READ_BATCH - first };
+    /// Split the frame in `raw[..len]`, whose header is `hdr`, into the batch's slots from
+    /// `first` on. A plain packet gets only the one slot it needs: listing all 256 costs more
+    /// than a small packet's read.
+    fn split_frame(&mut self, hdr: VirtioNetHdr, len: usize, first: usize) -> io::Result<usize> {
+        let wanted = if hdr.gso_type == GSO_NONE {
+            1
+        } else {
+            READ_BATCH - first
+        };
         let mut slots: ArrayVec<&mut [u8], READ_BATCH> = ArrayVec::new();
         slots.extend(
             self.buf
@@ -227,7 +232,8 @@ impl TunReader {
                 .skip(first)
                 .take(wanted),
         );
-        gso::split(&mut self.raw[..len], &mut slots, &mut self.sizes[first..])
+        let packet = &mut self.raw[VIRTIO_NET_HDR_LEN..len];
+        gso::split(hdr, packet, &mut slots, &mut self.sizes[first..])
     }
 
     /// The TCP super-packet frame that ended the last batch, if one was kept whole, with its
@@ -239,8 +245,11 @@ impl TunReader {
     /// Split the whole super-packet after all into the batch's slots (its packets were sent):
     /// for a peer that cannot take it whole. Returns the packets now in the batch.
     pub fn split_whole(&mut self) -> io::Result<usize> {
-        let len = self.whole.take().map_or(0, |(_, len)| len);
-        self.len = self.split_frame(len, 0, false)?;
+        let (hdr, len) = self
+            .whole
+            .take()
+            .ok_or_else(|| io::Error::other("no super-packet was kept whole"))?;
+        self.len = self.split_frame(hdr, len, 0)?;
         Ok(self.len)
     }
 
@@ -359,20 +368,20 @@ impl TunWriter {
         if self.vnet_hdr {
             self.dev.send(frame).await?;
         } else {
-            self.write_segments(frame).await?;
+            self.write_segments(hdr, frame).await?;
         }
         queued
     }
 
-    async fn write_segments(&mut self, frame: &mut [u8]) -> io::Result<()> {
+    async fn write_segments(&mut self, hdr: VirtioNetHdr, frame: &mut [u8]) -> io::Result<()> {
         if self.segments.is_empty() {
             self.segments = vec![0; 4 * MAX_READ];
         }
-        let hdr = gso::header(frame)?;
         let stride = usize::from(hdr.hdr_len) + usize::from(hdr.gso_size);
         let mut slots: Vec<&mut [u8]> = self.segments.chunks_exact_mut(stride).collect();
         self.segment_sizes.resize(slots.len(), 0);
-        let n = gso::split(frame, &mut slots, &mut self.segment_sizes)?;
+        let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
+        let n = gso::split(hdr, packet, &mut slots, &mut self.segment_sizes)?;
         for (slot, &len) in slots.iter().zip(&self.segment_sizes[..n]) {
             self.dev.send(&slot[..len]).await?;
         }
