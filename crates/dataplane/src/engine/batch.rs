@@ -14,7 +14,7 @@ use crate::io::gso;
 use crate::io::tun::READ_BATCH;
 use crate::io::udp::sender_v4;
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
-use crate::stats::{DropReason, DropTally, EngineStats};
+use crate::stats::{DropReason, DropTally, EngineStats, Flow};
 use crate::table::{Peer, PeerTable};
 use crate::wire::batch::{self, BatchPacket, BatchWriter, Records, OVERHEAD, RECORD_PREFIX_LEN};
 use crate::wire::chunk::{self, ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
@@ -25,7 +25,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddrV4};
 use std::ops::ControlFlow;
 use std::ops::{AddAssign, Range};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -122,19 +122,17 @@ impl AddAssign for Counts {
 
 impl Counts {
     fn publish_tx(&self, stats: &EngineStats) {
-        stats.tx.add(self.packets, self.bytes);
-        stats.tx_datagrams.fetch_add(self.datagrams, Relaxed);
-        stats
-            .tx_super_packets
-            .fetch_add(self.super_packets, Relaxed);
+        self.publish(&stats.tx, &stats.tx_datagrams, &stats.tx_super_packets);
     }
 
     fn publish_rx(&self, stats: &EngineStats) {
-        stats.rx.add(self.packets, self.bytes);
-        stats.rx_datagrams.fetch_add(self.datagrams, Relaxed);
-        stats
-            .rx_super_packets
-            .fetch_add(self.super_packets, Relaxed);
+        self.publish(&stats.rx, &stats.rx_datagrams, &stats.rx_super_packets);
+    }
+
+    fn publish(&self, flow: &Flow, datagrams: &AtomicU64, super_packets: &AtomicU64) {
+        flow.add(self.packets, self.bytes);
+        datagrams.fetch_add(self.datagrams, Relaxed);
+        super_packets.fetch_add(self.super_packets, Relaxed);
     }
 }
 
