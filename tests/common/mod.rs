@@ -92,6 +92,16 @@ pub fn tcp_transfer(from: &Container, to: &Container, bytes: usize) -> Result<(S
     })
 }
 
+/// [`tcp_transfer`], failing unless the sha256 of what arrived equals that of what was sent.
+pub fn tcp_transfer_intact(from: &Container, to: &Container, bytes: usize) -> Result<()> {
+    let (sent, received) = tcp_transfer(from, to, bytes)?;
+    anyhow::ensure!(
+        sent == received,
+        "sha256 sent {sent} != received {received}"
+    );
+    Ok(())
+}
+
 fn receive(addr: SocketAddr, ready: std::sync::mpsc::Sender<Result<()>>) -> Result<String> {
     let listener = match TcpListener::bind(addr) {
         Ok(l) => l,
@@ -336,11 +346,7 @@ pub fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
 /// 64 MiB over TCP from host 0's container to host 1's, checked by sha256, and counted by the
 /// sending node's per-peer counter.
 pub fn transfer_64_mib_intact(pair: &Pair) -> Result<()> {
-    let (sent, received) = tcp_transfer(pair.container(0), pair.container(1), 64 << 20)?;
-    anyhow::ensure!(
-        sent == received,
-        "sha256 sent {sent} != received {received}"
-    );
+    tcp_transfer_intact(pair.container(0), pair.container(1), 64 << 20)?;
     let s = status(&pair.host(0).ns)?;
     let tx = s["counters"]["peers"][0]["tx_bytes"].as_u64().unwrap_or(0);
     anyhow::ensure!(
