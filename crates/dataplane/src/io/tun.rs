@@ -60,7 +60,11 @@ impl Tun {
         };
         let offload = config.offload && first.tcp_gso();
         let uso = offload && first.udp_gso();
+        // Before the link is up, or the kernel has already queued a router solicitation.
         disable_ipv6(&config.name);
+        first
+            .enabled(true)
+            .map_err(|e| anyhow::anyhow!("cannot bring TUN device {} up: {e}", config.name))?;
         let mut queues = vec![Arc::new(first)];
         for _ in 1..config.queues {
             queues.push(Arc::new(queues[0].try_clone()?));
@@ -110,6 +114,7 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<AsyncDevice> {
         .offload(offload)
         .multi_queue(config.queues > 1)
         .tx_queue_len(config.tx_queue_len)
+        .enable(false)
         .build_async()
 }
 
@@ -154,6 +159,8 @@ pub struct TunReader {
     sizes: [usize; READ_BATCH],
     len: usize,
     failed_reads: u64,
+    /// The last drained batch held only one read.
+    sparse: bool,
 }
 
 impl TunReader {
@@ -170,6 +177,7 @@ impl TunReader {
             sizes: [0; READ_BATCH],
             len: 0,
             failed_reads: 0,
+            sparse: false,
         }
     }
 
@@ -181,11 +189,28 @@ impl TunReader {
     /// Wait for at least one packet, then take whatever else is already queued, never waiting
     /// for more. Returns the number of packets now in the batch; a super-packet kept whole
     /// ends the batch and is not counted.
+    ///
+    /// While traffic is sparse (the last batch was a single read), a packet that wakes the
+    /// reader is returned alone: on a request/response flow nothing else is queued, and the
+    /// read that would find that out is better made after the packet has been sent. Under load
+    /// the queue is drained first, so runs of packets still leave in one send.
     pub async fn read_batch(&mut self) -> io::Result<usize> {
         self.len = 0;
         self.whole = None;
-        let n = self.read_into(0, ReadMode::Wait).await?;
-        self.len = n;
+        let woken = match self.read_into(0, ReadMode::NoWait).await {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.len = self.read_into(0, ReadMode::Wait).await?;
+                true
+            }
+            read => {
+                self.len = read?;
+                false
+            }
+        };
+        if woken && self.sparse {
+            return Ok(self.len);
+        }
+        let mut reads = 1;
         while self.whole.is_none() && READ_BATCH - self.len >= SLOTS_PER_READ {
             match self.read_into(self.len, ReadMode::NoWait).await {
                 Ok(n) => self.len += n,
@@ -197,7 +222,9 @@ impl TunReader {
                     break;
                 }
             }
+            reads += 1;
         }
+        self.sparse = reads == 1;
         Ok(self.len)
     }
 
