@@ -84,7 +84,10 @@ fn run(cli: Cli) -> Result<bool> {
     if !cli.twill_args.is_empty() {
         title += &format!("; twill run {}", cli.twill_args.join(" "));
     }
-    println!("{title}\n×vxlan, ×native: single-stream TCP relative to those paths\n");
+    println!(
+        "{title}\n×vxlan, ×native: single-stream TCP relative to those paths; \
+         lat: qperf tcp_lat, one way (half a 1-byte round trip)\n"
+    );
     print!("{}", report::table(&results));
     if let Some(path) = &cli.json {
         let text = serde_json::to_string_pretty(&report::json(&results))?;

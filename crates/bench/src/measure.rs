@@ -68,7 +68,7 @@ pub enum Measurement {
     TcpReverse,
     /// 64-byte UDP packets as fast as iperf3 sends them.
     Udp64,
-    /// qperf tcp_lat round trips.
+    /// qperf tcp_lat: one-way latency, half of a 1-byte TCP round trip.
     Latency,
 }
 

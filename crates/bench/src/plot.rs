@@ -40,7 +40,7 @@ const PANELS: [Panel; 4] = [
         series: &[("received", Field::Udp64Kpps)],
     },
     Panel {
-        title: "TCP round-trip latency (qperf tcp_lat), µs (lower is better)",
+        title: "TCP one-way latency (qperf tcp_lat, half a round trip), µs (lower is better)",
         series: &[("latency", Field::LatencyUs)],
     },
     Panel {
