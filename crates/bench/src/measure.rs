@@ -19,18 +19,20 @@ pub enum Field {
     TcpRevGbps,
     Udp64Kpps,
     Udp64LossPct,
+    Udp64PathLossPct,
     LatencyUs,
     CpuPct,
     CpuSoftirqPct,
 }
 
 impl Field {
-    pub const ALL: [Field; 8] = [
+    pub const ALL: [Field; 9] = [
         Field::TcpGbps,
         Field::TcpP4Gbps,
         Field::TcpRevGbps,
         Field::Udp64Kpps,
         Field::Udp64LossPct,
+        Field::Udp64PathLossPct,
         Field::LatencyUs,
         Field::CpuPct,
         Field::CpuSoftirqPct,
@@ -43,6 +45,7 @@ impl Field {
             Field::TcpRevGbps => "tcp_rev_gbps",
             Field::Udp64Kpps => "udp64_kpps",
             Field::Udp64LossPct => "udp64_loss_pct",
+            Field::Udp64PathLossPct => "udp64_path_loss_pct",
             Field::LatencyUs => "latency_us",
             Field::CpuPct => "cpu_pct",
             Field::CpuSoftirqPct => "cpu_softirq_pct",
@@ -51,7 +54,10 @@ impl Field {
 
     /// No loss and (on an idle path) no softirq time are real results, not missing ones.
     pub fn may_be_zero(self) -> bool {
-        matches!(self, Field::Udp64LossPct | Field::CpuSoftirqPct)
+        matches!(
+            self,
+            Field::Udp64LossPct | Field::Udp64PathLossPct | Field::CpuSoftirqPct
+        )
     }
 }
 
@@ -97,7 +103,11 @@ impl Measurement {
             Measurement::Tcp => &[Field::TcpGbps, Field::CpuPct, Field::CpuSoftirqPct],
             Measurement::TcpP4 => &[Field::TcpP4Gbps],
             Measurement::TcpReverse => &[Field::TcpRevGbps],
-            Measurement::Udp64 => &[Field::Udp64Kpps, Field::Udp64LossPct],
+            Measurement::Udp64 => &[
+                Field::Udp64Kpps,
+                Field::Udp64LossPct,
+                Field::Udp64PathLossPct,
+            ],
             Measurement::Latency => &[Field::LatencyUs],
         }
     }
@@ -132,11 +142,15 @@ impl Measurement {
                 Ok(vec![(Field::TcpRevGbps, parse::iperf_tcp_gbps(&out)?)])
             }
             Measurement::Udp64 => {
-                // -b 0: as fast as the sender can; what arrives is the path's packet rate.
+                // -b 0: as fast as the sender can. iperf3's loss also counts what the receiving
+                // iperf3 was too slow to take, so the kernel's counters tell the path's share.
+                let before = UdpCounts::take(ends)?;
                 let udp = parse::iperf_udp(&iperf(ends, timing, &["-u", "-l", "64", "-b", "0"])?)?;
+                let path_loss = UdpCounts::take(ends)?.path_loss_pct(&before)?;
                 Ok(vec![
                     (Field::Udp64Kpps, udp.pps / 1e3),
                     (Field::Udp64LossPct, udp.loss_pct),
+                    (Field::Udp64PathLossPct, path_loss),
                 ])
             }
             Measurement::Latency => {
@@ -147,6 +161,35 @@ impl Measurement {
                 Ok(vec![(Field::LatencyUs, parse::qperf_latency_us(&out)?)])
             }
         }
+    }
+}
+
+/// UDP datagrams the client's namespace sent, and those that reached the server's namespace:
+/// read by the application, or dropped because its socket was full.
+struct UdpCounts {
+    sent: u64,
+    reached: u64,
+}
+
+impl UdpCounts {
+    fn take(ends: &Endpoints) -> Result<UdpCounts> {
+        let client = ends.client.exec("cat", &["/proc/net/snmp"])?;
+        let server = ends.server.exec("cat", &["/proc/net/snmp"])?;
+        Ok(UdpCounts {
+            sent: parse::snmp_udp(&client, "OutDatagrams")?,
+            reached: parse::snmp_udp(&server, "InDatagrams")?
+                + parse::snmp_udp(&server, "RcvbufErrors")?,
+        })
+    }
+
+    /// The share of datagrams sent since `before` that never reached the server's namespace.
+    fn path_loss_pct(&self, before: &UdpCounts) -> Result<f64> {
+        let sent = self.sent.saturating_sub(before.sent);
+        if sent == 0 {
+            bail!("the client sent no UDP datagrams");
+        }
+        let reached = self.reached.saturating_sub(before.reached);
+        Ok((100.0 * (1.0 - reached as f64 / sent as f64)).max(0.0))
     }
 }
 

@@ -53,6 +53,26 @@ fn number(obj: &Value, key: &str) -> Result<f64> {
         .with_context(|| format!("iperf3 JSON: `{key}` missing or not a number"))
 }
 
+/// One counter of the `Udp:` lines of `/proc/net/snmp`: a line of names, then one of values.
+pub fn snmp_udp(text: &str, name: &str) -> Result<u64> {
+    let mut lines = text.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = lines
+        .next()
+        .zip(lines.next())
+        .context("no Udp: lines in /proc/net/snmp")?;
+    let at = names
+        .split_whitespace()
+        .position(|n| n == name)
+        .with_context(|| format!("/proc/net/snmp has no Udp counter {name}"))?;
+    let value = values
+        .split_whitespace()
+        .nth(at)
+        .with_context(|| format!("/proc/net/snmp has no value for Udp {name}"))?;
+    value
+        .parse()
+        .with_context(|| format!("/proc/net/snmp Udp {name} = {value:?}"))
+}
+
 /// The `latency = 7.8 us` line of `qperf ... tcp_lat`, in µs (qperf picks ns/us/ms/sec itself).
 pub fn qperf_latency_us(text: &str) -> Result<f64> {
     let line = text

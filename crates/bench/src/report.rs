@@ -41,7 +41,7 @@ fn ratios(results: &[PathResult], r: &PathResult) -> [(&'static str, Option<f64>
     ]
 }
 
-const HEADER: [&str; 11] = [
+const HEADER: [&str; 12] = [
     "path",
     "tcp Gbit/s",
     "×vxlan",
@@ -50,6 +50,7 @@ const HEADER: [&str; 11] = [
     "-R",
     "udp64 kpps",
     "loss %",
+    "path loss %",
     "lat µs",
     "cpu %",
     "sirq %",
@@ -101,6 +102,7 @@ fn row(results: &[PathResult], r: &PathResult) -> Vec<String> {
         cell(r.value(Field::TcpRevGbps), 2),
         cell(r.value(Field::Udp64Kpps), 1),
         cell(r.value(Field::Udp64LossPct), 1),
+        cell(r.value(Field::Udp64PathLossPct), 1),
         cell(r.value(Field::LatencyUs), 1),
         cell(r.value(Field::CpuPct), 0),
         cell(r.value(Field::CpuSoftirqPct), 0),

@@ -82,3 +82,18 @@ fn flannel_mtu_comes_from_the_subnet_file() {
     assert_eq!(subnet_env_mtu(env).unwrap(), 1472);
     assert!(subnet_env_mtu("FLANNEL_SUBNET=10.5.1.1/24\n").is_err());
 }
+
+#[test]
+fn udp_counters_come_from_the_udp_lines_of_proc_net_snmp() {
+    let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                Udp: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                Udp: 789432 0 645764 120 645764 0\n\
+                UdpLite: InDatagrams NoPorts InErrors OutDatagrams RcvbufErrors SndbufErrors\n\
+                UdpLite: 7 0 0 0 0 0\n";
+    assert_eq!(snmp_udp(snmp, "InDatagrams").unwrap(), 789432);
+    assert_eq!(snmp_udp(snmp, "RcvbufErrors").unwrap(), 645764);
+    assert_eq!(snmp_udp(snmp, "OutDatagrams").unwrap(), 120);
+    assert!(snmp_udp(snmp, "NoSuchCounter").is_err());
+    assert!(snmp_udp("Ip: Forwarding\nIp: 1\n", "InDatagrams").is_err());
+    assert!(snmp_udp("Udp: InDatagrams\nUdp: many\n", "InDatagrams").is_err());
+}

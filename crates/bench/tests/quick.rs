@@ -37,7 +37,9 @@ fn quick_run_measures_native_and_vxlan_and_writes_json() {
         ] {
             assert!(p[key].as_f64().unwrap() > 0.0, "{key} in {p}");
         }
-        assert!(p["udp64_loss_pct"].as_f64().unwrap() >= 0.0, "{p}");
+        for key in ["udp64_loss_pct", "udp64_path_loss_pct"] {
+            assert!(p[key].as_f64().unwrap() >= 0.0, "{key} in {p}");
+        }
     }
     assert_eq!(paths[1]["tcp_vs_vxlan"], 1.0);
 }

@@ -73,6 +73,7 @@ fn json_holds_medians_ratios_and_unavailable_paths() {
         "tcp_rev_gbps",
         "udp64_kpps",
         "udp64_loss_pct",
+        "udp64_path_loss_pct",
         "cpu_pct",
     ] {
         assert!(twill.get(key).is_some(), "{key} missing");
@@ -107,6 +108,7 @@ fn quick_check_wants_every_number_of_available_paths_but_allows_zero_loss() {
     let mut run = sample_run();
     check_complete(&run).unwrap();
     run[1].samples.insert(Field::Udp64LossPct, vec![0.0]);
+    run[1].samples.insert(Field::Udp64PathLossPct, vec![0.0]);
     check_complete(&run).unwrap();
     run[1].samples.insert(Field::LatencyUs, vec![0.0]);
     let e = check_complete(&run).unwrap_err().to_string();
