@@ -159,7 +159,7 @@ pub struct TunReader {
     sizes: [usize; READ_BATCH],
     len: usize,
     failed_reads: u64,
-    /// The last drained batch held only one read.
+    /// The last drained batch held only its first read.
     sparse: bool,
 }
 
@@ -197,20 +197,32 @@ impl TunReader {
     pub async fn read_batch(&mut self) -> io::Result<usize> {
         self.len = 0;
         self.whole = None;
-        let woken = match self.read_into(0, ReadMode::NoWait).await {
+        let woken = self.read_first().await?;
+        if !(woken && self.sparse) {
+            self.sparse = self.drain().await == 0;
+        }
+        Ok(self.len)
+    }
+
+    /// Read the batch's first packet, waiting for one if none is queued; returns whether it
+    /// had to wait.
+    async fn read_first(&mut self) -> io::Result<bool> {
+        match self.read_into(0, ReadMode::NoWait).await {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.len = self.read_into(0, ReadMode::Wait).await?;
-                true
+                Ok(true)
             }
             read => {
                 self.len = read?;
-                false
+                Ok(false)
             }
-        };
-        if woken && self.sparse {
-            return Ok(self.len);
         }
-        let mut reads = 1;
+    }
+
+    /// Add what is already queued to the batch, as room allows; returns how many reads found
+    /// something.
+    async fn drain(&mut self) -> usize {
+        let mut reads = 0;
         while self.whole.is_none() && READ_BATCH - self.len >= SLOTS_PER_READ {
             match self.read_into(self.len, ReadMode::NoWait).await {
                 Ok(n) => self.len += n,
@@ -224,8 +236,7 @@ impl TunReader {
             }
             reads += 1;
         }
-        self.sparse = reads == 1;
-        Ok(self.len)
+        reads
     }
 
     async fn read_into(&mut self, first: usize, mode: ReadMode) -> io::Result<usize> {
