@@ -9,7 +9,7 @@
 
 use super::gso::tcp_super_header;
 use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
-use crate::wire::virtio::{GSO_TCPV4, GSO_UDP_L4, NEEDS_CSUM, TCP_CHECKSUM_OFFSET};
+use crate::wire::virtio::{GSO_TCPV4, GSO_UDP_L4, NEEDS_CSUM};
 use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 /// A super-packet is one IPv4 packet: at most 64 KB.
@@ -284,22 +284,18 @@ fn finish_super_packet(slot: &mut [u8], open: &Open) {
     packet[10..12].fill(0);
     let ip_sum = !tun_rs::checksum(&packet[..20], 0);
     packet[10..12].copy_from_slice(&ip_sum.to_be_bytes());
-    let pseudo = tun_rs::checksum(&[], pseudo_header_sum(packet, total - 20));
     let gso_size = open.gso_size as u16;
     let hdr = match open.flow {
-        Flow::Tcp { .. } => {
-            let at = 20 + usize::from(TCP_CHECKSUM_OFFSET);
-            packet[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
-            tcp_super_header(packet, GSO_TCPV4, gso_size)
-                .expect("a merged packet has a whole TCP header")
-        }
+        Flow::Tcp { .. } => tcp_super_header(packet, GSO_TCPV4, gso_size)
+            .expect("a merged packet has a whole TCP header"),
         Flow::Udp => {
             packet[24..26].copy_from_slice(&((total - 20) as u16).to_be_bytes());
-            let at = 20 + UDP_CHECKSUM_OFFSET;
-            packet[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
             udp_super_header(gso_size)
         }
     };
+    let pseudo = tun_rs::checksum(&[], pseudo_header_sum(packet, total - 20));
+    let at = usize::from(hdr.csum_start) + usize::from(hdr.csum_offset);
+    packet[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
     hdr.encode(&mut slot[..VIRTIO_NET_HDR_LEN])
         .expect("a virtio header fits its slot");
 }
