@@ -52,9 +52,9 @@ const PANELS: [Panel; 4] = [
     },
 ];
 
-/// Writes the PNG; `title` names the run (e.g. repeat and duration).
-/// Draw every panel; `measured` says which measurements ran, so a panel of the others reads
-/// "not measured" rather than "failed".
+/// Write the PNG with every panel; `title` names the run (e.g. repeat and duration), and
+/// `measured` says which measurements ran, so a panel of the others reads "not measured"
+/// rather than "failed".
 pub fn draw(
     results: &[PathResult],
     measured: &[Measurement],

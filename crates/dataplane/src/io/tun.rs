@@ -1,8 +1,9 @@
 //! The TUN device on tun-rs, with virtio-net offloads when the kernel has them.
 //!
-//! With offloads a read can return a 64 KB TCP super-packet, which tun-rs splits into
-//! MTU-sized segments for us, and a write can hand the kernel many segments that tun-rs first
-//! coalesces (GRO). So one syscall moves up to 64 KB each way instead of one packet.
+//! With offloads a read can return a 64 KB TCP super-packet, which tun-rs's `gso_split` cuts
+//! into MTU-sized segments, and a write can hand the kernel many TCP segments or UDP datagrams
+//! that twill's [`Coalescer`] first merges (GRO, and USO where the kernel has it). So one
+//! syscall moves up to 64 KB each way instead of one packet.
 
 use super::gro::{Coalescer, Merge};
 use super::gso;
