@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 pub mod host;
 pub mod lease;
+pub mod node;
 pub mod registry;
 pub mod status;
 pub mod subnet_env;

@@ -3,8 +3,8 @@
 mod kernel_common;
 
 use kernel_common::{config, lease, lines, two_hosts, Netns};
-use twill_control::backend::host_gw::HostGwBackend;
-use twill_control::backend::Backend;
+use twill_control::backend::host_gw::{HostGwBackend, HostGwSetup};
+use twill_control::backend::{Backend, Setup};
 use twill_control::lease::Lease;
 
 fn on_node<F>(ns: &Netns, own: &Lease, work: F)
@@ -13,7 +13,7 @@ where
 {
     let own = own.clone();
     ns.block_on(move || async move {
-        let mut backend = HostGwBackend::connect(&config(false), &own).await.unwrap();
+        let mut backend = HostGwSetup(config(false)).attach(&own).await.unwrap();
         assert_eq!(backend.mtu(), 1500);
         work(&mut backend).await.unwrap();
     });

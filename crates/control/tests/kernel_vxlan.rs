@@ -5,7 +5,7 @@ mod kernel_common;
 use kernel_common::{config, lease, lines, two_hosts, Netns};
 use serde_json::json;
 use twill_control::backend::vxlan::{VxlanBackend, VxlanConfig, VxlanDevice};
-use twill_control::backend::Backend;
+use twill_control::backend::{Backend, Setup};
 use twill_control::lease::Lease;
 
 const A_SUBNET: &str = "10.5.1.0/24";

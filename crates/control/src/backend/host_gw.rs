@@ -3,7 +3,9 @@
 //! ("nexthop has invalid gateway"), reported, and retried by the next reconcile.
 
 use super::kernel::{connect, KernelBackend, KernelConfig, Owned, PeerPlan, PeerState, Uplink};
-use crate::lease::Lease;
+use super::Setup;
+use crate::lease::{Lease, LeaseAttrs};
+use std::net::Ipv4Addr;
 
 pub type HostGwBackend = KernelBackend<HostGwPlan>;
 
@@ -21,9 +23,19 @@ impl PeerPlan for HostGwPlan {
     }
 }
 
-impl HostGwBackend {
-    /// `config.direct_routing` is ignored: host-gw routes directly by definition.
-    pub async fn connect(config: &KernelConfig, lease: &Lease) -> anyhow::Result<HostGwBackend> {
+/// host-gw has nothing to make before the lease: its routes go on the iface.
+pub struct HostGwSetup(pub KernelConfig);
+
+impl Setup for HostGwSetup {
+    type Backend = HostGwBackend;
+
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+        LeaseAttrs::host_gw(public_ip)
+    }
+
+    /// `direct_routing` is ignored: host-gw routes directly by definition.
+    async fn attach(self, lease: &Lease) -> anyhow::Result<HostGwBackend> {
+        let config = self.0;
         let (nl, uplink) = connect(&config.iface).await?;
         let owned = Owned {
             network: config.network,

@@ -13,7 +13,9 @@ use super::kernel::{
     Uplink,
 };
 use super::netlink::{ipip_link_message, IpipParams, Link, LinkKind, Netlink, Route};
-use crate::lease::Lease;
+use super::Setup;
+use crate::lease::{Lease, LeaseAttrs};
+use std::net::Ipv4Addr;
 
 /// flanneld's name; not `tunl0`, which the ipip module creates by itself and users may rely on.
 pub const DEVICE: &str = "flannel.ipip";
@@ -48,9 +50,17 @@ impl IpipDevice {
         };
         Ok(IpipDevice { tunnel })
     }
+}
+
+impl Setup for IpipDevice {
+    type Backend = IpipBackend;
+
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+        LeaseAttrs::ipip(public_ip)
+    }
 
     /// Finishes the device for our lease (its /32 address, up) and returns the backend.
-    pub async fn attach(self, lease: &Lease) -> anyhow::Result<IpipBackend> {
+    async fn attach(self, lease: &Lease) -> anyhow::Result<IpipBackend> {
         self.tunnel.attach(lease, IpipPlan).await
     }
 }

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::netlink::{FdbEntry, Link, Neighbour, Netlink, Route};
 use super::Backend;
 use crate::lease::Lease;
+use crate::node::Node;
 
 /// What every kernel backend needs to know about this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,16 @@ pub struct KernelConfig {
     /// vxlan and ipip: peers on the iface's own subnet get a plain route via their PublicIP
     /// instead of the tunnel. host-gw always routes that way and ignores this.
     pub direct_routing: bool,
+}
+
+impl KernelConfig {
+    pub fn of(node: &Node) -> KernelConfig {
+        KernelConfig {
+            iface: node.iface.name.clone(),
+            network: node.config.network,
+            direct_routing: node.config.backend.direct_routing,
+        }
+    }
 }
 
 /// The external interface as the kernel reports it.

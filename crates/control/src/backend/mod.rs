@@ -10,7 +10,9 @@ pub mod kernel;
 pub mod netlink;
 pub mod vxlan;
 
-use crate::lease::Lease;
+use crate::lease::{Lease, LeaseAttrs};
+use std::net::Ipv4Addr;
+use twill_dataplane::engine::Engine;
 
 /// What every backend does with the leases of the other nodes.
 ///
@@ -24,7 +26,23 @@ pub trait Backend {
     fn backend_type(&self) -> Option<&'static str>;
     /// MTU for containers (FLANNEL_MTU): the TUN's or tunnel device's, or the iface's for host-gw.
     fn mtu(&self) -> u32;
+    /// The userspace dataplane this backend drives, for status and metrics; the kernel
+    /// backends have none.
+    fn engine(&self) -> Option<&Engine> {
+        None
+    }
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()>;
+}
+
+/// A backend before this node holds a lease. Whatever must exist first is made before the
+/// `Setup` exists (vxlan's device, whose MAC goes into the lease; ipip's, so a kernel without
+/// ipip fails before a subnet is claimed); `attach` finishes once the lease is known.
+#[allow(async_fn_in_trait)]
+pub trait Setup {
+    type Backend: Backend;
+    /// What this node publishes in its lease.
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs;
+    async fn attach(self, lease: &Lease) -> anyhow::Result<Self::Backend>;
 }

@@ -4,12 +4,16 @@
 //! Like flanneld's udp backend, the TUN gets the lease's network address as a /32 and one route
 //! for the whole network, so the kernel hands every packet for another host's subnet to us.
 
-use super::Backend;
+use super::{Backend, Setup};
+use crate::host;
 use crate::lease::{backend_type, Lease, LeaseAttrs};
+use crate::node::Node;
+use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
-use twill_dataplane::engine::{Engine, EngineKind};
+use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
+use twill_dataplane::io::TunConfig;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_dataplane::wire::batch;
 
@@ -27,8 +31,72 @@ pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAtt
     }
 }
 
-/// Feeds an engine's peer table from leases of one backend type.
+/// A userspace backend before its lease: the engine needs the lease's subnet, so the TUN and
+/// the socket are only made in `attach`.
+pub struct UserspaceSetup {
+    kind: EngineKind,
+    port: u16,
+    /// Everything of the engine's config but the subnet.
+    engine: EngineConfig,
+    network: Ipv4Net,
+}
+
+impl UserspaceSetup {
+    pub fn new(node: &Node, kind: EngineKind) -> UserspaceSetup {
+        let options = &node.options;
+        let port = node.config.backend.port.unwrap_or(kind.default_port());
+        let mtu = options
+            .mtu
+            .unwrap_or_else(|| tun_mtu(node.iface.mtu, kind.overhead()));
+        let engine = EngineConfig {
+            kind,
+            subnet: Ipv4Net::default(),
+            tun: TunConfig {
+                name: options.tun_name.clone(),
+                mtu,
+                address: Ipv4Addr::UNSPECIFIED,
+                offload: !options.no_offload,
+                queues: options.queues,
+                tx_queue_len: options.tun_tx_queue_len,
+            },
+            bind: SocketAddrV4::new(node.iface.address, port),
+            socket_buffer: options.udp_buffer,
+        };
+        UserspaceSetup {
+            kind,
+            port,
+            engine,
+            network: node.config.network,
+        }
+    }
+}
+
+fn tun_mtu(iface_mtu: u32, overhead: usize) -> u16 {
+    let mtu = iface_mtu.saturating_sub(overhead as u32);
+    u16::try_from(mtu).unwrap_or(u16::MAX)
+}
+
+impl Setup for UserspaceSetup {
+    type Backend = Userspace;
+
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+        lease_attrs(self.kind, public_ip, self.port)
+    }
+
+    /// Opens the TUN with the lease's network address and routes the whole network into it.
+    async fn attach(mut self, lease: &Lease) -> anyhow::Result<Userspace> {
+        self.engine.subnet = lease.subnet;
+        self.engine.tun.address = lease.subnet.network();
+        let engine = Engine::start(&self.engine)?;
+        host::route_network_to(self.network, &self.engine.tun.name).await?;
+        Ok(Userspace::new(engine, self.kind, self.port))
+    }
+}
+
+/// Feeds an engine's peer table from leases of one backend type. Owns the engine: dropping
+/// the backend stops forwarding and removes the TUN.
 pub struct Userspace {
+    engine: Engine,
     kind: EngineKind,
     table: Arc<SharedTable>,
     mtu: u32,
@@ -38,11 +106,12 @@ pub struct Userspace {
 }
 
 impl Userspace {
-    pub fn new(engine: &Engine, kind: EngineKind, default_port: u16) -> Userspace {
+    pub fn new(engine: Engine, kind: EngineKind, default_port: u16) -> Userspace {
         Userspace {
             kind,
             table: engine.table().clone(),
             mtu: u32::from(engine.mtu()),
+            engine,
             default_port,
             peers: BTreeMap::new(),
         }
@@ -95,6 +164,10 @@ impl Backend for Userspace {
 
     fn mtu(&self) -> u32 {
         self.mtu
+    }
+
+    fn engine(&self) -> Option<&Engine> {
+        Some(&self.engine)
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {

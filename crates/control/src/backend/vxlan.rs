@@ -17,7 +17,9 @@ use super::netlink::{
     vxlan_link_message, FdbEntry, Link, LinkKind, MacAddr, Neighbour, Netlink, Route, VxlanParams,
     KERNEL_VXLAN_PORT,
 };
-use crate::lease::Lease;
+use super::Setup;
+use crate::lease::{Lease, LeaseAttrs};
+use std::net::Ipv4Addr;
 
 /// IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 const ENCAP_OVERHEAD: u32 = 50;
@@ -90,9 +92,17 @@ impl VxlanDevice {
     pub fn backend_data(&self) -> serde_json::Value {
         backend_data(self.vni, self.mac)
     }
+}
+
+impl Setup for VxlanDevice {
+    type Backend = VxlanBackend;
+
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+        LeaseAttrs::vxlan(public_ip, self.vni, &self.mac.to_string())
+    }
 
     /// Finishes the device for our lease (its /32 address, up) and returns the backend.
-    pub async fn attach(self, lease: &Lease) -> anyhow::Result<VxlanBackend> {
+    async fn attach(self, lease: &Lease) -> anyhow::Result<VxlanBackend> {
         self.tunnel.attach(lease, VxlanPlan).await
     }
 }

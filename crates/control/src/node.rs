@@ -1,0 +1,67 @@
+//! This node as every part of the daemon sees it: how it was told to run, the network it joins,
+//! and the interface it joins by. Built once at start and passed around as one value.
+
+use crate::config::Config;
+use crate::host::{self, Interface};
+use crate::status::NodeStatus;
+use anyhow::bail;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How this node joins the network, independent of where leases live (the `twill run` flags).
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// The underlay interface; found from `public_ip` when absent.
+    pub iface: Option<String>,
+    /// The address peers reach us at; the interface's first IPv4 address when absent.
+    pub public_ip: Option<Ipv4Addr>,
+    pub subnet_file: PathBuf,
+    pub tun_name: String,
+    /// TUN MTU; the interface MTU minus the encapsulation overhead when absent.
+    pub mtu: Option<u16>,
+    pub ip_masq: bool,
+    /// TUN queues, one reader task each.
+    pub queues: usize,
+    /// Turn TUN and UDP offloads off, for comparisons and for kernels that misbehave.
+    pub no_offload: bool,
+    /// The userspace backends' UDP socket buffers, bytes each way.
+    pub udp_buffer: usize,
+    /// The TUN device's txqueuelen: packets the kernel queues for the engine to read.
+    pub tun_tx_queue_len: u32,
+    /// Where `/status`, `/metrics` and `/healthz` are served (flannel's `--healthz-*` too).
+    pub status_addrs: Vec<SocketAddr>,
+    /// twill-batch: how long a not-full datagram may wait for more packets; `None` never waits.
+    pub batch_delay: Option<Duration>,
+}
+
+/// A node with its options resolved against the host and the network config.
+pub struct Node {
+    pub options: NodeOptions,
+    /// The network config every node shares.
+    pub config: Config,
+    pub iface: Interface,
+    /// The address peers reach us at (`--public-ip`, else the interface's address).
+    pub public_ip: Ipv4Addr,
+    pub status: Arc<NodeStatus>,
+}
+
+impl Node {
+    /// Finds the underlay interface the options name (by name, else by `--public-ip`).
+    pub fn resolve(options: NodeOptions, config: Config) -> anyhow::Result<Node> {
+        let iface = match (&options.iface, options.public_ip) {
+            (Some(name), _) => host::interface(name)?,
+            (None, Some(ip)) => host::interface_with_address(ip)?,
+            (None, None) => bail!("give --iface or --public-ip so twill knows the underlay"),
+        };
+        let public_ip = options.public_ip.unwrap_or(iface.address);
+        Ok(Node {
+            options,
+            config,
+            iface,
+            public_ip,
+            status: Arc::default(),
+        })
+    }
+}
