@@ -85,7 +85,7 @@ fn lost_chunks_cost_their_super_packet_and_tcp_recovers() -> Result<()> {
 
 #[test]
 fn udp_bursts_arrive_intact_coalesced_into_fewer_tun_writes() -> Result<()> {
-    udp_bursts_arrive_intact_in_fewer_tun_writes(&start_pair("buso", &BATCH, None)?)
+    datagrams::udp_bursts_arrive_intact_in_fewer_tun_writes(&start_pair("buso", &BATCH, None)?)
 }
 
 #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod cluster;
+pub mod datagrams;
 
 use anyhow::{bail, Context, Result};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
@@ -281,7 +282,7 @@ fn blast(addr: SocketAddr, payload: &[u8], max_packets: u64, max_time: Duration)
 }
 
 /// Bind a receiving socket with a read timeout and tell the sender whether it is ready.
-fn bind_receiver(
+pub fn bind_receiver(
     addr: SocketAddr,
     timeout: Duration,
     ready: std::sync::mpsc::Sender<Result<()>>,
@@ -368,93 +369,4 @@ pub fn ping_both_ways_with_ttl_60(pair: &Pair) -> Result<()> {
     let out = ping(b, a.ip, 3)?;
     anyhow::ensure!(out.contains("3 received"), "{out}");
     Ok(())
-}
-
-/// Numbered datagrams from host 0's container to host 1's, in bursts. Every one that arrives
-/// must be whole and unique, at least half must arrive, and host 1's TUN must have taken them
-/// in fewer writes than datagrams: twill coalesced them into UDP GSO (USO) super-packets.
-pub fn udp_bursts_arrive_intact_in_fewer_tun_writes(pair: &Pair) -> Result<()> {
-    const DATAGRAMS: u32 = 8192;
-    let (from, to) = (pair.container(0), pair.container(1));
-    let addr = SocketAddr::from((to.ip, 5003));
-    let writes_before = tun_rx_packets(&pair.host(1).ns)?;
-    let arrived = std::thread::scope(|s| -> Result<u32> {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let receiver = s.spawn(|| to.ns.enter(|| collect_numbered(addr, DATAGRAMS, ready_tx)));
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .context("datagram receiver never bound")??;
-        from.ns.enter(|| send_numbered(addr, DATAGRAMS))?;
-        receiver.join().expect("datagram receiver thread")
-    })?;
-    let writes = tun_rx_packets(&pair.host(1).ns)? - writes_before;
-    anyhow::ensure!(
-        arrived >= DATAGRAMS / 2,
-        "only {arrived} of {DATAGRAMS} arrived"
-    );
-    anyhow::ensure!(
-        writes < u64::from(arrived),
-        "{arrived} datagrams took {writes} TUN writes: nothing was coalesced"
-    );
-    Ok(())
-}
-
-const NUMBERED_LEN: usize = 200;
-const NUMBERED_BURST: u32 = 64;
-
-/// Datagram `n`: its number, then bytes that depend on it and on their position.
-fn numbered(n: u32) -> [u8; NUMBERED_LEN] {
-    let mut d = [0u8; NUMBERED_LEN];
-    d[..4].copy_from_slice(&n.to_be_bytes());
-    for (i, b) in d[4..].iter_mut().enumerate() {
-        *b = (n as u8).wrapping_mul(31).wrapping_add(i as u8);
-    }
-    d
-}
-
-fn send_numbered(addr: SocketAddr, count: u32) -> Result<()> {
-    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-    for n in 0..count {
-        socket.send_to(&numbered(n), addr)?;
-        if n % NUMBERED_BURST == NUMBERED_BURST - 1 {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    Ok(())
-}
-
-/// Receive until `count` arrived or none came for a second; the number of intact datagrams.
-fn collect_numbered(
-    addr: SocketAddr,
-    count: u32,
-    ready: std::sync::mpsc::Sender<Result<()>>,
-) -> Result<u32> {
-    let socket = bind_receiver(addr, Duration::from_secs(1), ready)?;
-    let mut seen = vec![false; count as usize];
-    let mut arrived = 0;
-    let mut buf = [0u8; 2048];
-    while arrived < count {
-        let len = match socket.recv(&mut buf) {
-            Ok(len) => len,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
-            Err(e) => return Err(e.into()),
-        };
-        anyhow::ensure!(len >= 4, "a {len}-byte datagram arrived");
-        let n = u32::from_be_bytes(buf[..4].try_into()?);
-        anyhow::ensure!(n < count, "datagram number {n} was never sent");
-        anyhow::ensure!(buf[..len] == numbered(n), "datagram {n} arrived changed");
-        anyhow::ensure!(!seen[n as usize], "datagram {n} arrived twice");
-        seen[n as usize] = true;
-        arrived += 1;
-    }
-    Ok(arrived)
-}
-
-/// Packets twill0 took from its writer (one per write, a super-packet counts once).
-fn tun_rx_packets(host: &Netns) -> Result<u64> {
-    let out = host.ip(&["-s", "-j", "link", "show", "twill0"])?;
-    let links: serde_json::Value = serde_json::from_str(&out)?;
-    links[0]["stats64"]["rx"]["packets"]
-        .as_u64()
-        .context("no rx packet count for twill0")
 }

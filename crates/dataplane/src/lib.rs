@@ -2,6 +2,7 @@
 
 pub mod engine;
 pub mod io;
+pub mod log_limit;
 pub mod stats;
 pub mod table;
 pub mod wire;

@@ -5,9 +5,12 @@
 //! are laid out in datagrams.
 
 pub mod batch;
+mod path_mtu;
 pub mod udp;
 
+use crate::io::udp::SendError;
 use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
+use crate::log_limit::LogLimit;
 use crate::stats::{DropReason, DropTally, EngineStats};
 use crate::table::{Peer, PeerTable, SharedTable};
 use crate::wire::ipv4::Ipv4Packet;
@@ -15,7 +18,6 @@ use crate::wire::{self, flannel, icmp, WireError};
 use ipnet::Ipv4Net;
 use std::net::SocketAddrV4;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -161,7 +163,7 @@ pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), 
 /// (say, a super-packet tun-rs cannot split), which is counted and logged sparingly, so a bad
 /// stream neither stops forwarding nor floods the log; only a device that is gone ends the task.
 pub(crate) fn tun_read_failed(e: &std::io::Error, drops: &mut DropTally) -> ControlFlow<()> {
-    static FAILURES: AtomicU64 = AtomicU64::new(0);
+    static LOG: LogLimit = LogLimit::per_second();
     if matches!(
         e.raw_os_error(),
         Some(libc::EBADFD | libc::EBADF | libc::ENODEV)
@@ -170,11 +172,29 @@ pub(crate) fn tun_read_failed(e: &std::io::Error, drops: &mut DropTally) -> Cont
         return ControlFlow::Break(());
     }
     drops.count(DropReason::IoError);
-    let n = FAILURES.fetch_add(1, Ordering::Relaxed);
-    if n < 10 || n.is_power_of_two() {
-        tracing::warn!("TUN read failed ({} so far): {e}", n + 1);
+    if let Some(held) = LOG.allow() {
+        tracing::warn!("TUN read failed: {e}; {held} more failed reads since the last report");
     }
     ControlFlow::Continue(())
+}
+
+/// Count and log the datagrams of a send the kernel refused. Logged at warn with the errno and
+/// the peer, at most once a second, so a refusing kernel shows at once without a line per packet.
+pub(crate) fn send_failed(dst: SocketAddrV4, e: &SendError, lost: usize, drops: &mut DropTally) {
+    static LOG: LogLimit = LogLimit::per_second();
+    let reason = match e.error.raw_os_error() {
+        Some(libc::EMSGSIZE) => DropReason::TooBig,
+        _ => DropReason::IoError,
+    };
+    drops.add(reason, lost as u64);
+    if let Some(held) = LOG.allow() {
+        tracing::warn!(
+            peer = %dst,
+            errno = e.error.raw_os_error().unwrap_or(0),
+            lost,
+            "UDP send refused by the kernel: {e}; {held} more refused sends since the last report"
+        );
+    }
 }
 
 /// Answer a packet with no peer with ICMP net-unreachable into TUN, as flanneld does.

@@ -5,10 +5,10 @@
 //! own datagram), and GRO trains from the socket go to TUN in one coalesced write.
 
 use super::{
-    accept_inbound, flush_tun, reply_unreachable, route_outbound, tun_read_failed, write_to_tun,
-    Shared,
+    accept_inbound, flush_tun, reply_unreachable, route_outbound, send_failed, tun_read_failed,
+    write_to_tun, Shared,
 };
-use crate::io::udp::sender_v4;
+use crate::io::udp::{sender_v4, SendError};
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
@@ -34,17 +34,63 @@ struct Run {
     bytes: usize,
     endpoint: SocketAddrV4,
     peer: usize,
+    /// How many segments of `segment` bytes one send may carry: fixed by the run's first
+    /// packet, since every later one is at most that long.
+    max_segments: usize,
     /// A shorter packet ends a GSO train: only the last segment may be short.
     closed: bool,
 }
 
 impl Run {
-    fn extends(&self, i: usize, len: usize, peer: usize, max_segments: usize) -> bool {
-        !self.closed
+    fn start(
+        first: usize,
+        len: usize,
+        peer: usize,
+        endpoint: SocketAddrV4,
+        max_segments: usize,
+    ) -> Run {
+        Run {
+            first,
+            count: 1,
+            segment: len,
+            bytes: len,
+            endpoint,
+            peer,
+            max_segments,
+            closed: false,
+        }
+    }
+
+    /// Adds packet `i` if it continues the train; `false` leaves the run as it was.
+    fn extend(&mut self, i: usize, len: usize, peer: usize) -> bool {
+        let fits = !self.closed
             && self.peer == peer
             && self.first + self.count == i
             && len <= self.segment
-            && self.count < max_segments
+            && self.count < self.max_segments;
+        if fits {
+            self.count += 1;
+            self.bytes += len;
+            self.closed = len < self.segment;
+        }
+        fits
+    }
+
+    /// Packets and bytes of the run that went out, given what a refused send lost.
+    fn sent(&self, refused: &SendError) -> (usize, usize) {
+        let last = self.count - 1;
+        let len = |i| {
+            if i == last {
+                self.bytes - last * self.segment
+            } else {
+                self.segment
+            }
+        };
+        let lost_bytes: usize = (0..self.count)
+            .filter(|&i| !refused.was_sent(i))
+            .map(len)
+            .sum();
+        (self.count - refused.lost(), self.bytes - lost_bytes)
     }
 }
 
@@ -99,23 +145,16 @@ fn classify(
                 continue;
             }
         };
-        let endpoint = table.peers()[index].spec.endpoint;
-        let max = io.udp.segments_per_send(len);
-        match runs.last_mut() {
-            Some(run) if run.extends(i, len, index, max) => {
-                run.count += 1;
-                run.bytes += len;
-                run.closed = len < run.segment;
-            }
-            _ => runs.push(Run {
-                first: i,
-                count: 1,
-                segment: len,
-                bytes: len,
+        let extended = runs.last_mut().is_some_and(|run| run.extend(i, len, index));
+        if !extended {
+            let endpoint = table.peers()[index].spec.endpoint;
+            runs.push(Run::start(
+                i,
+                len,
+                index,
                 endpoint,
-                peer: index,
-                closed: false,
-            }),
+                io.udp.segments_per_send(len),
+            ));
         }
     }
 }
@@ -130,22 +169,19 @@ async fn send_runs(
     let (mut packets, mut bytes, mut datagrams) = (0u64, 0u64, 0u64);
     for run in runs {
         let train = reader.gather(run.first, run.count, run.segment);
-        match io.udp.send(run.endpoint, train, run.segment).await {
-            Ok(()) => {
-                if let Some(peer) = table.peers().get(run.peer) {
-                    peer.stats.tx.add(run.count as u64, run.bytes as u64);
-                }
-                packets += run.count as u64;
-                bytes += run.bytes as u64;
-                datagrams += run.count as u64;
-            }
+        let (sent, sent_bytes) = match io.udp.send(run.endpoint, train, run.segment).await {
+            Ok(()) => (run.count, run.bytes),
             Err(e) => {
-                tracing::debug!(dst = %run.endpoint, "UDP send failed: {e}");
-                for _ in 0..run.count {
-                    drops.count(DropReason::IoError);
-                }
+                send_failed(run.endpoint, &e, e.lost(), drops);
+                run.sent(&e)
             }
+        };
+        if let Some(peer) = table.peers().get(run.peer) {
+            peer.stats.tx.add(sent as u64, sent_bytes as u64);
         }
+        packets += sent as u64;
+        bytes += sent_bytes as u64;
+        datagrams += sent as u64;
     }
     io.stats.tx.add(packets, bytes);
     io.stats
@@ -204,4 +240,69 @@ async fn deliver(
         bytes += peer_bytes;
     }
     (packets, bytes, datagrams)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::udp::{segments_per_send, MAX_GSO_BYTES};
+
+    fn endpoint() -> SocketAddrV4 {
+        SocketAddrV4::new([192, 0, 2, 1].into(), 8285)
+    }
+
+    /// Group packets of these lengths, all to one peer, as `classify` does.
+    fn runs_of(lens: &[usize]) -> Vec<Run> {
+        let mut runs: Vec<Run> = Vec::new();
+        for (i, &len) in lens.iter().enumerate() {
+            if !runs.last_mut().is_some_and(|run| run.extend(i, len, 0)) {
+                runs.push(Run::start(
+                    i,
+                    len,
+                    0,
+                    endpoint(),
+                    segments_per_send(64, len),
+                ));
+            }
+        }
+        runs
+    }
+
+    #[test]
+    fn a_shorter_last_packet_never_takes_a_full_run_past_one_send() {
+        // 44 x 1472 fill a send; the 1272-byte packet after them must not join (it used to:
+        // the limit was taken from its own length, 51 segments, and the kernel refused the
+        // 66,040-byte send with EMSGSIZE, losing all 45 packets).
+        let mut lens = vec![1472; 44];
+        lens.push(1272);
+        let runs = runs_of(&lens);
+        assert_eq!(runs.iter().map(|r| r.count).collect::<Vec<_>>(), [44, 1]);
+        assert!(runs.iter().all(|r| r.bytes <= MAX_GSO_BYTES));
+    }
+
+    #[test]
+    fn every_run_fits_one_send_whatever_the_lengths() {
+        for first in [1, 100, 576, 1272, 1400, 1472, 9000, 65507] {
+            for last in [1, first / 2, first] {
+                let mut lens = vec![first; 200];
+                lens.push(last.max(1));
+                for run in runs_of(&lens) {
+                    assert!(run.bytes <= MAX_GSO_BYTES, "{first}/{last}: {run:?}");
+                    assert!(run.count <= 64);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_partly_refused_run_counts_what_went_out() {
+        let run = runs_of(&[1000, 1000, 400])[0];
+        let refused = |failed| SendError {
+            failed,
+            error: std::io::Error::from_raw_os_error(libc::EMSGSIZE),
+        };
+        assert_eq!(run.sent(&refused(0b010)), (2, 1400));
+        assert_eq!(run.sent(&refused(0b100)), (2, 2000));
+        assert_eq!(run.sent(&refused(0b111)), (0, 0));
+    }
 }

@@ -16,7 +16,7 @@ pub const DEFAULT_SOCKET_BUFFER: usize = 7 << 20;
 /// Largest GRO read or GSO send: one 64 KB IP datagram's worth.
 pub const MAX_DATAGRAM_TRAIN: usize = 65535;
 /// A GSO send must fit one IP datagram: 65535 minus the outer IPv4 and UDP headers.
-const MAX_GSO_BYTES: usize = 65535 - 28;
+pub const MAX_GSO_BYTES: usize = 65535 - 28;
 
 pub struct UdpIo {
     socket: UdpSocket,
@@ -62,15 +62,37 @@ impl UdpIo {
 
     /// How many equal segments one GSO send may carry at this segment size.
     pub fn segments_per_send(&self, segment: usize) -> usize {
-        self.state
-            .max_gso_segments()
-            .min(MAX_GSO_BYTES / segment.max(1))
-            .max(1)
+        segments_per_send(self.state.max_gso_segments(), segment)
     }
 
     /// Send `contents` to `dst` as datagrams of `segment` bytes (the last may be shorter), in
-    /// one syscall. The caller keeps `contents` within [`UdpIo::segments_per_send`].
-    pub async fn send(&self, dst: SocketAddrV4, contents: &[u8], segment: usize) -> io::Result<()> {
+    /// one syscall where the kernel allows it. The caller keeps `contents` within
+    /// [`UdpIo::segments_per_send`]. A train the kernel refuses whole (too big for one send, or
+    /// a device without segmentation offload) is sent again one datagram at a time, so one bad
+    /// send never costs the whole train; the error then says how many datagrams still went.
+    pub async fn send(
+        &self,
+        dst: SocketAddrV4,
+        contents: &[u8],
+        segment: usize,
+    ) -> Result<(), SendError> {
+        let segment = segment.max(1);
+        let Err(error) = self.send_once(dst, contents, segment).await else {
+            return Ok(());
+        };
+        let datagrams = contents.len().div_ceil(segment);
+        if datagrams == 1 || !refuses_train(&error) {
+            return Err(SendError::whole(datagrams, error));
+        }
+        self.send_each(dst, contents, segment).await
+    }
+
+    async fn send_once(
+        &self,
+        dst: SocketAddrV4,
+        contents: &[u8],
+        segment: usize,
+    ) -> io::Result<()> {
         let transmit = Transmit {
             destination: SocketAddr::V4(dst),
             ecn: None,
@@ -83,6 +105,27 @@ impl UdpIo {
                 self.state.try_send((&self.socket).into(), &transmit)
             })
             .await
+    }
+
+    /// The datagrams of a refused train, one send each; the first error is kept.
+    async fn send_each(
+        &self,
+        dst: SocketAddrV4,
+        contents: &[u8],
+        segment: usize,
+    ) -> Result<(), SendError> {
+        let mut failed = 0u128;
+        let mut first_error = None;
+        for (i, datagram) in contents.chunks(segment).enumerate() {
+            if let Err(e) = self.send_once(dst, datagram, segment).await {
+                failed |= 1 << i;
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            None => Ok(()),
+            Some(error) => Err(SendError { failed, error }),
+        }
     }
 
     /// Wait for datagrams and read as many as are ready, with GRO trains, into `batch`.
@@ -101,6 +144,55 @@ impl UdpIo {
             .await?;
         batch.len = n;
         Ok(n)
+    }
+}
+
+/// How many `segment`-byte datagrams fit one send: at most `max_gso_segments`, and all of
+/// them within one IP datagram's 65,507 bytes of UDP payload.
+pub fn segments_per_send(max_gso_segments: usize, segment: usize) -> usize {
+    max_gso_segments.min(MAX_GSO_BYTES / segment.max(1)).max(1)
+}
+
+/// Errors with which the kernel refuses a GSO train as a whole, though its datagrams may go
+/// one by one: EMSGSIZE (more than one send may carry), EIO and EINVAL (no segmentation offload
+/// on the route's device; quinn-udp turns GSO off after them).
+fn refuses_train(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMSGSIZE | libc::EIO | libc::EINVAL)
+    )
+}
+
+/// A send the kernel refused, in whole or in part.
+#[derive(Debug)]
+pub struct SendError {
+    /// Bit `i` set: datagram `i` of the train did not go out. A train holds at most 64
+    /// datagrams (UDP_MAX_SEGMENTS), so every one has a bit.
+    pub failed: u128,
+    /// The first error the kernel gave.
+    pub error: io::Error,
+}
+
+impl SendError {
+    fn whole(datagrams: usize, error: io::Error) -> SendError {
+        let failed = u128::MAX.checked_shr(128 - datagrams as u32).unwrap_or(0);
+        SendError { failed, error }
+    }
+
+    /// How many datagrams did not go out.
+    pub fn lost(&self) -> usize {
+        self.failed.count_ones() as usize
+    }
+
+    /// Whether datagram `i` of the train went out.
+    pub fn was_sent(&self, i: usize) -> bool {
+        i >= 128 || self.failed & (1 << i) == 0
+    }
+}
+
+impl std::fmt::Display for SendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({} datagrams lost)", self.error, self.lost())
     }
 }
 

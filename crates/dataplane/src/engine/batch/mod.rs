@@ -1,0 +1,116 @@
+//! The batch engine: many inner packets per UDP datagram, as docs/batch-protocol.md specifies.
+//!
+//! Each TUN read is a drain: its packets are grouped by peer, kept in order, and packed into as
+//! few datagrams as fit under the path MTU. Nothing waits for packets that have not arrived
+//! (unless `--batch-delay` asks), so batching grows with load and a lone packet leaves at once.
+//! One peer's datagrams are written back to back, so a run of equal sizes (full datagrams and a
+//! shorter last one: the common case) leaves in one UDP GSO send.
+
+mod reassembly;
+mod receiver;
+mod sender;
+mod train;
+
+use super::path_mtu::PathMtu;
+use super::Shared;
+use crate::io::gso;
+use crate::io::Tun;
+use crate::stats::{EngineStats, Flow};
+use crate::wire::batch::OVERHEAD;
+use ipnet::Ipv4Net;
+use receiver::Receiver;
+use sender::Sender;
+use std::ops::AddAssign;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+pub(crate) fn spawn(
+    tun: &Tun,
+    io: &Shared,
+    subnet: Ipv4Net,
+    delay: Option<Duration>,
+) -> Vec<JoinHandle<()>> {
+    let path = Arc::new(PathMtu::new(io.mtu + OVERHEAD));
+    let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
+        .map(|q| {
+            let sender = Sender::new(io.clone(), path.clone(), subnet, delay, q as u8);
+            let mut reader = tun.reader(q);
+            reader.keep_whole(true);
+            tokio::spawn(sender::tun_to_udp(reader, tun.writer(q), sender))
+        })
+        .collect();
+    tasks.push(tokio::spawn(receiver::udp_to_tun(
+        tun.writer(0),
+        Receiver::new(io.clone()),
+    )));
+    tasks
+}
+
+/// Datagrams, inner packets and inner bytes: what the counters are made of.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    datagrams: u64,
+    packets: u64,
+    bytes: u64,
+    /// TCP super-packets carried whole (their segments count in `packets` too).
+    super_packets: u64,
+}
+
+impl AddAssign for Counts {
+    fn add_assign(&mut self, other: Counts) {
+        self.datagrams += other.datagrams;
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.super_packets += other.super_packets;
+    }
+}
+
+impl Counts {
+    fn publish_tx(&self, stats: &EngineStats) {
+        self.publish(&stats.tx, &stats.tx_datagrams, &stats.tx_super_packets);
+    }
+
+    fn publish_rx(&self, stats: &EngineStats) {
+        self.publish(&stats.rx, &stats.rx_datagrams, &stats.rx_super_packets);
+    }
+
+    fn publish(&self, flow: &Flow, datagrams: &AtomicU64, super_packets: &AtomicU64) {
+        flow.add(self.packets, self.bytes);
+        datagrams.fetch_add(self.datagrams, Relaxed);
+        super_packets.fetch_add(self.super_packets, Relaxed);
+    }
+}
+
+/// A super-packet counts as the segments the kernel cuts it into, so counters agree whether
+/// it travels whole or split.
+fn super_counts(packet: &[u8], gso_size: u16) -> Counts {
+    let ihl = usize::from(packet[0] & 0x0f) * 4;
+    let headers = gso::tcp_headers_end(packet, ihl).unwrap_or(packet.len());
+    Counts {
+        datagrams: 0,
+        super_packets: 1,
+        packets: (packet.len() - headers)
+            .div_ceil(usize::from(gso_size).max(1))
+            .max(1) as u64,
+        bytes: packet.len() as u64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn super_packets_count_as_their_segments() {
+        let mut packet = vec![0u8; 40 + 2500];
+        packet[0] = 0x45;
+        packet[32] = 5 << 4;
+        let counts = super_counts(&packet, 1000);
+        assert_eq!(
+            (counts.packets, counts.bytes, counts.super_packets),
+            (3, 2540, 1)
+        );
+    }
+}
