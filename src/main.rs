@@ -67,7 +67,7 @@ struct RunArgs {
     #[arg(long, default_value = subnet_env::DEFAULT_PATH)]
     subnet_file: PathBuf,
     /// UDP port of the userspace backends (flannel's Backend.Port).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     port: Option<u16>,
     #[arg(long, default_value = "twill0")]
     tun_name: String,

@@ -13,8 +13,10 @@ use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
 use crate::backend::{Backend, Setup};
 use crate::host;
 use crate::lease::{backend_type, Lease};
+use crate::lease_check::LeaseRules;
 use crate::node::Node;
 pub use crate::node::NodeOptions;
+use crate::peers::Peers;
 use crate::registry::{LeaseEvent, Registry};
 use crate::status;
 use crate::subnet_env::SubnetEnv;
@@ -39,12 +41,12 @@ pub async fn run<R: Registry>(
     let node = &node;
     match node.config.backend.backend_type.as_str() {
         "udp" => {
-            let setup = UserspaceSetup::new(node, EngineKind::FlannelUdp);
+            let setup = UserspaceSetup::new(node, EngineKind::FlannelUdp)?;
             join(registry, node, setup, shutdown).await
         }
         backend_type::TWILL_BATCH => {
             let delay = node.options.batch_delay;
-            let setup = UserspaceSetup::new(node, EngineKind::Batch { delay });
+            let setup = UserspaceSetup::new(node, EngineKind::Batch { delay })?;
             join(registry, node, setup, shutdown).await
         }
         backend_type::VXLAN => {
@@ -83,6 +85,7 @@ async fn join<R: Registry, S: Setup>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    let namer = registry.lease_namer();
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -94,8 +97,9 @@ async fn join<R: Registry, S: Setup>(
     let mut backend = setup.attach(&lease).await?;
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
+    let peers = Peers::new(LeaseRules::new(&node.config, &lease), namer);
     node.status
-        .set_lease(&lease, &node.config.backend.backend_type);
+        .set_lease(&lease, &node.config.backend.backend_type, peers);
     if let Some(engine) = backend.engine() {
         node.status.set_engine(engine);
     }
@@ -118,7 +122,8 @@ fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> 
 /// it undoes what a person or another program changed behind our back.
 const RECONCILE_EVERY: Duration = Duration::from_secs(60);
 
-/// Apply lease events to the backend until shutdown or until the registry goes away.
+/// Apply lease events to the backend until shutdown or until the registry goes away. Every
+/// event passes the lease checks first ([`NodeStatus::admit`]).
 async fn follow<B: Backend>(
     backend: &mut B,
     mut events: mpsc::Receiver<LeaseEvent>,
@@ -127,63 +132,53 @@ async fn follow<B: Backend>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
-    let mut peers = PeerSet::default();
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     reconcile.tick().await;
     loop {
         let event = tokio::select! {
             () = &mut shutdown => return Ok(()),
-            _ = reconcile.tick() => LeaseEvent::Snapshot(peers.leases()),
-            event = events.recv() => event.context("the lease registry stopped")?,
+            _ = reconcile.tick() => LeaseEvent::Snapshot(node.status.accepted_leases()),
+            event = events.recv() => {
+                let event = event.context("the lease registry stopped")?;
+                let Some(admitted) = node.status.admit(event) else { continue };
+                admitted
+            }
         };
-        if let LeaseEvent::OwnLease(lease) = &event {
-            check_own_subnet(own, lease)?;
+        if let Some(result) = on_node_event(node, own, &event) {
+            return result;
         }
         if let Err(e) = apply(backend, &event).await {
             tracing::warn!("applying {event:?} failed: {e:#}");
         }
-        peers.apply(&event);
-        node.status.set_peers(peers.leases());
     }
 }
 
-/// Devices, routes and the subnet file all carry our subnet; if the registry had to move us to
-/// another one, exit so the supervisor restarts twill cleanly on the new lease.
-fn check_own_subnet(own: &Lease, reacquired: &Lease) -> anyhow::Result<()> {
-    if reacquired.subnet != own.subnet {
-        bail!(
-            "our lease moved from {} to {} (the old subnet was taken); restart twill to use it",
-            own.subnet,
-            reacquired.subnet
-        );
-    }
-    tracing::info!(subnet = %own.subnet, "own lease re-acquired");
-    Ok(())
-}
-
-/// The peer leases as the events describe them, for status.
-#[derive(Default)]
-struct PeerSet(std::collections::BTreeMap<ipnet::Ipv4Net, Lease>);
-
-impl PeerSet {
-    fn leases(&self) -> Vec<Lease> {
-        self.0.values().cloned().collect()
-    }
-
-    fn apply(&mut self, event: &LeaseEvent) {
-        match event {
-            LeaseEvent::Snapshot(all) => {
-                self.0 = all.iter().map(|l| (l.subnet, l.clone())).collect()
-            }
-            LeaseEvent::Added(l) => {
-                self.0.insert(l.subnet, l.clone());
-            }
-            LeaseEvent::Removed(l) => {
-                self.0.remove(&l.subnet);
-            }
-            LeaseEvent::OwnLease(_) => {}
+/// Handles the events about this node rather than its peers; `Some` ends the node.
+fn on_node_event(node: &Node, own: &Lease, event: &LeaseEvent) -> Option<anyhow::Result<()>> {
+    match event {
+        LeaseEvent::OwnLease(_) => tracing::info!(subnet = %own.subnet, "own lease re-acquired"),
+        // Devices, routes and the subnet file all carry our subnet, and so do this host's
+        // containers: a node that lost it cannot carry on, and must not take another.
+        LeaseEvent::OwnLeaseTaken(holder) => {
+            return Some(Err(anyhow::anyhow!(
+                "our lease {} was taken over by the node at {}; this host's containers are numbered from it, so twill stops instead of taking another subnet (restart it to acquire a new one, and restart the containers)",
+                own.subnet,
+                holder.public_ip
+            )))
         }
+        LeaseEvent::ConfigChanged(Some(change)) => {
+            tracing::warn!(
+                "the network config changed ({change}); twill keeps running with the config it started with: restart twill to apply the new one"
+            );
+            node.status.set_restart_needed(Some(change.clone()));
+        }
+        LeaseEvent::ConfigChanged(None) => {
+            tracing::info!("the network config matches the one twill runs with again");
+            node.status.set_restart_needed(None);
+        }
+        _ => {}
     }
+    None
 }
 
 async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Result<()> {
@@ -191,6 +186,8 @@ async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Resul
         LeaseEvent::Snapshot(leases) => backend.reconcile(leases).await,
         LeaseEvent::Added(lease) => backend.add_peer(lease).await,
         LeaseEvent::Removed(lease) => backend.remove_peer(lease).await,
-        LeaseEvent::OwnLease(_) => Ok(()),
+        LeaseEvent::OwnLease(_) | LeaseEvent::OwnLeaseTaken(_) | LeaseEvent::ConfigChanged(_) => {
+            Ok(())
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! `/status` (JSON, what `twill status` prints).
 
 use crate::lease::Lease;
+use crate::peers::{LeaseNamer, Peers, Refused};
+use crate::registry::LeaseEvent;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -16,23 +18,41 @@ use twill_dataplane::table::SharedTable;
 /// Default address of the status server; loopback, since it is for this host's operator.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9585";
 
-/// The node's state as the daemon last saw it.
+/// The node's state as the daemon last saw it. The peer leases live here, not in a copy, so
+/// a lease event costs the same however many peers there are.
 #[derive(Default)]
 pub struct NodeStatus {
     lease: RwLock<Option<Lease>>,
-    peers: RwLock<Vec<Lease>>,
+    peers: RwLock<Option<Peers>>,
     backend: RwLock<String>,
     engine: RwLock<Option<(Arc<SharedTable>, Arc<EngineStats>)>>,
+    /// Why the running config no longer matches the network's, once it does not.
+    restart_needed: RwLock<Option<String>>,
 }
 
 impl NodeStatus {
-    pub fn set_lease(&self, lease: &Lease, backend: &str) {
+    /// Our lease is held: from now on peer leases are admitted against it.
+    pub fn set_lease(&self, lease: &Lease, backend: &str, peers: Peers) {
         *self.lease.write().unwrap() = Some(lease.clone());
         *self.backend.write().unwrap() = backend.to_string();
+        *self.peers.write().unwrap() = Some(peers);
     }
 
-    pub fn set_peers(&self, peers: Vec<Lease>) {
-        *self.peers.write().unwrap() = peers;
+    /// Passes a registry event through the lease checks ([`Peers::admit`]); what comes out is
+    /// what the backend must do.
+    pub fn admit(&self, event: LeaseEvent) -> Option<LeaseEvent> {
+        // Before our lease is held nothing can be checked, and no backend is listening.
+        self.peers.write().unwrap().as_mut()?.admit(event)
+    }
+
+    /// The peer leases the backend was given.
+    pub fn accepted_leases(&self) -> Vec<Lease> {
+        let peers = self.peers.read().unwrap();
+        peers.iter().flat_map(|p| p.accepted()).cloned().collect()
+    }
+
+    pub fn set_restart_needed(&self, why: Option<String>) {
+        *self.restart_needed.write().unwrap() = why;
     }
 
     pub fn set_engine(&self, engine: &Engine) {
@@ -41,12 +61,23 @@ impl NodeStatus {
 
     fn to_json(&self) -> Value {
         let lease = self.lease.read().unwrap().clone();
-        let peers: Vec<Value> = self.peers.read().unwrap().iter().map(lease_json).collect();
         let engine = self.engine.read().unwrap();
+        let peers = self.peers.read().unwrap();
+        let accepted: Vec<Value> = peers
+            .iter()
+            .flat_map(|p| p.accepted())
+            .map(lease_json)
+            .collect();
+        let rejected: Vec<Value> = peers
+            .iter()
+            .flat_map(|p| p.refused().map(|r| refused_json(p.namer(), r)))
+            .collect();
         json!({
             "backend": *self.backend.read().unwrap(),
             "lease": lease.as_ref().map(lease_json),
-            "peers": peers,
+            "peers": accepted,
+            "rejected_leases": rejected,
+            "restart_needed": *self.restart_needed.read().unwrap(),
             "counters": engine.as_ref().map(|(table, stats)| counters_json(table, stats)),
         })
     }
@@ -56,8 +87,21 @@ impl NodeStatus {
         if let Some((table, stats)) = self.engine.read().unwrap().as_ref() {
             write_engine_metrics(&mut out, table, stats);
         }
+        let peers = self.peers.read().unwrap();
+        let count = |f: fn(&Peers) -> usize| peers.as_ref().map_or(0, f);
         let _ = writeln!(out, "# TYPE twill_peers gauge");
-        let _ = writeln!(out, "twill_peers {}", self.peers.read().unwrap().len());
+        let _ = writeln!(out, "twill_peers {}", count(|p| p.accepted().len()));
+        let _ = writeln!(out, "# TYPE twill_rejected_leases gauge");
+        let _ = writeln!(
+            out,
+            "twill_rejected_leases {}",
+            count(|p| p.refused().len())
+        );
+        let restart = u8::from(self.restart_needed.read().unwrap().is_some());
+        let _ = writeln!(
+            out,
+            "# TYPE twill_restart_needed gauge\ntwill_restart_needed {restart}"
+        );
         out
     }
 }
@@ -67,6 +111,15 @@ fn lease_json(lease: &Lease) -> Value {
         "subnet": lease.subnet.to_string(),
         "public_ip": lease.public_ip.to_string(),
         "backend_type": lease.backend_type,
+    })
+}
+
+fn refused_json(namer: &LeaseNamer, refused: &Refused) -> Value {
+    json!({
+        "key": namer.name(refused.lease.subnet),
+        "subnet": refused.lease.subnet.to_string(),
+        "public_ip": refused.lease.public_ip.to_string(),
+        "reason": refused.reason.to_string(),
     })
 }
 

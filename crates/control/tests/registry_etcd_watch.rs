@@ -4,7 +4,7 @@
 mod common;
 
 use common::{get, next_event, wait_for, Etcd, Logs, PREFIX};
-use etcd_client::CompactionOptions;
+use etcd_client::{CompactionOptions, GetOptions};
 use futures::stream::{self, StreamExt};
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -103,7 +103,7 @@ async fn deleted_own_key_is_reacquired_with_the_same_subnet() {
 }
 
 #[tokio::test]
-async fn own_subnet_taken_by_another_node_is_given_up_for_a_new_one() {
+async fn own_subnet_taken_by_another_node_is_reported_and_no_other_subnet_is_taken() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
     let (a, mut events) = start(&etcd, 1).await;
@@ -115,23 +115,61 @@ async fn own_subnet_taken_by_another_node_is_given_up_for_a_new_one() {
         .await
         .unwrap();
 
-    let mut saw_intruder = false;
-    let own = wait_for(&mut events, 5 * SECOND, |e| {
-        saw_intruder |= *e == LeaseEvent::Added(intruder.clone());
-        matches!(e, LeaseEvent::OwnLease(_))
+    let event = wait_for(&mut events, 5 * SECOND, |e| {
+        matches!(e, LeaseEvent::OwnLeaseTaken(_) | LeaseEvent::OwnLease(_))
     })
     .await;
-    let LeaseEvent::OwnLease(own) = own else {
-        unreachable!()
+    assert_eq!(event, LeaseEvent::OwnLeaseTaken(intruder.clone()));
+    // Give a wrong re-acquisition time to happen: the intruder's key stays the only one.
+    tokio::time::sleep(SECOND).await;
+    let leases = client
+        .get(
+            format!("{PREFIX}/subnets/"),
+            Some(GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let values: Vec<&str> = leases
+        .kvs()
+        .iter()
+        .map(|kv| kv.value_str().unwrap())
+        .collect();
+    assert_eq!(values, [intruder.to_json()]);
+}
+
+#[tokio::test]
+async fn a_changed_config_is_reported_once_and_again_when_it_is_back() {
+    let etcd = Etcd::start();
+    etcd.put_config(CONFIG).await;
+    let (_, mut events) = start(&etcd, 1).await;
+    snapshot(next_event(&mut events, 5 * SECOND).await);
+    let changed = CONFIG.replace("10.5.0.0/16", "10.6.0.0/16");
+    let mut client = etcd.client().await;
+    let key = format!("{PREFIX}/config");
+    client
+        .put(key.clone(), changed.clone(), None)
+        .await
+        .unwrap();
+    let event = next_event(&mut events, 5 * SECOND).await;
+    let LeaseEvent::ConfigChanged(Some(what)) = event else {
+        panic!("expected ConfigChanged, got {event:?}");
     };
     assert!(
-        saw_intruder,
-        "the node now holding our old subnet is a peer"
+        what.contains("Network 10.5.0.0/16 -> 10.6.0.0/16"),
+        "{what}"
     );
-    assert_ne!(own.subnet, a.subnet);
+    // The same change written again is not news.
+    client.put(key.clone(), changed, None).await.unwrap();
+    client.put(key.clone(), "{bad", None).await.unwrap();
+    let event = next_event(&mut events, 5 * SECOND).await;
+    let LeaseEvent::ConfigChanged(Some(what)) = event else {
+        panic!("expected ConfigChanged, got {event:?}");
+    };
+    assert!(what.contains("no longer valid"), "{what}");
+    client.put(key, CONFIG, None).await.unwrap();
     assert_eq!(
-        get(&mut client, &a.key(PREFIX)).await.unwrap().0,
-        intruder.to_json()
+        next_event(&mut events, 5 * SECOND).await,
+        LeaseEvent::ConfigChanged(None)
     );
 }
 

@@ -5,9 +5,10 @@
 //! for the whole network, so the kernel hands every packet for another host's subnet to us.
 
 use super::{Backend, Setup};
-use crate::host;
+use crate::host::{self, Interface};
 use crate::lease::{backend_type, Lease, LeaseAttrs};
 use crate::node::Node;
+use anyhow::bail;
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -42,12 +43,18 @@ pub struct UserspaceSetup {
 }
 
 impl UserspaceSetup {
-    pub fn new(node: &Node, kind: EngineKind) -> UserspaceSetup {
+    /// Checks the port and the MTU before anything is made: a port of 0 would bind an ephemeral
+    /// port no peer knows, and a TUN MTU beyond what the underlay carries would be a black hole.
+    pub fn new(node: &Node, kind: EngineKind) -> anyhow::Result<UserspaceSetup> {
         let options = &node.options;
         let port = node.config.backend.port.unwrap_or(kind.default_port());
-        let mtu = options
-            .mtu
-            .unwrap_or_else(|| tun_mtu(node.iface.mtu, kind.overhead()));
+        if port == 0 {
+            bail!(
+                "Backend.Port 0 is not a port peers can reach; give 1 to 65535, or leave it out for the default {}",
+                kind.default_port()
+            );
+        }
+        let mtu = tun_mtu(options.mtu, &node.iface, kind.overhead())?;
         let engine = EngineConfig {
             kind,
             subnet: Ipv4Net::default(),
@@ -62,18 +69,38 @@ impl UserspaceSetup {
             bind: SocketAddrV4::new(node.iface.address, port),
             socket_buffer: options.udp_buffer,
         };
-        UserspaceSetup {
+        Ok(UserspaceSetup {
             kind,
             port,
             engine,
             network: node.config.network,
-        }
+        })
     }
 }
 
-fn tun_mtu(iface_mtu: u32, overhead: usize) -> u16 {
-    let mtu = iface_mtu.saturating_sub(overhead as u32);
-    u16::try_from(mtu).unwrap_or(u16::MAX)
+/// The smallest MTU every IPv4 host must take (RFC 791).
+const MIN_MTU: u32 = 576;
+
+/// `--mtu`, or the largest the underlay carries after `overhead`; refused outside
+/// 576..=that largest.
+fn tun_mtu(wanted: Option<u16>, iface: &Interface, overhead: usize) -> anyhow::Result<u16> {
+    let largest = iface
+        .mtu
+        .saturating_sub(overhead as u32)
+        .min(u32::from(u16::MAX));
+    let mtu = wanted.map_or(largest, u32::from);
+    if mtu < MIN_MTU || mtu > largest {
+        let given = match wanted {
+            Some(m) => format!("--mtu {m}"),
+            None => format!("the default MTU {mtu}"),
+        };
+        bail!(
+            "{given} does not fit: it must be between {MIN_MTU} and {largest} ({} has MTU {} and this backend adds {overhead} bytes)",
+            iface.name,
+            iface.mtu
+        );
+    }
+    Ok(mtu as u16)
 }
 
 impl Setup for UserspaceSetup {
@@ -193,5 +220,45 @@ impl Backend for Userspace {
             .collect();
         self.publish();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eth0(mtu: u32) -> Interface {
+        Interface {
+            name: "eth0".into(),
+            address: Ipv4Addr::new(10, 200, 0, 1),
+            mtu,
+        }
+    }
+
+    #[test]
+    fn mtu_defaults_to_what_the_underlay_carries() {
+        assert_eq!(tun_mtu(None, &eth0(1500), 28).unwrap(), 1472);
+        assert_eq!(tun_mtu(Some(1400), &eth0(1500), 42).unwrap(), 1400);
+        assert_eq!(tun_mtu(None, &eth0(70000), 28).unwrap(), u16::MAX);
+    }
+
+    #[test]
+    fn an_mtu_the_underlay_cannot_carry_is_refused_in_one_line() {
+        for (wanted, mtu, want) in [
+            (
+                Some(9000),
+                1500,
+                "--mtu 9000 does not fit: it must be between 576 and 1472",
+            ),
+            (Some(1473), 1500, "between 576 and 1472"),
+            (Some(0), 1500, "--mtu 0 does not fit"),
+            (Some(67), 1500, "--mtu 67 does not fit"),
+            (None, 600, "the default MTU 572 does not fit"),
+        ] {
+            let err = tun_mtu(wanted, &eth0(mtu), 28).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+            assert!(err.contains("eth0 has MTU"), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
     }
 }

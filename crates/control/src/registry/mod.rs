@@ -13,9 +13,10 @@ pub use static_peers::{parse_peer, StaticRegistry};
 
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
+use crate::peers::LeaseNamer;
 use tokio::sync::mpsc;
 
-/// A change in the set of other nodes' leases, or in our own.
+/// A change in the set of other nodes' leases, in our own, or in the network config.
 ///
 /// Our own lease never appears in `Snapshot`, `Added` or `Removed`: backends program routes to
 /// peers, never to themselves (flannel filters it the same way).
@@ -30,9 +31,14 @@ pub enum LeaseEvent {
     /// A peer lease expired or was deleted; carries its last known attributes, so a backend can
     /// remove exactly what it added (e.g. the vxlan fdb entry for its VtepMAC).
     Removed(Lease),
-    /// Our lease was lost (its key deleted or expired) and acquired again. The subnet is the old
-    /// one if it was still free, otherwise a new one that the node must switch to.
+    /// Our lease was lost (its key deleted or expired) and acquired again, with the same subnet.
     OwnLease(Lease),
+    /// Another node now holds our subnet (this is its lease). No other subnet is taken in its
+    /// place: the containers on this host are numbered from the old one, so the node must stop.
+    OwnLeaseTaken(Lease),
+    /// The network config in the registry changed since this node started: `Some(what)` says
+    /// how it differs from the config the node runs with, `None` that it matches again.
+    ConfigChanged(Option<String>),
 }
 
 /// A source of leases for one flannel network.
@@ -40,6 +46,11 @@ pub enum LeaseEvent {
 pub trait Registry {
     /// The network config every node of the network shares.
     fn config(&self) -> &Config;
+
+    /// How this registry's leases are named in logs and status.
+    fn lease_namer(&self) -> LeaseNamer {
+        LeaseNamer::default()
+    }
 
     /// Acquires (or reuses) this node's lease and keeps it alive in the background for as long
     /// as the returned receiver exists; dropping the receiver stops the background work but

@@ -5,8 +5,10 @@ use super::{LeaseEvent, Registry, EVENT_QUEUE};
 use crate::config::{Config, DEFAULT_BACKEND};
 use crate::lease::backend_type::TWILL_BATCH;
 use crate::lease::{Lease, LeaseAttrs};
+use crate::lease_check::{self, LeaseRules};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use tokio::sync::mpsc;
 use twill_dataplane::wire::batch;
@@ -22,7 +24,15 @@ pub struct StaticRegistry {
 impl StaticRegistry {
     /// `subnet` is this node's own; `peers` typically come from [`parse_peer`]. Refuses subnets
     /// outside the network or claimed twice, which would otherwise surface as silent misrouting.
-    pub fn new(config: Config, subnet: Ipv4Net, peers: Vec<Lease>) -> anyhow::Result<Self> {
+    /// Every lease here has the prefix length of `subnet`, which becomes the config's SubnetLen.
+    pub fn new(mut config: Config, subnet: Ipv4Net, peers: Vec<Lease>) -> anyhow::Result<Self> {
+        if subnet.trunc() != subnet {
+            bail!(
+                "--subnet {subnet} has host bits set; the subnet is {}",
+                subnet.trunc()
+            );
+        }
+        config.subnet_len = subnet.prefix_len();
         let mut seen = vec![subnet];
         for peer in &peers {
             if seen
@@ -49,14 +59,25 @@ impl Registry for StaticRegistry {
         &self.config
     }
 
+    /// Refuses, in one line naming the flag, a peer that the lease checks would refuse: with
+    /// flags, a mistake is better caught at start than ignored with a warning.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
+        let own = Lease::new(self.subnet, attrs);
+        let rules = LeaseRules::new(&self.config, &own);
+        let mut admitted = BTreeMap::new();
+        for peer in &self.peers {
+            if let Err(reason) = lease_check::admit(&rules, &admitted, peer) {
+                bail!("--peer {}={}: {reason}", peer.subnet, peer.public_ip);
+            }
+            admitted.insert(peer.subnet, peer.clone());
+        }
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         tx.try_send(LeaseEvent::Snapshot(self.peers))
             .expect("a new channel has room");
         // Nothing will ever change, but a closed channel would tell the consumer the registry
         // died, so the sender lives until the consumer goes away.
         tokio::spawn(async move { tx.closed().await });
-        Ok((Lease::new(self.subnet, attrs), rx))
+        Ok((own, rx))
     }
 }
 
@@ -76,7 +97,10 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
         bail!("invalid --peer {spec:?}: {subnet} has host bits set");
     }
     let (ip, port) = match addr.trim().split_once(':') {
-        Some((ip, port)) => (ip, Some(port.parse::<u16>().with_context(bad)?)),
+        Some((ip, port)) => {
+            let port = port.parse::<u16>().ok().filter(|&p| p != 0);
+            (ip, Some(port.with_context(bad)?))
+        }
         None => (addr.trim(), None),
     };
     let public_ip: Ipv4Addr = ip.parse().with_context(bad)?;
@@ -127,6 +151,7 @@ mod tests {
             "10.5.2.1/24=1.2.3.4",
             "10.5.2.0/24=x",
             "10.5.2.0/24=1.2.3.4:99999",
+            "10.5.2.0/24=1.2.3.4:0",
         ] {
             let err = parse_peer(spec, &config("udp")).unwrap_err().to_string();
             assert!(err.contains(spec), "{err}");
@@ -147,6 +172,33 @@ mod tests {
         assert!(
             next.is_err(),
             "expected no further events and an open channel, got {next:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_peer_at_our_own_public_ip_is_refused_at_start() {
+        let cfg = config("udp");
+        let peer = parse_peer("10.5.2.0/24=192.0.2.1", &cfg).unwrap();
+        let reg = StaticRegistry::new(cfg, "10.5.1.0/24".parse().unwrap(), vec![peer]).unwrap();
+        let err = reg
+            .start(LeaseAttrs::udp("192.0.2.1".parse().unwrap()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--peer 10.5.2.0/24=192.0.2.1: its PublicIP 192.0.2.1 is this node's own"
+        );
+    }
+
+    #[test]
+    fn a_subnet_with_host_bits_is_refused() {
+        let err = StaticRegistry::new(config("udp"), "10.5.1.7/24".parse().unwrap(), vec![])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--subnet 10.5.1.7/24 has host bits set; the subnet is 10.5.1.0/24"
         );
     }
 

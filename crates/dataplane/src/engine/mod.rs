@@ -13,10 +13,12 @@ use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
 use crate::log_limit::LogLimit;
 use crate::stats::{DropReason, DropTally, EngineStats};
 use crate::table::{Peer, PeerTable, SharedTable};
+use crate::wire::icmp::{self, IcmpError};
 use crate::wire::ipv4::Ipv4Packet;
-use crate::wire::{self, flannel, icmp, WireError};
+use crate::wire::{self, flannel, WireError};
 use ipnet::Ipv4Net;
-use std::net::SocketAddrV4;
+use path_mtu::PathMtu;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,11 +79,15 @@ impl Engine {
         let tun = Tun::open(&config.tun)?;
         let table = Arc::new(SharedTable::default());
         let stats = Arc::new(EngineStats::default());
+        let mtu = usize::from(tun.mtu());
         let io = Shared {
             udp,
             table: table.clone(),
             stats: stats.clone(),
-            mtu: usize::from(tun.mtu()),
+            mtu,
+            own: config.tun.address,
+            path: Arc::new(PathMtu::new(mtu + config.kind.overhead())),
+            overhead: config.kind.overhead(),
         };
         let tasks = match config.kind {
             EngineKind::FlannelUdp => udp::spawn(&tun, &io),
@@ -127,7 +133,65 @@ pub(crate) struct Shared {
     pub udp: Arc<UdpIo>,
     pub table: Arc<SharedTable>,
     pub stats: Arc<EngineStats>,
+    /// The TUN's MTU.
     pub mtu: usize,
+    /// This node's own address in the network (the TUN's): the source of twill's ICMP errors,
+    /// inside our subnet, so a peer's anti-spoofing check lets them through.
+    pub own: Ipv4Addr,
+    /// The underlay path MTU, one for all peers.
+    pub path: Arc<PathMtu>,
+    /// What the engine's format adds to a packet sent alone (see [`EngineKind::overhead`]).
+    pub overhead: usize,
+}
+
+impl Shared {
+    /// Send a train. A send refused as too big first teaches the path MTU what the route allows
+    /// now (a GSO train over the device MTU is refused with EINVAL rather than EMSGSIZE); the
+    /// caller counts what was lost.
+    pub async fn send(
+        &self,
+        dst: SocketAddrV4,
+        datagrams: &[u8],
+        segment: usize,
+    ) -> Result<(), SendError> {
+        let result = self.udp.send(dst, datagrams, segment).await;
+        if let Err(e) = &result {
+            if matches!(e.error.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) {
+                if let Ok(local) = self.udp.local_addr() {
+                    self.path.lower(local.ip(), dst);
+                }
+            }
+        }
+        result
+    }
+
+    /// The largest inner packet the path takes now: the TUN MTU until the kernel refuses a
+    /// send as too big and the path MTU is learned lower.
+    pub fn largest_packet(&self) -> usize {
+        self.path.get().saturating_sub(self.overhead).min(self.mtu)
+    }
+
+    /// Answer a packet dropped for `reason` with the ICMP error a router would send, if any.
+    pub fn answer_drop(&self, reason: DropReason, packet: &[u8], writer: &mut TunWriter) {
+        let error = match reason {
+            DropReason::NoRoute => IcmpError::NetUnreachable,
+            DropReason::TtlExceeded => IcmpError::TimeExceeded,
+            DropReason::TooBig => IcmpError::FragmentationNeeded {
+                mtu: u16::try_from(self.largest_packet()).unwrap_or(u16::MAX),
+            },
+            _ => return,
+        };
+        let Ok(offender) = Ipv4Packet::new_checked(packet) else {
+            return;
+        };
+        if reason == DropReason::TooBig && !offender.dont_fragment() {
+            return;
+        }
+        let mut reply = [0u8; icmp::MAX_ERROR_LEN];
+        if let Ok(Some(len)) = icmp::reply(&offender, error, self.own, &mut reply) {
+            writer.push(&reply[..len]);
+        }
+    }
 }
 
 /// Route a packet read from TUN: find its peer's index and decrement its TTL as flanneld does.
@@ -194,17 +258,6 @@ pub(crate) fn send_failed(dst: SocketAddrV4, e: &SendError, lost: usize, drops: 
             lost,
             "UDP send refused by the kernel: {e}; {held} more refused sends since the last report"
         );
-    }
-}
-
-/// Answer a packet with no peer with ICMP net-unreachable into TUN, as flanneld does.
-pub(crate) fn reply_unreachable(packet: &[u8], writer: &mut TunWriter) {
-    let Ok(offender) = Ipv4Packet::new_checked(packet) else {
-        return;
-    };
-    let mut reply = [0u8; icmp::MAX_UNREACHABLE_LEN];
-    if let Ok(Some(len)) = icmp::net_unreachable(&offender, &mut reply) {
-        writer.push(&reply[..len]);
     }
 }
 

@@ -19,6 +19,11 @@ impl PathMtu {
         PathMtu(AtomicUsize::new(mtu))
     }
 
+    /// The path MTU: the largest outer IPv4 packet.
+    pub fn get(&self) -> usize {
+        self.0.load(Relaxed)
+    }
+
     /// The most a datagram's payload may hold.
     pub fn capacity(&self) -> usize {
         (self.0.load(Relaxed) - UDP_IP_HEADERS).min(MAX_PAYLOAD)

@@ -5,8 +5,7 @@
 //! own datagram), and GRO trains from the socket go to TUN in one coalesced write.
 
 use super::{
-    accept_inbound, flush_tun, reply_unreachable, route_outbound, send_failed, tun_read_failed,
-    write_to_tun, Shared,
+    accept_inbound, flush_tun, route_outbound, send_failed, tun_read_failed, write_to_tun, Shared,
 };
 use crate::io::udp::{sender_v4, SendError};
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
@@ -116,7 +115,7 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, io: Shared) {
             &mut drops,
             &mut icmp,
         );
-        send_runs(&mut reader, &runs, &table, &io, &mut drops).await;
+        send_runs(&mut reader, &runs, &table, &io, &mut drops, &mut icmp).await;
         flush_tun(&mut icmp, &mut drops).await;
         drops.publish(&io.stats);
     }
@@ -135,12 +134,14 @@ fn classify(
     runs.clear();
     for i in 0..n {
         let len = reader.packet_len(i);
-        let index = match route_outbound(reader.packet_mut(i), table) {
+        let routed = match route_outbound(reader.packet_mut(i), table) {
+            Ok(_) if len > io.largest_packet() => Err(DropReason::TooBig),
+            routed => routed,
+        };
+        let index = match routed {
             Ok(index) => index,
             Err(reason) => {
-                if reason == DropReason::NoRoute {
-                    reply_unreachable(reader.packet_mut(i), icmp);
-                }
+                io.answer_drop(reason, reader.packet_mut(i), icmp);
                 drops.count(reason);
                 continue;
             }
@@ -165,14 +166,22 @@ async fn send_runs(
     table: &PeerTable,
     io: &Shared,
     drops: &mut DropTally,
+    icmp: &mut TunWriter,
 ) {
     let (mut packets, mut bytes, mut datagrams) = (0u64, 0u64, 0u64);
     for run in runs {
         let train = reader.gather(run.first, run.count, run.segment);
-        let (sent, sent_bytes) = match io.udp.send(run.endpoint, train, run.segment).await {
+        let (sent, sent_bytes) = match io.send(run.endpoint, train, run.segment).await {
             Ok(()) => (run.count, run.bytes),
             Err(e) => {
                 send_failed(run.endpoint, &e, e.lost(), drops);
+                if e.error.raw_os_error() == Some(libc::EMSGSIZE) {
+                    // The path MTU was just learned lower: tell each sender what fits now.
+                    let lost = train.chunks(run.segment).enumerate();
+                    for (_, packet) in lost.filter(|(j, _)| !e.was_sent(*j)) {
+                        io.answer_drop(DropReason::TooBig, packet, icmp);
+                    }
+                }
                 run.sent(&e)
             }
         };
@@ -226,6 +235,7 @@ async fn deliver(
                 continue;
             };
             if let Err(reason) = accept_inbound(datagram, peer, io.mtu) {
+                io.answer_drop(reason, datagram, writer);
                 drops.count(reason);
                 continue;
             }

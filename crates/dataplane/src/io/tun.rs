@@ -63,6 +63,7 @@ impl Tun {
         let uso = offload && first.udp_gso();
         // Before the link is up, or the kernel has already queued a router solicitation.
         disable_ipv6(&config.name);
+        accept_local(&config.name);
         first
             .enabled(true)
             .map_err(|e| anyhow::anyhow!("cannot bring TUN device {} up: {e}", config.name))?;
@@ -122,9 +123,20 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<AsyncDevice> {
 /// twill carries IPv4 only; without this the kernel would send router solicitations and MLD
 /// reports into the TUN, only for the engine to drop them.
 fn disable_ipv6(name: &str) {
-    let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
-    if let Err(e) = std::fs::write(&path, "1") {
-        tracing::debug!("cannot write {path}: {e}");
+    set_sysctl(&format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+}
+
+/// twill's ICMP errors come from the TUN's own address, so that a peer's anti-spoofing check
+/// passes them; the kernel drops a packet whose source is one of its own addresses as a
+/// martian unless the device accepts local sources. Nothing else can arrive with one: the
+/// engine lets in only packets from inside the sending peer's subnet, never ours.
+fn accept_local(name: &str) {
+    set_sysctl(&format!("/proc/sys/net/ipv4/conf/{name}/accept_local"), "1");
+}
+
+fn set_sysctl(path: &str, value: &str) {
+    if let Err(e) = std::fs::write(path, value) {
+        tracing::warn!("cannot write {path}: {e}");
     }
 }
 

@@ -236,15 +236,25 @@ impl RecvBatch {
     }
 }
 
-/// Datagrams coalesced by GRO: all `stride` bytes long but the last.
+/// Datagrams coalesced by GRO: all `stride` bytes long but the last. A zero-length datagram
+/// is a message of its own, never coalesced, and is yielded as one empty datagram so that it
+/// is counted like any other.
 pub struct GroTrain<'a> {
     chunks: std::slice::ChunksMut<'a, u8>,
+    empty: Option<&'a mut [u8]>,
 }
 
 impl<'a> GroTrain<'a> {
     fn new(buf: &'a mut [u8], stride: usize) -> Self {
+        if buf.is_empty() {
+            return GroTrain {
+                chunks: [].chunks_mut(1),
+                empty: Some(buf),
+            };
+        }
         GroTrain {
             chunks: buf.chunks_mut(stride.max(1)),
+            empty: None,
         }
     }
 }
@@ -252,7 +262,7 @@ impl<'a> GroTrain<'a> {
 impl<'a> Iterator for GroTrain<'a> {
     type Item = &'a mut [u8];
     fn next(&mut self) -> Option<Self::Item> {
-        self.chunks.next()
+        self.empty.take().or_else(|| self.chunks.next())
     }
 }
 
@@ -264,5 +274,24 @@ pub fn sender_v4(addr: SocketAddr) -> Option<SocketAddrV4> {
             .ip()
             .to_ipv4_mapped()
             .map(|ip| SocketAddrV4::new(ip, v6.port())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_length_datagram_is_one_empty_datagram() {
+        let mut buf = [0u8; 0];
+        let datagrams: Vec<usize> = GroTrain::new(&mut buf, 1472).map(|d| d.len()).collect();
+        assert_eq!(datagrams, [0]);
+    }
+
+    #[test]
+    fn a_gro_train_splits_at_its_stride() {
+        let mut buf = [0u8; 2500];
+        let datagrams: Vec<usize> = GroTrain::new(&mut buf, 1000).map(|d| d.len()).collect();
+        assert_eq!(datagrams, [1000, 1000, 500]);
     }
 }

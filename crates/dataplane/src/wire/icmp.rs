@@ -1,24 +1,52 @@
-//! ICMP "destination network unreachable", written back into TUN for packets with no peer,
-//! as flanneld does, so the sender fails fast instead of timing out.
+//! The ICMP errors twill answers with, written back into TUN so a sender fails fast (or
+//! learns the path MTU) instead of timing out: "network unreachable" for a destination no
+//! peer owns, as flanneld does; "time exceeded" for a packet whose TTL runs out in twill, so
+//! traceroute sees the hop; "fragmentation needed" for a DF packet too big for the underlay.
 
 use super::checksum;
 use super::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_ICMP};
 use super::WireError;
+use std::net::Ipv4Addr;
 
 const ICMP_HEADER_LEN: usize = 8;
-const TYPE_DEST_UNREACHABLE: u8 = 3;
-const CODE_NET_UNREACHABLE: u8 = 0;
 /// RFC 792: the offending header plus the first 64 bits of its payload.
 const QUOTED_PAYLOAD: usize = 8;
 
 /// Longest reply: a 20-byte header, the ICMP header, a 60-byte offender header and 8 bytes.
-pub const MAX_UNREACHABLE_LEN: usize = 20 + ICMP_HEADER_LEN + 60 + QUOTED_PAYLOAD;
+pub const MAX_ERROR_LEN: usize = 20 + ICMP_HEADER_LEN + 60 + QUOTED_PAYLOAD;
 
-/// Write the reply to `offender` into `out` and return its length. Never answers an ICMP error
-/// or a later fragment (RFC 1122 3.2.2), which returns `None`.
-pub fn net_unreachable<T: AsRef<[u8]>>(
+/// Which error to answer with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IcmpError {
+    /// Type 3 code 0.
+    NetUnreachable,
+    /// Type 11 code 0: TTL exceeded in transit.
+    TimeExceeded,
+    /// Type 3 code 4, with the largest packet the path takes (RFC 1191).
+    FragmentationNeeded { mtu: u16 },
+}
+
+impl IcmpError {
+    /// Type, code, and the second word of the ICMP header.
+    fn header(self) -> (u8, u8, [u8; 4]) {
+        match self {
+            IcmpError::NetUnreachable => (3, 0, [0; 4]),
+            IcmpError::TimeExceeded => (11, 0, [0; 4]),
+            IcmpError::FragmentationNeeded { mtu } => {
+                let [hi, lo] = mtu.to_be_bytes();
+                (3, 4, [0, 0, hi, lo])
+            }
+        }
+    }
+}
+
+/// Write `error` about `offender`, sent from `src`, into `out` and return its length. Never
+/// answers an ICMP error or a later fragment (RFC 1122 3.2.2), which returns `None`.
+pub fn reply<T: AsRef<[u8]>>(
     offender: &Ipv4Packet<T>,
-    out: &mut [u8; MAX_UNREACHABLE_LEN],
+    error: IcmpError,
+    src: Ipv4Addr,
+    out: &mut [u8; MAX_ERROR_LEN],
 ) -> Result<Option<usize>, WireError> {
     if offender.is_later_fragment() || is_icmp_error(offender) {
         return Ok(None);
@@ -26,7 +54,7 @@ pub fn net_unreachable<T: AsRef<[u8]>>(
     let quoted_len = offender.header_len() + offender.payload().len().min(QUOTED_PAYLOAD);
     let quoted = &offender.packet()[..quoted_len];
     let repr = Ipv4Repr {
-        src: offender.dst_addr(),
+        src,
         dst: offender.src_addr(),
         protocol: PROTO_ICMP,
         ttl: 64,
@@ -35,9 +63,9 @@ pub fn net_unreachable<T: AsRef<[u8]>>(
     let total = repr.total_len();
     repr.emit(&mut out[..total])?;
     let icmp = &mut out[20..total];
-    icmp[..ICMP_HEADER_LEN].fill(0);
-    icmp[0] = TYPE_DEST_UNREACHABLE;
-    icmp[1] = CODE_NET_UNREACHABLE;
+    let (kind, code, rest) = error.header();
+    icmp[..4].copy_from_slice(&[kind, code, 0, 0]);
+    icmp[4..ICMP_HEADER_LEN].copy_from_slice(&rest);
     icmp[ICMP_HEADER_LEN..].copy_from_slice(quoted);
     let sum = checksum::compute(icmp);
     icmp[2..4].copy_from_slice(&sum.to_be_bytes());
@@ -73,16 +101,23 @@ mod tests {
         buf
     }
 
+    const OWN: Ipv4Addr = Ipv4Addr::new(10, 5, 7, 0);
+
+    fn reply_to(bad: &[u8], error: IcmpError) -> Option<Vec<u8>> {
+        let view = Ipv4Packet::new_checked(bad).unwrap();
+        let mut out = [0u8; MAX_ERROR_LEN];
+        let len = reply(&view, error, OWN, &mut out).unwrap()?;
+        Some(out[..len].to_vec())
+    }
+
     #[test]
-    fn reply_quotes_header_and_eight_bytes() {
+    fn reply_quotes_header_and_eight_bytes_from_our_own_address() {
         let bad = offender(PROTO_TCP, &[1u8; 40]);
-        let view = Ipv4Packet::new_checked(&bad[..]).unwrap();
-        let mut out = [0u8; MAX_UNREACHABLE_LEN];
-        let len = net_unreachable(&view, &mut out).unwrap().unwrap();
-        let reply = Ipv4Packet::new_checked(&out[..len]).unwrap();
+        let out = reply_to(&bad, IcmpError::NetUnreachable).unwrap();
+        let reply = Ipv4Packet::new_checked(&out[..]).unwrap();
         assert!(reply.verify_checksum());
         assert_eq!(reply.dst_addr(), Ipv4Addr::new(10, 5, 1, 2));
-        assert_eq!(reply.src_addr(), Ipv4Addr::new(10, 5, 9, 9));
+        assert_eq!(reply.src_addr(), OWN);
         let icmp = reply.payload();
         assert_eq!(&icmp[..2], &[3, 0]);
         assert_eq!(checksum::fold(checksum::sum(icmp)), 0xffff);
@@ -90,10 +125,18 @@ mod tests {
     }
 
     #[test]
+    fn each_error_has_its_type_code_and_mtu() {
+        let bad = offender(PROTO_TCP, &[1u8; 40]);
+        let icmp = |error| reply_to(&bad, error).unwrap()[20..28].to_vec();
+        assert_eq!(icmp(IcmpError::TimeExceeded)[..2], [11, 0]);
+        let frag = icmp(IcmpError::FragmentationNeeded { mtu: 1272 });
+        assert_eq!(frag[..2], [3, 4]);
+        assert_eq!(u16::from_be_bytes([frag[6], frag[7]]), 1272);
+    }
+
+    #[test]
     fn icmp_errors_get_no_reply() {
         let bad = offender(PROTO_ICMP, &[3, 0, 0, 0, 0, 0, 0, 0]);
-        let view = Ipv4Packet::new_checked(&bad[..]).unwrap();
-        let mut out = [0u8; MAX_UNREACHABLE_LEN];
-        assert_eq!(net_unreachable(&view, &mut out).unwrap(), None);
+        assert_eq!(reply_to(&bad, IcmpError::TimeExceeded), None);
     }
 }

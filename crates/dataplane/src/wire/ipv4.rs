@@ -86,6 +86,12 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         read_u16(self.buffer.as_ref(), field::FLAGS_FRAG.start) & 0x1fff != 0
     }
 
+    /// The Don't Fragment flag: a packet too big for the path must be answered with ICMP
+    /// "fragmentation needed", never cut up.
+    pub fn dont_fragment(&self) -> bool {
+        read_u16(self.buffer.as_ref(), field::FLAGS_FRAG.start) & 0x4000 != 0
+    }
+
     pub fn src_addr(&self) -> Ipv4Addr {
         read_addr(self.buffer.as_ref(), field::SRC.start)
     }

@@ -4,7 +4,6 @@
 //! One task does both so that our own lease and the peer table change in one order: a watch
 //! event about our key is handled after, never during, a renewal or re-acquisition.
 
-use super::acquire::acquire;
 use super::store::{describe, Listing, Store};
 use super::Timing;
 use crate::config::Config;
@@ -27,6 +26,10 @@ pub(super) struct Keeper {
     own: Lease,
     /// False from the moment our key is seen gone until it is acquired again.
     held: bool,
+    /// Another node holds our subnet: nothing is renewed or acquired any more.
+    taken: bool,
+    /// How the config in etcd differs from ours, as last reported (`None`: it does not).
+    config_change: Option<String>,
     /// When to renew (while held) or retry the acquisition (while not).
     maintain_at: Instant,
     peers: BTreeMap<Ipv4Net, Lease>,
@@ -51,6 +54,8 @@ impl Keeper {
             timing,
             own,
             held: true,
+            taken: false,
+            config_change: None,
             peers: BTreeMap::new(),
             tx,
         }
@@ -133,6 +138,11 @@ impl Keeper {
         if own.is_empty() && self.held {
             self.lost("is missing from etcd");
         }
+        // The watch reports config changes from here on; this catches those made before.
+        match self.store.config_json().await {
+            Ok(config) => self.on_config(config.as_deref().map(str::as_bytes)).await,
+            Err(e) => debug!("re-reading the network config failed: {e:#}"),
+        }
     }
 
     fn is_own(&self, lease: &Lease) -> bool {
@@ -143,8 +153,14 @@ impl Keeper {
         if response.canceled() {
             return Err(canceled(&response));
         }
+        let config_key = self.store.config_key();
         for event in response.events() {
             let Some(kv) = event.kv() else { continue };
+            if kv.key() == config_key.as_bytes() {
+                let value = (event.event_type() == EventType::Put).then(|| kv.value());
+                self.on_config(value).await;
+                continue;
+            }
             match event.event_type() {
                 EventType::Put => match self.store.parse(kv.key(), kv.value()) {
                     Ok(lease) => self.on_put(lease).await,
@@ -162,17 +178,44 @@ impl Keeper {
         Ok(())
     }
 
+    /// The network config was written (`Some`) or deleted (`None`). A running node cannot
+    /// change network, subnet size or backend under its containers; it says so, once.
+    async fn on_config(&mut self, value: Option<&[u8]>) {
+        let change = match value.map(String::from_utf8_lossy) {
+            None => Some("the config key was deleted".to_string()),
+            Some(json) => match Config::parse(&json) {
+                Ok(config) => config_difference(&self.config, &config),
+                Err(e) => Some(format!("it is no longer valid ({e})")),
+            },
+        };
+        if change != self.config_change {
+            self.config_change = change.clone();
+            self.emit(LeaseEvent::ConfigChanged(change)).await;
+        }
+    }
+
     async fn on_put(&mut self, lease: Lease) {
         if self.is_own(&lease) {
             return;
         }
-        if lease.subnet == self.own.subnet && self.held {
-            self.lost("was taken over by another node");
+        if lease.subnet == self.own.subnet && !self.taken {
+            return self.taken_over(lease).await;
         }
         if self.peers.get(&lease.subnet) != Some(&lease) {
             self.peers.insert(lease.subnet, lease.clone());
             self.emit(LeaseEvent::Added(lease)).await;
         }
+    }
+
+    /// Another node wrote our key: we stop renewing and tell the consumer, which stops.
+    async fn taken_over(&mut self, by: Lease) {
+        warn!(
+            "our lease {} was taken over by the node at {}",
+            self.own.subnet, by.public_ip
+        );
+        self.taken = true;
+        self.held = false;
+        self.emit(LeaseEvent::OwnLeaseTaken(by)).await;
     }
 
     async fn on_delete(&mut self, subnet: Ipv4Net) {
@@ -191,6 +234,10 @@ impl Keeper {
     }
 
     async fn maintain(&mut self) {
+        if self.taken {
+            self.maintain_at = Instant::now() + self.timing.renew_after();
+            return;
+        }
         let result = if self.held {
             self.renew().await
         } else {
@@ -221,24 +268,33 @@ impl Keeper {
         Ok(())
     }
 
-    /// Acquires again, preferring the subnet we had, and tells the consumer.
+    /// Claims our subnet again, and only that one: another subnet would not match the
+    /// containers on this host. If another node got it first, that node keeps it.
     async fn reacquire(&mut self) -> anyhow::Result<()> {
-        let previous = Some(self.own.subnet);
-        let lease = acquire(
-            &self.store,
-            &self.config,
-            &self.attrs,
-            previous,
-            self.timing.lease_ttl,
-        )
-        .await?;
-        self.own = lease.clone();
+        let ttl = self.timing.lease_ttl;
+        let claimed = match self.store.get(self.own.subnet).await? {
+            None => self.store.create(&self.own, ttl).await?,
+            // Our public IP's lease with other attributes (say, an older run's): ours to update.
+            Some(held) if self.is_own(&held.lease) => {
+                self.store
+                    .replace(&self.own, held.mod_revision, ttl)
+                    .await?
+            }
+            Some(held) => {
+                self.taken_over(held.lease).await;
+                return Ok(());
+            }
+        };
+        if !claimed {
+            anyhow::bail!("our key changed while re-acquiring it");
+        }
+        info!("re-acquired our lease {}", self.own.subnet);
         self.held = true;
         self.maintain_at = Instant::now() + self.timing.renew_after();
-        if let Some(stale) = self.peers.remove(&lease.subnet) {
+        if let Some(stale) = self.peers.remove(&self.own.subnet) {
             self.emit(LeaseEvent::Removed(stale)).await;
         }
-        self.emit(LeaseEvent::OwnLease(lease)).await;
+        self.emit(LeaseEvent::OwnLease(self.own.clone())).await;
         Ok(())
     }
 
@@ -246,6 +302,44 @@ impl Keeper {
     async fn emit(&self, event: LeaseEvent) {
         let _ = self.tx.send(event).await;
     }
+}
+
+/// How `now` differs from `running`, in the fields a node cannot change while it runs; `None`
+/// when they match.
+fn config_difference(running: &Config, now: &Config) -> Option<String> {
+    let fields = [
+        (
+            "Network",
+            running.network.to_string(),
+            now.network.to_string(),
+        ),
+        (
+            "SubnetLen",
+            running.subnet_len.to_string(),
+            now.subnet_len.to_string(),
+        ),
+        (
+            "SubnetMin",
+            running.subnet_min.to_string(),
+            now.subnet_min.to_string(),
+        ),
+        (
+            "SubnetMax",
+            running.subnet_max.to_string(),
+            now.subnet_max.to_string(),
+        ),
+        (
+            "Backend",
+            running.backend.raw.to_string(),
+            now.backend.raw.to_string(),
+        ),
+    ];
+    let changed: Vec<String> = fields
+        .into_iter()
+        .filter(|(_, old, new)| old != new)
+        .map(|(name, old, new)| format!("{name} {old} -> {new}"))
+        .collect();
+    (!changed.is_empty()).then(|| changed.join(", "))
 }
 
 fn canceled(response: &WatchResponse) -> anyhow::Error {

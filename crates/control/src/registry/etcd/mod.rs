@@ -6,7 +6,8 @@ mod store;
 
 use super::{LeaseEvent, Registry, EVENT_QUEUE};
 use crate::config::Config;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
+use crate::peers::LeaseNamer;
 use anyhow::{anyhow, bail, Context};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use ipnet::Ipv4Net;
@@ -242,6 +243,12 @@ fn read_pem(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
 impl Registry for EtcdRegistry {
     fn config(&self) -> &Config {
         &self.config
+    }
+
+    fn lease_namer(&self) -> LeaseNamer {
+        LeaseNamer {
+            key_prefix: Some(subnets_prefix(&self.opts.prefix)),
+        }
     }
 
     /// Acquires our lease in flannel's order (the lease of our public IP, else the previous

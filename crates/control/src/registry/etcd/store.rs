@@ -158,6 +158,21 @@ impl Store {
         Ok(Listing { leases, revision })
     }
 
+    /// The lease at `subnet`'s key, if any.
+    pub async fn get(&self, subnet: Ipv4Net) -> anyhow::Result<Option<Listed>> {
+        let mut c = self.kv.clone();
+        let resp = self
+            .call("get lease", c.get(subnet_key(&self.prefix, subnet), None))
+            .await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        Ok(Some(Listed {
+            lease: self.parse(kv.key(), kv.value())?,
+            mod_revision: kv.mod_revision(),
+        }))
+    }
+
     pub fn parse(&self, key: &[u8], value: &[u8]) -> anyhow::Result<Lease> {
         let key = std::str::from_utf8(key).context("key is not UTF-8")?;
         let value = std::str::from_utf8(value).context("value is not UTF-8")?;
@@ -245,7 +260,7 @@ impl Store {
         Ok(())
     }
 
-    /// Watches every lease key from `revision` on.
+    /// Watches every key under the prefix from `revision` on: the leases and the config.
     pub async fn watch(&self, revision: i64) -> anyhow::Result<WatchStream> {
         let mut c = self.watch.clone();
         let opts = WatchOptions::new()
@@ -253,7 +268,7 @@ impl Store {
             .with_start_revision(revision);
         self.call(
             "watch leases",
-            c.watch(subnets_prefix(&self.prefix), Some(opts)),
+            c.watch(format!("{}/", self.prefix), Some(opts)),
         )
         .await
     }

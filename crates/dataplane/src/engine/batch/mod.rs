@@ -11,18 +11,15 @@ mod receiver;
 mod sender;
 mod train;
 
-use super::path_mtu::PathMtu;
 use super::Shared;
 use crate::io::gso;
 use crate::io::Tun;
 use crate::stats::{EngineStats, Flow};
-use crate::wire::batch::OVERHEAD;
 use ipnet::Ipv4Net;
 use receiver::Receiver;
 use sender::Sender;
 use std::ops::AddAssign;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -32,10 +29,9 @@ pub(crate) fn spawn(
     subnet: Ipv4Net,
     delay: Option<Duration>,
 ) -> Vec<JoinHandle<()>> {
-    let path = Arc::new(PathMtu::new(io.mtu + OVERHEAD));
     let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
         .map(|q| {
-            let sender = Sender::new(io.clone(), path.clone(), subnet, delay, q as u8);
+            let sender = Sender::new(io.clone(), subnet, delay, q as u8);
             let mut reader = tun.reader(q);
             reader.keep_whole(true);
             tokio::spawn(sender::tun_to_udp(reader, tun.writer(q), sender))

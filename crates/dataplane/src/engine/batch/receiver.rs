@@ -87,6 +87,7 @@ impl Receiver {
         for i in 0..self.records.len() {
             let packet = &mut datagram[self.records[i].clone()];
             if let Err(reason) = accept_inbound(packet, peer, self.io.mtu) {
+                self.io.answer_drop(reason, packet, writer);
                 self.drops.count(reason);
                 continue;
             }

@@ -1,14 +1,10 @@
 //! The TUN -> UDP half: group a drain's packets by peer, pack them into datagrams, send each
 //! peer's datagrams as GSO trains; TCP super-packets go whole, as chunks.
 
-use super::super::path_mtu::PathMtu;
-use super::super::{
-    flush_tun, reply_unreachable, route_outbound, send_failed, tun_read_failed, Shared,
-};
+use super::super::{flush_tun, route_outbound, send_failed, tun_read_failed, Shared};
 use super::train::{Held, Train};
 use super::{super_counts, Counts};
 use crate::io::tun::READ_BATCH;
-use crate::io::udp::SendError;
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::{Peer, PeerTable};
@@ -16,9 +12,7 @@ use crate::wire::batch::{BatchPacket, BatchWriter, Records, RECORD_PREFIX_LEN};
 use crate::wire::chunk::{self, ChunkRepr, CHUNK_HEADER_LEN};
 use crate::wire::ipv4::{self, Ipv4Packet};
 use ipnet::Ipv4Net;
-use std::net::SocketAddrV4;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
@@ -62,37 +56,9 @@ async fn until(deadline: Option<Instant>) {
     }
 }
 
-/// The socket and the path MTU it learns, shared by the TUN queues.
-struct Link {
-    io: Shared,
-    path: Arc<PathMtu>,
-}
-
-impl Link {
-    /// One train. A send refused as too big first teaches the path MTU what the route allows
-    /// now (a GSO train over the device MTU is refused with EINVAL rather than EMSGSIZE); the
-    /// caller counts what was lost.
-    async fn send(
-        &self,
-        dst: SocketAddrV4,
-        datagrams: &[u8],
-        segment: usize,
-    ) -> Result<(), SendError> {
-        let result = self.io.udp.send(dst, datagrams, segment).await;
-        if let Err(e) = &result {
-            if matches!(e.error.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) {
-                if let Ok(local) = self.io.udp.local_addr() {
-                    self.path.lower(local.ip(), dst);
-                }
-            }
-        }
-        result
-    }
-}
-
 /// The TUN -> UDP half for one TUN queue.
 pub(super) struct Sender {
-    link: Link,
+    io: Shared,
     subnet: Ipv4Net,
     delay: Option<Duration>,
     /// This queue's chunk stream and the number of its next super-packet.
@@ -106,15 +72,9 @@ pub(super) struct Sender {
 }
 
 impl Sender {
-    pub fn new(
-        io: Shared,
-        path: Arc<PathMtu>,
-        subnet: Ipv4Net,
-        delay: Option<Duration>,
-        stream: u8,
-    ) -> Sender {
+    pub fn new(io: Shared, subnet: Ipv4Net, delay: Option<Duration>, stream: u8) -> Sender {
         Sender {
-            link: Link { io, path },
+            io,
             subnet,
             delay,
             stream,
@@ -129,11 +89,11 @@ impl Sender {
 
     /// Route the packets of one read and send each peer's share.
     async fn drain(&mut self, reader: &mut TunReader, n: usize, icmp: &mut TunWriter) {
-        let table = self.link.io.table.load();
+        let table = self.io.table.load();
         self.group(reader, n, &table, icmp);
         for g in 0..self.groups.groups.len() {
             let Group { peer, head, .. } = self.groups.groups[g];
-            self.pack(reader, head, &table.peers()[peer]).await;
+            self.pack(reader, head, &table.peers()[peer], icmp).await;
         }
     }
 
@@ -143,9 +103,7 @@ impl Sender {
             match route_outbound(reader.packet_mut(i), table) {
                 Ok(peer) => self.groups.add(peer, i),
                 Err(reason) => {
-                    if reason == DropReason::NoRoute {
-                        reply_unreachable(reader.packet_mut(i), icmp);
-                    }
+                    self.io.answer_drop(reason, reader.packet_mut(i), icmp);
                     self.drops.count(reason);
                 }
             }
@@ -153,8 +111,8 @@ impl Sender {
     }
 
     /// Pack one peer's packets (after those of its held datagram) into datagrams and send them.
-    async fn pack(&mut self, reader: &mut TunReader, head: u16, peer: &Peer) {
-        let capacity = self.link.path.capacity();
+    async fn pack(&mut self, reader: &mut TunReader, head: u16, peer: &Peer, icmp: &mut TunWriter) {
+        let capacity = self.io.path.capacity();
         let mut held = self.held.take(peer.spec.endpoint);
         let view = BatchPacket::new_checked(&held[..]).ok();
         let mut source = Source {
@@ -177,6 +135,9 @@ impl Sender {
             if writer.is_empty() {
                 if !more {
                     break;
+                }
+                if let Some(packet) = source.peek(reader) {
+                    self.io.answer_drop(DropReason::TooBig, packet, icmp);
                 }
                 self.drops.count(DropReason::TooBig);
                 source.advance(&self.groups.next);
@@ -210,7 +171,7 @@ impl Sender {
     /// Send the super-packet that ended the read: whole, as chunks, to a peer that reads them;
     /// split into packets like any other to one that does not (or to no peer at all).
     async fn send_whole(&mut self, reader: &mut TunReader, icmp: &mut TunWriter) {
-        let table = self.link.io.table.load();
+        let table = self.io.table.load();
         let (hdr, frame) = reader
             .whole()
             .expect("called only with a whole super-packet");
@@ -229,7 +190,10 @@ impl Sender {
         }
         let peer = match route_outbound(packet, &table) {
             Ok(peer) => &table.peers()[peer],
-            Err(reason) => return self.drops.count(reason),
+            Err(reason) => {
+                self.io.answer_drop(reason, packet, icmp);
+                return self.drops.count(reason);
+            }
         };
         if self.held.deadline.is_some() {
             self.send_held().await;
@@ -240,7 +204,7 @@ impl Sender {
     /// Cut a super-packet frame into chunk datagrams filling the path MTU, sent as GSO trains.
     async fn send_chunks(&mut self, hdr: &VirtioNetHdr, frame: &[u8], peer: &Peer) {
         let packet = &frame[VIRTIO_NET_HDR_LEN..];
-        let capacity = self.link.path.capacity();
+        let capacity = self.io.path.capacity();
         let mut chunk = ChunkRepr {
             sender: self.subnet,
             seq: self.next_seq,
@@ -280,7 +244,7 @@ impl Sender {
         };
         if !self
             .train
-            .accepts(len, self.link.io.udp.segments_per_send(segment))
+            .accepts(len, self.io.udp.segments_per_send(segment))
         {
             self.send_train(peer, len).await;
         }
@@ -294,7 +258,7 @@ impl Sender {
         }
         let (datagrams, segment, counts) = self.train.closed();
         let dst = peer.spec.endpoint;
-        let sent = match self.link.send(dst, datagrams, segment).await {
+        let sent = match self.io.send(dst, datagrams, segment).await {
             Ok(()) => counts,
             Err(e) => {
                 let sent = self.train.sent(&e);
@@ -314,7 +278,7 @@ impl Sender {
 
     /// Send the held datagrams, each on its own: they are all partly empty.
     async fn send_held(&mut self) {
-        let table = self.link.io.table.load();
+        let table = self.io.table.load();
         for i in 0..self.held.slots.len() {
             let slot = &mut self.held.slots[i];
             if slot.datagram.is_empty() {
@@ -323,7 +287,7 @@ impl Sender {
             let (endpoint, counts) = (slot.endpoint, slot.counts);
             let mut datagram = std::mem::take(&mut slot.datagram);
             let len = datagram.len();
-            match self.link.send(endpoint, &datagram, len).await {
+            match self.io.send(endpoint, &datagram, len).await {
                 Ok(()) => {
                     if let Some(peer) = table.by_endpoint(endpoint) {
                         peer.stats.tx.add(counts.packets, counts.bytes);
@@ -340,7 +304,7 @@ impl Sender {
     }
 
     fn publish(&mut self) {
-        let stats = &self.link.io.stats;
+        let stats = &self.io.stats;
         std::mem::take(&mut self.sent).publish_tx(stats);
         self.drops.publish(stats);
     }

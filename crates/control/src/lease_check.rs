@@ -1,0 +1,272 @@
+//! Which peer leases this node may act on. Every lease from any registry passes here before a
+//! backend sees it, so a lease written by a buggy or hostile node can never change a route,
+//! a neighbour or a userspace table entry.
+
+use crate::backend::netlink::MacAddr;
+use crate::config::Config;
+use crate::lease::{backend_type, Lease};
+use ipnet::Ipv4Net;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+/// Why a peer lease was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// Every lease of a flannel network has the config's `SubnetLen`.
+    PrefixLength {
+        got: u8,
+        want: u8,
+    },
+    OutsideNetwork(Ipv4Net),
+    /// It claims (part of) this node's own subnet.
+    OverlapsOwn(Ipv4Net),
+    /// It overlaps a peer lease already programmed, which keeps its place.
+    OverlapsPeer(Ipv4Net),
+    /// Its PublicIP is this node's: traffic for it would loop back to us.
+    OwnPublicIp(Ipv4Addr),
+    /// Its PublicIP cannot be a host (unspecified, loopback, multicast, broadcast).
+    UnusablePublicIp(Ipv4Addr),
+    /// A vxlan lease whose VtepMAC is missing, malformed, zero, or multicast.
+    VtepMac(String),
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::PrefixLength { got, want } => {
+                write!(
+                    f,
+                    "prefix length /{got} differs from the network's SubnetLen /{want}"
+                )
+            }
+            Rejection::OutsideNetwork(network) => {
+                write!(f, "it lies outside the network {network}")
+            }
+            Rejection::OverlapsOwn(own) => write!(f, "it overlaps this node's own lease {own}"),
+            Rejection::OverlapsPeer(peer) => write!(f, "it overlaps the peer lease {peer}"),
+            Rejection::OwnPublicIp(ip) => write!(f, "its PublicIP {ip} is this node's own"),
+            Rejection::UnusablePublicIp(ip) => write!(f, "its PublicIP {ip} is not a host address"),
+            Rejection::VtepMac(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+/// What every peer lease must satisfy, whatever the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRules {
+    pub network: Ipv4Net,
+    pub subnet_len: u8,
+    pub own_subnet: Ipv4Net,
+    pub own_public_ip: Ipv4Addr,
+}
+
+impl LeaseRules {
+    pub fn new(config: &Config, own: &Lease) -> LeaseRules {
+        LeaseRules {
+            network: config.network,
+            subnet_len: config.subnet_len,
+            own_subnet: own.subnet,
+            own_public_ip: own.public_ip,
+        }
+    }
+
+    /// The checks of one lease on its own; overlaps with other peers are checked by [`admit`].
+    pub fn check(&self, lease: &Lease) -> Result<(), Rejection> {
+        let subnet = lease.subnet;
+        if subnet.prefix_len() != self.subnet_len {
+            return Err(Rejection::PrefixLength {
+                got: subnet.prefix_len(),
+                want: self.subnet_len,
+            });
+        }
+        if !self.network.contains(&subnet) {
+            return Err(Rejection::OutsideNetwork(self.network));
+        }
+        if overlaps(subnet, self.own_subnet) {
+            return Err(Rejection::OverlapsOwn(self.own_subnet));
+        }
+        check_public_ip(lease.public_ip, self.own_public_ip)?;
+        if lease.backend_type.as_deref() == Some(backend_type::VXLAN) {
+            check_vtep_mac(lease)?;
+        }
+        Ok(())
+    }
+}
+
+/// Admits `lease` into `peers` (keyed by subnet) if it passes the rules and overlaps no other
+/// peer; a lease for a subnet already in `peers` replaces it. O(log K).
+pub fn admit(
+    rules: &LeaseRules,
+    peers: &BTreeMap<Ipv4Net, Lease>,
+    lease: &Lease,
+) -> Result<(), Rejection> {
+    rules.check(lease)?;
+    let subnet = lease.subnet;
+    let below = peers.range(..subnet).next_back();
+    let above = peers.range(subnet..).find(|(s, _)| **s != subnet);
+    for (other, _) in below.into_iter().chain(above) {
+        if overlaps(subnet, *other) {
+            return Err(Rejection::OverlapsPeer(*other));
+        }
+    }
+    Ok(())
+}
+
+fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+fn check_public_ip(ip: Ipv4Addr, own: Ipv4Addr) -> Result<(), Rejection> {
+    if ip == own {
+        return Err(Rejection::OwnPublicIp(ip));
+    }
+    if ip.is_unspecified() || ip.is_loopback() || ip.is_multicast() || ip.is_broadcast() {
+        return Err(Rejection::UnusablePublicIp(ip));
+    }
+    Ok(())
+}
+
+/// The MAC a vxlan peer's traffic goes to: a zero or multicast (broadcast included) MAC would
+/// leave a neighbour entry that sends the peer's subnet nowhere, or everywhere.
+fn check_vtep_mac(lease: &Lease) -> Result<(), Rejection> {
+    let data = lease.backend_data.as_ref();
+    let Some(text) = data.and_then(|d| d.get("VtepMAC")).and_then(|m| m.as_str()) else {
+        return Err(Rejection::VtepMac("it has no BackendData.VtepMAC".into()));
+    };
+    let mac: MacAddr = text
+        .parse()
+        .map_err(|_| Rejection::VtepMac(format!("its VtepMAC {text:?} is not a MAC address")))?;
+    if mac.0 == [0; 6] || mac.0[0] & 1 == 1 {
+        return Err(Rejection::VtepMac(format!(
+            "its VtepMAC {mac} is not a unicast address"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::LeaseAttrs;
+    use serde_json::json;
+
+    fn net(s: &str) -> Ipv4Net {
+        s.parse().unwrap()
+    }
+
+    fn rules() -> LeaseRules {
+        LeaseRules {
+            network: net("10.5.0.0/16"),
+            subnet_len: 24,
+            own_subnet: net("10.5.1.0/24"),
+            own_public_ip: Ipv4Addr::new(10, 200, 0, 1),
+        }
+    }
+
+    fn udp(subnet: &str, ip: &str) -> Lease {
+        Lease::new(net(subnet), LeaseAttrs::udp(ip.parse().unwrap()))
+    }
+
+    fn vxlan(subnet: &str, mac: serde_json::Value) -> Lease {
+        let mut lease = udp(subnet, "10.200.0.2");
+        lease.backend_type = Some("vxlan".into());
+        lease.backend_data = Some(json!({"VNI": 1, "VtepMAC": mac}));
+        lease
+    }
+
+    #[test]
+    fn a_good_lease_passes() {
+        assert_eq!(rules().check(&udp("10.5.2.0/24", "10.200.0.2")), Ok(()));
+        let good_mac = vxlan("10.5.2.0/24", json!("d6:60:f1:85:5a:fc"));
+        assert_eq!(rules().check(&good_mac), Ok(()));
+    }
+
+    #[test]
+    fn each_bad_lease_gets_its_reason() {
+        let cases = [
+            (
+                udp("10.5.2.0/25", "10.200.0.2"),
+                "prefix length /25 differs from the network's SubnetLen /24",
+            ),
+            (
+                udp("10.6.2.0/24", "10.200.0.2"),
+                "outside the network 10.5.0.0/16",
+            ),
+            (
+                udp("10.5.1.0/24", "10.200.0.9"),
+                "overlaps this node's own lease 10.5.1.0/24",
+            ),
+            (
+                udp("10.5.2.0/24", "10.200.0.1"),
+                "PublicIP 10.200.0.1 is this node's own",
+            ),
+            (udp("10.5.2.0/24", "0.0.0.0"), "is not a host address"),
+            (udp("10.5.2.0/24", "127.0.0.1"), "is not a host address"),
+            (udp("10.5.2.0/24", "224.0.0.1"), "is not a host address"),
+            (
+                udp("10.5.2.0/24", "255.255.255.255"),
+                "is not a host address",
+            ),
+            (
+                vxlan("10.5.2.0/24", json!("ff:ff:ff:ff:ff:ff")),
+                "VtepMAC ff:ff:ff:ff:ff:ff is not a unicast address",
+            ),
+            (
+                vxlan("10.5.2.0/24", json!("00:00:00:00:00:00")),
+                "not a unicast address",
+            ),
+            (
+                vxlan("10.5.2.0/24", json!("01:00:5e:00:00:01")),
+                "not a unicast address",
+            ),
+            (
+                vxlan("10.5.2.0/24", json!("banana")),
+                "VtepMAC \"banana\" is not a MAC address",
+            ),
+            (vxlan("10.5.2.0/24", json!(7)), "no BackendData.VtepMAC"),
+        ];
+        for (lease, want) in cases {
+            let got = rules().check(&lease).expect_err(want).to_string();
+            assert!(got.contains(want), "{lease:?}: got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn a_lease_overlapping_a_peer_is_refused_and_an_update_is_not() {
+        let wide = LeaseRules {
+            subnet_len: 23,
+            ..rules()
+        };
+        let mut peers = BTreeMap::new();
+        let first = Lease {
+            subnet: net("10.5.4.0/23"),
+            ..udp("10.5.4.0/24", "10.200.0.2")
+        };
+        peers.insert(first.subnet, first.clone());
+        let update = Lease {
+            public_ip: "10.200.0.3".parse().unwrap(),
+            ..first.clone()
+        };
+        assert_eq!(admit(&wide, &peers, &update), Ok(()));
+        let next = Lease {
+            subnet: net("10.5.6.0/23"),
+            ..first.clone()
+        };
+        assert_eq!(admit(&wide, &peers, &next), Ok(()));
+        // Overlaps only arise between prefix lengths, which the rules refuse first; a rule set
+        // with none shows the range check on its own.
+        let inner = Lease {
+            subnet: net("10.5.5.0/24"),
+            ..first
+        };
+        let any_len = LeaseRules {
+            subnet_len: 24,
+            ..wide
+        };
+        assert_eq!(
+            admit(&any_len, &peers, &inner),
+            Err(Rejection::OverlapsPeer(net("10.5.4.0/23")))
+        );
+    }
+}
