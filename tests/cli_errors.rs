@@ -133,3 +133,67 @@ fn without_net_admin_it_says_so() -> Result<()> {
     assert!(stderr.contains("needs root or CAP_NET_ADMIN"), "{stderr}");
     Ok(())
 }
+
+#[test]
+fn port_zero_is_refused() -> Result<()> {
+    let lab = lab("cli-p0")?;
+    assert_fails_with(
+        &lab,
+        &["--iface", "eth0", "--subnet", "10.5.1.0/24", "--port", "0"],
+        "--port",
+    )
+}
+
+#[test]
+fn an_mtu_the_underlay_cannot_carry_is_refused() -> Result<()> {
+    let lab = lab("cli-mtu")?;
+    let base = ["--iface", "eth0", "--subnet", "10.5.1.0/24"];
+    for (mtu, expected) in [
+        (
+            "9000",
+            "--mtu 9000 does not fit: it must be between 576 and 1472 (eth0 has MTU 1500",
+        ),
+        ("1473", "--mtu 1473 does not fit"),
+        ("0", "--mtu 0 does not fit"),
+        ("67", "--mtu 67 does not fit"),
+    ] {
+        let args = [base.as_slice(), &["--mtu", mtu]].concat();
+        assert_fails_with(&lab, &args, expected)?;
+    }
+    let (ok, stderr) = twill_in_lab(
+        &lab,
+        &[STATIC.as_slice(), &base, &["--mtu", "9000"]].concat(),
+    )?;
+    assert!(
+        !ok && !stderr.contains("offloads"),
+        "a misleading line: {stderr}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_subnet_with_host_bits_is_refused() -> Result<()> {
+    let lab = lab("cli-host")?;
+    assert_fails_with(
+        &lab,
+        &["--iface", "eth0", "--subnet", "10.5.1.7/24"],
+        "--subnet 10.5.1.7/24 has host bits set; the subnet is 10.5.1.0/24",
+    )
+}
+
+#[test]
+fn a_peer_at_our_own_address_is_refused() -> Result<()> {
+    let lab = lab("cli-self")?;
+    assert_fails_with(
+        &lab,
+        &[
+            "--iface",
+            "eth0",
+            "--subnet",
+            "10.5.1.0/24",
+            "--peer",
+            "10.5.3.0/24=10.200.0.1",
+        ],
+        "--peer 10.5.3.0/24=10.200.0.1: its PublicIP 10.200.0.1 is this node's own",
+    )
+}

@@ -5,6 +5,7 @@ use super::super::{flush_tun, route_outbound, send_failed, tun_read_failed, Shar
 use super::train::{Held, Train};
 use super::{super_counts, Counts};
 use crate::io::tun::READ_BATCH;
+use crate::io::udp::SendError;
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::{Peer, PeerTable};
@@ -12,6 +13,7 @@ use crate::wire::batch::{BatchPacket, BatchWriter, Records, RECORD_PREFIX_LEN};
 use crate::wire::chunk::{self, ChunkRepr, CHUNK_HEADER_LEN};
 use crate::wire::ipv4::{self, Ipv4Packet};
 use ipnet::Ipv4Net;
+use std::net::SocketAddrV4;
 use std::ops::ControlFlow;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -28,6 +30,7 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut t
             read = reader.read_batch() => read,
             () = until(tx.held.deadline) => {
                 tx.send_held().await;
+                tx.too_big.answer(&tx.io, &mut icmp);
                 continue;
             }
         };
@@ -44,6 +47,7 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut t
         if reader.whole().is_some() {
             tx.send_whole(&mut reader, &mut icmp).await;
         }
+        tx.too_big.answer(&tx.io, &mut icmp);
         flush_tun(&mut icmp, &mut tx.drops).await;
         tx.publish();
     }
@@ -69,6 +73,7 @@ pub(super) struct Sender {
     held: Held,
     drops: DropTally,
     sent: Counts,
+    too_big: TooBig,
 }
 
 impl Sender {
@@ -84,6 +89,7 @@ impl Sender {
             held: Held::default(),
             drops: DropTally::default(),
             sent: Counts::default(),
+            too_big: TooBig::default(),
         }
     }
 
@@ -262,11 +268,14 @@ impl Sender {
             Ok(()) => counts,
             Err(e) => {
                 let sent = self.train.sent(&e);
-                send_failed(
+                let lost = counts.packets - sent.packets;
+                refused(
+                    &self.io,
                     dst,
                     &e,
-                    (counts.packets - sent.packets) as usize,
-                    &mut self.drops,
+                    lost,
+                    (datagrams, segment),
+                    (&mut self.drops, &mut self.too_big),
                 );
                 sent
             }
@@ -294,7 +303,17 @@ impl Sender {
                     }
                     self.sent += counts;
                 }
-                Err(e) => send_failed(endpoint, &e, counts.packets as usize, &mut self.drops),
+                Err(e) => {
+                    let tallies = (&mut self.drops, &mut self.too_big);
+                    refused(
+                        &self.io,
+                        endpoint,
+                        &e,
+                        counts.packets,
+                        (&datagram, len),
+                        tallies,
+                    );
+                }
             }
             datagram.clear();
             self.held.slots[i].datagram = datagram;
@@ -307,6 +326,48 @@ impl Sender {
         let stats = &self.io.stats;
         std::mem::take(&mut self.sent).publish_tx(stats);
         self.drops.publish(stats);
+    }
+}
+
+/// Count what a refused send of `train` (datagrams, segment size) lost, and keep the packets
+/// that no longer fit the path, to answer them.
+fn refused(
+    io: &Shared,
+    dst: SocketAddrV4,
+    e: &SendError,
+    lost_packets: u64,
+    (datagrams, segment): (&[u8], usize),
+    (drops, too_big): (&mut DropTally, &mut TooBig),
+) {
+    send_failed(dst, e, lost_packets as usize, drops);
+    if e.error.raw_os_error() == Some(libc::EMSGSIZE) {
+        let lost = datagrams.chunks(segment).enumerate();
+        for (_, datagram) in lost.filter(|(j, _)| !e.was_sent(*j)) {
+            too_big.note(datagram, io.largest_packet());
+        }
+    }
+}
+
+/// Packets of datagrams the kernel refused as too big that no longer fit the path, kept until
+/// the ICMP writer is at hand to answer each with "fragmentation needed". Rare: only the
+/// datagrams sent before the path MTU was learned lower.
+#[derive(Default)]
+struct TooBig(Vec<Vec<u8>>);
+
+impl TooBig {
+    fn note(&mut self, datagram: &[u8], largest: usize) {
+        let Ok(batch) = BatchPacket::new_checked(datagram) else {
+            return; // a chunk of a super-packet: TCP sends it again, at the smaller size
+        };
+        let records = batch.records().filter_map(Result::ok);
+        self.0
+            .extend(records.filter(|r| r.len() > largest).map(<[u8]>::to_vec));
+    }
+
+    fn answer(&mut self, io: &Shared, icmp: &mut TunWriter) {
+        for packet in self.0.drain(..) {
+            io.answer_drop(DropReason::TooBig, &packet, icmp);
+        }
     }
 }
 

@@ -1,0 +1,91 @@
+//! The ICMP errors twill answers with, on both userspace backends, seen from a container as a
+//! router's would be: time exceeded when a TTL runs out in twill (on either node), network
+//! unreachable, and fragmentation needed once the underlay's MTU shrinks under a running node.
+//! Each comes from the answering node's own address in the network, which the far node's
+//! anti-spoofing check lets through.
+
+mod common;
+
+use anyhow::Result;
+use common::*;
+
+const BACKENDS: [(&str, &str); 2] = [("u", "udp"), ("b", "batch")];
+
+fn pair(tag: &str, backend: &str) -> Result<Pair> {
+    start_pair(tag, &["--backend", backend], None)
+}
+
+/// `ping` from container 0 with extra options; its output, whether or not it got replies.
+fn ping_from(pair: &Pair, options: &str, to: &str) -> Result<String> {
+    pair.container(0)
+        .ns
+        .sh(&format!("ping -c 1 -W 2 {options} {to} || true"))
+}
+
+#[test]
+fn a_ttl_that_runs_out_in_twill_gets_time_exceeded_from_that_node() -> Result<()> {
+    for (tag, backend) in BACKENDS {
+        let pair = pair(&format!("{tag}ttl"), backend)?;
+        let far = pair.container(1).ip.to_string();
+        // TTL 2: host 0 forwards it with 1 left, and twill on host 0 cannot decrement it.
+        let out = ping_from(&pair, "-t 2", &far)?;
+        anyhow::ensure!(
+            out.contains("From 10.5.1.0 icmp_seq=1 Time to live exceeded"),
+            "{backend}, near: {out}"
+        );
+        // TTL 3: twill on host 0 sends it with 1 left; twill on host 1 answers, from its own
+        // address, back through the tunnel.
+        let out = ping_from(&pair, "-t 3", &far)?;
+        anyhow::ensure!(
+            out.contains("From 10.5.2.0 icmp_seq=1 Time to live exceeded"),
+            "{backend}, far: {out}"
+        );
+        anyhow::ensure!(drops(&pair.host(1).ns, "ttl_exceeded")? >= 1);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_far_node_without_a_route_answers_net_unreachable_from_its_own_address() -> Result<()> {
+    for (tag, backend) in BACKENDS {
+        let pair = pair(&format!("{tag}unre"), backend)?;
+        // Host 1 sends half of its own subnet back into twill, where no peer owns it.
+        pair.host(1)
+            .ns
+            .ip(&["route", "add", "10.5.2.128/25", "dev", "twill0"])?;
+        let out = ping_from(&pair, "", "10.5.2.200")?;
+        anyhow::ensure!(
+            out.contains("From 10.5.2.0 icmp_seq=1 Destination Net Unreachable"),
+            "{backend}: {out}"
+        );
+        anyhow::ensure!(drops(&pair.host(0).ns, "spoofed_source")? == 0);
+    }
+    Ok(())
+}
+
+#[test]
+fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Result<()> {
+    for (tag, backend) in BACKENDS {
+        let pair = pair(&format!("{tag}pmtu"), backend)?;
+        let far = pair.container(1).ip.to_string();
+        let out = ping_from(&pair, "-M do -s 1400", &far)?;
+        anyhow::ensure!(out.contains("1 received"), "{backend}, before: {out}");
+        for host in 0..2 {
+            pair.host(host)
+                .ns
+                .ip(&["link", "set", "eth0", "mtu", "1300"])?;
+        }
+        // The first too-big packet teaches twill the new path MTU and is answered at once.
+        let overhead = if backend == "udp" { 28 } else { 42 };
+        let fits = 1300 - overhead;
+        let out = ping_from(&pair, "-M do -s 1400", &far)?;
+        anyhow::ensure!(
+            out.contains(&format!("Frag needed and DF set (mtu = {fits})")),
+            "{backend}, after: {out}"
+        );
+        anyhow::ensure!(drops(&pair.host(0).ns, "too_big")? >= 1);
+        let out = ping_from(&pair, &format!("-M do -s {}", fits - 28), &far)?;
+        anyhow::ensure!(out.contains("1 received"), "{backend}, fitting: {out}");
+    }
+    Ok(())
+}
