@@ -85,6 +85,59 @@ fn a_node_whose_key_is_deleted_reacquires_it() -> Result<()> {
 }
 
 #[test]
+fn a_node_whose_subnet_is_taken_over_stops_without_taking_another() -> Result<()> {
+    let c = cluster("etaken", 2, UDP_CONFIG)?;
+    let mut node = c.start(0)?;
+    let key = c.lease_key(c.subnet(0)?);
+    let intruder = r#"{"PublicIP":"10.200.0.99","PublicIPv6":null}"#;
+    c.etcd.etcdctl(&["put", &key, intruder])?;
+    let status = node
+        .wait_timeout(Duration::from_secs(10))?
+        .context("twill kept running on a subnet another node holds")?;
+    anyhow::ensure!(!status.success(), "exit status {status}");
+    let stderr = node.stderr();
+    anyhow::ensure!(
+        stderr.contains("was taken over by the node at 10.200.0.99")
+            && stderr.contains("twill stops instead of taking another subnet"),
+        "{stderr}"
+    );
+    let leases = c.etcd.etcdctl(&[
+        "get",
+        "--prefix",
+        "--print-value-only",
+        &format!("{PREFIX}/subnets/"),
+    ])?;
+    anyhow::ensure!(
+        leases.trim() == intruder,
+        "a second lease was taken: {leases}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_changed_network_config_is_reported_and_traffic_goes_on() -> Result<()> {
+    let mut c = cluster("ecfg", 2, UDP_CONFIG)?;
+    let nodes = [c.start(0)?, c.start(1)?];
+    let changed = UDP_CONFIG.replace("udp", "vxlan");
+    c.etcd
+        .etcdctl(&["put", &format!("{PREFIX}/config"), &changed])?;
+    eventually("restart_needed in twill status", || {
+        let s = status(&c.lab.host(0).ns)?;
+        Ok(s["restart_needed"]
+            .as_str()
+            .is_some_and(|why| why.contains(r#"Backend {"Type":"udp"} -> {"Type":"vxlan"}"#)))
+    })?;
+    anyhow::ensure!(
+        nodes[0]
+            .stderr()
+            .contains("restart twill to apply the new one"),
+        "{}",
+        nodes[0].stderr()
+    );
+    c.traffic_between_two_nodes()
+}
+
+#[test]
 fn traffic_survives_an_etcd_outage_and_the_watch_resyncs() -> Result<()> {
     let mut c = cluster("eout", 2, UDP_CONFIG)?;
     let _nodes = [c.start(0)?, c.start(1)?];
@@ -140,5 +193,48 @@ fn an_invalid_config_is_one_clear_line_naming_the_field() -> Result<()> {
     let c = cluster("ebad", 2, r#"{"Network":"10.5.0.0/16","SubnetLen":33}"#)?;
     let last = c.failing_start(0)?;
     assert!(last.contains("SubnetLen"), "{last}");
+    Ok(())
+}
+
+/// etcd answers the config read, then goes away before the lease is held: the acquisition
+/// retries for as long as etcd is gone, and a stop signal must still end it (it once retried
+/// forever, and systemd had to SIGKILL twill after its stop timeout).
+#[test]
+fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
+    use twill_control::daemon::{self, NodeOptions};
+    use twill_control::registry::{EtcdOptions, EtcdRegistry};
+    let mut c = cluster("eacqstop", 2, UDP_CONFIG)?;
+    let endpoint = c.etcd.endpoint();
+    let options = NodeOptions {
+        iface: Some("eth0".into()),
+        public_ip: None,
+        subnet_file: c.subnet_file(1),
+        tun_name: "twill0".into(),
+        mtu: None,
+        ip_masq: false,
+        queues: 1,
+        no_offload: false,
+        udp_buffer: twill_dataplane::io::DEFAULT_SOCKET_BUFFER,
+        tun_tx_queue_len: twill_dataplane::io::DEFAULT_TX_QUEUE_LEN,
+        status_addrs: Vec::new(),
+        batch_delay: None,
+    };
+    let etcd = &mut c.etcd;
+    let outcome = c.lab.host(1).ns.enter(|| {
+        let runtime = tokio::runtime::Runtime::new()?;
+        runtime.block_on(async {
+            let registry = EtcdRegistry::connect(EtcdOptions::new(&endpoint)).await?;
+            etcd.stop()?;
+            let stop = tokio::time::sleep(Duration::from_secs(2));
+            let run = daemon::run(registry, options, stop);
+            let started = Instant::now();
+            let result = tokio::time::timeout(Duration::from_secs(20), run).await;
+            anyhow::Ok((result, started.elapsed()))
+        })
+    });
+    let (result, took) = outcome?;
+    let result = result.context("the node ignored the stop while acquiring its lease")?;
+    result.context("a stop is a clean exit")?;
+    anyhow::ensure!(took < Duration::from_secs(10), "took {took:?} to stop");
     Ok(())
 }
