@@ -186,8 +186,9 @@ async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Resul
         LeaseEvent::Snapshot(leases) => backend.reconcile(leases).await,
         LeaseEvent::Added(lease) => backend.add_peer(lease).await,
         LeaseEvent::Removed(lease) => backend.remove_peer(lease).await,
-        LeaseEvent::OwnLease(_) | LeaseEvent::OwnLeaseTaken(_) | LeaseEvent::ConfigChanged(_) => {
-            Ok(())
-        }
+        LeaseEvent::OwnLease(_)
+        | LeaseEvent::OwnLeaseTaken(_)
+        | LeaseEvent::ConfigChanged(_)
+        | LeaseEvent::Unreadable { .. } => Ok(()),
     }
 }

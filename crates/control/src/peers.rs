@@ -24,6 +24,8 @@ pub struct Peers {
     namer: LeaseNamer,
     accepted: BTreeMap<Ipv4Net, Lease>,
     refused: BTreeMap<Ipv4Net, Refused>,
+    /// Entries among the leases that are not leases at all: key, and what is wrong.
+    unreadable: BTreeMap<String, String>,
 }
 
 /// Names a lease as the operator wrote it: `<prefix>/subnets/10.5.2.0-24` for etcd, the
@@ -50,6 +52,7 @@ impl Peers {
             namer,
             accepted: BTreeMap::new(),
             refused: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
         }
     }
 
@@ -62,6 +65,13 @@ impl Peers {
             LeaseEvent::Removed(lease) => {
                 self.refused.remove(&lease.subnet);
                 self.accepted.remove(&lease.subnet).map(LeaseEvent::Removed)
+            }
+            LeaseEvent::Unreadable { key, why } => {
+                match why {
+                    Some(why) => self.unreadable.insert(key, why),
+                    None => self.unreadable.remove(&key),
+                };
+                None
             }
             own @ (LeaseEvent::OwnLease(_)
             | LeaseEvent::OwnLeaseTaken(_)
@@ -123,6 +133,11 @@ impl Peers {
 
     pub fn refused(&self) -> impl ExactSizeIterator<Item = &Refused> {
         self.refused.values()
+    }
+
+    /// Entries among the leases that are not leases: key, and what is wrong.
+    pub fn unreadable(&self) -> impl ExactSizeIterator<Item = (&String, &String)> {
+        self.unreadable.iter()
     }
 
     pub fn namer(&self) -> &LeaseNamer {
@@ -197,6 +212,20 @@ mod tests {
             0,
             "gone from the registry, gone here"
         );
+    }
+
+    #[test]
+    fn unreadable_entries_are_kept_until_they_go() {
+        let mut peers = peers();
+        let key = "/coreos.com/network/subnets/10.5.9.0-24".to_string();
+        let bad = LeaseEvent::Unreadable {
+            key: key.clone(),
+            why: Some("invalid lease value".into()),
+        };
+        assert_eq!(peers.admit(bad), None);
+        assert_eq!(peers.unreadable().count(), 1);
+        assert_eq!(peers.admit(LeaseEvent::Unreadable { key, why: None }), None);
+        assert_eq!(peers.unreadable().count(), 0);
     }
 
     #[test]

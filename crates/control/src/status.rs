@@ -68,10 +68,14 @@ impl NodeStatus {
             .flat_map(|p| p.accepted())
             .map(lease_json)
             .collect();
-        let rejected: Vec<Value> = peers
+        let refused = peers
             .iter()
-            .flat_map(|p| p.refused().map(|r| refused_json(p.namer(), r)))
-            .collect();
+            .flat_map(|p| p.refused().map(|r| refused_json(p.namer(), r)));
+        let unreadable = peers.iter().flat_map(|p| {
+            p.unreadable()
+                .map(|(key, why)| json!({"key": key, "reason": why}))
+        });
+        let rejected: Vec<Value> = refused.chain(unreadable).collect();
         json!({
             "backend": *self.backend.read().unwrap(),
             "lease": lease.as_ref().map(lease_json),

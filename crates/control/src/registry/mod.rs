@@ -36,6 +36,9 @@ pub enum LeaseEvent {
     /// Another node now holds our subnet (this is its lease). No other subnet is taken in its
     /// place: the containers on this host are numbered from the old one, so the node must stop.
     OwnLeaseTaken(Lease),
+    /// An entry among the leases that is not a lease (`why` says what is wrong), or, with
+    /// `why: None`, that such an entry is gone or readable again.
+    Unreadable { key: String, why: Option<String> },
     /// The network config in the registry changed since this node started: `Some(what)` says
     /// how it differs from the config the node runs with, `None` that it matches again.
     ConfigChanged(Option<String>),

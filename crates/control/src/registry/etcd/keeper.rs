@@ -4,7 +4,7 @@
 //! One task does both so that our own lease and the peer table change in one order: a watch
 //! event about our key is handled after, never during, a renewal or re-acquisition.
 
-use super::store::{describe, Listing, Store};
+use super::store::{describe, key_text, Listing, Store};
 use super::Timing;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
@@ -33,6 +33,8 @@ pub(super) struct Keeper {
     /// When to renew (while held) or retry the acquisition (while not).
     maintain_at: Instant,
     peers: BTreeMap<Ipv4Net, Lease>,
+    /// Entries under the lease prefix that are not leases, by key, with what is wrong.
+    unreadable: BTreeMap<String, String>,
     tx: mpsc::Sender<LeaseEvent>,
     backoff: Backoff,
 }
@@ -57,6 +59,7 @@ impl Keeper {
             taken: false,
             config_change: None,
             peers: BTreeMap::new(),
+            unreadable: BTreeMap::new(),
             tx,
         }
     }
@@ -122,6 +125,19 @@ impl Keeper {
     }
 
     async fn resync(&mut self, listing: Listing) {
+        let now: BTreeMap<String, String> = listing.unreadable.into_iter().collect();
+        let gone: Vec<String> = self
+            .unreadable
+            .keys()
+            .filter(|k| !now.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.readable(key).await;
+        }
+        for (key, why) in now {
+            self.unreadable(key, why).await;
+        }
         let (own, peers): (Vec<Lease>, Vec<Lease>) = listing
             .leases
             .into_iter()
@@ -161,21 +177,46 @@ impl Keeper {
                 self.on_config(value).await;
                 continue;
             }
+            let key = key_text(kv.key());
             match event.event_type() {
                 EventType::Put => match self.store.parse(kv.key(), kv.value()) {
-                    Ok(lease) => self.on_put(lease).await,
-                    Err(e) => warn!(
-                        "ignoring etcd entry {}: {e:#}",
-                        String::from_utf8_lossy(kv.key())
-                    ),
+                    Ok(lease) => {
+                        self.readable(key).await;
+                        self.on_put(lease).await
+                    }
+                    Err(e) => self.unreadable(key, format!("{e:#}")).await,
                 },
-                EventType::Delete => match self.store.parse_key(kv.key()) {
-                    Ok(subnet) => self.on_delete(subnet).await,
-                    Err(e) => debug!("ignoring deleted key: {e:#}"),
-                },
+                EventType::Delete => {
+                    self.readable(key).await;
+                    match self.store.parse_key(kv.key()) {
+                        Ok(subnet) => self.on_delete(subnet).await,
+                        Err(e) => debug!("ignoring deleted key: {e:#}"),
+                    }
+                }
             }
         }
         Ok(())
+    }
+
+    /// An entry that is not a lease: warned about once per key and reason, and reported.
+    async fn unreadable(&mut self, key: String, why: String) {
+        if self.unreadable.get(&key) == Some(&why) {
+            return;
+        }
+        warn!("ignoring etcd entry {key}: {why}");
+        self.unreadable.insert(key.clone(), why.clone());
+        self.emit(LeaseEvent::Unreadable {
+            key,
+            why: Some(why),
+        })
+        .await;
+    }
+
+    /// `key` is gone or holds a lease now: if it was unreadable, say that is over.
+    async fn readable(&mut self, key: String) {
+        if self.unreadable.remove(&key).is_some() {
+            self.emit(LeaseEvent::Unreadable { key, why: None }).await;
+        }
     }
 
     /// The network config was written (`Some`) or deleted (`None`). A running node cannot

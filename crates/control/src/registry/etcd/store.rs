@@ -40,6 +40,11 @@ pub(super) fn is_unreachable(err: &anyhow::Error) -> bool {
     })
 }
 
+/// An etcd key for the log, whatever bytes it holds.
+pub(super) fn key_text(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).into_owned()
+}
+
 /// Runs one etcd request, giving up after `timeout`.
 pub(super) async fn with_deadline<T>(
     what: &'static str,
@@ -72,6 +77,8 @@ pub(super) struct Listed {
 /// All leases under the prefix, and the revision they were read at.
 pub(super) struct Listing {
     pub leases: Vec<Listed>,
+    /// Entries that are not leases: their key and why.
+    pub unreadable: Vec<(String, String)>,
     pub revision: i64,
 }
 
@@ -126,8 +133,8 @@ impl Store {
         ))
     }
 
-    /// Every lease under `<prefix>/subnets/`. Entries that are not leases are skipped with a
-    /// warning, as flanneld does, so one bad key cannot stop the network.
+    /// Every lease under `<prefix>/subnets/`. Entries that are not leases are set aside, as
+    /// flanneld skips them, so one bad key cannot stop the network.
     pub async fn list(&self) -> anyhow::Result<Listing> {
         let mut c = self.kv.clone();
         let opts = GetOptions::new().with_prefix();
@@ -138,24 +145,22 @@ impl Store {
             )
             .await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-        let leases = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| match self.parse(kv.key(), kv.value()) {
-                Ok(lease) => Some(Listed {
+        let mut leases = Vec::with_capacity(resp.kvs().len());
+        let mut unreadable = Vec::new();
+        for kv in resp.kvs() {
+            match self.parse(kv.key(), kv.value()) {
+                Ok(lease) => leases.push(Listed {
                     lease,
                     mod_revision: kv.mod_revision(),
                 }),
-                Err(e) => {
-                    warn!(
-                        "ignoring etcd entry {}: {e:#}",
-                        String::from_utf8_lossy(kv.key())
-                    );
-                    None
-                }
-            })
-            .collect();
-        Ok(Listing { leases, revision })
+                Err(e) => unreadable.push((key_text(kv.key()), format!("{e:#}"))),
+            }
+        }
+        Ok(Listing {
+            leases,
+            unreadable,
+            revision,
+        })
     }
 
     /// The lease at `subnet`'s key, if any.
