@@ -86,7 +86,7 @@ fn run(cli: Cli) -> Result<bool> {
     }
     println!(
         "{title}\n×vxlan, ×native: single-stream TCP relative to those paths; \
-         loss: share of iperf3's datagrams its receiver did not get; path loss: share that \
+         retr: segments its sender sent again; loss: share of iperf3's datagrams its receiver did not get; path loss: share that \
          never reached the receiving namespace (the difference overflowed the receiver's socket); \
          lat: qperf tcp_lat, one way (half a 1-byte round trip)\n"
     );

@@ -15,6 +15,7 @@ const SLACK: Duration = Duration::from_secs(20);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Field {
     TcpGbps,
+    TcpRetransmits,
     TcpP4Gbps,
     TcpRevGbps,
     Udp64Kpps,
@@ -26,8 +27,9 @@ pub enum Field {
 }
 
 impl Field {
-    pub const ALL: [Field; 9] = [
+    pub const ALL: [Field; 10] = [
         Field::TcpGbps,
+        Field::TcpRetransmits,
         Field::TcpP4Gbps,
         Field::TcpRevGbps,
         Field::Udp64Kpps,
@@ -41,6 +43,7 @@ impl Field {
     pub fn key(self) -> &'static str {
         match self {
             Field::TcpGbps => "tcp_gbps",
+            Field::TcpRetransmits => "tcp_retransmits",
             Field::TcpP4Gbps => "tcp_p4_gbps",
             Field::TcpRevGbps => "tcp_rev_gbps",
             Field::Udp64Kpps => "udp64_kpps",
@@ -52,11 +55,15 @@ impl Field {
         }
     }
 
-    /// No loss and (on an idle path) no softirq time are real results, not missing ones.
+    /// No loss, no retransmits and (on an idle path) no softirq time are real results, not
+    /// missing ones.
     pub fn may_be_zero(self) -> bool {
         matches!(
             self,
-            Field::Udp64LossPct | Field::Udp64PathLossPct | Field::CpuSoftirqPct
+            Field::TcpRetransmits
+                | Field::Udp64LossPct
+                | Field::Udp64PathLossPct
+                | Field::CpuSoftirqPct
         )
     }
 }
@@ -100,7 +107,12 @@ impl Measurement {
     /// The fields a run of this measurement yields.
     pub fn fields(self) -> &'static [Field] {
         match self {
-            Measurement::Tcp => &[Field::TcpGbps, Field::CpuPct, Field::CpuSoftirqPct],
+            Measurement::Tcp => &[
+                Field::TcpGbps,
+                Field::TcpRetransmits,
+                Field::CpuPct,
+                Field::CpuSoftirqPct,
+            ],
             Measurement::TcpP4 => &[Field::TcpP4Gbps],
             Measurement::TcpReverse => &[Field::TcpRevGbps],
             Measurement::Udp64 => &[
@@ -125,10 +137,11 @@ impl Measurement {
         match self {
             Measurement::Tcp => {
                 let before = cpu_now()?;
-                let gbps = parse::iperf_tcp_gbps(&iperf(ends, timing, &[])?)?;
+                let out = iperf(ends, timing, &[])?;
                 let cpu = cpu_now()?.since(&before).context("no CPU ticks passed")?;
                 Ok(vec![
-                    (Field::TcpGbps, gbps),
+                    (Field::TcpGbps, parse::iperf_tcp_gbps(&out)?),
+                    (Field::TcpRetransmits, parse::iperf_tcp_retransmits(&out)?),
                     (Field::CpuPct, cpu.busy_pct),
                     (Field::CpuSoftirqPct, cpu.softirq_pct),
                 ])

@@ -23,6 +23,16 @@ pub fn iperf_tcp_gbps(json: &str) -> Result<f64> {
     Ok(number(&sum, "bits_per_second")? / 1e9)
 }
 
+/// Segments the sender sent again (iperf3's `end.sum_sent.retransmits`): every packet the path
+/// lost costs TCP at least one.
+pub fn iperf_tcp_retransmits(json: &str) -> Result<f64> {
+    let doc: Value = serde_json::from_str(json).context("iperf3 output is not JSON")?;
+    let sent = doc
+        .pointer("/end/sum_sent")
+        .context("iperf3 JSON has no end.sum_sent")?;
+    number(sent, "retransmits")
+}
+
 /// Received packets per second and loss of a UDP run (iperf3 3.x `end.sum_received`).
 pub fn iperf_udp(json: &str) -> Result<UdpRate> {
     let sum = iperf_sum_received(json)?;

@@ -41,11 +41,12 @@ fn ratios(results: &[PathResult], r: &PathResult) -> [(&'static str, Option<f64>
     ]
 }
 
-const HEADER: [&str; 12] = [
+const HEADER: [&str; 13] = [
     "path",
     "tcp Gbit/s",
     "×vxlan",
     "×native",
+    "retr",
     "-P4",
     "-R",
     "udp64 kpps",
@@ -98,6 +99,7 @@ fn row(results: &[PathResult], r: &PathResult) -> Vec<String> {
         cell(r.value(Field::TcpGbps), 2),
         vs_vxlan,
         vs_native,
+        cell(r.value(Field::TcpRetransmits), 0),
         cell(r.value(Field::TcpP4Gbps), 2),
         cell(r.value(Field::TcpRevGbps), 2),
         cell(r.value(Field::Udp64Kpps), 1),

@@ -21,6 +21,12 @@ fn tcp_throughput_is_the_receiver_sum_in_gbit() {
 }
 
 #[test]
+fn tcp_retransmits_are_the_senders_count() {
+    assert_eq!(iperf_tcp_retransmits(&iperf_tcp_json(1e9)).unwrap(), 3.0);
+    assert!(iperf_tcp_retransmits(r#"{"end": {}}"#).is_err());
+}
+
+#[test]
 fn udp_rate_counts_only_packets_that_arrived() {
     // The shape iperf3 3.12 prints for `-u -l 64 -b 0` (trimmed).
     let out = json!({"end": {
