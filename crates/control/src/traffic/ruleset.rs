@@ -39,8 +39,7 @@ pub struct Ruleset {
 
 impl Ruleset {
     /// One transaction that replaces whatever twill's table holds (an earlier run killed with
-    /// SIGKILL left one) with exactly this ruleset: adding the table first makes the delete
-    /// succeed when there is none.
+    /// SIGKILL left one) with exactly this ruleset.
     pub fn install(&self) -> Nftables<'static> {
         let mut batch = replace_table();
         if self.masquerade {
@@ -107,7 +106,7 @@ impl Ruleset {
 
 /// The transaction that removes twill's table, whether or not it exists.
 pub fn remove() -> Nftables<'static> {
-    replace_table().to_nftables()
+    delete_table().to_nftables()
 }
 
 /// The listing command's table, to compare what is in the kernel with what was installed.
@@ -119,12 +118,18 @@ pub fn table() -> Table<'static> {
     }
 }
 
-/// `add table; delete table`: the start of every transaction, so the table ends up holding
-/// only what follows in the same transaction.
-fn replace_table() -> Batch<'static> {
+/// `add table; delete table`: adding first makes the delete succeed when there is no table.
+fn delete_table() -> Batch<'static> {
     let mut batch = Batch::new();
     batch.add(NfListObject::Table(table()));
     batch.delete(NfListObject::Table(table()));
+    batch
+}
+
+/// [`delete_table`], then a new empty table: the start of every install, so the table ends
+/// up holding only what follows in the same transaction.
+fn replace_table() -> Batch<'static> {
+    let mut batch = delete_table();
     batch.add(NfListObject::Table(table()));
     batch
 }
@@ -292,22 +297,25 @@ mod tests {
         assert!(rules_as_text(&batch, POSTROUTING).is_empty());
     }
 
+    fn commands(batch: &Nftables) -> Vec<Value> {
+        let json = serde_json::to_value(batch).unwrap();
+        json["nftables"].as_array().unwrap().clone()
+    }
+
     #[test]
-    fn every_transaction_starts_by_replacing_the_table() {
-        for batch in [ruleset(true, true).install(), remove()] {
-            let json = serde_json::to_value(&batch).unwrap();
-            let table = json!({"table": {"family": "ip", "name": TABLE}});
-            assert_eq!(
-                json["nftables"].as_array().unwrap()[..3],
-                [
-                    json!({"add": table}),
-                    json!({"delete": table}),
-                    json!({"add": table})
-                ]
-            );
-        }
-        let json = serde_json::to_value(remove()).unwrap();
-        assert_eq!(json["nftables"].as_array().unwrap().len(), 3);
+    fn an_install_starts_by_replacing_the_table_and_a_removal_leaves_none() {
+        let table = json!({"table": {"family": "ip", "name": TABLE}});
+        let (add, delete) = (json!({"add": table}), json!({"delete": table}));
+        let install = commands(&ruleset(true, true).install());
+        assert_eq!(install[..3], [add.clone(), delete.clone(), add.clone()]);
+        assert_eq!(
+            install[3..]
+                .iter()
+                .filter(|c| c.get("delete").is_some())
+                .count(),
+            0
+        );
+        assert_eq!(commands(&remove()), [add, delete]);
     }
 
     #[test]
