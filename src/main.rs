@@ -19,10 +19,18 @@ use twill_control::traffic::{self, TrafficOptions};
 use twill_control::{status, subnet_env};
 use twill_dataplane::io::{DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
 
+/// `twill --version`: the crate's version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TWILL_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "twill",
-    version,
+    version = VERSION,
     about = "flannel-compatible container network dataplane"
 )]
 struct Cli {
