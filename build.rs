@@ -35,12 +35,19 @@ fn git_commit() -> Option<String> {
 
 fn watch(dir: &str, git_file: &str) {
     if let Some(path) = git(dir, &["rev-parse", "--git-path", git_file]) {
-        println!("cargo:rerun-if-changed={}", Path::new(dir).join(path).display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            Path::new(dir).join(path).display()
+        );
     }
 }
 
 fn git(dir: &str, args: &[&str]) -> Option<String> {
-    let out = Command::new("git").args(args).current_dir(dir).output().ok()?;
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()?;
     let text = String::from_utf8(out.stdout).ok()?;
     out.status.success().then(|| text.trim().to_string())
 }
