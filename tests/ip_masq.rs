@@ -31,13 +31,13 @@ fn outside(pair: &Pair) -> &Container {
     &pair.host(0).containers()[1]
 }
 
-/// One datagram from `from` to `to` (an address in `to_ns`): the source address it arrived
-/// with, and whether the echo sent back to that address reached `from`.
-fn arrival(from: &Netns, to_ns: &Netns, to: Ipv4Addr) -> Result<(Ipv4Addr, bool)> {
-    let addr = SocketAddr::from((to, 5010));
+/// One datagram from `from` to `to`: the source address it arrived with, and whether the echo
+/// sent back to that address reached `from`.
+fn arrival(from: &Netns, to: &Container) -> Result<(Ipv4Addr, bool)> {
+    let addr = SocketAddr::from((to.ip, 5010));
     std::thread::scope(|s| {
         let (ready_tx, ready_rx) = mpsc::channel();
-        let echo = s.spawn(|| to_ns.enter(|| echo_once(addr, ready_tx)));
+        let echo = s.spawn(|| to.ns.enter(|| echo_once(addr, ready_tx)));
         ready_rx
             .recv_timeout(Duration::from_secs(10))
             .context("echo never bound")??;
@@ -77,20 +77,17 @@ fn send_and_wait_for_echo(addr: SocketAddr) -> Result<bool> {
     Ok(matches!(socket.recv(&mut buf), Ok(n) if &buf[..n] == b"where from?"))
 }
 
-/// Container A to the outside: it must arrive from host A's address on that link, and the
-/// reply must find its way back to the container.
-fn outside_sees_host_a(pair: &Pair) -> Result<()> {
-    let a = pair.container(0);
-    let (seen, echoed) = arrival(&a.ns, &outside(pair).ns, outside(pair).ip)?;
-    ensure!(
-        seen == HOST_A_OUTSIDE,
-        "the outside saw {seen}, not host A's {HOST_A_OUTSIDE}"
-    );
-    ensure!(
-        echoed,
-        "the outside's reply did not come back to container A"
-    );
+/// A datagram from `from` to `to` arrives from `source`, and the reply gets back.
+fn arrives_from(from: &Netns, to: &Container, source: Ipv4Addr) -> Result<()> {
+    let (seen, echoed) = arrival(from, to)?;
+    ensure!(seen == source, "{} saw {seen}, not {source}", to.ip);
+    ensure!(echoed, "the reply from {} did not come back", to.ip);
     Ok(())
+}
+
+/// Container A to the outside arrives from host A's address on that link.
+fn outside_sees_host_a(pair: &Pair) -> Result<()> {
+    arrives_from(&pair.container(0).ns, outside(pair), HOST_A_OUTSIDE)
 }
 
 fn rules_in_place(pair: &Pair) -> Result<()> {
@@ -137,31 +134,13 @@ fn containers_leave_as_the_host_and_meet_each_other_as_themselves() -> Result<()
     outside_sees_host_a(&pair)?;
 
     let (a, b) = (pair.container(0), pair.container(1));
-    let (seen, echoed) = arrival(&a.ns, &b.ns, b.ip)?;
-    ensure!(
-        seen == a.ip,
-        "container B saw {seen}, not container A's {}",
-        a.ip
-    );
-    ensure!(echoed, "container B's reply did not reach container A");
+    arrives_from(&a.ns, b, a.ip)?;
 
     // From outside the network to this node's containers: the client's address is kept.
     let out = outside(&pair);
-    out.ns.ip(&[
-        "route",
-        "add",
-        PAIR_SUBNETS[0],
-        "via",
-        &HOST_A_OUTSIDE.to_string(),
-    ])?;
-    let (seen, echoed) = arrival(&out.ns, &a.ns, a.ip)?;
-    ensure!(
-        seen == out.ip,
-        "container A saw {seen}, not the outside's {}",
-        out.ip
-    );
-    ensure!(echoed, "container A's reply did not reach the outside");
-    Ok(())
+    let via = HOST_A_OUTSIDE.to_string();
+    out.ns.ip(&["route", "add", PAIR_SUBNETS[0], "via", &via])?;
+    arrives_from(&out.ns, a, out.ip)
 }
 
 #[test]
@@ -178,7 +157,7 @@ fn one_rule_set_across_restarts_and_kills_and_none_after_a_clean_shutdown() -> R
         pair.nodes[0].stderr()
     );
     // The negative control: without twill's rules the container's own address leaves.
-    let (seen, _) = arrival(&pair.container(0).ns, &outside(&pair).ns, outside(&pair).ip)?;
+    let (seen, _) = arrival(&pair.container(0).ns, outside(&pair))?;
     ensure!(
         seen == pair.container(0).ip,
         "without twill the outside saw {seen}"

@@ -19,6 +19,28 @@ use std::collections::HashSet;
 pub const TABLE: &str = "twill-ipv4";
 const POSTROUTING: &str = "postrtg";
 const FORWARD: &str = "forward";
+
+/// A base chain of twill's table, where flannel hooks its own.
+#[derive(Clone, Copy)]
+struct BaseChain {
+    name: &'static str,
+    kind: NfChainType,
+    hook: NfHook,
+    priority: i32,
+}
+
+const POSTROUTING_CHAIN: BaseChain = BaseChain {
+    name: POSTROUTING,
+    kind: NfChainType::NAT,
+    hook: NfHook::Postrouting,
+    priority: SRCNAT_PRIORITY,
+};
+const FORWARD_CHAIN: BaseChain = BaseChain {
+    name: FORWARD,
+    kind: NfChainType::Filter,
+    hook: NfHook::Forward,
+    priority: FILTER_PRIORITY,
+};
 /// kube-proxy marks packets it already masquerades; flannel leaves them alone (no double NAT).
 const KUBE_PROXY_MARK: u32 = 0x4000;
 /// nftables' `srcnat` and `filter` priorities.
@@ -42,27 +64,12 @@ impl Ruleset {
     /// SIGKILL left one) with exactly this ruleset.
     pub fn install(&self) -> Nftables<'static> {
         let mut batch = replace_table();
-        if self.masquerade {
-            batch.add(NfListObject::Chain(base_chain(
-                POSTROUTING,
-                NfChainType::NAT,
-                NfHook::Postrouting,
-                SRCNAT_PRIORITY,
-            )));
-            for expr in self.masquerade_rules() {
-                batch.add(rule(POSTROUTING, expr));
-            }
-        }
-        if self.forward {
-            batch.add(NfListObject::Chain(base_chain(
-                FORWARD,
-                NfChainType::Filter,
-                NfHook::Forward,
-                FILTER_PRIORITY,
-            )));
-            for expr in self.forward_rules() {
-                batch.add(rule(FORWARD, expr));
-            }
+        let chains = [
+            (self.masquerade, POSTROUTING_CHAIN, self.masquerade_rules()),
+            (self.forward, FORWARD_CHAIN, self.forward_rules()),
+        ];
+        for (_, chain, rules) in chains.into_iter().filter(|(wanted, ..)| *wanted) {
+            add_chain(&mut batch, chain, rules);
         }
         batch.to_nftables()
     }
@@ -134,28 +141,34 @@ fn replace_table() -> Batch<'static> {
     batch
 }
 
-fn base_chain(name: &'static str, kind: NfChainType, hook: NfHook, prio: i32) -> Chain<'static> {
-    Chain {
-        family: NfFamily::IP,
-        table: TABLE.into(),
-        name: name.into(),
-        _type: Some(kind),
-        hook: Some(hook),
-        prio: Some(prio),
-        // Never a drop policy: the chain must only ever add to what the host allows.
-        policy: Some(NfChainPolicy::Accept),
-        ..Chain::default()
+impl BaseChain {
+    fn chain(self) -> Chain<'static> {
+        Chain {
+            family: NfFamily::IP,
+            table: TABLE.into(),
+            name: self.name.into(),
+            _type: Some(self.kind),
+            hook: Some(self.hook),
+            prio: Some(self.priority),
+            // Never a drop policy: the chain must only ever add to what the host allows.
+            policy: Some(NfChainPolicy::Accept),
+            ..Chain::default()
+        }
     }
 }
 
-fn rule(chain: &'static str, expr: Vec<Statement<'static>>) -> NfListObject<'static> {
-    NfListObject::Rule(Rule {
-        family: NfFamily::IP,
-        table: TABLE.into(),
-        chain: chain.into(),
-        expr: Cow::Owned(expr),
-        ..Rule::default()
-    })
+/// The chain, then its rules in order.
+fn add_chain(batch: &mut Batch<'static>, chain: BaseChain, rules: Vec<Vec<Statement<'static>>>) {
+    batch.add(NfListObject::Chain(chain.chain()));
+    for expr in rules {
+        batch.add(NfListObject::Rule(Rule {
+            family: NfFamily::IP,
+            table: TABLE.into(),
+            chain: chain.name.into(),
+            expr: Cow::Owned(expr),
+            ..Rule::default()
+        }));
+    }
 }
 
 fn saddr(op: Operator, net: Ipv4Net) -> Statement<'static> {
