@@ -88,7 +88,7 @@ async fn join<R: Registry, S: Setup>(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let namer = registry.lease_namer();
-    let rules = traffic::Rules::prepare(node).await?;
+    let nft_rules = traffic::Rules::prepare(node).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -98,7 +98,7 @@ async fn join<R: Registry, S: Setup>(
         }
     };
     let mut backend = setup.attach(&lease).await?;
-    let rules = rules.install(node.config.network, &lease).await?;
+    let nft_rules = nft_rules.install(node.config.network, &lease).await?;
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
     let peers = Peers::new(LeaseRules::new(&node.config, &lease), namer);
@@ -108,7 +108,7 @@ async fn join<R: Registry, S: Setup>(
         node.status.set_engine(engine);
     }
     let followed = follow(&mut backend, events, node, &lease, shutdown).await;
-    rules.remove().await;
+    nft_rules.remove().await;
     followed
 }
 
