@@ -34,6 +34,17 @@ pub struct TrafficOptions {
     pub resync: Duration,
 }
 
+/// flanneld's defaults: no masquerade, forward rules written, checked every 5 s.
+impl Default for TrafficOptions {
+    fn default() -> Self {
+        TrafficOptions {
+            ip_masq: false,
+            forward_rules: true,
+            resync: DEFAULT_RESYNC,
+        }
+    }
+}
+
 impl TrafficOptions {
     fn wanted(&self) -> bool {
         self.ip_masq || self.forward_rules
