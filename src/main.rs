@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::builder::TypedValueParser;
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -15,13 +15,22 @@ use twill_control::lease::backend_type;
 use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
 };
+use twill_control::traffic::{self, TrafficOptions};
 use twill_control::{status, subnet_env};
 use twill_dataplane::io::{DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
+
+/// `twill --version`: the crate's version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TWILL_GIT_COMMIT"),
+    ")"
+);
 
 #[derive(Parser)]
 #[command(
     name = "twill",
-    version,
+    version = VERSION,
     about = "flannel-compatible container network dataplane"
 )]
 struct Cli {
@@ -92,9 +101,19 @@ struct RunArgs {
     #[arg(long, value_name = "PACKETS", default_value_t = DEFAULT_TX_QUEUE_LEN,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     tun_txqueuelen: u32,
-    /// Written to FLANNEL_IPMASQ; twill itself does not masquerade.
-    #[arg(long)]
+    /// Masquerade traffic from the container network to outside it, as flanneld does (in
+    /// twill's own nftables table); also written to FLANNEL_IPMASQ.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value_t = false, default_missing_value = "true", action = ArgAction::Set)]
     ip_masq: bool,
+    /// Accept forwarding to and from the container network (flannel's default: true).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value_t = true, default_missing_value = "true", action = ArgAction::Set)]
+    iptables_forward_rules: bool,
+    /// Check twill's nftables rules every this many seconds and repair them if changed.
+    #[arg(long, value_name = "SECONDS", default_value_t = traffic::DEFAULT_RESYNC.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    iptables_resync: u64,
     /// Serve /status, /metrics and /healthz here (loopback: for this host's operator).
     #[arg(long, default_value = status::DEFAULT_ADDR)]
     status_addr: SocketAddr,
@@ -195,7 +214,11 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         subnet_file: args.subnet_file.clone(),
         tun_name: args.tun_name.clone(),
         mtu: args.mtu,
-        ip_masq: args.ip_masq,
+        traffic: TrafficOptions {
+            ip_masq: args.ip_masq,
+            forward_rules: args.iptables_forward_rules,
+            resync: Duration::from_secs(args.iptables_resync),
+        },
         queues: usize::from(args.queues),
         no_offload: args.no_offload,
         udp_buffer: args.udp_buffer,

@@ -211,7 +211,7 @@ fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
         subnet_file: c.subnet_file(1),
         tun_name: "twill0".into(),
         mtu: None,
-        ip_masq: false,
+        traffic: Default::default(),
         queues: 1,
         no_offload: false,
         udp_buffer: twill_dataplane::io::DEFAULT_SOCKET_BUFFER,

@@ -170,6 +170,12 @@ impl Pair {
     pub fn host(&self, host: usize) -> &Host {
         self.lab.host(host)
     }
+
+    /// Start host `i`'s node again, after it stopped or was killed, with `args`.
+    pub fn restart(&mut self, i: usize, args: &[&str]) -> Result<()> {
+        self.nodes[i] = start_pair_node(&self.lab, &self.dir, i, args, None)?;
+        Ok(())
+    }
 }
 
 /// Start a [`Pair`]: each host names the other as its peer; host 0 also gets `extra_peer`.
@@ -190,25 +196,36 @@ pub fn start_pair_with(tag: &str, args: [&[&str]; 2], extra_peer: Option<&str>) 
     }
     let dir = scratch()?;
     let mut nodes = Vec::new();
-    for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
-        let other = 1 - i;
-        let peer = format!("{}={}", PAIR_SUBNETS[other], lab.host(other).underlay_ip);
-        let mut all = vec![
-            "--network",
-            "10.5.0.0/16",
-            "--subnet",
-            subnet,
-            "--peer",
-            &peer,
-        ];
-        if let Some(extra) = extra_peer.filter(|_| i == 0) {
-            all.extend(["--peer", extra]);
-        }
-        all.extend_from_slice(args[i]);
-        let file = path_in(&dir, &format!("h{i}.env"));
-        nodes.push(start_twill(lab.host(i), &all, &file)?);
+    for (i, host_args) in args.iter().enumerate() {
+        let extra = extra_peer.filter(|_| i == 0);
+        nodes.push(start_pair_node(&lab, &dir, i, host_args, extra)?);
     }
     Ok(Pair { lab, nodes, dir })
+}
+
+/// Host `i`'s node of a [`Pair`]: its subnet, the other host as its peer, then `args`.
+fn start_pair_node(
+    lab: &Lab,
+    dir: &tempfile::TempDir,
+    i: usize,
+    args: &[&str],
+    extra_peer: Option<&str>,
+) -> Result<Proc> {
+    let other = 1 - i;
+    let peer = format!("{}={}", PAIR_SUBNETS[other], lab.host(other).underlay_ip);
+    let mut all = vec![
+        "--network",
+        "10.5.0.0/16",
+        "--subnet",
+        PAIR_SUBNETS[i],
+        "--peer",
+        &peer,
+    ];
+    if let Some(extra) = extra_peer {
+        all.extend(["--peer", extra]);
+    }
+    all.extend_from_slice(args);
+    start_twill(lab.host(i), &all, &path_in(dir, &format!("h{i}.env")))
 }
 
 /// What a bounded UDP flood from one container to another achieved.

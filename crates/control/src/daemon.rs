@@ -20,6 +20,7 @@ use crate::peers::Peers;
 use crate::registry::{LeaseEvent, Registry};
 use crate::status;
 use crate::subnet_env::SubnetEnv;
+use crate::traffic;
 use anyhow::{bail, Context};
 use std::future::Future;
 use std::time::Duration;
@@ -76,8 +77,9 @@ fn vxlan_config(node: &Node) -> VxlanConfig {
     }
 }
 
-/// Acquire the lease the setup describes, attach the backend to it, publish the subnet file
-/// and status, then follow the other leases until shutdown.
+/// Acquire the lease the setup describes, attach the backend to it, write twill's nftables
+/// rules, publish the subnet file and status, then follow the other leases until shutdown
+/// (which removes the rules again).
 async fn join<R: Registry, S: Setup>(
     registry: R,
     node: &Node,
@@ -86,6 +88,7 @@ async fn join<R: Registry, S: Setup>(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let namer = registry.lease_namer();
+    let nft_rules = traffic::Rules::prepare(node).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -95,6 +98,7 @@ async fn join<R: Registry, S: Setup>(
         }
     };
     let mut backend = setup.attach(&lease).await?;
+    let nft_rules = nft_rules.install(node.config.network, &lease).await?;
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
     let peers = Peers::new(LeaseRules::new(&node.config, &lease), namer);
@@ -103,7 +107,9 @@ async fn join<R: Registry, S: Setup>(
     if let Some(engine) = backend.engine() {
         node.status.set_engine(engine);
     }
-    follow(&mut backend, events, node, &lease, shutdown).await
+    let followed = follow(&mut backend, events, node, &lease, shutdown).await;
+    nft_rules.remove().await;
+    followed
 }
 
 fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> {
@@ -112,7 +118,7 @@ fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> 
         network: node.config.network,
         subnet: lease.subnet,
         mtu,
-        ipmasq: node.options.ip_masq,
+        ipmasq: node.options.traffic.ip_masq,
     }
     .write(path)
     .with_context(|| format!("cannot write {}", path.display()))

@@ -13,3 +13,4 @@ pub mod peers;
 pub mod registry;
 pub mod status;
 pub mod subnet_env;
+pub mod traffic;

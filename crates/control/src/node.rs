@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::host::{self, Interface};
 use crate::status::NodeStatus;
+use crate::traffic::TrafficOptions;
 use anyhow::bail;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -21,7 +22,8 @@ pub struct NodeOptions {
     pub tun_name: String,
     /// TUN MTU; the interface MTU minus the encapsulation overhead when absent.
     pub mtu: Option<u16>,
-    pub ip_masq: bool,
+    /// `--ip-masq` and `--iptables-forward-rules`: twill's nftables table.
+    pub traffic: TrafficOptions,
     /// TUN queues, one reader task each.
     pub queues: usize,
     /// Turn TUN and UDP offloads off, for comparisons and for kernels that misbehave.

@@ -4,6 +4,7 @@
 use crate::lease::Lease;
 use crate::peers::{LeaseNamer, Peers, Refused};
 use crate::registry::LeaseEvent;
+use crate::traffic::RulesStatus;
 use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -28,6 +29,7 @@ pub struct NodeStatus {
     engine: RwLock<Option<(Arc<SharedTable>, Arc<EngineStats>)>>,
     /// Why the running config no longer matches the network's, once it does not.
     restart_needed: RwLock<Option<String>>,
+    rules: RwLock<Option<RulesStatus>>,
 }
 
 impl NodeStatus {
@@ -59,6 +61,17 @@ impl NodeStatus {
         *self.engine.write().unwrap() = Some((engine.table().clone(), engine.stats().clone()));
     }
 
+    pub fn set_rules(&self, rules: RulesStatus) {
+        *self.rules.write().unwrap() = Some(rules);
+    }
+
+    /// Changes the rules' status in place; nothing when no rules were set.
+    pub fn update_rules(&self, change: impl FnOnce(&mut RulesStatus)) {
+        if let Some(rules) = self.rules.write().unwrap().as_mut() {
+            change(rules);
+        }
+    }
+
     fn to_json(&self) -> Value {
         let lease = self.lease.read().unwrap().clone();
         let engine = self.engine.read().unwrap();
@@ -83,6 +96,7 @@ impl NodeStatus {
             "rejected_leases": rejected,
             "restart_needed": *self.restart_needed.read().unwrap(),
             "counters": engine.as_ref().map(|(table, stats)| counters_json(table, stats)),
+            "nftables": *self.rules.read().unwrap(),
         })
     }
 
@@ -106,6 +120,15 @@ impl NodeStatus {
             out,
             "# TYPE twill_restart_needed gauge\ntwill_restart_needed {restart}"
         );
+        if let Some(rules) = self.rules.read().unwrap().as_ref() {
+            let _ = writeln!(
+                out,
+                "# TYPE twill_nftables_in_place gauge\ntwill_nftables_in_place {}\n\
+                 # TYPE twill_nftables_repairs_total counter\ntwill_nftables_repairs_total {}",
+                u8::from(rules.in_place),
+                rules.repairs
+            );
+        }
         out
     }
 }
