@@ -84,6 +84,15 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
             "{backend}, after: {out}"
         );
         anyhow::ensure!(drops(&pair.host(0).ns, "too_big")? >= 1);
+        // The refused send is in the log at warn, with the errno (EMSGSIZE) and the peer.
+        let log = pair.nodes[0].stderr();
+        anyhow::ensure!(
+            log.contains("WARN")
+                && log.contains("UDP send refused by the kernel")
+                && log.contains("errno=90")
+                && log.contains("peer=10.200.0.2"),
+            "{backend}: {log}"
+        );
         let out = ping_from(&pair, &format!("-M do -s {}", fits - 28), &far)?;
         anyhow::ensure!(out.contains("1 received"), "{backend}, fitting: {out}");
     }
