@@ -26,7 +26,8 @@ pub struct Config {
 }
 
 /// The `Backend` object: the fields twill reads, plus the raw JSON for backend-specific extras.
-#[derive(Debug, Clone, PartialEq)]
+/// Its `Debug` leaves out wireguard's `PSK`, so a logged config shows no secret.
+#[derive(Clone, PartialEq)]
 pub struct BackendConfig {
     /// `Type`: "udp", "vxlan", "host-gw", "ipip", "twill-batch", ...
     pub backend_type: String,
@@ -43,6 +44,13 @@ pub struct BackendConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid network config: {0}")]
 pub struct ConfigError(String);
+
+impl ConfigError {
+    /// For backends that read their own fields from [`BackendConfig::raw`].
+    pub(crate) fn new(msg: impl Into<String>) -> ConfigError {
+        ConfigError(msg.into())
+    }
+}
 
 fn invalid<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
@@ -141,9 +149,26 @@ impl BackendConfig {
     }
 }
 
+impl std::fmt::Debug for BackendConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut raw = self.raw.clone();
+        if let Some(obj) = raw.as_object_mut() {
+            obj.retain(|k, _| !k.eq_ignore_ascii_case("PSK"));
+        }
+        f.debug_struct("BackendConfig")
+            .field("backend_type", &self.backend_type)
+            .field("port", &self.port)
+            .field("vni", &self.vni)
+            .field("direct_routing", &self.direct_routing)
+            .field("mtu", &self.mtu)
+            .field("raw", &raw)
+            .finish()
+    }
+}
+
 /// Looks a field up the way Go's encoding/json does: exact name first, then case-insensitively,
 /// because flanneld accepts `"network"` as well as `"Network"`.
-fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     obj.get(name).or_else(|| {
         obj.iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
@@ -452,6 +477,18 @@ mod tests {
         assert!(c.is_leasable("10.5.3.0/24".parse().unwrap()));
         assert!(!c.is_leasable("10.5.1.0/24".parse().unwrap()));
         assert!(!c.is_leasable("10.5.3.0/25".parse().unwrap()));
+    }
+
+    #[test]
+    fn debug_output_leaves_out_the_preshared_key() {
+        let c = parse(
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"wireguard","PSK":"c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MDA="}}"#,
+        );
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("wireguard") && !shown.contains("c2VjcmV0"),
+            "{shown}"
+        );
     }
 
     #[test]

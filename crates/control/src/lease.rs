@@ -16,6 +16,7 @@ pub mod backend_type {
     pub const IPIP: &str = "ipip";
     /// twill's own batching dataplane; flanneld nodes skip leases of a type they do not run.
     pub const TWILL_BATCH: &str = "twill-batch";
+    pub const WIREGUARD: &str = "wireguard";
 }
 
 /// One node's claim on a subnet, as stored at `<prefix>/subnets/<net>-<len>`.
@@ -97,6 +98,13 @@ impl LeaseAttrs {
 
     pub fn twill_batch(public_ip: Ipv4Addr) -> Self {
         Self::typed(public_ip, Some(backend_type::TWILL_BATCH), None)
+    }
+
+    /// wireguard: BackendData carries the node's public key (base64) and listen port, in the
+    /// order of flannel's Go struct (PublicKey, then Port).
+    pub fn wireguard(public_ip: Ipv4Addr, public_key: &str, port: u16) -> Self {
+        let data = serde_json::json!({"PublicKey": public_key, "Port": port});
+        Self::typed(public_ip, Some(backend_type::WIREGUARD), Some(data))
     }
 
     fn typed(public_ip: Ipv4Addr, backend_type: Option<&str>, backend_data: Option<Value>) -> Self {
@@ -262,6 +270,10 @@ mod tests {
             (
                 LeaseAttrs::twill_batch(ip),
                 r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"twill-batch"}"#,
+            ),
+            (
+                LeaseAttrs::wireguard(ip, "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=", 51820),
+                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"wireguard","BackendData":{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=","Port":51820}}"#,
             ),
         ];
         for (attrs, want) in cases {

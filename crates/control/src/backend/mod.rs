@@ -3,6 +3,7 @@
 //! The daemon turns lease events into calls on a [`Backend`]; it does not care which one.
 
 pub mod userspace;
+pub mod wireguard;
 
 pub mod host_gw;
 pub mod ipip;

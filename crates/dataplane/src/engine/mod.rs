@@ -7,6 +7,7 @@
 pub mod batch;
 mod path_mtu;
 pub mod udp;
+pub mod wireguard;
 
 use crate::io::udp::SendError;
 use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
