@@ -1,0 +1,211 @@
+//! The WireGuard peers the other nodes' leases describe, by subnet. A lease that can not be a
+//! peer (another backend type, no or a malformed PublicKey, a bad Port) is skipped with one
+//! warning, repeated only when that lease changes.
+
+use crate::lease::{backend_type, Lease};
+use ipnet::Ipv4Net;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+use twill_dataplane::engine::wireguard::{PublicKey, WgPeerSpec};
+
+/// What a lease event did to the peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Unchanged,
+    /// A peer came, or changed (`old` is what it was: a new key means a new peer).
+    Set {
+        old: Option<WgPeerSpec>,
+        new: WgPeerSpec,
+    },
+    Removed(WgPeerSpec),
+}
+
+pub struct PeerBook {
+    /// The port of a lease that names none (flannel before leases carried `Port`): ours.
+    default_port: u16,
+    peers: BTreeMap<Ipv4Net, WgPeerSpec>,
+    /// Why a lease was skipped, so each reason is logged once.
+    skipped: BTreeMap<Ipv4Net, String>,
+}
+
+impl PeerBook {
+    pub fn new(default_port: u16) -> PeerBook {
+        PeerBook {
+            default_port,
+            peers: BTreeMap::new(),
+            skipped: BTreeMap::new(),
+        }
+    }
+
+    pub fn add(&mut self, lease: &Lease) -> Change {
+        match self.spec(lease) {
+            Some(new) => match self.peers.insert(lease.subnet, new) {
+                Some(old) if old == new => Change::Unchanged,
+                old => Change::Set { old, new },
+            },
+            None => self
+                .peers
+                .remove(&lease.subnet)
+                .map_or(Change::Unchanged, Change::Removed),
+        }
+    }
+
+    pub fn remove(&mut self, lease: &Lease) -> Change {
+        self.skipped.remove(&lease.subnet);
+        self.peers
+            .remove(&lease.subnet)
+            .map_or(Change::Unchanged, Change::Removed)
+    }
+
+    /// Make the peers exactly those of `leases`.
+    pub fn reconcile(&mut self, leases: &[Lease]) {
+        self.skipped
+            .retain(|s, _| leases.iter().any(|l| l.subnet == *s));
+        self.peers = leases
+            .iter()
+            .filter_map(|l| Some((l.subnet, self.spec(l)?)))
+            .collect();
+    }
+
+    pub fn specs(&self) -> Vec<WgPeerSpec> {
+        self.peers.values().copied().collect()
+    }
+
+    fn spec(&mut self, lease: &Lease) -> Option<WgPeerSpec> {
+        match parse(lease, self.default_port) {
+            Ok(spec) => {
+                self.skipped.remove(&lease.subnet);
+                Some(spec)
+            }
+            Err(why) => {
+                if self.skipped.get(&lease.subnet) != Some(&why) {
+                    tracing::warn!(subnet = %lease.subnet, "skipping lease: {why}");
+                    self.skipped.insert(lease.subnet, why);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// A lease as a WireGuard peer: its subnet, `PublicIP:Port` and `PublicKey`.
+fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
+    let kind = lease.backend_type.as_deref();
+    if kind != Some(backend_type::WIREGUARD) {
+        return Err(format!(
+            "backend type {:?}, but this node runs wireguard",
+            kind.unwrap_or("udp")
+        ));
+    }
+    let data = lease.backend_data.as_ref();
+    let key = match data.and_then(|d| d.get("PublicKey")) {
+        Some(Value::String(text)) => text
+            .parse::<PublicKey>()
+            .map_err(|e| format!("PublicKey {text:?} is not a WireGuard key: {e}"))?,
+        Some(other) => return Err(format!("PublicKey {other} is not a string")),
+        None => return Err("its BackendData has no PublicKey".into()),
+    };
+    let port = match data.and_then(|d| d.get("Port")) {
+        None | Some(Value::Null) => default_port,
+        Some(v) => v
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p > 0)
+            .ok_or_else(|| format!("Port {v} is not a UDP port"))?,
+    };
+    Ok(WgPeerSpec {
+        subnet: lease.subnet,
+        endpoint: SocketAddrV4::new(lease.public_ip, port),
+        public_key: key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::LeaseAttrs;
+
+    const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+
+    fn lease(subnet: &str, data: Value) -> Lease {
+        let attrs = LeaseAttrs {
+            public_ip: "10.200.0.2".parse().unwrap(),
+            backend_type: Some("wireguard".into()),
+            backend_data: Some(data),
+        };
+        Lease::new(subnet.parse().unwrap(), attrs)
+    }
+
+    fn good(subnet: &str) -> Lease {
+        lease(subnet, serde_json::json!({"PublicKey": KEY, "Port": 51999}))
+    }
+
+    #[test]
+    fn a_lease_becomes_a_peer_at_its_public_ip_and_port() {
+        let mut book = PeerBook::new(51820);
+        let Change::Set { old: None, new } = book.add(&good("10.5.2.0/24")) else {
+            panic!("not added");
+        };
+        assert_eq!(new.endpoint.to_string(), "10.200.0.2:51999");
+        assert_eq!(new.public_key.to_string(), KEY);
+        assert_eq!(book.add(&good("10.5.2.0/24")), Change::Unchanged);
+        let old_flannel = lease("10.5.3.0/24", serde_json::json!({ "PublicKey": KEY }));
+        let Change::Set { new, .. } = book.add(&old_flannel) else {
+            panic!("not added");
+        };
+        assert_eq!(new.endpoint.port(), 51820, "no Port: our own ListenPort");
+    }
+
+    #[test]
+    fn a_new_key_replaces_the_peer() {
+        let mut book = PeerBook::new(51820);
+        book.add(&good("10.5.2.0/24"));
+        let other = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
+        let rekeyed = lease("10.5.2.0/24", serde_json::json!({ "PublicKey": other }));
+        let Change::Set {
+            old: Some(old),
+            new,
+        } = book.add(&rekeyed)
+        else {
+            panic!("not replaced");
+        };
+        assert_ne!(old.public_key, new.public_key);
+    }
+
+    #[test]
+    fn malformed_leases_are_skipped_and_remove_what_they_replace() {
+        let mut book = PeerBook::new(51820);
+        book.add(&good("10.5.2.0/24"));
+        let bad = lease("10.5.2.0/24", serde_json::json!({"PublicKey": "short"}));
+        assert!(matches!(book.add(&bad), Change::Removed(_)));
+        assert_eq!(
+            book.skipped[&bad.subnet],
+            "PublicKey \"short\" is not a WireGuard key: not base64"
+        );
+        for data in [
+            serde_json::json!({}),
+            serde_json::json!({"PublicKey": 5}),
+            serde_json::json!({"PublicKey": KEY, "Port": 0}),
+        ] {
+            assert_eq!(book.add(&lease("10.5.4.0/24", data)), Change::Unchanged);
+        }
+        let mut vxlan = good("10.5.5.0/24");
+        vxlan.backend_type = Some("vxlan".into());
+        assert_eq!(book.add(&vxlan), Change::Unchanged);
+        assert!(book.specs().is_empty());
+    }
+
+    #[test]
+    fn reconcile_keeps_exactly_the_good_leases() {
+        let mut book = PeerBook::new(51820);
+        book.add(&good("10.5.9.0/24"));
+        let bad = lease("10.5.3.0/24", serde_json::json!({}));
+        book.reconcile(&[good("10.5.2.0/24"), bad.clone()]);
+        let subnets: Vec<String> = book.specs().iter().map(|s| s.subnet.to_string()).collect();
+        assert_eq!(subnets, ["10.5.2.0/24"]);
+        assert!(book.skipped.contains_key(&bad.subnet));
+        book.reconcile(&[]);
+        assert!(book.skipped.is_empty() && book.specs().is_empty());
+    }
+}
