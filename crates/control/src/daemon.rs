@@ -10,6 +10,7 @@ use crate::backend::ipip::IpipDevice;
 use crate::backend::kernel::KernelConfig;
 use crate::backend::userspace::UserspaceSetup;
 use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
+use crate::backend::wireguard::WireguardSetup;
 use crate::backend::{Backend, Setup};
 use crate::host;
 use crate::lease::{backend_type, Lease};
@@ -62,8 +63,12 @@ pub async fn run<R: Registry>(
             let setup = HostGwSetup(KernelConfig::of(node));
             join(registry, node, setup, shutdown).await
         }
+        backend_type::WIREGUARD => {
+            let setup = WireguardSetup::new(node).await?;
+            join(registry, node, setup, shutdown).await
+        }
         other => bail!(
-            "backend type {other:?} is not supported; supported: udp, twill-batch, vxlan, ipip, host-gw"
+            "backend type {other:?} is not supported; supported: udp, twill-batch, vxlan, ipip, host-gw, wireguard"
         ),
     }
 }

@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// Why a packet or datagram was not forwarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DropReason {
-    /// A datagram from an address that is not a peer in the table.
+    /// A datagram from an address that is not a peer in the table (WireGuard: a handshake from
+    /// a key, or a message for a peer index, that no lease holds).
     UnknownPeer,
-    /// An inner packet whose source is outside the sending peer's subnet.
+    /// An inner packet whose source is outside the sending peer's subnet (for WireGuard, outside
+    /// the peer's allowed IPs).
     SpoofedSource,
     /// A datagram or packet that does not decode.
     Malformed,
@@ -30,10 +32,20 @@ pub enum DropReason {
     IoError,
     /// A super-packet given up because one of its chunks was lost or came out of order.
     IncompleteSuperPacket,
+    /// A WireGuard message whose MAC or AEAD tag does not verify: sent with another key or
+    /// another preshared key, or changed on the way.
+    BadMac,
+    /// A WireGuard message seen before: a data counter already received (or too old for the
+    /// window), a handshake timestamp not newer than the last, a response to no handshake.
+    Replay,
+    /// A WireGuard packet with no session to carry it: a data message for a session that is
+    /// gone, or a packet beyond the 256 that may wait for a peer's handshake, or one still
+    /// waiting when the handshake gave up.
+    NoSession,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 11] = [
+    pub const ALL: [DropReason; 14] = [
         DropReason::UnknownPeer,
         DropReason::SpoofedSource,
         DropReason::Malformed,
@@ -45,6 +57,9 @@ impl DropReason {
         DropReason::BadVersion,
         DropReason::IoError,
         DropReason::IncompleteSuperPacket,
+        DropReason::BadMac,
+        DropReason::Replay,
+        DropReason::NoSession,
     ];
 
     /// The label used in logs, `twill status` and Prometheus metrics.
@@ -61,6 +76,9 @@ impl DropReason {
             DropReason::BadVersion => "bad_version",
             DropReason::IoError => "io_error",
             DropReason::IncompleteSuperPacket => "incomplete_super_packet",
+            DropReason::BadMac => "bad_mac",
+            DropReason::Replay => "replay",
+            DropReason::NoSession => "no_session",
         }
     }
 }

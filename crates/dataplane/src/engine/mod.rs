@@ -76,8 +76,26 @@ pub struct Engine {
 impl Engine {
     /// Open the TUN and the socket and start forwarding. Must run inside a tokio runtime.
     pub fn start(config: &EngineConfig) -> anyhow::Result<Engine> {
-        let udp = Arc::new(UdpIo::bind(config.bind, config.socket_buffer)?);
-        let tun = Tun::open(&config.tun)?;
+        Engine::launch(
+            &config.tun,
+            config.bind,
+            config.socket_buffer,
+            |tun, io| match config.kind {
+                EngineKind::FlannelUdp => udp::spawn(tun, io),
+                EngineKind::Batch { delay } => batch::spawn(tun, io, config.subnet, delay),
+            },
+        )
+    }
+
+    /// Open the TUN and a socket bound on `bind`, and start the tasks `spawn` makes on them.
+    pub(crate) fn launch(
+        tun: &TunConfig,
+        bind: SocketAddrV4,
+        socket_buffer: usize,
+        spawn: impl FnOnce(&Tun, &Shared) -> Vec<JoinHandle<()>>,
+    ) -> anyhow::Result<Engine> {
+        let udp = Arc::new(UdpIo::bind(bind, socket_buffer)?);
+        let tun = Tun::open(tun)?;
         let table = Arc::new(SharedTable::default());
         let stats = Arc::new(EngineStats::default());
         let mtu = usize::from(tun.mtu());
@@ -90,10 +108,7 @@ impl Engine {
             path: Arc::new(PathMtu::new(mtu + config.kind.overhead())),
             overhead: config.kind.overhead(),
         };
-        let tasks = match config.kind {
-            EngineKind::FlannelUdp => udp::spawn(&tun, &io),
-            EngineKind::Batch { delay } => batch::spawn(&tun, &io, config.subnet, delay),
-        };
+        let tasks = spawn(&tun, &io);
         Ok(Engine {
             table,
             stats,

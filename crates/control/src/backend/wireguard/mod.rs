@@ -1,5 +1,8 @@
-//! flannel's `wireguard` backend: the same config fields, lease data, key file and peers as
-//! flanneld's, handed to the kernel's WireGuard over generic netlink where the kernel has it.
+//! flannel's `wireguard` backend: the same config fields, lease data, key file, device name,
+//! addresses, route and peers as flanneld's, carried by the kernel's WireGuard where the kernel
+//! has it and by twill's userspace WireGuard engine (on a TUN of the same name) where it does
+//! not. Either way the wire is WireGuard's, so both kinds of node, and flanneld nodes, form one
+//! encrypted network.
 
 mod config;
 mod kernel;
@@ -8,13 +11,210 @@ mod peers;
 
 pub use config::WireguardConfig;
 
-use twill_dataplane::engine::wireguard::{PresharedKey, PrivateKey};
+use super::{Backend, Setup};
+use crate::host;
+use crate::lease::{backend_type, Lease, LeaseAttrs};
+use crate::node::Node;
+use ipnet::Ipv4Net;
+use kernel::KernelDevice;
+use peers::{Change, PeerBook};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use twill_dataplane::engine::wireguard::{
+    PresharedKey, PrivateKey, TunnelParams, WgEngineConfig, WireGuard,
+};
+use twill_dataplane::engine::Engine;
+use twill_dataplane::io::TunConfig;
 
-/// What the device is configured with.
+/// flanneld's device name; the userspace engine's TUN gets it too.
+pub const DEVICE: &str = "flannel-wg";
+/// What flannel takes off the underlay MTU for WireGuard: an IPv6 outer header (40, the larger
+/// of the two), UDP (8) and WireGuard's data header and tag (32).
+pub const OVERHEAD: u32 = 80;
+
+/// What the device (kernel or userspace) is configured with.
 #[derive(Debug, Clone)]
 pub struct DeviceSettings {
     pub private_key: PrivateKey,
     pub listen_port: u16,
     pub psk: Option<PresharedKey>,
     pub keepalive: Option<u16>,
+}
+
+/// The backend before our lease: the key is loaded and the path chosen (the kernel's device
+/// exists, or the userspace engine is planned: its TUN needs the lease's address).
+pub struct WireguardSetup {
+    settings: DeviceSettings,
+    mtu: u32,
+    network: Ipv4Net,
+    path: Planned,
+}
+
+enum Planned {
+    Kernel(KernelDevice),
+    Userspace(WgEngineConfig),
+}
+
+impl WireguardSetup {
+    pub async fn new(node: &Node) -> anyhow::Result<WireguardSetup> {
+        let config = WireguardConfig::parse(&node.config.backend)?;
+        let settings = DeviceSettings {
+            private_key: keyfile::load_or_create(&keyfile::path())?,
+            listen_port: config.listen_port,
+            psk: config.psk.clone(),
+            keepalive: config.keepalive,
+        };
+        let mtu = device_mtu(node, &config);
+        let path = match kernel::create(DEVICE, mtu, settings.clone()).await? {
+            Some(device) => {
+                tracing::info!(
+                    device = DEVICE,
+                    mtu,
+                    "wireguard: the kernel's WireGuard carries the traffic"
+                );
+                Planned::Kernel(device)
+            }
+            None => {
+                tracing::info!(
+                    device = DEVICE,
+                    mtu,
+                    "wireguard: this kernel has no WireGuard (EOPNOTSUPP); twill's userspace WireGuard carries the traffic"
+                );
+                Planned::Userspace(engine_config(node, &settings, mtu))
+            }
+        };
+        Ok(WireguardSetup {
+            settings,
+            mtu,
+            network: node.config.network,
+            path,
+        })
+    }
+}
+
+/// flannel's device MTU, which is also the containers' (FLANNEL_MTU): the underlay's (the
+/// config's `MTU`, else the interface's) less [`OVERHEAD`]; `--mtu` overrides it.
+fn device_mtu(node: &Node, config: &WireguardConfig) -> u32 {
+    let underlay = config.mtu.unwrap_or(node.iface.mtu);
+    node.options
+        .mtu
+        .map_or_else(|| underlay.saturating_sub(OVERHEAD), u32::from)
+}
+
+fn engine_config(node: &Node, settings: &DeviceSettings, mtu: u32) -> WgEngineConfig {
+    let options = &node.options;
+    WgEngineConfig {
+        tun: TunConfig {
+            name: DEVICE.to_string(),
+            mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
+            address: Ipv4Addr::UNSPECIFIED,
+            offload: !options.no_offload,
+            queues: options.queues,
+            tx_queue_len: options.tun_tx_queue_len,
+        },
+        bind: SocketAddrV4::new(node.iface.address, settings.listen_port),
+        socket_buffer: options.udp_buffer,
+        tunnel: TunnelParams {
+            private_key: settings.private_key.clone(),
+            preshared_key: settings.psk.clone(),
+            keepalive: settings.keepalive,
+        },
+    }
+}
+
+impl Setup for WireguardSetup {
+    type Backend = Wireguard;
+
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+        let key = self.settings.private_key.public_key().to_string();
+        LeaseAttrs::wireguard(public_ip, &key, self.settings.listen_port)
+    }
+
+    /// The device gets the lease's network address as /32 and a route for the whole network.
+    async fn attach(self, lease: &Lease) -> anyhow::Result<Wireguard> {
+        let path = match self.path {
+            Planned::Kernel(device) => {
+                device.attach(lease.subnet, self.network).await?;
+                Path::Kernel(device)
+            }
+            Planned::Userspace(mut config) => {
+                config.tun.address = lease.subnet.network();
+                let engine = WireGuard::start(config)?;
+                host::route_network_to(self.network, DEVICE).await?;
+                Path::Userspace(engine)
+            }
+        };
+        Ok(Wireguard {
+            book: PeerBook::new(self.settings.listen_port),
+            path,
+            mtu: self.mtu,
+        })
+    }
+}
+
+/// One WireGuard peer per wireguard lease, on whichever path runs.
+pub struct Wireguard {
+    book: PeerBook,
+    path: Path,
+    mtu: u32,
+}
+
+enum Path {
+    Kernel(KernelDevice),
+    /// Owns the engine: dropping the backend stops forwarding and removes the TUN.
+    Userspace(WireGuard),
+}
+
+impl Wireguard {
+    async fn apply(&mut self, change: Change) -> anyhow::Result<()> {
+        match (&mut self.path, change) {
+            (_, Change::Unchanged) => Ok(()),
+            (Path::Userspace(engine), _) => {
+                engine.set_peers(&self.book.specs());
+                Ok(())
+            }
+            (Path::Kernel(device), Change::Set { old, new }) => {
+                device.set_peer(old.as_ref(), &new).await
+            }
+            (Path::Kernel(device), Change::Removed(old)) => device.remove_peer(&old).await,
+        }
+    }
+}
+
+impl Backend for Wireguard {
+    fn backend_type(&self) -> Option<&'static str> {
+        Some(backend_type::WIREGUARD)
+    }
+
+    fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    fn engine(&self) -> Option<&Engine> {
+        match &self.path {
+            Path::Userspace(engine) => Some(engine.engine()),
+            Path::Kernel(_) => None,
+        }
+    }
+
+    async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        let change = self.book.add(lease);
+        self.apply(change).await
+    }
+
+    async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        let change = self.book.remove(lease);
+        self.apply(change).await
+    }
+
+    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+        self.book.reconcile(leases);
+        let specs = self.book.specs();
+        match &mut self.path {
+            Path::Userspace(engine) => {
+                engine.set_peers(&specs);
+                Ok(())
+            }
+            Path::Kernel(device) => device.replace_peers(&specs).await,
+        }
+    }
 }

@@ -1,10 +1,98 @@
-//! WireGuard in userspace, for kernels without it.
+//! WireGuard in userspace, for kernels without it: boringtun's protocol (handshakes, sessions,
+//! anti-replay, timers) driven over twill's batched TUN and UDP I/O, one tunnel per lease.
+//!
+//! The wire format is WireGuard's own, so a twill node talks to the kernel's WireGuard, to
+//! wireguard-go and to another twill alike. The engine's three loops (TUN -> UDP per TUN queue,
+//! UDP -> TUN, timers) are plain async fns started in [`spawn`], the one place that decides
+//! where they run.
 
 pub mod keys;
+mod open;
+pub mod pair;
 mod peers;
+mod recv;
+mod send;
+mod timers;
 
 pub use keys::{KeyError, PresharedKey, PrivateKey, PublicKey};
+pub use open::{Crypto, Opened};
 pub use peers::{PeerMap, Sealed, TunnelParams, WgPeer, WgPeerSpec, WgPeers};
+pub use send::{DATA_OVERHEAD, HANDSHAKE_INIT_LEN};
+
+use super::{Engine, Shared};
+use crate::io::{Tun, TunConfig};
+use crate::table::PeerSpec;
+use std::net::SocketAddrV4;
+use std::sync::Arc;
+use tokio::task::JoinHandle;
 
 /// flannel's default `ListenPort`.
 pub const DEFAULT_PORT: u16 = 51820;
+
+#[derive(Debug, Clone)]
+pub struct WgEngineConfig {
+    pub tun: TunConfig,
+    /// Where to bind: this node's address and ListenPort.
+    pub bind: SocketAddrV4,
+    pub socket_buffer: usize,
+    pub tunnel: TunnelParams,
+}
+
+/// A running WireGuard engine. Dropping it stops the tasks and removes the TUN.
+pub struct WireGuard {
+    engine: Engine,
+    peers: Arc<WgPeers>,
+}
+
+impl WireGuard {
+    /// Open the TUN and the socket and start forwarding. Must run inside a tokio runtime.
+    pub fn start(config: WgEngineConfig) -> anyhow::Result<WireGuard> {
+        let peers = Arc::new(WgPeers::default());
+        let crypto = Arc::new(Crypto::new(config.tunnel));
+        let engine = Engine::launch(&config.tun, config.bind, config.socket_buffer, |tun, io| {
+            let wg = Wg {
+                io: io.clone(),
+                peers: peers.clone(),
+                crypto,
+            };
+            spawn(tun, wg)
+        })?;
+        Ok(WireGuard { engine, peers })
+    }
+
+    /// Replace the peers: the WireGuard state (a peer whose key changed is re-keyed) and the
+    /// routing table the engine's counters hang on.
+    pub fn set_peers(&self, specs: &[WgPeerSpec]) {
+        self.peers.set(specs);
+        let routes: Vec<PeerSpec> = specs
+            .iter()
+            .map(|s| PeerSpec {
+                subnet: s.subnet,
+                endpoint: s.endpoint,
+                version: 0,
+            })
+            .collect();
+        self.engine.table().set_peers(&routes);
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+/// What every task of one WireGuard engine shares.
+#[derive(Clone)]
+pub(crate) struct Wg {
+    io: Shared,
+    peers: Arc<WgPeers>,
+    crypto: Arc<Crypto>,
+}
+
+fn spawn(tun: &Tun, wg: Wg) -> Vec<JoinHandle<()>> {
+    let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
+        .map(|q| tokio::spawn(send::tun_to_udp(tun.reader(q), tun.writer(q), wg.clone())))
+        .collect();
+    tasks.push(tokio::spawn(recv::udp_to_tun(tun.writer(0), wg.clone())));
+    tasks.push(tokio::spawn(timers::run(wg)));
+    tasks
+}

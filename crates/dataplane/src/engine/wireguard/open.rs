@@ -1,0 +1,188 @@
+//! One datagram off the underlay, as WireGuard receives it: find the peer (by the index in the
+//! message, or for a handshake initiation by the key inside it), let the peer's tunnel
+//! authenticate and decrypt it, then check the inner packet against the peer's allowed IPs.
+//! No I/O here: the engine's receive task, the fuzz target and the benchmarks all drive it.
+
+use super::peers::{PeerMap, TunnelParams, WgPeer};
+use super::PublicKey;
+use crate::stats::DropReason;
+use crate::wire::ipv4::Ipv4Packet;
+use boringtun::noise::errors::WireGuardError;
+use boringtun::noise::handshake::parse_handshake_anon;
+use boringtun::noise::rate_limiter::RateLimiter;
+use boringtun::noise::{Packet, Tunn, TunnResult};
+use boringtun::x25519;
+use std::net::{IpAddr, SocketAddrV4};
+
+/// Handshake initiations this node answers per second before it asks for cookies
+/// (boringtun's device uses the same figure).
+const HANDSHAKES_PER_SECOND: u64 = 100;
+
+/// What became of one datagram.
+#[derive(Debug, Clone, Copy)]
+pub enum Opened<'p> {
+    /// An inner packet of this many bytes is at the start of the buffer, from this peer and
+    /// inside its allowed IPs.
+    Packet(&'p WgPeer, usize),
+    /// Send this many bytes of the buffer back to the sender: a handshake response, a
+    /// keepalive that confirms a session, or a cookie. The peer, if known, may now send what
+    /// waited for the handshake ([`WgPeer::next_staged`]).
+    Reply(Option<&'p WgPeer>, usize),
+    /// Authentic, but nothing to deliver (a keepalive, a cookie).
+    Nothing,
+    Dropped(DropReason),
+}
+
+/// This node's side of every handshake: its keys and the rate limit on initiations.
+pub struct Crypto {
+    pub params: TunnelParams,
+    public: x25519::PublicKey,
+    limiter: RateLimiter,
+}
+
+impl Crypto {
+    pub fn new(params: TunnelParams) -> Crypto {
+        let public = x25519::PublicKey::from(params.private_key.public_key().0);
+        Crypto {
+            limiter: RateLimiter::new(&public, HANDSHAKES_PER_SECOND),
+            public,
+            params,
+        }
+    }
+
+    /// Starts a new second of the handshake rate limit; call about once a second.
+    pub fn reset_rate_limit(&self) {
+        self.limiter.reset_count();
+    }
+
+    /// Authenticate and decrypt `datagram`, which came from `from`, into `dst` (at least as
+    /// long as the datagram, and 148 bytes). `mtu` bounds the inner packet, as the TUN does.
+    pub fn open<'p>(
+        &self,
+        peers: &'p PeerMap,
+        from: SocketAddrV4,
+        datagram: &[u8],
+        dst: &mut [u8],
+        mtu: usize,
+    ) -> Opened<'p> {
+        let (peer, initiation) = match self.sender(peers, from, datagram, dst) {
+            Ok(found) => found,
+            Err(opened) => return opened,
+        };
+        let source = Some(IpAddr::V4(*from.ip()));
+        let result = peer.with_tunnel(&self.params, initiation, |tunn| {
+            Outcome::of(tunn.decapsulate(source, datagram, dst))
+        });
+        let outcome = match result {
+            None => return Opened::Dropped(DropReason::NoSession),
+            Some(Err(reason)) => return Opened::Dropped(reason),
+            Some(Ok(outcome)) => outcome,
+        };
+        if peer.roam(from) {
+            tracing::info!(peer = %peer.subnet, endpoint = %from, "WireGuard peer roamed");
+        }
+        match outcome {
+            Outcome::Packet(len) => check_inner(peer, &dst[..len], mtu)
+                .map_or_else(Opened::Dropped, |()| Opened::Packet(peer, len)),
+            Outcome::NotIpv4 => Opened::Dropped(DropReason::NotIpv4),
+            Outcome::Reply(len) => Opened::Reply(Some(peer), len),
+            Outcome::Nothing => Opened::Nothing,
+        }
+    }
+
+    /// The peer a datagram comes from, and whether it is a handshake initiation (the only
+    /// message that may make a peer's tunnel).
+    fn sender<'p>(
+        &self,
+        peers: &'p PeerMap,
+        from: SocketAddrV4,
+        datagram: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(&'p WgPeer, bool), Opened<'p>> {
+        let receiver = match Tunn::parse_incoming_packet(datagram) {
+            Err(_) => return Err(Opened::Dropped(DropReason::Malformed)),
+            Ok(Packet::HandshakeInit(_)) => return self.initiator(peers, from, datagram, dst),
+            Ok(Packet::HandshakeResponse(p)) => p.receiver_idx,
+            Ok(Packet::PacketCookieReply(p)) => p.receiver_idx,
+            Ok(Packet::PacketData(p)) => p.receiver_idx,
+        };
+        let peer = peers.by_receiver(receiver);
+        peer.map(|p| (p, false))
+            .ok_or(Opened::Dropped(DropReason::UnknownPeer))
+    }
+
+    /// A handshake initiation names its sender only inside: check its MAC and the rate limit
+    /// first (cheap), then decrypt the sender's static key (one Diffie-Hellman).
+    fn initiator<'p>(
+        &self,
+        peers: &'p PeerMap,
+        from: SocketAddrV4,
+        datagram: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(&'p WgPeer, bool), Opened<'p>> {
+        let verified = self
+            .limiter
+            .verify_packet(Some(IpAddr::V4(*from.ip())), datagram, dst);
+        let init = match verified {
+            Ok(Packet::HandshakeInit(init)) => init,
+            Ok(_) => return Err(Opened::Dropped(DropReason::Malformed)),
+            Err(TunnResult::WriteToNetwork(cookie)) => {
+                return Err(Opened::Reply(None, cookie.len()))
+            }
+            Err(TunnResult::Err(e)) => return Err(Opened::Dropped(reason(&e))),
+            Err(_) => return Err(Opened::Dropped(DropReason::Malformed)),
+        };
+        let secret = self.params.private_key.secret();
+        let half = parse_handshake_anon(secret, &self.public, &init)
+            .map_err(|e| Opened::Dropped(reason(&e)))?;
+        let peer = peers.by_key(&PublicKey(half.peer_static_public));
+        peer.map(|p| (p, true))
+            .ok_or(Opened::Dropped(DropReason::UnknownPeer))
+    }
+}
+
+/// A tunnel's answer to an authentic message, without the borrow of the buffer it wrote to.
+enum Outcome {
+    Packet(usize),
+    NotIpv4,
+    Reply(usize),
+    Nothing,
+}
+
+impl Outcome {
+    fn of(result: TunnResult<'_>) -> Result<Outcome, DropReason> {
+        Ok(match result {
+            TunnResult::WriteToTunnelV4(packet, _) => Outcome::Packet(packet.len()),
+            TunnResult::WriteToTunnelV6(..) => Outcome::NotIpv4,
+            TunnResult::WriteToNetwork(reply) => Outcome::Reply(reply.len()),
+            TunnResult::Done => Outcome::Nothing,
+            TunnResult::Err(e) => return Err(reason(&e)),
+        })
+    }
+}
+
+/// WireGuard's cryptokey routing on receive: the inner packet must come from the peer's
+/// allowed IPs (its lease's subnet), and fit the TUN.
+fn check_inner(peer: &WgPeer, packet: &[u8], mtu: usize) -> Result<(), DropReason> {
+    let ip = Ipv4Packet::new_checked(packet).map_err(|_| DropReason::Malformed)?;
+    if !peer.subnet.contains(&ip.src_addr()) {
+        return Err(DropReason::SpoofedSource);
+    }
+    if ip.total_len() > mtu {
+        return Err(DropReason::TooBig);
+    }
+    Ok(())
+}
+
+/// The drop counter each of boringtun's refusals goes to.
+fn reason(e: &WireGuardError) -> DropReason {
+    use WireGuardError::*;
+    match e {
+        InvalidMac | InvalidAeadTag | WrongKey => DropReason::BadMac,
+        DuplicateCounter | InvalidCounter | WrongTai64nTimestamp | UnexpectedPacket => {
+            DropReason::Replay
+        }
+        NoCurrentSession | WrongIndex | ConnectionExpired => DropReason::NoSession,
+        _ => DropReason::Malformed,
+    }
+}

@@ -1,0 +1,287 @@
+//! Two WireGuard nodes in one process, joined by function calls instead of sockets: what the
+//! engine's send and receive steps do to a packet, without TUN or UDP. The fuzz target, the
+//! benchmarks and the protocol tests below use it.
+
+use super::open::{Crypto, Opened};
+use super::peers::{Sealed, TunnelParams, WgPeerSpec, WgPeers};
+use super::{PresharedKey, PrivateKey, DEFAULT_PORT};
+use crate::wire::ipv4::{Ipv4Repr, PROTO_UDP};
+use anyhow::bail;
+use ipnet::Ipv4Net;
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+/// The TUN MTU these nodes check inner packets against: a 1500-byte underlay less flannel's 80.
+pub const MTU: usize = 1420;
+
+/// A node `10.200.0.<n>:51820` owning `10.5.<n>.0/24`.
+pub struct Node {
+    pub crypto: Crypto,
+    pub peers: WgPeers,
+    pub addr: SocketAddrV4,
+    pub subnet: Ipv4Net,
+}
+
+impl Node {
+    pub fn new(n: u8, preshared_key: Option<PresharedKey>) -> Node {
+        Node {
+            crypto: Crypto::new(TunnelParams {
+                private_key: PrivateKey::generate(),
+                preshared_key,
+                keepalive: None,
+            }),
+            peers: WgPeers::default(),
+            addr: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, n), DEFAULT_PORT),
+            subnet: Ipv4Net::new(Ipv4Addr::new(10, 5, n, 0), 24).expect("a /24"),
+        }
+    }
+
+    /// What this node's lease says about it.
+    pub fn spec(&self) -> WgPeerSpec {
+        WgPeerSpec {
+            subnet: self.subnet,
+            endpoint: self.addr,
+            public_key: self.crypto.params.private_key.public_key(),
+        }
+    }
+
+    /// Make `peers` this node's peers, as their leases would.
+    pub fn knows(&self, peers: &[WgPeerSpec]) {
+        self.peers.set(peers);
+    }
+
+    /// Encrypt `packet` for `to` into `dst`, as the send step does.
+    pub fn seal(&self, to: &Node, packet: &[u8], dst: &mut [u8]) -> Sealed {
+        match self.peers.load().by_subnet(to.subnet) {
+            Some(peer) => peer.seal(&self.crypto.params, packet, dst),
+            None => Sealed::Dropped,
+        }
+    }
+
+    /// Receive `datagram` from `from`'s address, as the receive step does. The outcome's peer
+    /// is copied out as its subnet, since the peer table is loaded only for this call.
+    pub fn open(&self, from: SocketAddrV4, datagram: &[u8], dst: &mut [u8]) -> Received {
+        let peers = self.peers.load();
+        match self.crypto.open(&peers, from, datagram, dst, MTU) {
+            Opened::Packet(peer, len) => Received::Packet(peer.subnet, len),
+            Opened::Reply(_, len) => Received::Reply(len),
+            Opened::Nothing => Received::Nothing,
+            Opened::Dropped(reason) => Received::Dropped(reason),
+        }
+    }
+
+    /// A UDP packet from this node's first container to `to`'s, `len` bytes in all.
+    pub fn packet_to(&self, to: &Node, len: usize) -> Vec<u8> {
+        let first_host = |net: Ipv4Net| Ipv4Addr::from(u32::from(net.network()) + 2);
+        let repr = Ipv4Repr {
+            src: first_host(self.subnet),
+            dst: first_host(to.subnet),
+            protocol: PROTO_UDP,
+            ttl: 64,
+            payload_len: len - 20,
+        };
+        let mut packet = vec![0x5a; len];
+        repr.emit(&mut packet).expect("len fits IPv4");
+        packet
+    }
+}
+
+/// [`Opened`] without the borrow of the peer table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Received {
+    Packet(Ipv4Net, usize),
+    Reply(usize),
+    Nothing,
+    Dropped(crate::stats::DropReason),
+}
+
+/// Two nodes, 1 and 2, that know each other (as from their leases); [`handshake`] connects them.
+pub fn connected(psk_a: Option<PresharedKey>, psk_b: Option<PresharedKey>) -> (Node, Node) {
+    let (a, b) = (Node::new(1, psk_a), Node::new(2, psk_b));
+    a.knows(&[b.spec()]);
+    b.knows(&[a.spec()]);
+    (a, b)
+}
+
+/// Run a handshake from `a` to `b`: initiation, response, and the keepalive that confirms it.
+pub fn handshake(a: &Node, b: &Node) -> anyhow::Result<()> {
+    let mut buf = vec![0u8; 2048];
+    let mut out = vec![0u8; 2048];
+    let Some(init) = initiation(a, b, &mut buf) else {
+        bail!("{} does not know {}", a.addr, b.addr);
+    };
+    let Received::Reply(len) = b.open(a.addr, &buf[..init], &mut out) else {
+        bail!("no response to the initiation");
+    };
+    let Received::Reply(len) = a.open(b.addr, &out[..len], &mut buf) else {
+        bail!("the response was not accepted");
+    };
+    match b.open(a.addr, &buf[..len], &mut out) {
+        Received::Nothing => Ok(()),
+        other => bail!("the confirming keepalive gave {other:?}"),
+    }
+}
+
+fn initiation(a: &Node, b: &Node, dst: &mut [u8]) -> Option<usize> {
+    let peers = a.peers.load();
+    let peer = peers.by_subnet(b.subnet)?;
+    peer.with_tunnel(&a.crypto.params, true, |tunn| {
+        match tunn.format_handshake_initiation(dst, true) {
+            boringtun::noise::TunnResult::WriteToNetwork(m) => Some(m.len()),
+            _ => None,
+        }
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::DropReason;
+
+    fn psk(byte: u8) -> Option<PresharedKey> {
+        PresharedKey::from_base64(&base64_of(&[byte; 32])).ok()
+    }
+
+    fn base64_of(bytes: &[u8]) -> String {
+        use base64::prelude::{Engine as _, BASE64_STANDARD};
+        BASE64_STANDARD.encode(bytes)
+    }
+
+    /// `a` seals one packet for `b`; the datagram.
+    fn datagram(a: &Node, b: &Node, len: usize) -> Vec<u8> {
+        let mut buf = vec![0u8; 2048];
+        match a.seal(b, &a.packet_to(b, len), &mut buf) {
+            Sealed::Data(n) => buf[..n].to_vec(),
+            other => panic!("sealing gave {other:?}"),
+        }
+    }
+
+    #[test]
+    fn packets_cross_both_ways_after_a_handshake() {
+        let (a, b) = connected(psk(1), psk(1));
+        handshake(&a, &b).unwrap();
+        let mut out = vec![0u8; 2048];
+        let sent = a.packet_to(&b, 100);
+        let got = b.open(a.addr, &datagram(&a, &b, 100), &mut out);
+        assert_eq!(got, Received::Packet(a.subnet, 100));
+        assert_eq!(&out[..100], &sent[..]);
+        let back = datagram(&b, &a, 1400);
+        assert_eq!(
+            a.open(b.addr, &back, &mut out),
+            Received::Packet(b.subnet, 1400)
+        );
+    }
+
+    #[test]
+    fn a_replayed_datagram_is_dropped_as_replay() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let d = datagram(&a, &b, 100);
+        let mut out = vec![0u8; 2048];
+        assert!(matches!(b.open(a.addr, &d, &mut out), Received::Packet(..)));
+        let again = b.open(a.addr, &d, &mut out);
+        assert_eq!(again, Received::Dropped(DropReason::Replay));
+    }
+
+    #[test]
+    fn a_changed_datagram_is_dropped_as_bad_mac() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let mut d = datagram(&a, &b, 100);
+        d[40] ^= 1;
+        let got = b.open(a.addr, &d, &mut vec![0u8; 2048]);
+        assert_eq!(got, Received::Dropped(DropReason::BadMac));
+    }
+
+    #[test]
+    fn a_wrong_preshared_key_fails_the_handshake_with_bad_mac() {
+        let (a, b) = connected(psk(1), psk(2));
+        let err = handshake(&a, &b).unwrap_err().to_string();
+        assert!(err.contains("response was not accepted"), "{err}");
+        let mut buf = vec![0u8; 2048];
+        let init = initiation(&a, &b, &mut buf).unwrap();
+        let mut out = vec![0u8; 2048];
+        let Received::Reply(len) = b.open(a.addr, &buf[..init], &mut out) else {
+            panic!("b answers: the preshared key only enters the response");
+        };
+        let got = a.open(b.addr, &out[..len], &mut buf);
+        assert_eq!(got, Received::Dropped(DropReason::BadMac));
+    }
+
+    #[test]
+    fn an_initiation_to_the_wrong_key_is_dropped_as_bad_mac() {
+        let (a, b) = connected(None, None);
+        let impostor = Node::new(2, None);
+        a.knows(&[impostor.spec()]);
+        let mut buf = vec![0u8; 2048];
+        let init = initiation(&a, &b, &mut buf).unwrap();
+        let got = b.open(a.addr, &buf[..init], &mut vec![0u8; 2048]);
+        assert_eq!(got, Received::Dropped(DropReason::BadMac));
+    }
+
+    #[test]
+    fn an_initiation_from_a_key_no_lease_holds_is_an_unknown_peer() {
+        let (a, b) = connected(None, None);
+        b.knows(&[]);
+        let mut buf = vec![0u8; 2048];
+        let init = initiation(&a, &b, &mut buf).unwrap();
+        let got = b.open(a.addr, &buf[..init], &mut vec![0u8; 2048]);
+        assert_eq!(got, Received::Dropped(DropReason::UnknownPeer));
+    }
+
+    #[test]
+    fn an_inner_source_outside_the_allowed_ips_is_dropped() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let mut packet = a.packet_to(&b, 100);
+        packet[12..16].copy_from_slice(&[10, 5, 9, 9]);
+        let mut buf = vec![0u8; 2048];
+        let Sealed::Data(n) = a.seal(&b, &packet, &mut buf) else {
+            panic!("no session")
+        };
+        let got = b.open(a.addr, &buf[..n], &mut vec![0u8; 2048]);
+        assert_eq!(got, Received::Dropped(DropReason::SpoofedSource));
+    }
+
+    #[test]
+    fn a_peer_follows_the_source_of_authentic_datagrams_only() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let roamed = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 7), 40000);
+        let endpoint = || b.peers.load().by_subnet(a.subnet).unwrap().endpoint();
+        let mut d = datagram(&a, &b, 100);
+        d[40] ^= 1;
+        b.open(roamed, &d, &mut vec![0u8; 2048]);
+        assert_eq!(
+            endpoint(),
+            a.addr,
+            "a forged datagram must not move the peer"
+        );
+        b.open(roamed, &datagram(&a, &b, 100), &mut vec![0u8; 2048]);
+        assert_eq!(endpoint(), roamed);
+    }
+
+    #[test]
+    fn packets_sent_before_the_handshake_follow_it() {
+        let (a, b) = connected(None, None);
+        let mut buf = vec![0u8; 2048];
+        let Sealed::Handshake(init) = a.seal(&b, &a.packet_to(&b, 60), &mut buf) else {
+            panic!("the first packet must start a handshake");
+        };
+        let mut out = vec![0u8; 2048];
+        let Received::Reply(len) = b.open(a.addr, &buf[..init], &mut out) else {
+            panic!("no response");
+        };
+        assert!(matches!(
+            a.open(b.addr, &out[..len], &mut buf),
+            Received::Reply(_)
+        ));
+        let peers = a.peers.load();
+        let staged = peers
+            .by_subnet(b.subnet)
+            .unwrap()
+            .next_staged(&mut buf)
+            .unwrap();
+        let got = b.open(a.addr, &buf[..staged], &mut out);
+        assert_eq!(got, Received::Packet(a.subnet, 60));
+    }
+}

@@ -1,0 +1,226 @@
+//! TUN -> UDP: route each packet to its peer by destination (the peer's allowed IPs), encrypt
+//! it with the peer's session straight into a GSO train, and send each train in one syscall.
+//!
+//! Unlike the flannel-udp engine, the TTL is left alone: the kernel's WireGuard device does not
+//! touch it either, and flannel's wireguard backend is that device.
+
+use super::peers::{PeerMap, Sealed, WgPeer};
+use super::Wg;
+use crate::engine::{flush_tun, reply_unreachable, tun_read_failed, Shared};
+use crate::io::{TunReader, TunWriter};
+use crate::stats::{DropReason, DropTally};
+use crate::table::PeerTable;
+use crate::wire::ipv4::Ipv4Packet;
+use crate::wire::WireError;
+use std::net::SocketAddrV4;
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// A data message adds its header (type, receiver, counter: 16 bytes) and the AEAD tag (16).
+pub const DATA_OVERHEAD: usize = 32;
+/// A handshake initiation, the longest message that is not data.
+pub const HANDSHAKE_INIT_LEN: usize = 148;
+/// One GSO send: at most a 64 KB IP datagram.
+const TRAIN_BYTES: usize = 65535 - 28;
+
+pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: Wg) {
+    let mut train = Train::new(wg.io.mtu);
+    let mut padded = vec![0u8; wg.io.mtu];
+    let mut drops = DropTally::default();
+    loop {
+        let n = match reader.read_batch().await {
+            Ok(n) => n,
+            Err(e) => match tun_read_failed(&e, &mut drops) {
+                ControlFlow::Continue(()) => continue,
+                ControlFlow::Break(()) => return,
+            },
+        };
+        drops.add(DropReason::IoError, reader.take_failed_reads());
+        let table = wg.io.table.load();
+        let peers = wg.peers.load();
+        for i in 0..n {
+            let packet = reader.packet_mut(i);
+            let (index, peer) = match route(packet, &table, &peers) {
+                Ok(found) => found,
+                Err(reason) => {
+                    if reason == DropReason::NoRoute {
+                        reply_unreachable(packet, &mut icmp);
+                    }
+                    drops.count(reason);
+                    continue;
+                }
+            };
+            let packet = pad(packet, &mut padded);
+            train
+                .seal(&wg, &table, index, peer, packet, &mut drops)
+                .await;
+        }
+        train.send(&wg.io, &table, &mut drops).await;
+        flush_tun(&mut icmp, &mut drops).await;
+        drops.publish(&wg.io.stats);
+    }
+}
+
+/// The peer for a packet read from TUN: its table index (for counters) and its WireGuard state.
+fn route<'p>(
+    packet: &[u8],
+    table: &PeerTable,
+    peers: &'p PeerMap,
+) -> Result<(usize, &'p WgPeer), DropReason> {
+    let ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
+        WireError::BadVersion => DropReason::NotIpv4,
+        _ => DropReason::Malformed,
+    })?;
+    let index = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
+    let peer = peers.by_subnet(table.peers()[index].spec.subnet);
+    Ok((index, peer.ok_or(DropReason::NoRoute)?))
+}
+
+/// WireGuard pads the plaintext to a multiple of 16 bytes, never past the MTU, so that a
+/// packet's length shows less of what it carries. Copies only a packet that needs padding.
+fn pad<'a>(packet: &'a [u8], room: &'a mut [u8]) -> &'a [u8] {
+    let len = packet.len();
+    let padded = len.next_multiple_of(16).min(room.len().max(len));
+    if padded == len {
+        return packet;
+    }
+    room[..len].copy_from_slice(packet);
+    room[len..padded].fill(0);
+    &room[..padded]
+}
+
+/// Encrypted datagrams for one peer, back to back, all `segment` bytes long but the last: one
+/// UDP GSO send.
+struct Train {
+    buf: Vec<u8>,
+    len: usize,
+    count: usize,
+    segment: usize,
+    endpoint: SocketAddrV4,
+    /// The peer's index in the routing table, for its counters.
+    peer: usize,
+    /// Inner packets and their bytes.
+    packets: u64,
+    bytes: u64,
+    /// A shorter datagram ended it: only the last may be short.
+    closed: bool,
+}
+
+impl Train {
+    fn new(mtu: usize) -> Train {
+        Train {
+            // Room for a whole train, then one more datagram or handshake being written.
+            buf: vec![0; TRAIN_BYTES + (mtu + DATA_OVERHEAD).max(HANDSHAKE_INIT_LEN)],
+            len: 0,
+            count: 0,
+            segment: 0,
+            endpoint: SocketAddrV4::new([0, 0, 0, 0].into(), 0),
+            peer: 0,
+            packets: 0,
+            bytes: 0,
+            closed: false,
+        }
+    }
+
+    /// Whether a datagram of `len` bytes to `endpoint` may join.
+    fn takes(&self, io: &Shared, endpoint: SocketAddrV4, peer: usize, len: usize) -> bool {
+        self.count == 0
+            || (self.endpoint == endpoint
+                && self.peer == peer
+                && !self.closed
+                && len <= self.segment
+                && self.count < io.udp.segments_per_send(self.segment))
+    }
+
+    /// Encrypt `packet` for `peer` onto the train, sending the train first if the datagram
+    /// can not join it. A handshake initiation (no session yet) goes out at once on its own.
+    async fn seal(
+        &mut self,
+        wg: &Wg,
+        table: &PeerTable,
+        index: usize,
+        peer: &WgPeer,
+        packet: &[u8],
+        drops: &mut DropTally,
+    ) {
+        let endpoint = peer.endpoint();
+        if !self.takes(&wg.io, endpoint, index, packet.len() + DATA_OVERHEAD) {
+            self.send(&wg.io, table, drops).await;
+        }
+        let slot = &mut self.buf[self.len..];
+        match peer.seal(&wg.crypto.params, packet, slot) {
+            Sealed::Data(len) => self.push(endpoint, index, len),
+            Sealed::Handshake(len) => {
+                let message = &self.buf[self.len..self.len + len];
+                send_one(&wg.io, endpoint, message, drops).await;
+            }
+            Sealed::Staged => {}
+            Sealed::Dropped => drops.count(DropReason::NoSession),
+        }
+    }
+
+    fn push(&mut self, endpoint: SocketAddrV4, peer: usize, len: usize) {
+        if self.count == 0 {
+            (self.endpoint, self.peer, self.segment) = (endpoint, peer, len);
+        }
+        self.closed = len < self.segment;
+        self.len += len;
+        self.count += 1;
+        self.packets += 1;
+        self.bytes += (len - DATA_OVERHEAD) as u64;
+    }
+
+    async fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
+        if self.count == 0 {
+            return;
+        }
+        match io
+            .udp
+            .send(self.endpoint, &self.buf[..self.len], self.segment)
+            .await
+        {
+            Ok(()) => {
+                if let Some(peer) = table.peers().get(self.peer) {
+                    peer.stats.tx.add(self.packets, self.bytes);
+                }
+                io.stats.tx.add(self.packets, self.bytes);
+                io.stats.tx_datagrams.fetch_add(self.count as u64, Relaxed);
+            }
+            Err(e) => {
+                tracing::debug!(dst = %self.endpoint, "UDP send failed: {e}");
+                drops.add(DropReason::IoError, self.count as u64);
+            }
+        }
+        (self.len, self.count, self.packets, self.bytes) = (0, 0, 0, 0);
+        self.closed = false;
+    }
+}
+
+/// Send one message that is not data (a handshake or keepalive, a cookie).
+pub(super) async fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
+    match io.udp.send(to, message, message.len()).await {
+        Ok(()) => {
+            io.stats.tx_datagrams.fetch_add(1, Relaxed);
+        }
+        Err(e) => {
+            tracing::debug!(dst = %to, "UDP send failed: {e}");
+            drops.count(DropReason::IoError);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_rounds_up_to_16_but_never_past_the_mtu() {
+        let mut room = [0xffu8; 1420];
+        assert_eq!(pad(&[1; 64], &mut room).len(), 64);
+        let padded = pad(&[1; 65], &mut room).to_vec();
+        assert_eq!(padded.len(), 80);
+        assert!(padded[65..].iter().all(|&b| b == 0));
+        assert_eq!(pad(&[1; 1415], &mut room).len(), 1420);
+        assert_eq!(pad(&[1; 1420], &mut room).len(), 1420);
+    }
+}
