@@ -158,13 +158,6 @@ fn udp_buffer_and_tun_txqueuelen_flags_reach_the_kernel() -> Result<()> {
     Ok(())
 }
 
-/// The first frame of a pcap file (classic format, Ethernet link type).
-fn first_pcap_frame(file: &[u8]) -> Result<&[u8]> {
-    anyhow::ensure!(file.len() > 40, "pcap too short");
-    let caplen = u32::from_le_bytes(file[32..36].try_into()?) as usize;
-    file.get(40..40 + caplen).context("pcap frame truncated")
-}
-
 #[test]
 fn packets_to_unleased_subnets_get_net_unreachable() -> Result<()> {
     let pair = pair("uunre", None)?;

@@ -37,10 +37,16 @@ impl Cluster {
     }
 
     pub fn start(&self, host: usize) -> Result<Proc> {
+        self.start_with_env(host, &[])
+    }
+
+    /// [`Cluster::start`] with extra environment variables.
+    pub fn start_with_env(&self, host: usize, env: &[(&str, &str)]) -> Result<Proc> {
         let endpoint = self.etcd.endpoint();
-        start_twill(
+        start_twill_with_env(
             self.lab.host(host),
             &["--etcd-endpoints", &endpoint],
+            env,
             &self.subnet_file(host),
         )
     }

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod datagrams;
+pub mod wireguard;
 
 use anyhow::{bail, Context, Result};
 use rand::{rngs::StdRng, RngCore, SeedableRng};
@@ -17,12 +18,22 @@ pub const TWILL: &str = env!("CARGO_BIN_EXE_twill");
 
 /// Start `twill run ARGS` on a host and wait until its status endpoint answers.
 pub fn start_twill(host: &Host, args: &[&str], subnet_file: &Path) -> Result<Proc> {
+    start_twill_with_env(host, args, &[], subnet_file)
+}
+
+/// [`start_twill`] with extra environment variables.
+pub fn start_twill_with_env(
+    host: &Host,
+    args: &[&str],
+    env: &[(&str, &str)],
+    subnet_file: &Path,
+) -> Result<Proc> {
     let file = subnet_file.to_str().context("subnet file path")?;
     let mut all = vec!["run", "--iface", &host.iface, "--subnet-file", file];
     all.extend_from_slice(args);
-    let mut proc = host
-        .ns
-        .spawn_with(TWILL, &all, &[("RUST_LOG", "info,twill=debug")])?;
+    let mut vars = vec![("RUST_LOG", "info,twill=debug")];
+    vars.extend_from_slice(env);
+    let mut proc = host.ns.spawn_with(TWILL, &all, &vars)?;
     wait_ready(&host.ns, &mut proc, subnet_file)?;
     Ok(proc)
 }
@@ -141,6 +152,13 @@ fn send(addr: SocketAddr, bytes: usize) -> Result<String> {
     }
     stream.shutdown(std::net::Shutdown::Write)?;
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// The first frame of a pcap file (classic format, Ethernet link type).
+pub fn first_pcap_frame(file: &[u8]) -> Result<&[u8]> {
+    anyhow::ensure!(file.len() > 40, "pcap too short");
+    let caplen = u32::from_le_bytes(file[32..36].try_into()?) as usize;
+    file.get(40..40 + caplen).context("pcap frame truncated")
 }
 
 /// A per-test scratch directory for subnet files.

@@ -1,0 +1,127 @@
+//! What the WireGuard tests share: the network config, a key file per host, the lease a node
+//! must write, two connected nodes, the status server's metrics, and one datagram captured off
+//! the underlay.
+
+use super::cluster::{cluster, Cluster};
+use super::*;
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use twill_dataplane::engine::wireguard::PrivateKey;
+
+/// Made with `wg genpsk`.
+pub const PSK: &str = "vKo36JW5OcxFHeIUTgqMMwbIJg3HLZXtIC0B9lxF6Eo=";
+pub const OTHER_PSK: &str = "SAioU7qy9DTNFP+Z0s1bAniVyo36BbAQIjeXifQn4Ho=";
+pub const PORT: u16 = 51820;
+
+/// flannel's wireguard network config with a preshared key, and `extra` Backend fields.
+pub fn config(psk: &str, extra: &str) -> String {
+    format!(r#"{{"Network":"10.5.0.0/16","Backend":{{"Type":"wireguard","PSK":"{psk}"{extra}}}}}"#)
+}
+
+/// Each host keeps its private key in its own file (they share one filesystem).
+pub fn key_file(c: &Cluster, host: usize) -> PathBuf {
+    c.dir.path().join(format!("wgkey-{host}"))
+}
+
+/// `twill run` with the wireguard backend on `host`, its key in [`key_file`].
+pub fn start(c: &Cluster, host: usize) -> Result<Proc> {
+    let file = key_file(c, host);
+    let file = file.to_str().context("key file path")?;
+    c.start_with_env(host, &[("WIREGUARD_KEY_FILE", file)])
+}
+
+/// The private key in a node's key file, base64, as the file holds it.
+pub fn private_key(c: &Cluster, host: usize) -> Result<String> {
+    Ok(std::fs::read_to_string(key_file(c, host))?
+        .trim()
+        .to_string())
+}
+
+/// The public key of the private key in a node's key file.
+pub fn public_key(c: &Cluster, host: usize) -> Result<String> {
+    let key = PrivateKey::from_base64(&private_key(c, host)?)?;
+    Ok(key.public_key().to_string())
+}
+
+/// A wireguard lease value exactly as flanneld writes it.
+pub fn lease_value(public_ip: Ipv4Addr, public_key: &str, port: u16) -> String {
+    format!(
+        r#"{{"PublicIP":"{public_ip}","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{public_key}","Port":{port}}}}}"#
+    )
+}
+
+/// The etcd value of a node's lease.
+pub fn lease_of(c: &Cluster, host: usize) -> Result<String> {
+    let key = c.lease_key(c.subnet(host)?);
+    Ok(c.etcd
+        .etcdctl(&["get", "--print-value-only", &key])?
+        .trim()
+        .to_string())
+}
+
+/// Two wireguard nodes through etcd with a container each, which have pinged each other.
+pub struct Connected {
+    pub c: Cluster,
+    pub nodes: Vec<Proc>,
+}
+
+pub fn connected(tag: &str, config: &str) -> Result<Connected> {
+    let mut c = cluster(tag, 2, config)?;
+    let nodes = vec![start(&c, 0)?, start(&c, 1)?];
+    c.add_container(0)?;
+    c.add_container(1)?;
+    eventually("peers known", || {
+        Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
+    })?;
+    let out = ping(c.container(0), c.container(1).ip, 2)?;
+    anyhow::ensure!(out.contains("2 received"), "{out}");
+    Ok(Connected { c, nodes })
+}
+
+impl Connected {
+    pub fn ns(&self, host: usize) -> &Netns {
+        &self.c.lab.host(host).ns
+    }
+
+    /// `ping -c COUNT` that may fail; its output.
+    pub fn try_ping(&self, from: usize, count: u32) -> Result<String> {
+        let to = self.c.container(1 - from).ip;
+        let script = format!("ping -c {count} -i 0.2 -W 1 {to} || true");
+        self.c.container(from).ns.sh(&script)
+    }
+}
+
+/// GET `/metrics` from the status server in `ns`.
+pub fn metrics(ns: &Netns) -> Result<String> {
+    ns.enter(|| -> Result<String> {
+        let mut stream = TcpStream::connect("127.0.0.1:9585")?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body)?;
+        Ok(body)
+    })
+}
+
+/// The IP packet of the first datagram tcpdump sees on `ns`'s eth0 that matches `filter`,
+/// while `trigger` runs.
+pub fn capture(
+    ns: &Netns,
+    dir: &Path,
+    filter: &str,
+    trigger: impl FnOnce() -> Result<()>,
+) -> Result<Vec<u8>> {
+    let pcap = dir.join(format!("capture-{}.pcap", rand::random::<u32>()));
+    let path = pcap.to_str().context("pcap path")?;
+    let mut tcpdump = ns.spawn(
+        "tcpdump",
+        &["-i", "eth0", "-n", "-U", "-c", "1", "-w", path, filter],
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    trigger()?;
+    tcpdump
+        .wait_timeout(Duration::from_secs(5))?
+        .with_context(|| format!("tcpdump saw nothing matching {filter:?}"))?;
+    let file = std::fs::read(&pcap)?;
+    Ok(first_pcap_frame(&file)?[14..].to_vec())
+}
