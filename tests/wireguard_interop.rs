@@ -10,9 +10,10 @@ use common::cluster::*;
 use common::wireguard::{self as wg, PSK};
 use common::*;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-use twill_lab::{Ipv4Net, Netns, Proc};
+use std::path::Path;
+use std::time::Duration;
+use twill_lab::wireguard_go::generate_key;
+use twill_lab::{Ipv4Net, Netns, WireguardGo};
 
 /// wireguard-go's lease: a subnet no twill node takes first (leases start at 10.5.1.0).
 const GO_SUBNET: &str = "10.5.77.0/24";
@@ -28,7 +29,7 @@ fn twill_and_wireguard_go_carry_traffic_both_ways_keep_alive_and_roam() -> Resul
     let go_subnet: Ipv4Net = GO_SUBNET.parse()?;
     c.add_container(0)?;
     c.lab.host_mut(1).add_container(go_subnet)?;
-    let go = WireguardGo::start(&c.lab.host(1).ns)?;
+    let go = GoNode::start(&c.lab.host(1).ns)?;
     let go_key = go.configure(&c)?;
     let lease = wg::lease_value(c.lab.host(1).underlay_ip, &go_key, wg::PORT);
     c.etcd.etcdctl(&["put", &c.lease_key(go_subnet), &lease])?;
@@ -63,33 +64,18 @@ fn twill_and_wireguard_go_carry_traffic_both_ways_keep_alive_and_roam() -> Resul
     Ok(())
 }
 
-/// wireguard-go on a host, in the foreground, on an interface named for this test process
-/// (its control socket lives in /var/run/wireguard, which every namespace shares).
-struct WireguardGo<'a> {
-    // Drop order: the process stops before its files go.
-    proc: Proc,
-    name: String,
+/// wireguard-go on host 1, on an interface named for this test process.
+struct GoNode<'a> {
+    go: WireguardGo,
     ns: &'a Netns,
     files: tempfile::TempDir,
 }
 
-impl<'a> WireguardGo<'a> {
-    fn start(ns: &'a Netns) -> Result<WireguardGo<'a>> {
+impl<'a> GoNode<'a> {
+    fn start(ns: &'a Netns) -> Result<GoNode<'a>> {
         let name = format!("wgo{}", std::process::id() % 1_000_000);
-        let env = [("WG_PROCESS_FOREGROUND", "1")];
-        let mut proc = ns.spawn_with("wireguard-go", &["-f", &name], &env)?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !socket(&name).exists() {
-            anyhow::ensure!(proc.is_running(), "wireguard-go exited: {}", proc.stderr());
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "wireguard-go made no control socket"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(WireguardGo {
-            proc,
-            name,
+        Ok(GoNode {
+            go: WireguardGo::start(ns, &name)?,
             ns,
             files: tempfile::tempdir()?,
         })
@@ -99,9 +85,11 @@ impl<'a> WireguardGo<'a> {
     /// key, the network's PSK, its PublicIP:Port, its subnet), the lease network's address as
     /// /32, up, and the whole network routed into the device. Returns the public key.
     fn configure(&self, c: &Cluster) -> Result<String> {
-        let key = self.secret_file("private", &self.wg(&["genkey"])?)?;
-        let psk = self.secret_file("psk", PSK)?;
-        let public = self.wg_stdin(&["pubkey"], &key)?;
+        let key = self.files.path().join("private");
+        let public = generate_key(self.ns, &key)?;
+        let psk = self.files.path().join("psk");
+        std::fs::write(&psk, PSK)?;
+        std::fs::set_permissions(&psk, std::fs::Permissions::from_mode(0o600))?;
         let peer_key = wg::public_key(c, 0)?;
         let endpoint = format!("{}:{}", c.lab.host(0).underlay_ip, wg::PORT);
         let allowed = c.subnet(0)?.to_string();
@@ -115,54 +103,26 @@ impl<'a> WireguardGo<'a> {
             &endpoint,
         ])?;
         self.set(&["peer", &peer_key, "allowed-ips", &allowed])?;
-        let ns = self.ns;
+        let name = self.go.name();
         let address = format!("{}/32", GO_SUBNET.parse::<Ipv4Net>()?.network());
-        ns.ip(&["addr", "add", &address, "dev", &self.name])?;
-        ns.ip(&["link", "set", &self.name, "up"])?;
-        ns.ip(&["route", "add", "10.5.0.0/16", "dev", &self.name])?;
-        Ok(public.trim().to_string())
+        self.ns.ip(&["addr", "add", &address, "dev", name])?;
+        self.ns.ip(&["link", "set", name, "up"])?;
+        self.ns.ip(&["route", "add", "10.5.0.0/16", "dev", name])?;
+        Ok(public)
     }
 
     fn set(&self, args: &[&str]) -> Result<String> {
-        let mut all = vec!["set", self.name.as_str()];
+        let mut all = vec!["set", self.go.name()];
         all.extend_from_slice(args);
-        self.wg(&all)
+        self.ns.exec("wg", &all)
     }
 
     /// Bytes wireguard-go has received from twill's node (`wg show transfer`).
     fn received_bytes(&self) -> Result<u64> {
-        let out = self.wg(&["show", &self.name, "transfer"])?;
+        let out = self.ns.exec("wg", &["show", self.go.name(), "transfer"])?;
         let rx = out.split_whitespace().nth(1).context("no transfer line")?;
         Ok(rx.parse()?)
     }
-
-    fn wg(&self, args: &[&str]) -> Result<String> {
-        self.ns.exec("wg", args)
-    }
-
-    fn wg_stdin(&self, args: &[&str], input: &Path) -> Result<String> {
-        let script = format!("wg {} < {}", args.join(" "), path(input)?);
-        self.ns.sh(&script)
-    }
-
-    fn secret_file(&self, name: &str, content: &str) -> Result<PathBuf> {
-        let file = self.files.path().join(name);
-        std::fs::write(&file, content.trim())?;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
-        Ok(file)
-    }
-}
-
-impl Drop for WireguardGo<'_> {
-    fn drop(&mut self) {
-        let _ = self.proc.stop();
-        // wireguard-go removes it on a clean stop; a killed one leaves it behind.
-        let _ = std::fs::remove_file(socket(&self.name));
-    }
-}
-
-fn socket(name: &str) -> PathBuf {
-    Path::new("/var/run/wireguard").join(format!("{name}.sock"))
 }
 
 fn path(p: &Path) -> Result<&str> {

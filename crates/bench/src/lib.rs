@@ -1,5 +1,5 @@
 //! twill-bench: builds a netns lab per path (native underlay, host-gw, kernel VXLAN and IPIP set
-//! up the flannel way, twill udp and batch), runs iperf3 and qperf container to container through
+//! up the flannel way, twill udp, batch and wireguard, wireguard-go), runs iperf3 and qperf container to container through
 //! each, and reports medians as a table, JSON and a PNG, each path relative to kernel VXLAN and
 //! to native.
 
@@ -10,3 +10,4 @@ pub mod plot;
 pub mod report;
 pub mod run;
 pub mod stats;
+mod wireguard_go;

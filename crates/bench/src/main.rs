@@ -18,7 +18,7 @@ struct Cli {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-batch"
+        default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-batch,twill-wireguard,wireguard-go"
     )]
     paths: Vec<PathKind>,
     /// Measurements to make, comma-separated [default: all]; not with --quick, which checks

@@ -3,12 +3,13 @@
 
 use crate::measure::{Endpoints, Servers};
 use crate::parse;
+use crate::wireguard_go;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
-use twill_lab::{Etcd, Host, Ipv4Net, Lab, LabSpec, Proc};
+use twill_lab::{Etcd, Host, Ipv4Net, Lab, LabSpec, Proc, WireguardGo};
 
 const NETWORK: &str = "10.5.0.0/16";
 const UNDERLAY_MTU: u32 = 1500;
@@ -29,16 +30,21 @@ pub enum PathKind {
     Ipip,
     TwillUdp,
     TwillBatch,
+    TwillWireguard,
+    /// The reference for twill-wireguard: wireguard-go on both hosts.
+    WireguardGo,
 }
 
 impl PathKind {
-    pub const ALL: [PathKind; 6] = [
+    pub const ALL: [PathKind; 8] = [
         PathKind::Native,
         PathKind::HostGw,
         PathKind::Vxlan,
         PathKind::Ipip,
         PathKind::TwillUdp,
         PathKind::TwillBatch,
+        PathKind::TwillWireguard,
+        PathKind::WireguardGo,
     ];
 
     pub fn name(self) -> &'static str {
@@ -49,6 +55,8 @@ impl PathKind {
             PathKind::Ipip => "ipip",
             PathKind::TwillUdp => "twill-udp",
             PathKind::TwillBatch => "twill-batch",
+            PathKind::TwillWireguard => "twill-wireguard",
+            PathKind::WireguardGo => "wireguard-go",
         }
     }
 }
@@ -86,6 +94,7 @@ pub struct PathLab {
     // Drop order: processes stop before the namespaces they run in are deleted.
     _servers: Servers,
     _daemons: Vec<Proc>,
+    _wireguard_go: Vec<WireguardGo>,
     _etcd: Option<Etcd>,
     lab: Lab,
     _files: tempfile::TempDir,
@@ -106,6 +115,7 @@ impl PathLab {
         }
         let files = tempfile::tempdir()?;
         let mut etcd = None;
+        let mut go_daemons = Vec::new();
         let (daemons, container_mtu) = match kind {
             PathKind::Native => (Vec::new(), None),
             PathKind::HostGw => {
@@ -134,6 +144,17 @@ impl PathLab {
                 files.path(),
                 etcd.insert(etcd_for(&lab)?),
             )?,
+            PathKind::TwillWireguard => start_twill(
+                &lab,
+                twill,
+                "wireguard",
+                files.path(),
+                etcd.insert(etcd_for(&lab)?),
+            )?,
+            PathKind::WireguardGo => {
+                go_daemons = wireguard_go::start(&lab, files.path())?;
+                (Vec::new(), Some(wireguard_go::MTU))
+            }
         };
         if let Some(mtu) = container_mtu {
             set_container_mtu(&lab, mtu)?;
@@ -142,6 +163,7 @@ impl PathLab {
         Ok(PathLab {
             _servers: servers,
             _daemons: daemons,
+            _wireguard_go: go_daemons,
             _etcd: etcd,
             lab,
             _files: files,
@@ -163,7 +185,7 @@ impl PathLab {
 }
 
 /// Container subnet of host `i`.
-fn subnet(i: usize) -> Ipv4Net {
+pub(crate) fn subnet(i: usize) -> Ipv4Net {
     Ipv4Net::new([10, 5, i as u8 + 1, 0].into(), 24).expect("/24 is a valid prefix")
 }
 
@@ -187,7 +209,7 @@ fn endpoints(lab: &Lab) -> Endpoints<'_> {
 }
 
 /// Host `i` and the other host (`peer`), whose container subnet is `subnet(1 - i)`.
-fn pairs(lab: &Lab) -> [(usize, &Host, &Host); 2] {
+pub(crate) fn pairs(lab: &Lab) -> [(usize, &Host, &Host); 2] {
     [(0, lab.host(0), lab.host(1)), (1, lab.host(1), lab.host(0))]
 }
 
@@ -363,7 +385,13 @@ fn start_twill(
         ];
         args.extend(twill.args.iter().map(String::as_str));
         let binary = twill.binary.to_string_lossy();
-        daemons.push(host.ns.spawn_with(&binary, &args, &[("NO_COLOR", "1")])?);
+        // The wireguard backend's key; each host needs its own (they share the filesystem).
+        let key = dir.join(format!("wgkey-{i}"));
+        let env = [
+            ("NO_COLOR", "1"),
+            ("WIREGUARD_KEY_FILE", &*key.to_string_lossy()),
+        ];
+        daemons.push(host.ns.spawn_with(&binary, &args, &env)?);
     }
     for ((_, host, _), (daemon, file)) in pairs(lab).into_iter().zip(daemons.iter_mut().zip(&files))
     {

@@ -9,6 +9,7 @@ mod netns;
 mod ports;
 mod proc;
 mod stale;
+pub mod wireguard_go;
 
 pub use etcd::Etcd;
 pub use ipnet::Ipv4Net;
@@ -18,6 +19,7 @@ pub use ports::{free_tcp_port, free_tcp_ports};
 pub use proc::Proc;
 pub use stale::cleanup_stale;
 pub use std::net::Ipv4Addr;
+pub use wireguard_go::WireguardGo;
 
 /// Namespaces, veths and setns all need CAP_SYS_ADMIN/CAP_NET_ADMIN; say so instead of letting
 /// `ip` fail with a mount error.
