@@ -6,6 +6,8 @@
 
 #[path = "wire/devices.rs"]
 mod devices;
+#[path = "wire/wireguard.rs"]
+mod wireguard;
 
 use criterion::{BatchSize, Criterion, Throughput};
 use ipnet::Ipv4Net;
@@ -44,6 +46,7 @@ fn main() {
     batch(&mut c);
     peer_table(&mut c);
     super_packet(&mut c);
+    wireguard::bench(&mut c);
     devices::bench(&mut c);
     c.final_summary();
 }
@@ -226,17 +229,17 @@ const MSS: usize = 1418;
 const SUPER_SEGMENTS: usize = 46;
 
 /// A TCP/IPv4 super-packet frame as TUN reads it with TSO: virtio-net header, then one packet
-/// of `SUPER_SEGMENTS` MSS-sized segments with the pseudo-header sum in its checksum field.
-fn tcp_super_frame() -> Vec<u8> {
-    let total = 40 + SUPER_SEGMENTS * MSS;
+/// of `segments` segments of `mss` bytes with the pseudo-header sum in its checksum field.
+pub fn tcp_super_frame(src: Ipv4Addr, dst: Ipv4Addr, mss: usize, segments: usize) -> Vec<u8> {
+    let total = 40 + segments * mss;
     let mut p = vec![0u8; total];
     p[0] = 0x45;
     p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
     p[6] = 0x40;
     p[8] = 64;
     p[9] = 6;
-    p[12..16].copy_from_slice(&[10, 0, 1, 2]);
-    p[16..20].copy_from_slice(&[10, 0, 2, 2]);
+    p[12..16].copy_from_slice(&src.octets());
+    p[16..20].copy_from_slice(&dst.octets());
     let ip_sum = checksum::compute(&p[..20]);
     p[10..12].copy_from_slice(&ip_sum.to_be_bytes());
     p[32] = 5 << 4;
@@ -244,7 +247,7 @@ fn tcp_super_frame() -> Vec<u8> {
     StdRng::seed_from_u64(7).fill(&mut p[40..]);
     let pseudo = checksum::sum(&p[12..20]) + 6 + (total as u32 - 20);
     p[36..38].copy_from_slice(&checksum::fold(pseudo).to_be_bytes());
-    let hdr = gso::tcp_super_header(&p, virtio::GSO_TCPV4, MSS as u16).expect("TCP header");
+    let hdr = gso::tcp_super_header(&p, virtio::GSO_TCPV4, mss as u16).expect("TCP header");
     let mut frame = vec![0u8; gso::VIRTIO_NET_HDR_LEN];
     hdr.encode(&mut frame).expect("header fits");
     frame.extend_from_slice(&p);
@@ -255,7 +258,7 @@ fn tcp_super_frame() -> Vec<u8> {
 /// packets and coalesce them again (udp, batch v1), or cut it into chunks and lay them out
 /// again (batch v2). The syscalls are the same size either way, so they are left out.
 fn super_packet(c: &mut Criterion) {
-    let frame = tcp_super_frame();
+    let frame = tcp_super_frame(*host(1, 2).ip(), *host(2, 2).ip(), MSS, SUPER_SEGMENTS);
     let mut group = c.benchmark_group("super_packet");
     group.throughput(Throughput::Elements(SUPER_SEGMENTS as u64));
     let mut slots = vec![vec![0u8; MTU]; 64];

@@ -69,12 +69,16 @@ impl Node {
         }
     }
 
-    /// A UDP packet from this node's first container to `to`'s, `len` bytes in all.
+    /// The address of the container behind this node (`10.5.<n>.2`, as the lab gives it).
+    pub fn container_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.subnet.network()) + 2)
+    }
+
+    /// A UDP packet from this node's container to `to`'s, `len` bytes in all.
     pub fn packet_to(&self, to: &Node, len: usize) -> Vec<u8> {
-        let first_host = |net: Ipv4Net| Ipv4Addr::from(u32::from(net.network()) + 2);
         let repr = Ipv4Repr {
-            src: first_host(self.subnet),
-            dst: first_host(to.subnet),
+            src: self.container_ip(),
+            dst: to.container_ip(),
             protocol: PROTO_UDP,
             ttl: 64,
             payload_len: len - 20,
