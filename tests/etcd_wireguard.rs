@@ -105,6 +105,37 @@ fn the_key_file_is_kept_across_restarts_and_a_new_key_rekeys_the_peers() -> Resu
 }
 
 #[test]
+fn a_lease_with_a_malformed_public_key_is_refused_with_one_warning() -> Result<()> {
+    let w = wg::connected("ewgbadk", &wg::config(PSK, ""))?;
+    let key = format!("{PREFIX}/subnets/10.5.99.0-24");
+    let bad = wg::lease_value("10.200.0.9".parse()?, "c2hvcnQ=", wg::PORT);
+    w.c.etcd.etcdctl(&["put", &key, &bad])?;
+    eventually("the lease refused", || {
+        Ok(status(w.ns(0))?["rejected_leases"]
+            .to_string()
+            .contains("10.5.99.0/24"))
+    })?;
+    let s = status(w.ns(0))?;
+    let reason = s["rejected_leases"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    let want =
+        "its PublicKey \"c2hvcnQ=\" is not a WireGuard key: 5 bytes long, a WireGuard key has 32";
+    assert_eq!(reason, want);
+    // A reconcile (the lease put again unchanged) must not warn a second time.
+    w.c.etcd.etcdctl(&["put", &key, &bad])?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let warnings = w.nodes[0].stderr().matches("c2hvcnQ=").count();
+    assert_eq!(warnings, 1, "{}", w.nodes[0].stderr());
+    let out = ping(w.c.container(0), w.c.container(1).ip, 1)?;
+    assert!(
+        out.contains("1 received"),
+        "the other peers carry on: {out}"
+    );
+    Ok(())
+}
+
+#[test]
 fn an_unsupported_wireguard_mode_is_one_clear_line_naming_the_field() -> Result<()> {
     let c = cluster("ewgmode", 2, &wg::config(PSK, r#","Mode":"auto""#))?;
     let last = c.failing_start(0)?;

@@ -3,6 +3,7 @@
 //! a neighbour or a userspace table entry.
 
 use crate::backend::netlink::MacAddr;
+use crate::backend::wireguard;
 use crate::config::Config;
 use crate::lease::{backend_type, Lease};
 use ipnet::Ipv4Net;
@@ -29,6 +30,8 @@ pub enum Rejection {
     UnusablePublicIp(Ipv4Addr),
     /// A vxlan lease whose VtepMAC is missing, malformed, zero, or multicast.
     VtepMac(String),
+    /// A wireguard lease whose PublicKey is missing or malformed, or whose Port is no port.
+    WireguardData(String),
 }
 
 impl fmt::Display for Rejection {
@@ -47,7 +50,7 @@ impl fmt::Display for Rejection {
             Rejection::OverlapsPeer(peer) => write!(f, "it overlaps the peer lease {peer}"),
             Rejection::OwnPublicIp(ip) => write!(f, "its PublicIP {ip} is this node's own"),
             Rejection::UnusablePublicIp(ip) => write!(f, "its PublicIP {ip} is not a host address"),
-            Rejection::VtepMac(why) => write!(f, "{why}"),
+            Rejection::VtepMac(why) | Rejection::WireguardData(why) => write!(f, "{why}"),
         }
     }
 }
@@ -87,8 +90,12 @@ impl LeaseRules {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
         check_public_ip(lease.public_ip, self.own_public_ip)?;
-        if lease.backend_type.as_deref() == Some(backend_type::VXLAN) {
-            check_vtep_mac(lease)?;
+        match lease.backend_type.as_deref() {
+            Some(backend_type::VXLAN) => check_vtep_mac(lease)?,
+            Some(backend_type::WIREGUARD) => {
+                wireguard::lease_data(lease).map_err(Rejection::WireguardData)?;
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -175,11 +182,24 @@ mod tests {
         lease
     }
 
+    fn wireguard(subnet: &str, data: serde_json::Value) -> Lease {
+        let mut lease = udp(subnet, "10.200.0.2");
+        lease.backend_type = Some("wireguard".into());
+        lease.backend_data = Some(data);
+        lease
+    }
+
+    const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+
     #[test]
     fn a_good_lease_passes() {
         assert_eq!(rules().check(&udp("10.5.2.0/24", "10.200.0.2")), Ok(()));
         let good_mac = vxlan("10.5.2.0/24", json!("d6:60:f1:85:5a:fc"));
         assert_eq!(rules().check(&good_mac), Ok(()));
+        let good_key = wireguard("10.5.2.0/24", json!({"PublicKey": KEY, "Port": 51820}));
+        assert_eq!(rules().check(&good_key), Ok(()));
+        let no_port = wireguard("10.5.2.0/24", json!({ "PublicKey": KEY }));
+        assert_eq!(rules().check(&no_port), Ok(()));
     }
 
     #[test]
@@ -225,6 +245,22 @@ mod tests {
                 "VtepMAC \"banana\" is not a MAC address",
             ),
             (vxlan("10.5.2.0/24", json!(7)), "no BackendData.VtepMAC"),
+            (
+                wireguard("10.5.2.0/24", json!({"PublicKey": "c2hvcnQ="})),
+                "its PublicKey \"c2hvcnQ=\" is not a WireGuard key: 5 bytes long",
+            ),
+            (
+                wireguard("10.5.2.0/24", json!({"PublicKey": "not base64!"})),
+                "is not a WireGuard key: not base64",
+            ),
+            (
+                wireguard("10.5.2.0/24", json!({})),
+                "no BackendData.PublicKey",
+            ),
+            (
+                wireguard("10.5.2.0/24", json!({"PublicKey": KEY, "Port": 0})),
+                "its Port 0 is not a UDP port",
+            ),
         ];
         for (lease, want) in cases {
             let got = rules().check(&lease).expect_err(want).to_string();

@@ -83,7 +83,11 @@ const MIN_MTU: u32 = 576;
 
 /// `--mtu`, or the largest the underlay carries after `overhead`; refused outside
 /// 576..=that largest.
-fn tun_mtu(wanted: Option<u16>, iface: &Interface, overhead: usize) -> anyhow::Result<u16> {
+pub(crate) fn tun_mtu(
+    wanted: Option<u16>,
+    iface: &Interface,
+    overhead: usize,
+) -> anyhow::Result<u16> {
     let largest = iface
         .mtu
         .saturating_sub(overhead as u32)

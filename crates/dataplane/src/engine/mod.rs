@@ -80,6 +80,7 @@ impl Engine {
             &config.tun,
             config.bind,
             config.socket_buffer,
+            config.kind.overhead(),
             |tun, io| match config.kind {
                 EngineKind::FlannelUdp => udp::spawn(tun, io),
                 EngineKind::Batch { delay } => batch::spawn(tun, io, config.subnet, delay),
@@ -88,14 +89,16 @@ impl Engine {
     }
 
     /// Open the TUN and a socket bound on `bind`, and start the tasks `spawn` makes on them.
+    /// `overhead` is what the engine's format adds to a packet sent alone.
     pub(crate) fn launch(
-        tun: &TunConfig,
+        config: &TunConfig,
         bind: SocketAddrV4,
         socket_buffer: usize,
+        overhead: usize,
         spawn: impl FnOnce(&Tun, &Shared) -> Vec<JoinHandle<()>>,
     ) -> anyhow::Result<Engine> {
         let udp = Arc::new(UdpIo::bind(bind, socket_buffer)?);
-        let tun = Tun::open(tun)?;
+        let tun = Tun::open(config)?;
         let table = Arc::new(SharedTable::default());
         let stats = Arc::new(EngineStats::default());
         let mtu = usize::from(tun.mtu());
@@ -104,9 +107,9 @@ impl Engine {
             table: table.clone(),
             stats: stats.clone(),
             mtu,
-            own: config.tun.address,
-            path: Arc::new(PathMtu::new(mtu + config.kind.overhead())),
-            overhead: config.kind.overhead(),
+            own: config.address,
+            path: Arc::new(PathMtu::new(mtu + overhead)),
+            overhead,
         };
         let tasks = spawn(&tun, &io);
         Ok(Engine {

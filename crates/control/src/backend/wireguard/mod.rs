@@ -10,9 +10,11 @@ pub mod keyfile;
 mod peers;
 
 pub use config::WireguardConfig;
+pub(crate) use peers::lease_data;
 
+use super::userspace::tun_mtu;
 use super::{Backend, Setup};
-use crate::host;
+use crate::host::{self, Interface};
 use crate::lease::{backend_type, Lease, LeaseAttrs};
 use crate::node::Node;
 use ipnet::Ipv4Net;
@@ -20,16 +22,13 @@ use kernel::KernelDevice;
 use peers::{Change, PeerBook};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use twill_dataplane::engine::wireguard::{
-    PresharedKey, PrivateKey, TunnelParams, WgEngineConfig, WireGuard,
+    self, PresharedKey, PrivateKey, TunnelParams, WgEngineConfig, WireGuard,
 };
 use twill_dataplane::engine::Engine;
 use twill_dataplane::io::TunConfig;
 
 /// flanneld's device name; the userspace engine's TUN gets it too.
 pub const DEVICE: &str = "flannel-wg";
-/// What flannel takes off the underlay MTU for WireGuard: an IPv6 outer header (40, the larger
-/// of the two), UDP (8) and WireGuard's data header and tag (32).
-pub const OVERHEAD: u32 = 80;
 
 /// What the device (kernel or userspace) is configured with.
 #[derive(Debug, Clone)]
@@ -63,7 +62,7 @@ impl WireguardSetup {
             psk: config.psk.clone(),
             keepalive: config.keepalive,
         };
-        let mtu = device_mtu(node, &config);
+        let mtu = device_mtu(node, &config)?;
         let path = match kernel::create(DEVICE, mtu, settings.clone()).await? {
             Some(device) => {
                 tracing::info!(
@@ -92,12 +91,15 @@ impl WireguardSetup {
 }
 
 /// flannel's device MTU, which is also the containers' (FLANNEL_MTU): the underlay's (the
-/// config's `MTU`, else the interface's) less [`OVERHEAD`]; `--mtu` overrides it.
-fn device_mtu(node: &Node, config: &WireguardConfig) -> u32 {
-    let underlay = config.mtu.unwrap_or(node.iface.mtu);
-    node.options
-        .mtu
-        .map_or_else(|| underlay.saturating_sub(OVERHEAD), u32::from)
+/// config's `MTU`, else the interface's) less flannel's 80 bytes ([`wireguard::OVERHEAD`]); `--mtu` overrides it, within
+/// what the underlay carries.
+fn device_mtu(node: &Node, config: &WireguardConfig) -> anyhow::Result<u32> {
+    let underlay = Interface {
+        mtu: config.mtu.unwrap_or(node.iface.mtu),
+        ..node.iface.clone()
+    };
+    let mtu = tun_mtu(node.options.mtu, &underlay, wireguard::OVERHEAD)?;
+    Ok(u32::from(mtu))
 }
 
 fn engine_config(node: &Node, settings: &DeviceSettings, mtu: u32) -> WgEngineConfig {

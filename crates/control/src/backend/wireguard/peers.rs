@@ -1,6 +1,6 @@
-//! The WireGuard peers the other nodes' leases describe, by subnet. A lease that can not be a
-//! peer (another backend type, no or a malformed PublicKey, a bad Port) is skipped with one
-//! warning, repeated only when that lease changes.
+//! The WireGuard peers the other nodes' leases describe, by subnet. [`crate::lease_check`]
+//! already refuses a wireguard lease whose data is unusable; a lease of another backend type
+//! is skipped here, with one warning, repeated only when that lease changes.
 
 use crate::lease::{backend_type, Lease};
 use ipnet::Ipv4Net;
@@ -98,27 +98,36 @@ fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
             kind.unwrap_or("udp")
         ));
     }
+    let (public_key, port) = lease_data(lease)?;
+    Ok(WgPeerSpec {
+        subnet: lease.subnet,
+        endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(default_port)),
+        public_key,
+    })
+}
+
+/// A wireguard lease's BackendData: its `PublicKey`, and its `Port` if it names one (flannel
+/// before leases carried `Port` did not). [`crate::lease_check`] refuses leases where this
+/// fails, with the reason it gives.
+pub(crate) fn lease_data(lease: &Lease) -> Result<(PublicKey, Option<u16>), String> {
     let data = lease.backend_data.as_ref();
     let key = match data.and_then(|d| d.get("PublicKey")) {
         Some(Value::String(text)) => text
             .parse::<PublicKey>()
-            .map_err(|e| format!("PublicKey {text:?} is not a WireGuard key: {e}"))?,
-        Some(other) => return Err(format!("PublicKey {other} is not a string")),
-        None => return Err("its BackendData has no PublicKey".into()),
+            .map_err(|e| format!("its PublicKey {text:?} is not a WireGuard key: {e}"))?,
+        Some(other) => return Err(format!("its PublicKey {other} is not a string")),
+        None => return Err("it has no BackendData.PublicKey".into()),
     };
     let port = match data.and_then(|d| d.get("Port")) {
-        None | Some(Value::Null) => default_port,
-        Some(v) => v
-            .as_u64()
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|&p| p > 0)
-            .ok_or_else(|| format!("Port {v} is not a UDP port"))?,
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|p| u16::try_from(p).ok())
+                .filter(|&p| p > 0)
+                .ok_or_else(|| format!("its Port {v} is not a UDP port"))?,
+        ),
     };
-    Ok(WgPeerSpec {
-        subnet: lease.subnet,
-        endpoint: SocketAddrV4::new(lease.public_ip, port),
-        public_key: key,
-    })
+    Ok((key, port))
 }
 
 #[cfg(test)]
@@ -181,7 +190,7 @@ mod tests {
         assert!(matches!(book.add(&bad), Change::Removed(_)));
         assert_eq!(
             book.skipped[&bad.subnet],
-            "PublicKey \"short\" is not a WireGuard key: not base64"
+            "its PublicKey \"short\" is not a WireGuard key: not base64"
         );
         for data in [
             serde_json::json!({}),

@@ -28,6 +28,9 @@ use tokio::task::JoinHandle;
 
 /// flannel's default `ListenPort`.
 pub const DEFAULT_PORT: u16 = 51820;
+/// What flannel takes off the underlay MTU for WireGuard: an IPv6 outer header (40, the larger
+/// of the two), UDP (8) and WireGuard's data header and tag (32). TUN MTU = underlay - this.
+pub const OVERHEAD: usize = 80;
 
 #[derive(Debug, Clone)]
 pub struct WgEngineConfig {
@@ -49,7 +52,8 @@ impl WireGuard {
     pub fn start(config: WgEngineConfig) -> anyhow::Result<WireGuard> {
         let peers = Arc::new(WgPeers::default());
         let crypto = Arc::new(Crypto::new(config.tunnel));
-        let engine = Engine::launch(&config.tun, config.bind, config.socket_buffer, |tun, io| {
+        let (tun, bind, buffer) = (&config.tun, config.bind, config.socket_buffer);
+        let engine = Engine::launch(tun, bind, buffer, OVERHEAD, |tun, io| {
             let wg = Wg {
                 io: io.clone(),
                 peers: peers.clone(),

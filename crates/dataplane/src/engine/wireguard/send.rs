@@ -6,12 +6,13 @@
 
 use super::peers::{PeerMap, Sealed, WgPeer};
 use super::Wg;
-use crate::engine::{flush_tun, reply_unreachable, tun_read_failed, Shared};
+use crate::engine::{flush_tun, send_failed, tun_read_failed, Shared};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
 use crate::wire::ipv4::Ipv4Packet;
 use crate::wire::WireError;
+use arrayvec::ArrayVec;
 use std::net::SocketAddrV4;
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering::Relaxed;
@@ -40,12 +41,14 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
         let peers = wg.peers.load();
         for i in 0..n {
             let packet = reader.packet_mut(i);
-            let (index, peer) = match route(packet, &table, &peers) {
+            let routed = match route(packet, &table, &peers) {
+                Ok(_) if packet.len() > wg.io.largest_packet() => Err(DropReason::TooBig),
+                routed => routed,
+            };
+            let (index, peer) = match routed {
                 Ok(found) => found,
                 Err(reason) => {
-                    if reason == DropReason::NoRoute {
-                        reply_unreachable(packet, &mut icmp);
-                    }
+                    wg.io.answer_drop(reason, packet, &mut icmp);
                     drops.count(reason);
                     continue;
                 }
@@ -94,17 +97,18 @@ fn pad<'a>(packet: &'a [u8], room: &'a mut [u8]) -> &'a [u8] {
 struct Train {
     buf: Vec<u8>,
     len: usize,
-    count: usize,
     segment: usize,
     endpoint: SocketAddrV4,
     /// The peer's index in the routing table, for its counters.
     peer: usize,
-    /// Inner packets and their bytes.
-    packets: u64,
-    bytes: u64,
+    /// The length of each datagram's inner packet, for counting what went out.
+    inner: ArrayVec<u16, MAX_SEGMENTS>,
     /// A shorter datagram ended it: only the last may be short.
     closed: bool,
 }
+
+/// A refused send names each lost datagram by a bit of a u128.
+const MAX_SEGMENTS: usize = 128;
 
 impl Train {
     fn new(mtu: usize) -> Train {
@@ -112,24 +116,23 @@ impl Train {
             // Room for a whole train, then one more datagram or handshake being written.
             buf: vec![0; TRAIN_BYTES + (mtu + DATA_OVERHEAD).max(HANDSHAKE_INIT_LEN)],
             len: 0,
-            count: 0,
             segment: 0,
             endpoint: SocketAddrV4::new([0, 0, 0, 0].into(), 0),
             peer: 0,
-            packets: 0,
-            bytes: 0,
+            inner: ArrayVec::new(),
             closed: false,
         }
     }
 
     /// Whether a datagram of `len` bytes to `endpoint` may join.
     fn takes(&self, io: &Shared, endpoint: SocketAddrV4, peer: usize, len: usize) -> bool {
-        self.count == 0
+        self.inner.is_empty()
             || (self.endpoint == endpoint
                 && self.peer == peer
                 && !self.closed
                 && len <= self.segment
-                && self.count < io.udp.segments_per_send(self.segment))
+                && !self.inner.is_full()
+                && self.inner.len() < io.udp.segments_per_send(self.segment))
     }
 
     /// Encrypt `packet` for `peer` onto the train, sending the train first if the datagram
@@ -160,52 +163,48 @@ impl Train {
     }
 
     fn push(&mut self, endpoint: SocketAddrV4, peer: usize, len: usize) {
-        if self.count == 0 {
+        if self.inner.is_empty() {
             (self.endpoint, self.peer, self.segment) = (endpoint, peer, len);
         }
         self.closed = len < self.segment;
         self.len += len;
-        self.count += 1;
-        self.packets += 1;
-        self.bytes += (len - DATA_OVERHEAD) as u64;
+        self.inner.push((len - DATA_OVERHEAD) as u16);
     }
 
     async fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
-        if self.count == 0 {
+        if self.inner.is_empty() {
             return;
         }
-        match io
-            .udp
+        let result = io
             .send(self.endpoint, &self.buf[..self.len], self.segment)
-            .await
-        {
-            Ok(()) => {
-                if let Some(peer) = table.peers().get(self.peer) {
-                    peer.stats.tx.add(self.packets, self.bytes);
-                }
-                io.stats.tx.add(self.packets, self.bytes);
-                io.stats.tx_datagrams.fetch_add(self.count as u64, Relaxed);
-            }
-            Err(e) => {
-                tracing::debug!(dst = %self.endpoint, "UDP send failed: {e}");
-                drops.add(DropReason::IoError, self.count as u64);
-            }
+            .await;
+        let sent = |i: usize| result.as_ref().map_or_else(|e| e.was_sent(i), |()| true);
+        let (mut packets, mut bytes) = (0u64, 0u64);
+        for (_, &len) in self.inner.iter().enumerate().filter(|(i, _)| sent(*i)) {
+            packets += 1;
+            bytes += u64::from(len);
         }
-        (self.len, self.count, self.packets, self.bytes) = (0, 0, 0, 0);
+        if let Err(e) = &result {
+            send_failed(self.endpoint, e, e.lost(), drops);
+        }
+        if let Some(peer) = table.peers().get(self.peer) {
+            peer.stats.tx.add(packets, bytes);
+        }
+        io.stats.tx.add(packets, bytes);
+        io.stats.tx_datagrams.fetch_add(packets, Relaxed);
+        self.len = 0;
+        self.inner.clear();
         self.closed = false;
     }
 }
 
 /// Send one message that is not data (a handshake or keepalive, a cookie).
 pub(super) async fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
-    match io.udp.send(to, message, message.len()).await {
+    match io.send(to, message, message.len()).await {
         Ok(()) => {
             io.stats.tx_datagrams.fetch_add(1, Relaxed);
         }
-        Err(e) => {
-            tracing::debug!(dst = %to, "UDP send failed: {e}");
-            drops.count(DropReason::IoError);
-        }
+        Err(e) => send_failed(to, &e, e.lost(), drops),
     }
 }
 
