@@ -261,25 +261,11 @@ fn super_packet(c: &mut Criterion) {
     let frame = tcp_super_frame(*host(1, 2).ip(), *host(2, 2).ip(), MSS, SUPER_SEGMENTS);
     let mut group = c.benchmark_group("super_packet");
     group.throughput(Throughput::Elements(SUPER_SEGMENTS as u64));
-    let mut slots = vec![vec![0u8; MTU]; 64];
-    let mut sizes = [0usize; 64];
-    let merge = Merge {
-        tcp: true,
-        udp: true,
-    };
-    let mut coalescer = Coalescer::new(128, merge);
+    let mut split = SplitCoalesce::new(MTU);
     group.bench_function("split+coalesce/64KB", |b| {
         b.iter_batched_ref(
             || frame.clone(),
-            |frame| {
-                let hdr = gso::header(frame).expect("virtio-net header");
-                let packet = &mut frame[gso::VIRTIO_NET_HDR_LEN..];
-                let n = gso::split(hdr, packet, &mut slots, &mut sizes).expect("split");
-                for (slot, &len) in slots.iter().zip(&sizes[..n]) {
-                    coalescer.push(&slot[..len]);
-                }
-                coalescer.drain().map(<[u8]>::len).sum::<usize>()
-            },
+            |frame| split.run(frame, |packet, coalescer| coalescer.push(packet)),
             BatchSize::SmallInput,
         )
     });
@@ -289,6 +275,40 @@ fn super_packet(c: &mut Criterion) {
         b.iter(|| chunk_and_reassemble(black_box(&frame), &mut train, &mut reassembled))
     });
     group.finish();
+}
+
+/// A TUN frame split into packets (the sending end) and the packets coalesced again (the
+/// receiving end), with whatever the path does to each packet in between.
+pub struct SplitCoalesce {
+    slots: Vec<Vec<u8>>,
+    sizes: [usize; 64],
+    coalescer: Coalescer,
+}
+
+impl SplitCoalesce {
+    pub fn new(mtu: usize) -> SplitCoalesce {
+        let merge = Merge {
+            tcp: true,
+            udp: true,
+        };
+        SplitCoalesce {
+            slots: vec![vec![0u8; mtu]; 64],
+            sizes: [0; 64],
+            coalescer: Coalescer::new(128, merge),
+        }
+    }
+
+    /// Split `frame`, hand each packet to `carry` (which pushes what arrives), and return the
+    /// bytes the coalesced super-packets hold.
+    pub fn run(&mut self, frame: &mut [u8], mut carry: impl FnMut(&[u8], &mut Coalescer)) -> usize {
+        let hdr = gso::header(frame).expect("virtio-net header");
+        let packet = &mut frame[gso::VIRTIO_NET_HDR_LEN..];
+        let n = gso::split(hdr, packet, &mut self.slots, &mut self.sizes).expect("split");
+        for (slot, &len) in self.slots.iter().zip(&self.sizes[..n]) {
+            carry(&slot[..len], &mut self.coalescer);
+        }
+        self.coalescer.drain().map(<[u8]>::len).sum::<usize>()
+    }
 }
 
 /// The sender's `send_chunks` and the receiver's reassembly, without the engines around them.

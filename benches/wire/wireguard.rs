@@ -3,13 +3,11 @@
 //! 1,400 bytes, and per 64 KB TCP super-packet with the split before and the coalescing after
 //! (the syscalls are left out, as in `super_packet`).
 
-use super::tcp_super_frame;
+use super::{tcp_super_frame, SplitCoalesce};
 use criterion::{BatchSize, Criterion, Throughput};
 use std::hint::black_box;
 use twill_dataplane::engine::wireguard::pair::{self, Node, Received, MTU};
 use twill_dataplane::engine::wireguard::Sealed;
-use twill_dataplane::io::gro::{Coalescer, Merge};
-use twill_dataplane::io::gso;
 
 /// TCP payload per segment when the TUN MTU is flannel's 1420.
 const MSS: usize = MTU - 40;
@@ -31,25 +29,15 @@ pub fn bench(c: &mut Criterion) {
     }
     group.throughput(Throughput::Elements(SEGMENTS as u64));
     let frame = tcp_super_frame(a.container_ip(), b.container_ip(), MSS, SEGMENTS);
-    let mut slots = vec![vec![0u8; MTU]; 64];
-    let mut sizes = [0usize; 64];
-    let merge = Merge {
-        tcp: true,
-        udp: true,
-    };
-    let mut coalescer = Coalescer::new(128, merge);
+    let mut split = SplitCoalesce::new(MTU);
     group.bench_function("split+seal+open+coalesce/64KB", |bench| {
         bench.iter_batched_ref(
             || frame.clone(),
             |frame| {
-                let hdr = gso::header(frame).expect("virtio-net header");
-                let packet = &mut frame[gso::VIRTIO_NET_HDR_LEN..];
-                let n = gso::split(hdr, packet, &mut slots, &mut sizes).expect("split");
-                for (slot, &len) in slots.iter().zip(&sizes[..n]) {
-                    let len = seal_and_open(&a, &b, &slot[..len], &mut sealed, &mut opened);
+                split.run(frame, |packet, coalescer| {
+                    let len = seal_and_open(&a, &b, packet, &mut sealed, &mut opened);
                     coalescer.push(&opened[..len]);
-                }
-                coalescer.drain().map(<[u8]>::len).sum::<usize>()
+                })
             },
             BatchSize::SmallInput,
         )
