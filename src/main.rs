@@ -101,6 +101,10 @@ struct RunArgs {
     #[arg(long, value_name = "PACKETS", default_value_t = DEFAULT_TX_QUEUE_LEN,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     tun_txqueuelen: u32,
+    /// /metrics: also four series per peer (packets and bytes each way). Off by default: their
+    /// number grows with the network; `twill status` shows them either way.
+    #[arg(long)]
+    metrics_per_peer: bool,
     /// Masquerade traffic from the container network to outside it, as flanneld does (in
     /// twill's own nftables table); also written to FLANNEL_IPMASQ.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
@@ -230,6 +234,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
             .batch_delay
             .filter(|&us| us > 0)
             .map(Duration::from_micros),
+        metrics_per_peer: args.metrics_per_peer,
     }
 }
 

@@ -186,7 +186,11 @@ fn sigterm_removes_the_tun_device() -> Result<()> {
 
 #[test]
 fn metrics_and_healthz_are_served() -> Result<()> {
-    let pair = start_pair("umetr", &["--healthz-port", "8471"], None)?;
+    let pair = start_pair_with(
+        "umetr",
+        [&["--healthz-port", "8471", "--metrics-per-peer"], &[]],
+        None,
+    )?;
     let host = pair.host(0);
     let out = pair
         .container(0)
@@ -202,6 +206,10 @@ fn metrics_and_healthz_are_served() -> Result<()> {
         metrics.contains("twill_peer_packets_total{peer=\"10.5.2.0/24\""),
         "{metrics}"
     );
+    assert!(metrics.contains("twill_table_peers 1"), "{metrics}");
+    let bounded = http_get(&pair.host(1).ns, "127.0.0.1:9585", "/metrics")?;
+    assert!(!bounded.contains("twill_peer_"), "{bounded}");
+    assert!(bounded.contains("twill_tx_packets_total"), "{bounded}");
     let health = http_get(&host.ns, &format!("{}:8471", host.underlay_ip), "/healthz")?;
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     Ok(())

@@ -24,7 +24,7 @@ use crate::subnet_env::SubnetEnv;
 use crate::traffic;
 use anyhow::{bail, Context};
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use twill_dataplane::engine::EngineKind;
 
@@ -110,7 +110,7 @@ async fn join<R: Registry, S: Setup>(
     node.status
         .set_lease(&lease, &node.config.backend.backend_type, peers);
     if let Some(engine) = backend.engine() {
-        node.status.set_engine(engine);
+        node.status.set_engine(engine.table(), engine.stats());
     }
     let followed = follow(&mut backend, events, node, &lease, shutdown).await;
     nft_rules.remove().await;
@@ -158,9 +158,31 @@ async fn follow<B: Backend>(
         if let Some(result) = on_node_event(node, own, &event) {
             return result;
         }
-        if let Err(e) = apply(backend, &event).await {
-            tracing::warn!("applying {event:?} failed: {e:#}");
-        }
+        apply_recorded(backend, &event, node).await;
+    }
+}
+
+/// Applies one event and records what it cost in the status: every reconcile's wall time and
+/// kernel writes (0 when nothing had drifted), and the kernel writes so far.
+async fn apply_recorded<B: Backend>(backend: &mut B, event: &LeaseEvent, node: &Node) {
+    let (started, writes_before) = (Instant::now(), backend.kernel_writes());
+    if let Err(e) = apply(backend, event).await {
+        tracing::warn!("applying {} failed: {e:#}", describe(event));
+    }
+    let writes = backend.kernel_writes();
+    if let LeaseEvent::Snapshot(leases) = event {
+        let (took, made) = (started.elapsed(), writes - writes_before);
+        tracing::debug!(peers = leases.len(), ?took, writes = made, "reconciled");
+        node.status.record_reconcile(took, made);
+    }
+    node.status.set_kernel_writes(writes);
+}
+
+/// An event in one line: a snapshot of thousands of leases is named by its size.
+fn describe(event: &LeaseEvent) -> String {
+    match event {
+        LeaseEvent::Snapshot(leases) => format!("the snapshot of {} leases", leases.len()),
+        other => format!("{other:?}"),
     }
 }
 

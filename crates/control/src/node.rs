@@ -36,6 +36,8 @@ pub struct NodeOptions {
     pub status_addrs: Vec<SocketAddr>,
     /// twill-batch: how long a not-full datagram may wait for more packets; `None` never waits.
     pub batch_delay: Option<Duration>,
+    /// `/metrics` also writes four series per peer (off: their number grows with the network).
+    pub metrics_per_peer: bool,
 }
 
 /// A node with its options resolved against the host and the network config.
@@ -59,11 +61,11 @@ impl Node {
         };
         let public_ip = options.public_ip.unwrap_or(iface.address);
         Ok(Node {
+            status: Arc::new(NodeStatus::new(options.metrics_per_peer)),
             options,
             config,
             iface,
             public_ip,
-            status: Arc::default(),
         })
     }
 }

@@ -1,6 +1,8 @@
 //! What a running node tells operators: `/healthz` (flannel's), Prometheus `/metrics`, and
 //! `/status` (JSON, what `twill status` prints).
 
+mod prometheus;
+
 use crate::lease::Lease;
 use crate::peers::{LeaseNamer, Peers, Refused};
 use crate::registry::LeaseEvent;
@@ -9,10 +11,10 @@ use axum::extract::State;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use std::fmt::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
-use twill_dataplane::engine::Engine;
+use std::time::Duration;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::SharedTable;
 
@@ -23,6 +25,9 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:9585";
 /// a lease event costs the same however many peers there are.
 #[derive(Default)]
 pub struct NodeStatus {
+    /// `/metrics` writes four series per peer only when asked (`--metrics-per-peer`): at
+    /// thousands of peers they would swamp a Prometheus server.
+    per_peer_metrics: bool,
     lease: RwLock<Option<Lease>>,
     peers: RwLock<Option<Peers>>,
     backend: RwLock<String>,
@@ -30,9 +35,29 @@ pub struct NodeStatus {
     /// Why the running config no longer matches the network's, once it does not.
     restart_needed: RwLock<Option<String>>,
     rules: RwLock<Option<RulesStatus>>,
+    reconciles: RwLock<Reconciles>,
+    /// Requests that changed kernel state (routes, neighbours, fdb, devices), since start.
+    kernel_writes: AtomicU64,
+}
+
+/// The backend's reconciles so far: at start, after every re-list and periodically.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reconciles {
+    pub count: u64,
+    /// Wall time of the last one.
+    pub last: Duration,
+    /// Kernel writes the last one made: 0 when the kernel already matched the leases.
+    pub last_writes: u64,
 }
 
 impl NodeStatus {
+    pub fn new(per_peer_metrics: bool) -> NodeStatus {
+        NodeStatus {
+            per_peer_metrics,
+            ..NodeStatus::default()
+        }
+    }
+
     /// Our lease is held: from now on peer leases are admitted against it.
     pub fn set_lease(&self, lease: &Lease, backend: &str, peers: Peers) {
         *self.lease.write().unwrap() = Some(lease.clone());
@@ -57,8 +82,23 @@ impl NodeStatus {
         *self.restart_needed.write().unwrap() = why;
     }
 
-    pub fn set_engine(&self, engine: &Engine) {
-        *self.engine.write().unwrap() = Some((engine.table().clone(), engine.stats().clone()));
+    pub fn set_engine(&self, table: &Arc<SharedTable>, stats: &Arc<EngineStats>) {
+        *self.engine.write().unwrap() = Some((table.clone(), stats.clone()));
+    }
+
+    pub fn record_reconcile(&self, took: Duration, writes: u64) {
+        let mut reconciles = self.reconciles.write().unwrap();
+        reconciles.count += 1;
+        reconciles.last = took;
+        reconciles.last_writes = writes;
+    }
+
+    pub fn reconciles(&self) -> Reconciles {
+        *self.reconciles.read().unwrap()
+    }
+
+    pub fn set_kernel_writes(&self, total: u64) {
+        self.kernel_writes.store(total, Relaxed);
     }
 
     pub fn set_rules(&self, rules: RulesStatus) {
@@ -95,41 +135,11 @@ impl NodeStatus {
             "peers": accepted,
             "rejected_leases": rejected,
             "restart_needed": *self.restart_needed.read().unwrap(),
+            "reconcile": reconciles_json(&self.reconciles()),
+            "kernel_writes": self.kernel_writes.load(Relaxed),
             "counters": engine.as_ref().map(|(table, stats)| counters_json(table, stats)),
             "nftables": *self.rules.read().unwrap(),
         })
-    }
-
-    fn to_prometheus(&self) -> String {
-        let mut out = String::new();
-        if let Some((table, stats)) = self.engine.read().unwrap().as_ref() {
-            write_engine_metrics(&mut out, table, stats);
-        }
-        let peers = self.peers.read().unwrap();
-        let count = |f: fn(&Peers) -> usize| peers.as_ref().map_or(0, f);
-        let _ = writeln!(out, "# TYPE twill_peers gauge");
-        let _ = writeln!(out, "twill_peers {}", count(|p| p.accepted().len()));
-        let _ = writeln!(out, "# TYPE twill_rejected_leases gauge");
-        let _ = writeln!(
-            out,
-            "twill_rejected_leases {}",
-            count(|p| p.refused().len())
-        );
-        let restart = u8::from(self.restart_needed.read().unwrap().is_some());
-        let _ = writeln!(
-            out,
-            "# TYPE twill_restart_needed gauge\ntwill_restart_needed {restart}"
-        );
-        if let Some(rules) = self.rules.read().unwrap().as_ref() {
-            let _ = writeln!(
-                out,
-                "# TYPE twill_nftables_in_place gauge\ntwill_nftables_in_place {}\n\
-                 # TYPE twill_nftables_repairs_total counter\ntwill_nftables_repairs_total {}",
-                u8::from(rules.in_place),
-                rules.repairs
-            );
-        }
-        out
     }
 }
 
@@ -147,6 +157,14 @@ fn refused_json(namer: &LeaseNamer, refused: &Refused) -> Value {
         "subnet": refused.lease.subnet.to_string(),
         "public_ip": refused.lease.public_ip.to_string(),
         "reason": refused.reason.to_string(),
+    })
+}
+
+fn reconciles_json(r: &Reconciles) -> Value {
+    json!({
+        "count": r.count,
+        "last_ms": r.last.as_secs_f64() * 1e3,
+        "last_writes": r.last_writes,
     })
 }
 
@@ -171,62 +189,13 @@ fn counters_json(table: &SharedTable, stats: &EngineStats) -> Value {
     json!({
         "tx_packets": stats.tx.packets(), "tx_bytes": stats.tx.bytes(),
         "rx_packets": stats.rx.packets(), "rx_bytes": stats.rx.bytes(),
-        "tx_datagrams": stats.tx_datagrams.load(std::sync::atomic::Ordering::Relaxed),
-        "rx_datagrams": stats.rx_datagrams.load(std::sync::atomic::Ordering::Relaxed),
-        "tx_super_packets": stats.tx_super_packets.load(std::sync::atomic::Ordering::Relaxed),
-        "rx_super_packets": stats.rx_super_packets.load(std::sync::atomic::Ordering::Relaxed),
+        "tx_datagrams": stats.tx_datagrams.load(Relaxed),
+        "rx_datagrams": stats.rx_datagrams.load(Relaxed),
+        "tx_super_packets": stats.tx_super_packets.load(Relaxed),
+        "rx_super_packets": stats.rx_super_packets.load(Relaxed),
         "drops": drops,
         "peers": peers,
     })
-}
-
-fn write_engine_metrics(out: &mut String, table: &SharedTable, stats: &EngineStats) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let totals = [
-        ("twill_tx_packets_total", stats.tx.packets()),
-        ("twill_tx_bytes_total", stats.tx.bytes()),
-        ("twill_rx_packets_total", stats.rx.packets()),
-        ("twill_rx_bytes_total", stats.rx.bytes()),
-        ("twill_tx_datagrams_total", stats.tx_datagrams.load(Relaxed)),
-        ("twill_rx_datagrams_total", stats.rx_datagrams.load(Relaxed)),
-        (
-            "twill_tx_super_packets_total",
-            stats.tx_super_packets.load(Relaxed),
-        ),
-        (
-            "twill_rx_super_packets_total",
-            stats.rx_super_packets.load(Relaxed),
-        ),
-    ];
-    for (name, value) in totals {
-        let _ = writeln!(out, "# TYPE {name} counter\n{name} {value}");
-    }
-    let _ = writeln!(out, "# TYPE twill_drops_total counter");
-    for (reason, n) in stats.drops() {
-        let _ = writeln!(
-            out,
-            "twill_drops_total{{reason=\"{}\"}} {n}",
-            reason.as_str()
-        );
-    }
-    for name in ["packets", "bytes"] {
-        let _ = writeln!(out, "# TYPE twill_peer_{name}_total counter");
-    }
-    for peer in table.load().peers() {
-        let labels = format!(
-            "peer=\"{}\",endpoint=\"{}\"",
-            peer.spec.subnet, peer.spec.endpoint
-        );
-        let s = &peer.stats;
-        for (dir, flow) in [("tx", &s.tx), ("rx", &s.rx)] {
-            let _ = writeln!(
-                out,
-                "twill_peer_packets_total{{{labels},dir=\"{dir}\"}} {}\ntwill_peer_bytes_total{{{labels},dir=\"{dir}\"}} {}",
-                flow.packets(),
-                flow.bytes()
-            );
-        }
-    }
 }
 
 /// Serve the status endpoints on `addr` until the runtime stops.

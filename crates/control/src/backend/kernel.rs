@@ -350,6 +350,10 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         self.mtu
     }
 
+    fn kernel_writes(&self) -> u64 {
+        self.nl.writes()
+    }
+
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
         if !self.is_peer(lease, false) {
             return Ok(());

@@ -32,6 +32,11 @@ pub trait Backend {
     fn engine(&self) -> Option<&Engine> {
         None
     }
+    /// Requests that changed kernel state since start (the userspace backends make none once
+    /// their TUN is up).
+    fn kernel_writes(&self) -> u64 {
+        0
+    }
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()>;

@@ -9,6 +9,8 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use futures::{Stream, TryStreamExt};
 use ipnet::Ipv4Net;
@@ -181,6 +183,8 @@ pub fn route_message(route: &Route) -> RouteMessage {
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
+    /// Requests that change kernel state, for status: an idle reconcile must make none.
+    writes: Arc<AtomicU64>,
 }
 
 impl Netlink {
@@ -189,7 +193,19 @@ impl Netlink {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         let (connection, handle, _) = rtnetlink::new_connection()?;
         runtime.spawn(connection);
-        Ok(Netlink { handle })
+        Ok(Netlink {
+            handle,
+            writes: Arc::default(),
+        })
+    }
+
+    /// Requests sent so far that change kernel state.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Relaxed)
+    }
+
+    fn wrote(&self) {
+        self.writes.fetch_add(1, Relaxed);
     }
 
     pub async fn link_by_name(&self, name: &str) -> io::Result<Option<Link>> {
@@ -210,6 +226,7 @@ impl Netlink {
 
     /// Fails with the kernel's errno, e.g. EEXIST or EOPNOTSUPP (no such link type).
     pub async fn create_link(&self, msg: LinkMessage) -> io::Result<()> {
+        self.wrote();
         self.handle
             .link()
             .add(msg)
@@ -219,6 +236,7 @@ impl Netlink {
     }
 
     pub async fn delete_link(&self, index: u32) -> io::Result<()> {
+        self.wrote();
         let deleted = self.handle.link().del(index).execute().await;
         tolerate(deleted.map_err(io_error), &[libc::ENODEV])
     }
@@ -234,6 +252,7 @@ impl Netlink {
     }
 
     async fn change_link(&self, msg: LinkMessage) -> io::Result<()> {
+        self.wrote();
         self.handle
             .link()
             .change(msg)
@@ -248,6 +267,7 @@ impl Netlink {
     }
 
     pub async fn add_address(&self, index: u32, addr: Ipv4Net) -> io::Result<()> {
+        self.wrote();
         let req = self
             .handle
             .address()
@@ -258,6 +278,7 @@ impl Netlink {
     pub async fn delete_address(&self, index: u32, addr: Ipv4Net) -> io::Result<()> {
         let msgs = self.address_messages(index).await?;
         for msg in msgs.into_iter().filter(|m| address_of(m) == Some(addr)) {
+            self.wrote();
             let deleted = self.handle.address().del(msg).execute().await;
             tolerate(deleted.map_err(io_error), &[libc::EADDRNOTAVAIL])?;
         }
@@ -279,11 +300,13 @@ impl Netlink {
     }
 
     pub async fn replace_route(&self, route: &Route) -> io::Result<()> {
+        self.wrote();
         let req = self.handle.route().add(route_message(route));
         req.replace().execute().await.map_err(io_error)
     }
 
     pub async fn delete_route(&self, route: &Route) -> io::Result<()> {
+        self.wrote();
         let mut msg = route_message(route);
         // NoWhere matches any scope, as `ip route del` does.
         msg.header.scope = RouteScope::NoWhere;
@@ -298,6 +321,7 @@ impl Netlink {
     }
 
     pub async fn replace_neighbour(&self, index: u32, n: &Neighbour) -> io::Result<()> {
+        self.wrote();
         let req = self.handle.neighbours().add(index, IpAddr::V4(n.ip));
         let req = req
             .link_layer_address(&n.mac.0)
@@ -324,6 +348,7 @@ impl Netlink {
 
     /// `bridge fdb replace <mac> dev <index> dst <dst> self permanent`.
     pub async fn replace_fdb(&self, index: u32, e: &FdbEntry) -> io::Result<()> {
+        self.wrote();
         let req = self.handle.neighbours().add_bridge(index, &e.mac.0);
         let req = req
             .destination(IpAddr::V4(e.dst))
@@ -347,6 +372,7 @@ impl Netlink {
     }
 
     async fn delete_neighbour_message(&self, msg: NeighbourMessage) -> io::Result<()> {
+        self.wrote();
         let deleted = self.handle.neighbours().del(msg).execute().await;
         tolerate(deleted.map_err(io_error), &[libc::ENOENT, libc::ESRCH])
     }
