@@ -1,7 +1,7 @@
 //! twill-bench: builds a netns lab per path (native underlay, host-gw, kernel VXLAN and IPIP set
 //! up the flannel way, twill udp, batch and wireguard, wireguard-go), runs iperf3 and qperf container to container through
 //! each, and reports medians as a table, JSON and a PNG, each path relative to kernel VXLAN and
-//! to native.
+//! to native. `--measure scale` measures the control plane at thousands of leases instead.
 
 pub mod measure;
 pub mod parse;
@@ -9,5 +9,6 @@ pub mod paths;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod scale;
 pub mod stats;
 mod wireguard_go;

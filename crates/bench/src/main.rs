@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use twill_bench::measure::{Measurement, Timing};
 use twill_bench::paths::{PathKind, PathLab, Twill};
 use twill_bench::run::{measure, prepare, Options, Prepared, Progress};
+use twill_bench::scale::{self, ScaleBackend, ScaleOptions};
 use twill_bench::{plot, report};
 
 /// Throughput, packet rate, latency and CPU of twill against the kernel's paths, container to
@@ -21,10 +22,20 @@ struct Cli {
         default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-batch,twill-wireguard,wireguard-go"
     )]
     paths: Vec<PathKind>,
-    /// Measurements to make, comma-separated [default: all]; not with --quick, which checks
-    /// that every number is there.
+    /// Measurements to make, comma-separated [default: all but scale]; not with --quick, which
+    /// checks that every number is there. `scale` is the control plane at thousands of leases
+    /// (--scale-leases), with its own table; it runs after any path measurements.
     #[arg(long, value_delimiter = ',', conflicts_with = "quick")]
     measure: Vec<Measurement>,
+    /// scale: the numbers of synthetic leases in etcd, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,60000")]
+    scale_leases: Vec<u32>,
+    /// scale: the backends, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "udp,vxlan")]
+    scale_backends: Vec<ScaleBackend>,
+    /// scale: leases added (and removed) one at a time to time propagation.
+    #[arg(long, default_value_t = 200)]
+    scale_samples: u32,
     /// Runs per measurement; the median is reported [default: 5; --quick 1; --demo 1].
     #[arg(long)]
     repeat: Option<u32>,
@@ -71,32 +82,54 @@ fn run(cli: Cli) -> Result<bool> {
     twill_lab::require_root()?;
     let opts = options(&cli)?;
     let progress = Progress::new();
-    let prepared = prepare(&opts, &progress);
-    let mut ok = !cli.demo || demo_ping(&prepared, &progress);
-    let results = measure(&prepared, &opts, &progress);
-    // Tear the labs down before the (slow to read) report is printed.
-    drop(prepared);
+    let mut ok = true;
+    let mut results = Vec::new();
+    if !opts.measurements.is_empty() {
+        let prepared = prepare(&opts, &progress);
+        ok &= !cli.demo || demo_ping(&prepared, &progress);
+        results = measure(&prepared, &opts, &progress);
+        // The labs go at the end of this block, before the (slow to read) report is printed.
+    }
+    let scale = scale_options(&cli).map(|s| scale::run(&s, &opts.twill, &progress));
+    let scale = scale.unwrap_or_default();
     let t = opts.timing;
-    let mut title = format!(
-        "twill-bench: medians of {} run(s) of {} s (+{} s warm-up); native host to host, others container to container",
-        opts.repeat, t.duration, t.warmup
-    );
+    let mut title = match results.is_empty() {
+        false => format!(
+            "twill-bench: medians of {} run(s) of {} s (+{} s warm-up); native host to host, others container to container",
+            opts.repeat, t.duration, t.warmup
+        ),
+        true => "twill-bench: control-plane scale".to_string(),
+    };
     if !cli.twill_args.is_empty() {
         title += &format!("; twill run {}", cli.twill_args.join(" "));
     }
-    println!(
-        "{title}\n×vxlan, ×native: single-stream TCP relative to those paths; \
-         retr: segments its sender sent again; loss: share of iperf3's datagrams its receiver did not get; path loss: share that \
-         never reached the receiving namespace (the difference overflowed the receiver's socket); \
-         lat: qperf tcp_lat, one way (half a 1-byte round trip)\n"
-    );
-    print!("{}", report::table(&results));
+    if !results.is_empty() {
+        println!(
+            "{title}\n×vxlan, ×native: single-stream TCP relative to those paths; \
+             retr: segments its sender sent again; loss: share of iperf3's datagrams its receiver did not get; path loss: share that \
+             never reached the receiving namespace (the difference overflowed the receiver's socket); \
+             lat: qperf tcp_lat, one way (half a 1-byte round trip)\n"
+        );
+        print!("{}", report::table(&results));
+    }
+    if !scale.is_empty() {
+        println!(
+            "\ncontrol-plane scale: one twill per backend against K synthetic leases in a real etcd; \
+             prop: put in etcd -> userspace table entry or kernel route+neighbour+fdb; rm: delete -> gone; \
+             idle: one periodic reconcile with nothing to change, and the window around it\n"
+        );
+        print!("{}", scale::report::table(&scale));
+    }
     if let Some(path) = &cli.json {
-        let text = serde_json::to_string_pretty(&report::json(&results))?;
+        let mut doc = report::json(&results);
+        if let Some(array) = doc.as_array_mut() {
+            array.extend(scale::report::json(&scale));
+        }
+        let text = serde_json::to_string_pretty(&doc)?;
         std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
     }
     if let Some(path) = &cli.plot {
-        plot::draw(&results, &opts.measurements, &title, path)?;
+        plot::draw(&results, &scale, &opts.measurements, &title, path)?;
     }
     if cli.quick {
         if let Err(e) = report::check_complete(&results) {
@@ -105,6 +138,17 @@ fn run(cli: Cli) -> Result<bool> {
         }
     }
     Ok(ok)
+}
+
+/// `--measure scale`'s options, if it was asked for.
+fn scale_options(cli: &Cli) -> Option<ScaleOptions> {
+    cli.measure
+        .contains(&Measurement::Scale)
+        .then(|| ScaleOptions {
+            leases: cli.scale_leases.clone(),
+            backends: cli.scale_backends.clone(),
+            samples: cli.scale_samples.max(1),
+        })
 }
 
 /// Mode defaults, overridden by explicit flags.
@@ -123,7 +167,8 @@ fn options(cli: &Cli) -> Result<Options> {
         measurements: if cli.measure.is_empty() {
             Measurement::ALL.to_vec()
         } else {
-            cli.measure.clone()
+            let paths = cli.measure.iter().filter(|m| **m != Measurement::Scale);
+            paths.copied().collect()
         },
         repeat: cli.repeat.unwrap_or(repeat).max(1),
         timing: Timing {

@@ -83,6 +83,8 @@ pub enum Measurement {
     Udp64,
     /// qperf tcp_lat: one-way latency, half of a 1-byte TCP round trip.
     Latency,
+    /// The control plane at thousands of leases (not a path measurement; see `scale`).
+    Scale,
 }
 
 impl Measurement {
@@ -101,6 +103,7 @@ impl Measurement {
             Measurement::TcpReverse => "tcp -R",
             Measurement::Udp64 => "udp 64 B",
             Measurement::Latency => "tcp_lat",
+            Measurement::Scale => "control-plane scale",
         }
     }
 
@@ -121,6 +124,7 @@ impl Measurement {
                 Field::Udp64PathLossPct,
             ],
             Measurement::Latency => &[Field::LatencyUs],
+            Measurement::Scale => &[],
         }
     }
 
@@ -128,6 +132,7 @@ impl Measurement {
     pub fn seconds(self, timing: &Timing) -> u32 {
         match self {
             Measurement::Latency => timing.duration,
+            Measurement::Scale => 0,
             _ => timing.duration + timing.warmup,
         }
     }
@@ -173,6 +178,7 @@ impl Measurement {
                 let out = run_bounded(ends.client, "qperf", &args, timing.limit())?;
                 Ok(vec![(Field::LatencyUs, parse::qperf_latency_us(&out)?)])
             }
+            Measurement::Scale => bail!("scale is measured per backend, not per path"),
         }
     }
 }

@@ -60,27 +60,34 @@ const HEADER: [&str; 13] = [
 /// The comparison table, one row per path, then the notes of paths that had failures.
 pub fn table(results: &[PathResult]) -> String {
     let rows: Vec<Vec<String>> = results.iter().map(|r| row(results, r)).collect();
-    let widths: Vec<usize> = (0..HEADER.len())
+    let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
+    let mut out = render(&header, &rows);
+    for r in results.iter().filter(|r| r.available && !r.note.is_empty()) {
+        out += &format!("note: {}: {}\n", r.path, r.note);
+    }
+    out
+}
+
+/// A text table: the header, a rule, the rows. Columns are as wide as their widest full-width
+/// row; a shorter row (an unavailable path's name and reason) runs past them.
+pub(crate) fn render(header: &[String], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..header.len())
         .map(|c| {
             rows.iter()
-                .filter(|row| row.len() == HEADER.len())
+                .filter(|row| row.len() == header.len())
                 .map(|row| row[c].chars().count())
-                .chain([HEADER[c].chars().count()])
+                .chain([header[c].chars().count()])
                 .max()
                 .unwrap_or(0)
         })
         .collect();
-    let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
-    let mut out = line(&header, &widths);
+    let mut out = line(header, &widths);
     out += &line(
         &widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>(),
         &widths,
     );
-    for row in &rows {
+    for row in rows {
         out += &line(row, &widths);
-    }
-    for r in results.iter().filter(|r| r.available && !r.note.is_empty()) {
-        out += &format!("note: {}: {}\n", r.path, r.note);
     }
     out
 }

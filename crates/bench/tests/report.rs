@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use twill_bench::measure::{Field, Measurement};
 use twill_bench::plot;
 use twill_bench::report::{check_complete, json, table, PathResult};
-use twill_bench::stats::{median, ratio};
+use twill_bench::scale::report::{ScaleField, ScaleResult};
+use twill_bench::scale::ScaleBackend;
+use twill_bench::stats::{median, percentile, ratio};
 
 #[test]
 fn median_of_odd_even_and_empty_sample_sets() {
@@ -12,6 +14,16 @@ fn median_of_odd_even_and_empty_sample_sets() {
     assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
     assert_eq!(median(&[29.4, 38.6, 31.0, 1.0, 35.0]), Some(31.0));
     assert_eq!(median(&[]), None);
+}
+
+#[test]
+fn percentiles_are_nearest_rank() {
+    let samples: Vec<f64> = (1..=200).rev().map(f64::from).collect();
+    assert_eq!(percentile(&samples, 50.0), Some(100.0));
+    assert_eq!(percentile(&samples, 99.0), Some(198.0));
+    assert_eq!(percentile(&samples, 100.0), Some(200.0));
+    assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+    assert_eq!(percentile(&[], 50.0), None);
 }
 
 #[test]
@@ -124,7 +136,36 @@ fn plot_is_a_png_with_unavailable_and_failed_paths_in_it() {
     run[3].samples.remove(&Field::LatencyUs);
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("perf.png");
-    plot::draw(&run, &Measurement::ALL, "test run", &png).unwrap();
-    let bytes = std::fs::read(&png).unwrap();
+    plot::draw(&run, &[], &Measurement::ALL, "test run", &png).unwrap();
+    assert_eq!(png_size(&png), (1600, 1000));
+}
+
+#[test]
+fn plot_has_a_row_of_scale_panels_below_or_instead_of_the_paths() {
+    let mut scale = Vec::new();
+    for (backend, start) in [(ScaleBackend::Udp, 50.0), (ScaleBackend::Vxlan, 1300.0)] {
+        let mut r = ScaleResult::new(backend, 5000);
+        r.set(ScaleField::StartMs, start);
+        r.set(ScaleField::RssMb, 30.0);
+        scale.push(r);
+    }
+    scale.push(ScaleResult::failed(
+        ScaleBackend::Vxlan,
+        60000,
+        "timeout".into(),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("scale.png");
+    plot::draw(&[], &scale, &[Measurement::Scale], "scale", &png).unwrap();
+    assert_eq!(png_size(&png), (1600, 520));
+    plot::draw(&sample_run(), &scale, &Measurement::ALL, "both", &png).unwrap();
+    assert_eq!(png_size(&png), (1600, 1520));
+}
+
+/// Width and height from a PNG's header.
+fn png_size(path: &std::path::Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    let word = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    (word(16), word(20))
 }

@@ -1,0 +1,128 @@
+//! The kernel's side of a vxlan node: `ip monitor` tells when each route, neighbour and fdb
+//! entry appeared or went, and counts of what is installed check a cold start.
+
+use super::leases::Synthetic;
+use anyhow::{ensure, Context, Result};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+use twill_lab::{Host, Ipv4Net};
+
+pub const VXLAN_DEV: &str = "flannel.1";
+
+/// `ip monitor route neigh` in a host's namespace; every line it prints, with when it was read.
+/// fdb entries come as neighbour lines of the VXLAN device. Killed on drop.
+pub struct Monitor {
+    child: Child,
+    lines: Receiver<(Instant, String)>,
+}
+
+impl Monitor {
+    pub fn start(host: &Host) -> Result<Monitor> {
+        let mut child = Command::new("ip")
+            .args(["-n", host.ns.name(), "monitor", "route", "neigh"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("cannot start `ip monitor`")?;
+        let stdout = child.stdout.take().context("ip monitor stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((Instant::now(), line)).is_err() {
+                    break;
+                }
+            }
+        });
+        // ip subscribes before it prints anything; give it that moment.
+        std::thread::sleep(Duration::from_millis(200));
+        let monitor = Monitor { child, lines };
+        monitor.drain();
+        Ok(monitor)
+    }
+
+    /// Lines printed since the last call, dropped; how many there were.
+    pub fn drain(&self) -> usize {
+        self.lines.try_iter().count()
+    }
+
+    /// Waits until a line starting with each of `wanted` was printed; when the last one was.
+    pub fn wait_for(&self, wanted: &[String], limit: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + limit;
+        let mut missing: Vec<&String> = wanted.iter().collect();
+        let mut last = Instant::now();
+        while !missing.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (at, line) = match self.lines.recv_timeout(left) {
+                Ok(seen) => seen,
+                Err(RecvTimeoutError::Timeout) => {
+                    anyhow::bail!("the kernel never reported {missing:?} within {limit:?}")
+                }
+                Err(RecvTimeoutError::Disconnected) => anyhow::bail!("ip monitor stopped"),
+            };
+            let before = missing.len();
+            missing.retain(|w| !line.starts_with(w.as_str()));
+            if missing.len() < before {
+                last = at;
+            }
+        }
+        Ok(last)
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How the lines `ip monitor` prints when a vxlan peer's route, neighbour and fdb entry appear
+/// (or, with `deleted`, go) begin. A deleted neighbour has no lladdr left (it shows FAILED).
+pub fn peer_lines(lease: Synthetic, deleted: bool) -> Vec<String> {
+    let subnet: Ipv4Net = lease.subnet();
+    let gateway = subnet.network();
+    let mac = lease.vtep_mac();
+    let (prefix, neighbour) = match deleted {
+        true => ("Deleted ", format!("{gateway} dev {VXLAN_DEV} ")),
+        false => ("", format!("{gateway} dev {VXLAN_DEV} lladdr {mac}")),
+    };
+    vec![
+        format!("{prefix}{subnet} via {gateway} dev {VXLAN_DEV} onlink"),
+        format!("{prefix}{neighbour}"),
+        format!("{prefix}{} dev {VXLAN_DEV} lladdr {mac}", lease.public_ip()),
+    ]
+}
+
+/// Checks that the kernel holds a route, a permanent neighbour and an fdb entry for each of
+/// `peers` peers on the VXLAN device.
+pub fn check_programmed(host: &Host, peers: usize) -> Result<()> {
+    let count = |text: String, pattern: &str| text.lines().filter(|l| l.contains(pattern)).count();
+    let routes = host.ns.ip(&["route", "show", "dev", VXLAN_DEV])?;
+    let neighbours = host
+        .ns
+        .ip(&["neigh", "show", "dev", VXLAN_DEV, "nud", "permanent"])?;
+    let fdb = host.ns.exec("bridge", &["fdb", "show", "dev", VXLAN_DEV])?;
+    let found = [
+        ("routes", count(routes, " onlink")),
+        ("neighbours", count(neighbours, " lladdr ")),
+        ("fdb entries", count(fdb, " dst ")),
+    ];
+    for (what, n) in found {
+        ensure!(n == peers, "{n} {what} on {VXLAN_DEV}, not {peers}");
+    }
+    Ok(())
+}
+
+/// Nothing may ever be sent to the synthetic PublicIPs: the lab host must have no route there.
+pub fn check_unrouted(host: &Host, ip: std::net::Ipv4Addr) -> Result<()> {
+    let route = host.ns.ip(&["route", "get", &ip.to_string()]);
+    ensure!(
+        route.is_err(),
+        "the lab host has a route to the synthetic address {ip}: {}",
+        route.unwrap_or_default()
+    );
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! The scale panels of `--plot`: per K, a bar per backend.
+
+use super::report::{ScaleField, ScaleResult};
+use super::ScaleBackend;
+use crate::plot::{grouped_bars, Series};
+use anyhow::Result;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// A panel: its title, and the fields drawn (with the factor that turns them into its unit).
+struct Panel {
+    title: &'static str,
+    fields: &'static [(&'static str, ScaleField)],
+    factor: f64,
+}
+
+const PANELS: [Panel; 4] = [
+    Panel {
+        title: "cold start to all K peers programmed, s",
+        fields: &[("", ScaleField::StartMs)],
+        factor: 1e-3,
+    },
+    Panel {
+        title: "new lease in etcd -> table or kernel, ms",
+        fields: &[
+            ("p50", ScaleField::PropagationP50Ms),
+            ("p99", ScaleField::PropagationP99Ms),
+        ],
+        factor: 1.0,
+    },
+    Panel {
+        title: "resident memory after an idle reconcile, MB",
+        fields: &[("", ScaleField::RssMb)],
+        factor: 1.0,
+    },
+    Panel {
+        title: "idle periodic reconcile, ms",
+        fields: &[("", ScaleField::ReconcileIdleMs)],
+        factor: 1.0,
+    },
+];
+
+/// The four panels side by side in `area`: K on the x axis, one series per backend (and per
+/// percentile).
+pub fn draw_panels(
+    area: &DrawingArea<BitMapBackend, Shift>,
+    results: &[ScaleResult],
+) -> Result<()> {
+    let mut ks: Vec<u32> = results.iter().map(|r| r.leases).collect();
+    ks.dedup();
+    let mut backends: Vec<ScaleBackend> = results.iter().map(|r| r.backend).collect();
+    backends.sort();
+    backends.dedup();
+    let categories: Vec<String> = ks.iter().map(|k| format!("K = {k}")).collect();
+    for (area, panel) in area.split_evenly((1, PANELS.len())).iter().zip(&PANELS) {
+        let series: Vec<Series> = backends
+            .iter()
+            .flat_map(|&b| {
+                panel
+                    .fields
+                    .iter()
+                    .map(move |&(what, field)| (b, what, field))
+            })
+            .map(|(backend, what, field)| Series {
+                name: format!("{} {what}", backend.name()).trim_end().to_string(),
+                values: ks
+                    .iter()
+                    .map(|&k| {
+                        let r = results
+                            .iter()
+                            .find(|r| r.leases == k && r.backend == backend);
+                        Some(r?.value(field)? * panel.factor)
+                    })
+                    .collect(),
+            })
+            .collect();
+        grouped_bars(area, panel.title, &categories, &series)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! Results of `--measure scale`: one per (backend, K), as a table and as JSON objects.
+
+use super::ScaleBackend;
+use crate::report::render;
+use crate::stats::percentile;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+/// Every number a scale run reports, each with its JSON key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ScaleField {
+    /// From `twill run` until its first reconcile (all K peers programmed) finished.
+    StartMs,
+    /// twill's CPU time over the cold start, % of one core.
+    CpuPct,
+    PropagationP50Ms,
+    PropagationP99Ms,
+    RemovalP50Ms,
+    RemovalP99Ms,
+    /// Wall time of a periodic reconcile with nothing to change.
+    ReconcileIdleMs,
+    /// Kernel writes that reconcile made (twill's own count).
+    ReconcileIdleWrites,
+    /// Route, neighbour and fdb changes the kernel reported during the idle window (vxlan).
+    KernelEventsIdle,
+    /// Resident memory at the end, after the idle reconcile.
+    RssMb,
+    /// The most twill was ever resident.
+    RssPeakMb,
+    /// twill's CPU over the idle window, % of one core.
+    IdleCpuPct,
+    /// RPCs etcd served per minute during the idle window.
+    EtcdRpm,
+}
+
+impl ScaleField {
+    pub const ALL: [ScaleField; 13] = [
+        ScaleField::StartMs,
+        ScaleField::CpuPct,
+        ScaleField::PropagationP50Ms,
+        ScaleField::PropagationP99Ms,
+        ScaleField::RemovalP50Ms,
+        ScaleField::RemovalP99Ms,
+        ScaleField::ReconcileIdleMs,
+        ScaleField::ReconcileIdleWrites,
+        ScaleField::KernelEventsIdle,
+        ScaleField::RssMb,
+        ScaleField::RssPeakMb,
+        ScaleField::IdleCpuPct,
+        ScaleField::EtcdRpm,
+    ];
+
+    pub fn key(self) -> &'static str {
+        match self {
+            ScaleField::StartMs => "start_ms",
+            ScaleField::CpuPct => "cpu_pct",
+            ScaleField::PropagationP50Ms => "propagation_p50_ms",
+            ScaleField::PropagationP99Ms => "propagation_p99_ms",
+            ScaleField::RemovalP50Ms => "removal_p50_ms",
+            ScaleField::RemovalP99Ms => "removal_p99_ms",
+            ScaleField::ReconcileIdleMs => "reconcile_idle_ms",
+            ScaleField::ReconcileIdleWrites => "reconcile_idle_writes",
+            ScaleField::KernelEventsIdle => "kernel_events_idle",
+            ScaleField::RssMb => "rss_mb",
+            ScaleField::RssPeakMb => "rss_peak_mb",
+            ScaleField::IdleCpuPct => "idle_cpu_pct",
+            ScaleField::EtcdRpm => "etcd_rpm",
+        }
+    }
+
+    /// The column header and the decimals shown in the table.
+    fn column(self) -> (&'static str, usize) {
+        match self {
+            ScaleField::StartMs => ("start ms", 0),
+            ScaleField::CpuPct => ("start cpu %", 0),
+            ScaleField::PropagationP50Ms => ("prop p50 ms", 1),
+            ScaleField::PropagationP99Ms => ("prop p99 ms", 1),
+            ScaleField::RemovalP50Ms => ("rm p50 ms", 1),
+            ScaleField::RemovalP99Ms => ("rm p99 ms", 1),
+            ScaleField::ReconcileIdleMs => ("idle rec. ms", 0),
+            ScaleField::ReconcileIdleWrites => ("writes", 0),
+            ScaleField::KernelEventsIdle => ("k. events", 0),
+            ScaleField::RssMb => ("RSS MB", 1),
+            ScaleField::RssPeakMb => ("peak MB", 1),
+            ScaleField::IdleCpuPct => ("idle cpu %", 2),
+            ScaleField::EtcdRpm => ("etcd rpm", 1),
+        }
+    }
+}
+
+/// One backend at one K.
+#[derive(Debug, Clone)]
+pub struct ScaleResult {
+    pub backend: ScaleBackend,
+    pub leases: u32,
+    /// Why the run failed, if it did.
+    pub note: String,
+    pub values: BTreeMap<ScaleField, f64>,
+}
+
+impl ScaleResult {
+    pub fn new(backend: ScaleBackend, leases: u32) -> ScaleResult {
+        ScaleResult {
+            backend,
+            leases,
+            note: String::new(),
+            values: BTreeMap::new(),
+        }
+    }
+
+    pub fn failed(backend: ScaleBackend, leases: u32, why: String) -> ScaleResult {
+        ScaleResult {
+            note: why,
+            ..ScaleResult::new(backend, leases)
+        }
+    }
+
+    pub fn set(&mut self, field: ScaleField, value: f64) {
+        self.values.insert(field, value);
+    }
+
+    pub fn set_percentiles(&mut self, p50: ScaleField, p99: ScaleField, samples: &[f64]) {
+        for (field, p) in [(p50, 50.0), (p99, 99.0)] {
+            if let Some(v) = percentile(samples, p) {
+                self.set(field, v);
+            }
+        }
+    }
+
+    pub fn value(&self, field: ScaleField) -> Option<f64> {
+        self.values.get(&field).copied()
+    }
+}
+
+/// The table: one row per (backend, K), then the notes of failed runs.
+pub fn table(results: &[ScaleResult]) -> String {
+    let mut header = vec!["backend".to_string(), "leases".to_string()];
+    header.extend(ScaleField::ALL.iter().map(|f| f.column().0.to_string()));
+    let rows: Vec<Vec<String>> = results.iter().map(row).collect();
+    let mut out = render(&header, &rows);
+    for r in results.iter().filter(|r| !r.note.is_empty()) {
+        out += &format!("note: {} at {}: {}\n", r.backend.name(), r.leases, r.note);
+    }
+    out
+}
+
+fn row(r: &ScaleResult) -> Vec<String> {
+    let mut cells = vec![r.backend.name().to_string(), r.leases.to_string()];
+    cells.extend(ScaleField::ALL.iter().map(|&f| {
+        let decimals = f.column().1;
+        r.value(f)
+            .map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+    }));
+    cells
+}
+
+/// One JSON object per (backend, K); missing values are null.
+pub fn json(results: &[ScaleResult]) -> Vec<Value> {
+    results
+        .iter()
+        .map(|r| {
+            let mut obj = Map::new();
+            obj.insert("measure".into(), "scale".into());
+            obj.insert("backend".into(), r.backend.name().into());
+            obj.insert("scale_leases".into(), r.leases.into());
+            obj.insert("note".into(), r.note.clone().into());
+            for field in ScaleField::ALL {
+                obj.insert(field.key().into(), r.value(field).into());
+            }
+            Value::Object(obj)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_the_issues_keys_and_the_table_a_row_per_run() {
+        let mut r = ScaleResult::new(ScaleBackend::Vxlan, 5000);
+        r.set(ScaleField::StartMs, 1234.6);
+        r.set_percentiles(
+            ScaleField::PropagationP50Ms,
+            ScaleField::PropagationP99Ms,
+            &(1..=100).map(f64::from).collect::<Vec<_>>(),
+        );
+        let failed = ScaleResult::failed(ScaleBackend::Udp, 5000, "no etcd".into());
+        let doc = json(&[r.clone(), failed.clone()]);
+        for key in [
+            "scale_leases",
+            "start_ms",
+            "propagation_p50_ms",
+            "propagation_p99_ms",
+            "reconcile_idle_ms",
+            "reconcile_idle_writes",
+            "rss_mb",
+            "cpu_pct",
+            "etcd_rpm",
+        ] {
+            assert!(doc[0].get(key).is_some(), "{key} missing in {}", doc[0]);
+        }
+        assert_eq!(doc[0]["scale_leases"], 5000);
+        assert_eq!(doc[0]["propagation_p50_ms"], 50.0);
+        assert_eq!(doc[0]["propagation_p99_ms"], 99.0);
+        assert!(doc[1]["start_ms"].is_null());
+        let text = table(&[r, failed]);
+        assert!(text.contains("vxlan   |   5000 |     1235"), "{text}");
+        assert!(text.contains("note: udp at 5000: no etcd"), "{text}");
+    }
+}
