@@ -8,9 +8,8 @@ use super::{Backend, Setup};
 use crate::host::{self, Interface};
 use crate::lease::{backend_type, Lease, LeaseAttrs};
 use crate::node::Node;
-use anyhow::bail;
+use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
-use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
@@ -124,8 +123,8 @@ impl Setup for UserspaceSetup {
     }
 }
 
-/// Feeds an engine's peer table from leases of one backend type. Owns the engine: dropping
-/// the backend stops forwarding and removes the TUN.
+/// Feeds an engine's peer table from leases of one backend type, one peer per event. Owns the
+/// engine: dropping the backend stops forwarding and removes the TUN.
 pub struct Userspace {
     engine: Engine,
     kind: EngineKind,
@@ -133,7 +132,6 @@ pub struct Userspace {
     mtu: u32,
     /// The port peers listen on when their lease does not say (flannel leases never do).
     default_port: u16,
-    peers: BTreeMap<ipnet::Ipv4Net, Lease>,
 }
 
 impl Userspace {
@@ -144,7 +142,6 @@ impl Userspace {
             mtu: u32::from(engine.mtu()),
             engine,
             default_port,
-            peers: BTreeMap::new(),
         }
     }
 
@@ -160,11 +157,6 @@ impl Userspace {
             ours.unwrap_or("udp")
         );
         false
-    }
-
-    fn publish(&self) {
-        let specs: Vec<PeerSpec> = self.peers.values().map(|l| self.spec(l)).collect();
-        self.table.set_peers(&specs);
     }
 
     fn spec(&self, lease: &Lease) -> PeerSpec {
@@ -201,28 +193,25 @@ impl Backend for Userspace {
         Some(&self.engine)
     }
 
+    /// A lease of another backend type replaces no peer: the subnet's old peer (if any) goes.
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        if self.accepts(lease) {
-            self.peers.insert(lease.subnet, lease.clone());
-            self.publish();
+        if !self.accepts(lease) {
+            self.table.remove_peer(lease.subnet);
+            return Ok(());
         }
-        Ok(())
+        let set = self.table.set_peer(self.spec(lease));
+        set.with_context(|| format!("peer {} left out", lease.subnet))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        if self.peers.remove(&lease.subnet).is_some() {
-            self.publish();
-        }
+        self.table.remove_peer(lease.subnet);
         Ok(())
     }
 
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
-        self.peers = leases
-            .iter()
-            .filter(|l| self.accepts(l))
-            .map(|l| (l.subnet, l.clone()))
-            .collect();
-        self.publish();
+        let peers = leases.iter().filter(|l| self.accepts(l));
+        let specs: Vec<PeerSpec> = peers.map(|l| self.spec(l)).collect();
+        self.table.set_peers(&specs);
         Ok(())
     }
 }
