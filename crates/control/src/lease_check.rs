@@ -138,7 +138,8 @@ fn check_public_ip(ip: Ipv4Addr, own: Ipv4Addr) -> Result<(), Rejection> {
 /// leave a neighbour entry that sends the peer's subnet nowhere, or everywhere.
 fn check_vtep_mac(lease: &Lease) -> Result<(), Rejection> {
     let data = lease.backend_data.as_ref();
-    let Some(text) = data.and_then(|d| d.get("VtepMAC")).and_then(|m| m.as_str()) else {
+    let mac = data.and_then(|d| d.get("VtepMAC"));
+    let Some(text) = mac.as_ref().and_then(|m| m.as_str()) else {
         return Err(Rejection::VtepMac("it has no BackendData.VtepMAC".into()));
     };
     let mac: MacAddr = text
@@ -178,14 +179,14 @@ mod tests {
     fn vxlan(subnet: &str, mac: serde_json::Value) -> Lease {
         let mut lease = udp(subnet, "10.200.0.2");
         lease.backend_type = Some("vxlan".into());
-        lease.backend_data = Some(json!({"VNI": 1, "VtepMAC": mac}));
+        lease.backend_data = Some(json!({"VNI": 1, "VtepMAC": mac}).into());
         lease
     }
 
     fn wireguard(subnet: &str, data: serde_json::Value) -> Lease {
         let mut lease = udp(subnet, "10.200.0.2");
         lease.backend_type = Some("wireguard".into());
-        lease.backend_data = Some(data);
+        lease.backend_data = Some(data.into());
         lease
     }
 

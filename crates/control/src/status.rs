@@ -147,7 +147,7 @@ fn lease_json(lease: &Lease) -> Value {
     json!({
         "subnet": lease.subnet.to_string(),
         "public_ip": lease.public_ip.to_string(),
-        "backend_type": lease.backend_type,
+        "backend_type": lease.backend_type.as_deref(),
     })
 }
 

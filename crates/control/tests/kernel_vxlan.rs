@@ -13,7 +13,7 @@ const B_SUBNET: &str = "10.5.2.0/24";
 
 fn vxlan_lease(subnet: &str, public_ip: &str, mac: &str) -> Lease {
     let mut l = lease(subnet, public_ip, Some("vxlan"));
-    l.backend_data = Some(json!({ "VNI": 1, "VtepMAC": mac }));
+    l.backend_data = Some(json!({ "VNI": 1, "VtepMAC": mac }).into());
     l
 }
 
@@ -66,10 +66,8 @@ fn hosts(test: &str) -> Hosts {
 }
 
 fn mac_of(l: &Lease) -> String {
-    l.backend_data.as_ref().unwrap()["VtepMAC"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    let mac = l.backend_data.as_ref().unwrap().get("VtepMAC").unwrap();
+    mac.as_str().unwrap().to_string()
 }
 
 /// The neighbour, fdb entry and route flannel.md lists for one vxlan peer.

@@ -71,7 +71,7 @@ async fn peers_are_reported_and_our_own_lease_is_not() {
     };
     assert_eq!(added.subnet, "10.5.200.0/24".parse().unwrap());
     assert_eq!(
-        added.backend_data.as_ref().unwrap()["VtepMAC"],
+        added.backend_data.as_ref().unwrap().get("VtepMAC").unwrap(),
         "d6:60:f1:85:5a:fc"
     );
 
@@ -249,7 +249,7 @@ async fn put_many(etcd: &Etcd, first: u32, count: u32, pad: usize) -> Vec<Lease>
                 .parse()
                 .unwrap();
             let mut attrs = LeaseAttrs::host_gw(Ipv4Addr::from(0x0a00_0000 + i));
-            attrs.backend_data = Some(serde_json::json!({ "pad": padding }));
+            attrs.backend_data = Some(serde_json::json!({ "pad": padding }).into());
             Lease::new(subnet, attrs)
         })
         .collect();

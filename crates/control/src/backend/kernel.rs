@@ -449,7 +449,7 @@ pub(crate) mod tests {
         Lease {
             subnet: subnet.parse().unwrap(),
             public_ip: public_ip.parse().unwrap(),
-            backend_type: backend_type.map(str::to_string),
+            backend_type: backend_type.map(Into::into),
             backend_data: None,
         }
     }

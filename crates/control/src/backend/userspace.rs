@@ -24,7 +24,7 @@ pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAtt
         EngineKind::FlannelUdp => LeaseAttrs::udp(public_ip),
         EngineKind::Batch { .. } => LeaseAttrs {
             backend_data: Some(
-                serde_json::json!({ "Port": port, "Version": batch::HIGHEST_VERSION }),
+                serde_json::json!({ "Port": port, "Version": batch::HIGHEST_VERSION }).into(),
             ),
             ..LeaseAttrs::twill_batch(public_ip)
         },

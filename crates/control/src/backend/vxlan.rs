@@ -142,8 +142,11 @@ fn backend_data(vni: u32, mac: MacAddr) -> serde_json::Value {
 
 fn vtep_mac(lease: &Lease) -> anyhow::Result<MacAddr> {
     let data = lease.backend_data.as_ref();
-    let mac = data.and_then(|d| d.get("VtepMAC")).and_then(|m| m.as_str());
+    let mac = data.and_then(|d| d.get("VtepMAC"));
     let mac = mac.context("lease has no BackendData.VtepMAC")?;
+    let mac = mac
+        .as_str()
+        .context("BackendData.VtepMAC is not a string")?;
     mac.parse().map_err(anyhow::Error::msg)
 }
 
@@ -228,7 +231,7 @@ mod tests {
 
     fn vxlan_lease(subnet: &str, public_ip: &str, mac: &str) -> Lease {
         let mut l = lease(subnet, public_ip, Some("vxlan"));
-        l.backend_data = Some(json!({ "VNI": 1, "VtepMAC": mac }));
+        l.backend_data = Some(json!({ "VNI": 1, "VtepMAC": mac }).into());
         l
     }
 

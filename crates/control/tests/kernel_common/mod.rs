@@ -176,7 +176,7 @@ pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease
     Lease {
         subnet: subnet.parse::<Ipv4Net>().unwrap(),
         public_ip: public_ip.parse().unwrap(),
-        backend_type: backend_type.map(str::to_string),
+        backend_type: backend_type.map(Into::into),
         backend_data: None,
     }
 }

@@ -141,7 +141,7 @@ mod tests {
         let attrs = LeaseAttrs {
             public_ip: "10.200.0.2".parse().unwrap(),
             backend_type: Some("wireguard".into()),
-            backend_data: Some(data),
+            backend_data: Some(data.into()),
         };
         Lease::new(subnet.parse().unwrap(), attrs)
     }
