@@ -174,8 +174,20 @@ async fn apply_recorded<B: Backend>(backend: &mut B, event: &LeaseEvent, node: &
         let (took, made) = (started.elapsed(), writes - writes_before);
         tracing::debug!(peers = leases.len(), ?took, writes = made, "reconciled");
         node.status.record_reconcile(took, made);
+        release_freed_memory();
     }
     node.status.set_kernel_writes(writes);
+}
+
+/// A reconcile of tens of thousands of leases allocates and frees megabytes at once, on
+/// several threads; hand the freed pages back to the system rather than leave them in glibc's
+/// per-thread free lists (at 60,000 leases that was about 18 MB of a udp node's 76).
+fn release_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory to the kernel; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// An event in one line: a snapshot of thousands of leases is named by its size.
