@@ -1,7 +1,7 @@
 //! Facts about this host that the daemon needs before any backend runs: the underlay interface,
 //! our privileges, and the one route the userspace backends add.
 
-use crate::backend::netlink::{Netlink, Route};
+use crate::backend::netlink::{Netlink, Route, Write};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 use nix::ifaddrs::getifaddrs;
@@ -95,7 +95,7 @@ pub async fn route_network_to(network: Ipv4Net, dev: &str) -> anyhow::Result<()>
         onlink: false,
     };
     netlink
-        .replace_route(&route)
+        .write_one(Write::ReplaceRoute(route))
         .await
         .with_context(|| format!("cannot add route {network} dev {dev}"))
 }

@@ -5,14 +5,14 @@
 //! are done here once. Reconcile reads back what is really in the kernel instead of trusting
 //! memory, which is what makes it correct after a crash or a `kill -9`.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::Ipv4Addr;
 
 use anyhow::Context;
 use ipnet::Ipv4Net;
 use tracing::{debug, info, warn};
 
-use super::netlink::{FdbEntry, Link, Neighbour, Netlink, Route};
+use super::netlink::{FdbEntry, Link, Neighbour, Netlink, Route, Write};
 use super::Backend;
 use crate::lease::Lease;
 use crate::node::Node;
@@ -243,49 +243,36 @@ impl<P: PeerPlan> KernelBackend<P> {
         false
     }
 
-    async fn install(&self, peer: &PeerState, have: &Snapshot) -> anyhow::Result<()> {
-        let dev = self.owned.l2_link;
-        if let (Some(n), Some(dev)) = (&peer.neighbour, dev) {
-            if !have.neighbours.contains(n) {
-                self.nl
-                    .replace_neighbour(dev, n)
-                    .await
-                    .context("adding neighbour")?;
-            }
-        }
-        if let (Some(f), Some(dev)) = (&peer.fdb, dev) {
-            if !have.fdb.contains(f) {
-                self.nl
-                    .replace_fdb(dev, f)
-                    .await
-                    .context("adding fdb entry")?;
-            }
+    /// The changes that make `peer` present, leaving out what `have` already holds.
+    fn install(&self, peer: &PeerState, have: &Snapshot) -> Vec<Write> {
+        let mut writes = Vec::new();
+        if let Some(dev) = self.owned.l2_link {
+            let neighbour = peer.neighbour.filter(|n| !have.neighbours.contains(n));
+            writes.extend(neighbour.map(|n| Write::ReplaceNeighbour(dev, n)));
+            let fdb = peer.fdb.filter(|f| !have.fdb.contains(f));
+            writes.extend(fdb.map(|f| Write::ReplaceFdb(dev, f)));
         }
         if !have.routes.contains(&peer.route) {
-            self.nl
-                .replace_route(&peer.route)
-                .await
-                .context("adding route")?;
+            writes.push(Write::ReplaceRoute(peer.route));
         }
-        Ok(())
+        writes
     }
 
-    async fn uninstall(&self, peer: &PeerState) -> anyhow::Result<()> {
-        self.nl
-            .delete_route(&peer.route)
-            .await
-            .context("deleting route")?;
-        if let (Some(f), Some(dev)) = (&peer.fdb, self.owned.l2_link) {
-            self.nl
-                .delete_fdb(dev, f)
-                .await
-                .context("deleting fdb entry")?;
+    /// The changes that remove `peer`, in the reverse order of installing.
+    fn uninstall(&self, peer: &PeerState) -> Vec<Write> {
+        let mut writes = vec![Write::DeleteRoute(peer.route)];
+        if let Some(dev) = self.owned.l2_link {
+            writes.extend(peer.fdb.map(|f| Write::DeleteFdb(dev, f)));
+            writes.extend(peer.neighbour.map(|n| Write::DeleteNeighbour(dev, n.ip)));
         }
-        if let (Some(n), Some(dev)) = (&peer.neighbour, self.owned.l2_link) {
-            self.nl
-                .delete_neighbour(dev, n.ip)
-                .await
-                .context("deleting neighbour")?;
+        writes
+    }
+
+    /// Makes the changes; the first that failed is the error.
+    async fn apply(&self, writes: &[Write]) -> anyhow::Result<()> {
+        let results = self.nl.write(writes).await;
+        for (write, result) in writes.iter().zip(results) {
+            result.with_context(|| write.to_string())?;
         }
         Ok(())
     }
@@ -307,37 +294,26 @@ impl<P: PeerPlan> KernelBackend<P> {
     /// (same subnet, new gateway or device) was already replaced in place: no gap in traffic,
     /// and the delete of its old form is a no-op.
     async fn remove_unwanted(&self, have: &Snapshot, want: &Snapshot) -> anyhow::Result<()> {
-        for route in have.routes.difference(&want.routes) {
-            info!(dst = %route.dst, "removing stale route");
-            self.nl
-                .delete_route(route)
-                .await
-                .context("deleting stale route")?;
+        let mut writes: Vec<Write> = have
+            .routes
+            .difference(&want.routes)
+            .map(|r| Write::DeleteRoute(*r))
+            .collect();
+        if let Some(dev) = self.owned.l2_link {
+            let fdb = have.fdb.difference(&want.fdb);
+            writes.extend(fdb.map(|f| Write::DeleteFdb(dev, *f)));
+            // Keyed by IP only: an entry whose MAC changed was just replaced and must stay.
+            let wanted_ips: HashSet<Ipv4Addr> = want.neighbours.iter().map(|n| n.ip).collect();
+            let stale = have
+                .neighbours
+                .iter()
+                .filter(|n| !wanted_ips.contains(&n.ip));
+            writes.extend(stale.map(|n| Write::DeleteNeighbour(dev, n.ip)));
         }
-        let Some(dev) = self.owned.l2_link else {
-            return Ok(());
-        };
-        for f in have.fdb.difference(&want.fdb) {
-            info!(mac = %f.mac, dst = %f.dst, "removing stale fdb entry");
-            self.nl
-                .delete_fdb(dev, f)
-                .await
-                .context("deleting stale fdb entry")?;
+        for write in &writes {
+            info!("stale: {write}");
         }
-        // Keyed by IP only: an entry whose MAC changed was just replaced and must stay.
-        let wanted_ips: HashSet<Ipv4Addr> = want.neighbours.iter().map(|n| n.ip).collect();
-        for n in have
-            .neighbours
-            .iter()
-            .filter(|n| !wanted_ips.contains(&n.ip))
-        {
-            info!(ip = %n.ip, "removing stale neighbour");
-            self.nl
-                .delete_neighbour(dev, n.ip)
-                .await
-                .context("deleting stale neighbour")?;
-        }
-        Ok(())
+        self.apply(&writes).await
     }
 }
 
@@ -360,7 +336,7 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         }
         let peer = self.plan.peer_state(lease)?;
         info!(subnet = %lease.subnet, public_ip = %lease.public_ip, "adding peer");
-        let result = self.install(&peer, &Snapshot::default()).await;
+        let result = self.apply(&self.install(&peer, &Snapshot::default())).await;
         result.with_context(|| format!("programming peer {}", lease.subnet))
     }
 
@@ -370,26 +346,37 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         }
         let peer = self.plan.peer_state(lease)?;
         info!(subnet = %lease.subnet, "removing peer");
-        let result = self.uninstall(&peer).await;
+        let result = self.apply(&self.uninstall(&peer)).await;
         result.with_context(|| format!("removing peer {}", lease.subnet))
     }
 
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
         let desired = self.desired(leases);
         let have = Snapshot::read(&self.nl, &self.owned).await?;
-        let mut failed = Vec::new();
+        let (mut owners, mut writes) = (Vec::new(), Vec::new());
         for (subnet, peer) in &desired {
-            if let Err(e) = self.install(peer, &have).await {
-                warn!(%subnet, "reconcile: {e:#}");
-                failed.push(*subnet);
+            for write in self.install(peer, &have) {
+                owners.push(*subnet);
+                writes.push(write);
             }
+        }
+        let results = self.nl.write(&writes).await;
+        let mut failed = BTreeMap::new();
+        for ((subnet, write), result) in owners.iter().zip(&writes).zip(results) {
+            if let Err(e) = result {
+                failed.entry(*subnet).or_insert(format!("{write}: {e}"));
+            }
+        }
+        for (subnet, why) in &failed {
+            warn!(%subnet, "reconcile: {why}");
         }
         let want = Snapshot::of(desired.iter().map(|(_, p)| p));
         self.remove_unwanted(&have, &want).await?;
-        match failed.as_slice() {
-            [] => Ok(()),
-            _ => anyhow::bail!("reconcile could not program peers {failed:?}"),
+        if !failed.is_empty() {
+            let subnets: Vec<_> = failed.keys().collect();
+            anyhow::bail!("reconcile could not program peers {subnets:?}");
         }
+        Ok(())
     }
 }
 

@@ -19,14 +19,19 @@ use netlink_packet_route::link::{
     InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::neighbour::{
-    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
     RouteType,
 };
 use netlink_packet_route::AddressFamily;
+use netlink_packet_route::RouteNetlinkMessage;
+use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::{Handle, LinkIpIp, LinkUnspec, LinkVxlan, RouteMessageBuilder};
+
+mod write;
+pub use write::Write;
 
 /// The port the kernel uses when a VXLAN device is created without one (flannel's "Port 0").
 pub const KERNEL_VXLAN_PORT: u16 = 8472;
@@ -179,10 +184,12 @@ pub fn route_message(route: &Route) -> RouteMessage {
     b.build()
 }
 
-/// A connection to the kernel's routing netlink, serviced by a task on the current tokio runtime.
+/// Connections to the kernel's routing netlink, serviced by tasks on the current tokio runtime:
+/// one for reads and device set-up, one that sends per-peer changes in batches ([`Write`]).
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
+    batches: ConnectionHandle<RouteNetlinkMessage>,
     /// Requests that change kernel state, for status: an idle reconcile must make none.
     writes: Arc<AtomicU64>,
 }
@@ -195,6 +202,7 @@ impl Netlink {
         runtime.spawn(connection);
         Ok(Netlink {
             handle,
+            batches: write::connect(&runtime)?,
             writes: Arc::default(),
         })
     }
@@ -299,43 +307,10 @@ impl Netlink {
         Ok(msgs.iter().filter_map(parse_boot_route).collect())
     }
 
-    pub async fn replace_route(&self, route: &Route) -> io::Result<()> {
-        self.wrote();
-        let req = self.handle.route().add(route_message(route));
-        req.replace().execute().await.map_err(io_error)
-    }
-
-    pub async fn delete_route(&self, route: &Route) -> io::Result<()> {
-        self.wrote();
-        let mut msg = route_message(route);
-        // NoWhere matches any scope, as `ip route del` does.
-        msg.header.scope = RouteScope::NoWhere;
-        let deleted = self.handle.route().del(msg).execute().await;
-        tolerate(deleted.map_err(io_error), &[libc::ESRCH, libc::ENOENT])
-    }
-
     /// Permanent IPv4 neighbour entries on `index`.
     pub async fn permanent_neighbours(&self, index: u32) -> io::Result<Vec<Neighbour>> {
         let msgs = self.neighbour_messages(AddressFamily::Inet, index).await?;
         Ok(msgs.iter().filter_map(parse_neighbour).collect())
-    }
-
-    pub async fn replace_neighbour(&self, index: u32, n: &Neighbour) -> io::Result<()> {
-        self.wrote();
-        let req = self.handle.neighbours().add(index, IpAddr::V4(n.ip));
-        let req = req
-            .link_layer_address(&n.mac.0)
-            .state(NeighbourState::Permanent);
-        req.replace().execute().await.map_err(io_error)
-    }
-
-    pub async fn delete_neighbour(&self, index: u32, ip: Ipv4Addr) -> io::Result<()> {
-        let mut msg = NeighbourMessage::default();
-        msg.header.family = AddressFamily::Inet;
-        msg.header.ifindex = index;
-        msg.attributes
-            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
-        self.delete_neighbour_message(msg).await
     }
 
     /// Permanent fdb entries with an IPv4 destination on `index` (`bridge fdb show dev`).
@@ -344,37 +319,6 @@ impl Netlink {
             .neighbour_messages(AddressFamily::Bridge, index)
             .await?;
         Ok(msgs.iter().filter_map(parse_fdb).collect())
-    }
-
-    /// `bridge fdb replace <mac> dev <index> dst <dst> self permanent`.
-    pub async fn replace_fdb(&self, index: u32, e: &FdbEntry) -> io::Result<()> {
-        self.wrote();
-        let req = self.handle.neighbours().add_bridge(index, &e.mac.0);
-        let req = req
-            .destination(IpAddr::V4(e.dst))
-            .flags(NeighbourFlags::Own);
-        let req = req.state(NeighbourState::Permanent);
-        req.replace().execute().await.map_err(io_error)
-    }
-
-    pub async fn delete_fdb(&self, index: u32, e: &FdbEntry) -> io::Result<()> {
-        let mut msg = NeighbourMessage::default();
-        msg.header.family = AddressFamily::Bridge;
-        msg.header.ifindex = index;
-        msg.header.flags = NeighbourFlags::Own;
-        msg.attributes
-            .push(NeighbourAttribute::LinkLayerAddress(e.mac.0.to_vec()));
-        msg.attributes
-            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
-                e.dst,
-            )));
-        self.delete_neighbour_message(msg).await
-    }
-
-    async fn delete_neighbour_message(&self, msg: NeighbourMessage) -> io::Result<()> {
-        self.wrote();
-        let deleted = self.handle.neighbours().del(msg).execute().await;
-        tolerate(deleted.map_err(io_error), &[libc::ENOENT, libc::ESRCH])
     }
 
     async fn neighbour_messages(

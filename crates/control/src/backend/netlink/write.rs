@@ -1,0 +1,194 @@
+//! Per-peer kernel changes (routes, neighbours, fdb entries), sent many to a datagram.
+//!
+//! The kernel handles every message of a datagram in turn and acks each, so one `sendmsg`
+//! carries a whole batch and a reconcile of thousands of peers costs a few hundred round
+//! trips instead of one per entry. The acks come back in order, one per message, which is how
+//! each change gets its own result.
+
+use super::{route_message, FdbEntry, Neighbour, Netlink, Route};
+use futures::StreamExt;
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::route::{RouteScope, RouteType};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::packet_core::{
+    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST,
+};
+use rtnetlink::proto::ConnectionHandle;
+use rtnetlink::sys::{protocols::NETLINK_ROUTE, AsyncSocket, SocketAddr};
+use std::fmt;
+use std::io;
+use std::net::Ipv4Addr;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Messages per datagram: about 80 bytes each, and the acks of one batch (about 1 KB of
+/// receive buffer each, counting the kernel's bookkeeping) fit the buffer set below.
+const BATCH: usize = 256;
+const RECEIVE_BUFFER: usize = 4 << 20;
+
+/// One change to the kernel's state for a peer. Adds replace what is there (idempotent);
+/// deletes of something already gone succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    ReplaceRoute(Route),
+    DeleteRoute(Route),
+    /// A permanent neighbour on the device of this index.
+    ReplaceNeighbour(u32, Neighbour),
+    DeleteNeighbour(u32, Ipv4Addr),
+    /// `bridge fdb replace <mac> dev <index> dst <dst> self permanent`.
+    ReplaceFdb(u32, FdbEntry),
+    DeleteFdb(u32, FdbEntry),
+}
+
+impl fmt::Display for Write {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Write::ReplaceRoute(r) => write!(f, "adding route {}", r.dst),
+            Write::DeleteRoute(r) => write!(f, "deleting route {}", r.dst),
+            Write::ReplaceNeighbour(_, n) => write!(f, "adding neighbour {} {}", n.ip, n.mac),
+            Write::DeleteNeighbour(_, ip) => write!(f, "deleting neighbour {ip}"),
+            Write::ReplaceFdb(_, e) => write!(f, "adding fdb entry {} dst {}", e.mac, e.dst),
+            Write::DeleteFdb(_, e) => write!(f, "deleting fdb entry {} dst {}", e.mac, e.dst),
+        }
+    }
+}
+
+impl Write {
+    fn message(&self) -> NetlinkMessage<RouteNetlinkMessage> {
+        let (payload, replace) = match *self {
+            Write::ReplaceRoute(route) => {
+                (RouteNetlinkMessage::NewRoute(route_message(&route)), true)
+            }
+            Write::DeleteRoute(route) => {
+                let mut msg = route_message(&route);
+                // NoWhere matches any scope, as `ip route del` does.
+                msg.header.scope = RouteScope::NoWhere;
+                (RouteNetlinkMessage::DelRoute(msg), false)
+            }
+            Write::ReplaceNeighbour(dev, n) => {
+                let msg = neighbour(AddressFamily::Inet, dev, n.ip, Some(n.mac.0));
+                (RouteNetlinkMessage::NewNeighbour(msg), true)
+            }
+            Write::DeleteNeighbour(dev, ip) => {
+                let msg = neighbour(AddressFamily::Inet, dev, ip, None);
+                (RouteNetlinkMessage::DelNeighbour(msg), false)
+            }
+            Write::ReplaceFdb(dev, e) => {
+                let msg = neighbour(AddressFamily::Bridge, dev, e.dst, Some(e.mac.0));
+                (RouteNetlinkMessage::NewNeighbour(msg), true)
+            }
+            Write::DeleteFdb(dev, e) => {
+                let msg = neighbour(AddressFamily::Bridge, dev, e.dst, Some(e.mac.0));
+                (RouteNetlinkMessage::DelNeighbour(msg), false)
+            }
+        };
+        let mut message = NetlinkMessage::from(payload);
+        message.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+        if replace {
+            message.header.flags |= NLM_F_CREATE | NLM_F_REPLACE;
+        }
+        message
+    }
+
+    /// Errnos that mean the kernel already is as this change wants it.
+    fn already_done(&self) -> &'static [i32] {
+        match self {
+            Write::DeleteRoute(_) => &[libc::ESRCH, libc::ENOENT],
+            Write::DeleteNeighbour(..) | Write::DeleteFdb(..) => &[libc::ENOENT, libc::ESRCH],
+            _ => &[],
+        }
+    }
+}
+
+/// A permanent neighbour (`Inet`) or fdb entry (`Bridge`, flagged `self`) on `dev`; `mac`
+/// only when adding or when it identifies the entry (fdb).
+fn neighbour(
+    family: AddressFamily,
+    dev: u32,
+    ip: Ipv4Addr,
+    mac: Option<[u8; 6]>,
+) -> NeighbourMessage {
+    let mut msg = NeighbourMessage::default();
+    msg.header.family = family;
+    msg.header.ifindex = dev;
+    msg.header.state = NeighbourState::Permanent;
+    msg.header.kind = RouteType::Unspec;
+    if family == AddressFamily::Bridge {
+        msg.header.flags = NeighbourFlags::Own;
+    }
+    if let Some(mac) = mac {
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+    }
+    msg.attributes
+        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    msg
+}
+
+/// The connection for batches: acks are handed back (not only errors), so that every message
+/// of a batch gets its answer, and the receive buffer holds a whole batch of them.
+pub(super) fn connect(
+    runtime: &tokio::runtime::Handle,
+) -> io::Result<ConnectionHandle<RouteNetlinkMessage>> {
+    let (mut connection, handle, _) = rtnetlink::proto::new_connection(NETLINK_ROUTE)?;
+    connection.set_forward_ack(true);
+    connection
+        .socket_mut()
+        .socket_mut()
+        .set_rx_buf_sz(RECEIVE_BUFFER)?;
+    runtime.spawn(connection);
+    Ok(handle)
+}
+
+impl Netlink {
+    /// Makes the changes, in order, `BATCH` to a datagram; one result per change.
+    pub async fn write(&self, writes: &[Write]) -> Vec<io::Result<()>> {
+        let mut results = Vec::with_capacity(writes.len());
+        for batch in writes.chunks(BATCH) {
+            self.writes.fetch_add(batch.len() as u64, Relaxed);
+            results.extend(self.write_batch(batch).await);
+        }
+        results
+    }
+
+    /// One change; for the few made outside a batch.
+    pub async fn write_one(&self, write: Write) -> io::Result<()> {
+        let result = self.write(&[write]).await.pop();
+        result.unwrap_or_else(|| Err(io::Error::other("netlink gave no answer")))
+    }
+
+    async fn write_batch(&self, batch: &[Write]) -> Vec<io::Result<()>> {
+        let messages = batch.iter().map(Write::message);
+        let sent = self.batches.request_batch(messages, SocketAddr::new(0, 0));
+        let answers: Vec<_> = match sent {
+            Ok(stream) => stream.collect().await,
+            Err(e) => return failed(batch.len(), &e.to_string()),
+        };
+        if answers.len() != batch.len() {
+            let why = format!("{} answers to {} requests", answers.len(), batch.len());
+            return failed(batch.len(), &why);
+        }
+        let results = batch
+            .iter()
+            .zip(answers)
+            .map(|(write, answer)| match answer.payload {
+                NetlinkPayload::Error(e) if e.code.is_none() => Ok(()),
+                NetlinkPayload::Error(e) => {
+                    let e = e.to_io();
+                    match e.raw_os_error() {
+                        Some(code) if write.already_done().contains(&code) => Ok(()),
+                        _ => Err(e),
+                    }
+                }
+                other => Err(io::Error::other(format!("unexpected answer {other:?}"))),
+            });
+        results.collect()
+    }
+}
+
+fn failed(n: usize, why: &str) -> Vec<io::Result<()>> {
+    (0..n)
+        .map(|_| Err(io::Error::other(format!("netlink batch failed: {why}"))))
+        .collect()
+}
