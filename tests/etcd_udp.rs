@@ -218,6 +218,7 @@ fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
         tun_tx_queue_len: twill_dataplane::io::DEFAULT_TX_QUEUE_LEN,
         status_addrs: Vec::new(),
         batch_delay: None,
+        metrics_per_peer: false,
     };
     let etcd = &mut c.etcd;
     let outcome = c.lab.host(1).ns.enter(|| {
