@@ -1,0 +1,275 @@
+//! Between the plain values of [`super::state`] and rtnetlink's messages: the messages twill
+//! sends, and the parts of the kernel's replies it reads.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::Ipv4Net;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+    RouteType,
+};
+use netlink_packet_route::AddressFamily;
+use rtnetlink::{LinkIpIp, LinkVxlan, RouteMessageBuilder};
+
+use super::state::*;
+
+/// The message that creates a VXLAN device the way flanneld does.
+pub fn vxlan_link_message(name: &str, p: &VxlanParams, mtu: u32, mac: MacAddr) -> LinkMessage {
+    let mut b = LinkVxlan::new(name, p.vni).learning(p.learning);
+    if let Some(dev) = p.dev {
+        b = b.dev(dev);
+    }
+    if let Some(local) = p.local {
+        b = b.local(local);
+    }
+    // flanneld leaves the port out when it is 0 so the kernel picks its default.
+    if p.port != 0 {
+        b = b.port(p.port);
+    }
+    b.mtu(mtu).address(mac.0.to_vec()).build()
+}
+
+/// The message that creates an IPIP tunnel device the way flanneld does.
+pub fn ipip_link_message(name: &str, p: &IpipParams, mtu: u32) -> LinkMessage {
+    let mut b = LinkIpIp::new(name);
+    if let Some(local) = p.local {
+        b = b.local(local);
+    }
+    if let Some(remote) = p.remote {
+        b = b.remote(remote);
+    }
+    b.mtu(mtu).build()
+}
+
+/// The message that installs `route` as flanneld does (proto boot, scope universe).
+pub fn route_message(route: &Route) -> RouteMessage {
+    let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+        .destination_prefix(route.dst.network(), route.dst.prefix_len())
+        .output_interface(route.oif)
+        .protocol(RouteProtocol::Boot);
+    if let Some(gw) = route.gateway {
+        b = b.gateway(gw);
+    } else {
+        b = b.scope(RouteScope::Link);
+    }
+    if route.onlink {
+        b = b.onlink();
+    }
+    b.build()
+}
+
+pub(crate) fn parse_link(msg: LinkMessage) -> Link {
+    let mut link = Link {
+        index: msg.header.index,
+        name: String::new(),
+        mtu: 0,
+        mac: None,
+        kind: LinkKind::Other(None),
+    };
+    for attr in msg.attributes {
+        match attr {
+            LinkAttribute::IfName(name) => link.name = name,
+            LinkAttribute::Mtu(mtu) => link.mtu = mtu,
+            LinkAttribute::Address(bytes) => link.mac = MacAddr::from_slice(&bytes),
+            LinkAttribute::LinkInfo(infos) => link.kind = parse_kind(infos),
+            _ => {}
+        }
+    }
+    link
+}
+
+pub(super) fn parse_kind(infos: Vec<LinkInfo>) -> LinkKind {
+    let mut kind = None;
+    let mut data = None;
+    for info in infos {
+        match info {
+            LinkInfo::Kind(k) => kind = Some(k),
+            LinkInfo::Data(d) => data = Some(d),
+            _ => {}
+        }
+    }
+    match (kind, data) {
+        (Some(InfoKind::Vxlan), Some(InfoData::Vxlan(d))) => LinkKind::Vxlan(parse_vxlan(d)),
+        (Some(InfoKind::IpIp), Some(InfoData::IpTunnel(d))) => LinkKind::Ipip(parse_ipip(d)),
+        (kind, _) => LinkKind::Other(kind),
+    }
+}
+
+pub(super) fn parse_vxlan(data: Vec<InfoVxlan>) -> VxlanParams {
+    let mut p = VxlanParams::default();
+    for item in data {
+        match item {
+            InfoVxlan::Id(vni) => p.vni = vni,
+            InfoVxlan::Local(ip) => p.local = Some(ip).filter(|ip| !ip.is_unspecified()),
+            InfoVxlan::Link(dev) => p.dev = Some(dev).filter(|&dev| dev != 0),
+            InfoVxlan::Port(port) => p.port = port,
+            InfoVxlan::Learning(on) => p.learning = on,
+            _ => {}
+        }
+    }
+    p
+}
+
+pub(super) fn parse_ipip(data: Vec<InfoIpTunnel>) -> IpipParams {
+    let v4 = |ip: IpAddr| match ip {
+        IpAddr::V4(v4) if !v4.is_unspecified() => Some(v4),
+        _ => None,
+    };
+    let mut p = IpipParams::default();
+    for item in data {
+        match item {
+            InfoIpTunnel::Local(ip) => p.local = v4(ip),
+            InfoIpTunnel::Remote(ip) => p.remote = v4(ip),
+            _ => {}
+        }
+    }
+    p
+}
+
+pub(super) fn address_of(msg: &AddressMessage) -> Option<Ipv4Net> {
+    // IFA_LOCAL is the interface's own address; IFA_ADDRESS differs from it on point-to-point links.
+    let local = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(IpAddr::V4(ip)) => Some(*ip),
+        _ => None,
+    })?;
+    Ipv4Net::new(local, msg.header.prefix_len).ok()
+}
+
+pub(super) fn parse_boot_route(msg: &RouteMessage) -> Option<Route> {
+    let h = &msg.header;
+    let ours = h.address_family == AddressFamily::Inet
+        && h.table == RouteHeader::RT_TABLE_MAIN
+        && h.protocol == RouteProtocol::Boot
+        && h.kind == RouteType::Unicast;
+    if !ours {
+        return None;
+    }
+    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let mut gateway = None;
+    let mut oif = None;
+    for attr in &msg.attributes {
+        match attr {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            _ => {}
+        }
+    }
+    Some(Route {
+        dst: Ipv4Net::new(dst, h.destination_prefix_length).ok()?,
+        gateway,
+        oif: oif?,
+        onlink: h.flags.contains(RouteFlags::Onlink),
+    })
+}
+
+pub(super) fn neighbour_fields(msg: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<MacAddr>) {
+    let mut ip = None;
+    let mut mac = None;
+    for attr in &msg.attributes {
+        match attr {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(*a),
+            // In AF_BRIDGE (fdb) messages the parser can't know the address family of NDA_DST.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
+                ip = <[u8; 4]>::try_from(bytes.as_slice())
+                    .ok()
+                    .map(Ipv4Addr::from)
+            }
+            NeighbourAttribute::LinkLayerAddress(bytes) => mac = MacAddr::from_slice(bytes),
+            _ => {}
+        }
+    }
+    (ip, mac)
+}
+
+/// fdb entries report NUD_PERMANENT together with NUD_NOARP, so test the bit.
+pub(super) fn is_permanent(msg: &NeighbourMessage) -> bool {
+    let permanent = u16::from(NeighbourState::Permanent);
+    u16::from(msg.header.state) & permanent == permanent
+}
+
+pub(super) fn parse_neighbour(msg: &NeighbourMessage) -> Option<Neighbour> {
+    let (ip, mac) = neighbour_fields(msg);
+    is_permanent(msg).then_some(Neighbour { ip: ip?, mac: mac? })
+}
+
+pub(super) fn parse_fdb(msg: &NeighbourMessage) -> Option<FdbEntry> {
+    let (dst, mac) = neighbour_fields(msg);
+    is_permanent(msg).then_some(FdbEntry {
+        mac: mac?,
+        dst: dst?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vxlan_message_omits_port_zero_and_sets_nolearning() {
+        let p = VxlanParams {
+            vni: 1,
+            local: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            dev: Some(7),
+            port: 0,
+            learning: false,
+        };
+        let msg = vxlan_link_message("flannel.1", &p, 1450, MacAddr([2, 0, 0, 0, 0, 1]));
+        let link = parse_link(msg.clone());
+        assert_eq!(link.kind, LinkKind::Vxlan(p.clone()));
+        assert_eq!((link.name.as_str(), link.mtu), ("flannel.1", 1450));
+        assert_eq!(link.mac, Some(MacAddr([2, 0, 0, 0, 0, 1])));
+        let has_port = format!("{msg:?}").contains("Port(");
+        assert!(!has_port, "port 0 must be left to the kernel");
+
+        let with_port = vxlan_link_message(
+            "flannel.1",
+            &VxlanParams { port: 4789, ..p },
+            1450,
+            MacAddr::random(),
+        );
+        assert!(matches!(
+            parse_link(with_port).kind,
+            LinkKind::Vxlan(VxlanParams { port: 4789, .. })
+        ));
+    }
+
+    #[test]
+    fn route_message_carries_onlink_gateway_and_proto_boot() {
+        let route = Route {
+            dst: "10.5.2.0/24".parse().unwrap(),
+            gateway: Some(Ipv4Addr::new(10, 5, 2, 0)),
+            oif: 4,
+            onlink: true,
+        };
+        let msg = route_message(&route);
+        assert_eq!(parse_boot_route(&msg), Some(route));
+        assert_eq!(msg.header.scope, RouteScope::Universe);
+    }
+
+    #[test]
+    fn fdb_entries_parse_with_noarp_state_and_untyped_destination() {
+        // As the kernel dumps `bridge fdb ... self permanent` on a vxlan device.
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Bridge;
+        msg.header.state = NeighbourState::Other(0xc0);
+        msg.attributes = vec![
+            NeighbourAttribute::LinkLayerAddress(vec![0xaa, 0xbb, 0xcc, 0, 0, 3]),
+            NeighbourAttribute::Destination(NeighbourAddress::Other(vec![10, 200, 0, 3])),
+        ];
+        let entry = FdbEntry {
+            mac: MacAddr([0xaa, 0xbb, 0xcc, 0, 0, 3]),
+            dst: Ipv4Addr::new(10, 200, 0, 3),
+        };
+        assert_eq!(parse_fdb(&msg), Some(entry));
+        msg.header.state = NeighbourState::Reachable;
+        assert_eq!(parse_fdb(&msg), None, "only permanent entries are ours");
+    }
+}
