@@ -13,7 +13,6 @@ use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::runtime::Runtime;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::{TunConfig, DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
 use twill_dataplane::table::PeerSpec;
@@ -124,7 +123,6 @@ fn under_load(name: &str, kind: EngineKind) -> [Window; 2] {
 struct Node {
     engine: Engine,
     address: Ipv4Addr,
-    _runtime: Runtime,
 }
 
 impl Node {
@@ -145,18 +143,11 @@ impl Node {
             bind: SocketAddrV4::new(host.underlay_ip, port),
             socket_buffer: DEFAULT_SOCKET_BUFFER,
         };
-        // The runtime's worker thread is spawned here, inside the host's namespace.
-        let (runtime, engine) = host.ns.enter(|| {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            let engine = runtime
-                .block_on(async { Engine::start(&config) })
-                .expect("start the engine");
-            (runtime, engine)
-        });
+        // The engine's threads are spawned here, inside the host's namespace.
+        let engine = host
+            .ns
+            .enter(|| Engine::start(&config))
+            .expect("start the engine");
         host.ns
             .ip(&["route", "add", NETWORK, "dev", "twill0"])
             .expect("route the network into the TUN");
@@ -168,7 +159,6 @@ impl Node {
         Node {
             engine,
             address: subnet(i).addr(),
-            _runtime: runtime,
         }
     }
 

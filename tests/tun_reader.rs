@@ -30,13 +30,13 @@ fn woken_reader_sends_first_while_sparse_and_drains_under_load() -> Result<()> {
         tx_queue_len: 1000,
     };
     // The TUN and socket stay bound to the namespace they were made in.
-    let (tun, socket) = ns.enter(|| {
-        let _runtime = rt.enter();
-        (Tun::open(&config), UdpSocket::bind("0.0.0.0:0"))
-    });
+    let (tun, socket) = ns.enter(|| (Tun::open(&config), UdpSocket::bind("0.0.0.0:0")));
     let (tun, socket) = (tun?, socket?);
     ns.ip(&["route", "add", "10.5.0.0/16", "dev", TUN_NAME])?;
-    let mut reader = tun.reader(0);
+    let mut reader = {
+        let _runtime = rt.enter();
+        tun.reader(0)?
+    };
     let mut sender = Sender { socket, next: 0 };
     rt.block_on(async {
         sender.send(1)?;

@@ -83,7 +83,11 @@ fn tun_round_trip(c: &mut Criterion, sandbox: &Sandbox) {
         .ns
         .ip(&["route", "add", "10.5.0.0/16", "dev", TUN_NAME])
         .expect("route into the TUN");
-    let (mut reader, mut writer) = (tun.reader(0), tun.writer(0));
+    let (mut reader, mut writer) = {
+        let _runtime = sandbox.rt.enter();
+        let reader = tun.reader(0).expect("TUN reader");
+        (reader, tun.writer(0).expect("TUN writer"))
+    };
     let src = SocketAddrV4::new(Ipv4Addr::new(10, 5, 2, 2), 5201);
     let dst = SocketAddrV4::new(Ipv4Addr::new(10, 5, 3, 3), 5201);
     let mut group = c.benchmark_group("tun");
@@ -113,7 +117,7 @@ async fn round_trips(
         for _ in 0..count {
             writer.push(packet);
         }
-        writer.flush().await.expect("TUN write");
+        writer.flush().expect("TUN write");
         let mut read = 0;
         while read < count {
             read += reader.read_batch().await.expect("TUN read");
@@ -211,6 +215,10 @@ fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
     let bind = || UdpIo::bind(LOOPBACK, DEFAULT_SOCKET_BUFFER).expect("bind UdpIo");
     let (tx, rx) = sandbox.open(|| (bind(), bind()));
     let to = local_v4(rx.local_addr());
+    let rx = {
+        let _runtime = sandbox.rt.enter();
+        rx.receiver().expect("UDP receiver")
+    };
     assert!(
         tx.segments_per_send(size) >= BURST,
         "no UDP GSO on loopback"
@@ -222,7 +230,7 @@ fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
             sandbox.rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    tx.send(to, &train, size).await.expect("GSO send");
+                    tx.send(to, &train, size).expect("GSO send");
                     let mut received = 0;
                     while received < BURST {
                         rx.recv(&mut batch).await.expect("GRO recv");

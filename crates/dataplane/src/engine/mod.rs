@@ -1,10 +1,12 @@
-//! The userspace dataplanes: tokio tasks that move packets TUN -> UDP and UDP -> TUN.
+//! The userspace dataplanes: directions that move packets TUN -> UDP and UDP -> TUN, each on
+//! its own thread ([`directions`]).
 //!
 //! The per-packet rules both engines share live here: route a packet from TUN to a peer, and
 //! check a packet from a peer before it reaches TUN. The engines differ only in how packets
 //! are laid out in datagrams.
 
 pub mod batch;
+pub mod directions;
 mod path_mtu;
 pub mod udp;
 pub mod wireguard;
@@ -17,13 +19,13 @@ use crate::table::{Peer, PeerTable, SharedTable};
 use crate::wire::icmp::{self, IcmpError};
 use crate::wire::ipv4::Ipv4Packet;
 use crate::wire::{self, flannel, WireError};
+use directions::{Direction, Directions};
 use ipnet::Ipv4Net;
 use path_mtu::PathMtu;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
 /// Which datagram layout an engine speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,17 +66,19 @@ pub struct EngineConfig {
     pub socket_buffer: usize,
 }
 
-/// A running dataplane. Dropping it stops the tasks and removes the TUN device.
+/// A running dataplane. Dropping it stops its threads and removes the TUN device.
 pub struct Engine {
+    // Drop order: the threads stop and close their descriptors, then the device's own go.
+    _directions: Directions,
+    _tun: Arc<Tun>,
     table: Arc<SharedTable>,
     stats: Arc<EngineStats>,
-    tasks: Vec<JoinHandle<()>>,
     offload: bool,
     mtu: u16,
 }
 
 impl Engine {
-    /// Open the TUN and the socket and start forwarding. Must run inside a tokio runtime.
+    /// Open the TUN and the socket and start forwarding, each direction on its own thread.
     pub fn start(config: &EngineConfig) -> anyhow::Result<Engine> {
         Engine::launch(
             &config.tun,
@@ -82,23 +86,24 @@ impl Engine {
             config.socket_buffer,
             config.kind.overhead(),
             |tun, io| match config.kind {
-                EngineKind::FlannelUdp => udp::spawn(tun, io),
-                EngineKind::Batch { delay } => batch::spawn(tun, io, config.subnet, delay),
+                EngineKind::FlannelUdp => udp::directions(tun, io),
+                EngineKind::Batch { delay } => batch::directions(tun, io, config.subnet, delay),
             },
         )
     }
 
-    /// Open the TUN and a socket bound on `bind`, and start the tasks `spawn` makes on them.
-    /// `overhead` is what the engine's format adds to a packet sent alone.
+    /// Open the TUN and a socket bound on `bind`, and start the directions `directions` declares
+    /// on them, each on its own thread. `overhead` is what the engine's format adds to a packet
+    /// sent alone.
     pub(crate) fn launch(
         config: &TunConfig,
         bind: SocketAddrV4,
         socket_buffer: usize,
         overhead: usize,
-        spawn: impl FnOnce(&Tun, &Shared) -> Vec<JoinHandle<()>>,
+        directions: impl FnOnce(&Arc<Tun>, &Shared) -> std::io::Result<Vec<Direction>>,
     ) -> anyhow::Result<Engine> {
         let udp = Arc::new(UdpIo::bind(bind, socket_buffer)?);
-        let tun = Tun::open(config)?;
+        let tun = Arc::new(Tun::open(config)?);
         let table = Arc::new(SharedTable::default());
         let stats = Arc::new(EngineStats::default());
         let mtu = usize::from(tun.mtu());
@@ -111,13 +116,14 @@ impl Engine {
             path: Arc::new(PathMtu::new(mtu + overhead)),
             overhead,
         };
-        let tasks = spawn(&tun, &io);
+        let directions = directions(&tun, &io)?;
         Ok(Engine {
-            table,
-            stats,
-            tasks,
+            _directions: Directions::start(directions)?,
             offload: tun.offload(),
             mtu: tun.mtu(),
+            _tun: tun,
+            table,
+            stats,
         })
     }
 
@@ -135,14 +141,6 @@ impl Engine {
 
     pub fn mtu(&self) -> u16 {
         self.mtu
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        for task in &self.tasks {
-            task.abort();
-        }
     }
 }
 
@@ -167,13 +165,13 @@ impl Shared {
     /// Send a train. A send refused as too big first teaches the path MTU what the route allows
     /// now (a GSO train over the device MTU is refused with EINVAL rather than EMSGSIZE); the
     /// caller counts what was lost.
-    pub async fn send(
+    pub fn send(
         &self,
         dst: SocketAddrV4,
         datagrams: &[u8],
         segment: usize,
     ) -> Result<(), SendError> {
-        let result = self.udp.send(dst, datagrams, segment).await;
+        let result = self.udp.send(dst, datagrams, segment);
         if let Err(e) = &result {
             if matches!(e.error.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) {
                 if let Ok(local) = self.udp.local_addr() {
@@ -281,15 +279,15 @@ pub(crate) fn send_failed(dst: SocketAddrV4, e: &SendError, lost: usize, drops: 
 }
 
 /// Queue a checked packet for TUN, writing the batch out once it is full.
-pub(crate) async fn write_to_tun(writer: &mut TunWriter, packet: &[u8], drops: &mut DropTally) {
+pub(crate) fn write_to_tun(writer: &mut TunWriter, packet: &[u8], drops: &mut DropTally) {
     writer.push(packet);
     if writer.is_full() {
-        flush_tun(writer, drops).await;
+        flush_tun(writer, drops);
     }
 }
 
-pub(crate) async fn flush_tun(writer: &mut TunWriter, drops: &mut DropTally) {
-    if let Err(e) = writer.flush().await {
+pub(crate) fn flush_tun(writer: &mut TunWriter, drops: &mut DropTally) {
+    if let Err(e) = writer.flush() {
         tracing::debug!("TUN write failed: {e}");
         drops.count(DropReason::IoError);
     }

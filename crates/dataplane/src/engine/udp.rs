@@ -4,24 +4,34 @@
 //! equal-sized packets to one peer leaves in one UDP GSO send (the kernel still puts each in its
 //! own datagram), and GRO trains from the socket go to TUN in one coalesced write.
 
+use super::directions::Direction;
 use super::{
     accept_inbound, flush_tun, route_outbound, send_failed, tun_read_failed, write_to_tun, Shared,
 };
 use crate::io::udp::{sender_v4, SendError};
-use crate::io::{RecvBatch, Tun, TunReader, TunWriter};
+use crate::io::{RecvBatch, Tun, TunReader, TunWriter, UdpReceiver};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
 use arrayvec::ArrayVec;
+use std::io;
 use std::net::SocketAddrV4;
 use std::ops::ControlFlow;
-use tokio::task::JoinHandle;
+use std::sync::Arc;
 
-pub(crate) fn spawn(tun: &Tun, io: &Shared) -> Vec<JoinHandle<()>> {
-    let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
-        .map(|q| tokio::spawn(tun_to_udp(tun.reader(q), tun.writer(q), io.clone())))
-        .collect();
-    tasks.push(tokio::spawn(udp_to_tun(tun.writer(0), io.clone())));
-    tasks
+/// TUN -> UDP for each queue, and UDP -> TUN.
+pub(crate) fn directions(tun: &Arc<Tun>, io: &Shared) -> io::Result<Vec<Direction>> {
+    let mut directions = Vec::new();
+    for q in 0..tun.queues() {
+        let (tun, icmp, io) = (tun.clone(), tun.writer(q)?, io.clone());
+        directions.push(Direction::new(format!("twill tun{q}>udp"), move || {
+            Ok(tun_to_udp(tun.reader(q)?, icmp, io))
+        }));
+    }
+    let (writer, io) = (tun.writer(0)?, io.clone());
+    directions.push(Direction::new("twill udp>tun", move || {
+        Ok(udp_to_tun(io.udp.receiver()?, writer, io))
+    }));
+    Ok(directions)
 }
 
 /// Consecutive packets of one read batch bound for one peer, sendable as one GSO train.
@@ -115,8 +125,8 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, io: Shared) {
             &mut drops,
             &mut icmp,
         );
-        send_runs(&mut reader, &runs, &table, &io, &mut drops, &mut icmp).await;
-        flush_tun(&mut icmp, &mut drops).await;
+        send_runs(&mut reader, &runs, &table, &io, &mut drops, &mut icmp);
+        flush_tun(&mut icmp, &mut drops);
         drops.publish(&io.stats);
     }
 }
@@ -160,7 +170,7 @@ fn classify(
     }
 }
 
-async fn send_runs(
+fn send_runs(
     reader: &mut TunReader,
     runs: &[Run],
     table: &PeerTable,
@@ -171,7 +181,7 @@ async fn send_runs(
     let (mut packets, mut bytes, mut datagrams) = (0u64, 0u64, 0u64);
     for run in runs {
         let train = reader.gather(run.first, run.count, run.segment);
-        let (sent, sent_bytes) = match io.send(run.endpoint, train, run.segment).await {
+        let (sent, sent_bytes) = match io.send(run.endpoint, train, run.segment) {
             Ok(()) => (run.count, run.bytes),
             Err(e) => {
                 send_failed(run.endpoint, &e, e.lost(), drops);
@@ -198,16 +208,16 @@ async fn send_runs(
         .fetch_add(datagrams, std::sync::atomic::Ordering::Relaxed);
 }
 
-async fn udp_to_tun(mut writer: TunWriter, io: Shared) {
+async fn udp_to_tun(udp: UdpReceiver, mut writer: TunWriter, io: Shared) {
     let mut batch = RecvBatch::default();
     let mut drops = DropTally::default();
     loop {
-        if let Err(e) = io.udp.recv(&mut batch).await {
+        if let Err(e) = udp.recv(&mut batch).await {
             tracing::warn!("UDP receive failed: {e}");
             continue;
         }
-        let (packets, bytes, datagrams) = deliver(&mut batch, &mut writer, &io, &mut drops).await;
-        flush_tun(&mut writer, &mut drops).await;
+        let (packets, bytes, datagrams) = deliver(&mut batch, &mut writer, &io, &mut drops);
+        flush_tun(&mut writer, &mut drops);
         io.stats.rx.add(packets, bytes);
         io.stats
             .rx_datagrams
@@ -217,7 +227,7 @@ async fn udp_to_tun(mut writer: TunWriter, io: Shared) {
 }
 
 /// Check every datagram of a receive batch and queue the good ones for TUN.
-async fn deliver(
+fn deliver(
     batch: &mut RecvBatch,
     writer: &mut TunWriter,
     io: &Shared,
@@ -241,7 +251,7 @@ async fn deliver(
             }
             peer_packets += 1;
             peer_bytes += datagram.len() as u64;
-            write_to_tun(writer, datagram, drops).await;
+            write_to_tun(writer, datagram, drops);
         }
         if let Some(peer) = peer {
             peer.stats.rx.add(peer_packets, peer_bytes);

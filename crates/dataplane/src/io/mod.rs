@@ -6,6 +6,19 @@ pub mod gro;
 pub mod gso;
 pub mod tun;
 pub mod udp;
+mod wait;
 
 pub use tun::{Tun, TunConfig, TunReader, TunWriter, DEFAULT_TX_QUEUE_LEN};
-pub use udp::{RecvBatch, UdpIo, DEFAULT_SOCKET_BUFFER};
+pub use udp::{RecvBatch, UdpIo, UdpReceiver, DEFAULT_SOCKET_BUFFER};
+
+use std::os::fd::OwnedFd;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// Register `fd` with the current thread's runtime, for `interest` only: a reader registered
+/// for writability too would also be woken whenever the kernel frees what a writer sent.
+fn register(fd: OwnedFd, interest: Interest) -> std::io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd keeps its descriptor open, and always returns that one from
+    // as_raw_fd, for as long as it lives, which is as long as the AsyncFd owning it.
+    unsafe { AsyncFd::register_with_interest(fd, interest) }.map_err(|e| e.into_parts().1)
+}

@@ -4,15 +4,22 @@
 //! into MTU-sized segments, and a write can hand the kernel many TCP segments or UDP datagrams
 //! that twill's [`Coalescer`] first merges (GRO, and USO where the kernel has it). So one
 //! syscall moves up to 64 KB each way instead of one packet.
+//!
+//! Each reader and writer has its own duplicate of the queue's descriptor. A reader registers
+//! its copy, for readability only, with the runtime that polls it, so a packet wakes that
+//! thread and no other; a writer's copy is registered nowhere (see [`super::wait`]).
 
 use super::gro::{Coalescer, Merge};
 use super::gso;
+use super::wait;
 use crate::wire::virtio::GSO_NONE;
 use arrayvec::ArrayVec;
 use std::io;
 use std::net::Ipv4Addr;
-use std::sync::Arc;
-use tun_rs::{AsyncDevice, DeviceBuilder, VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+use std::os::fd::{AsFd, OwnedFd};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tun_rs::{DeviceBuilder, SyncDevice, VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 /// Packets per read batch: enough for a few 64 KB super-packets at the smallest useful MTU.
 pub const READ_BATCH: usize = 256;
@@ -27,6 +34,9 @@ const SLOTS_PER_READ: usize = 128;
 pub const DEFAULT_TX_QUEUE_LEN: u32 = 10_000;
 /// Largest read: the virtio header and a 64 KB super-packet.
 const MAX_READ: usize = VIRTIO_NET_HDR_LEN + 65535;
+/// A TUN whose interface was deleted reports only EPOLLERR, which a readable-only wait never
+/// sees; waiting for errors too lets the next read return the error instead of hanging.
+const READ_INTEREST: Interest = Interest::READABLE.add(Interest::ERROR);
 
 #[derive(Debug, Clone)]
 pub struct TunConfig {
@@ -39,8 +49,10 @@ pub struct TunConfig {
     pub tx_queue_len: u32,
 }
 
+/// The device: its queues stay open, and the device up, for as long as this or any reader or
+/// writer made from it lives.
 pub struct Tun {
-    queues: Vec<Arc<AsyncDevice>>,
+    queues: Vec<SyncDevice>,
     offload: bool,
     /// The kernel takes UDP GSO writes (USO, Linux 6.2), so UDP may be coalesced too.
     uso: bool,
@@ -67,9 +79,13 @@ impl Tun {
         first
             .enabled(true)
             .map_err(|e| anyhow::anyhow!("cannot bring TUN device {} up: {e}", config.name))?;
-        let mut queues = vec![Arc::new(first)];
+        let mut queues = vec![first];
         for _ in 1..config.queues {
-            queues.push(Arc::new(queues[0].try_clone()?));
+            queues.push(queues[0].try_clone()?);
+        }
+        // Readers take what is queued without waiting; every duplicate shares this flag.
+        for queue in &queues {
+            queue.set_nonblocking(true)?;
         }
         tracing::info!(
             name = %config.name, mtu = config.mtu, offload, uso, queues = queues.len(),
@@ -95,20 +111,29 @@ impl Tun {
         self.queues.len()
     }
 
-    pub fn reader(&self, queue: usize) -> TunReader {
-        TunReader::new(self.queues[queue].clone(), self.mtu, self.offload)
+    /// A reader of `queue`, woken by the runtime this is called in: call it on the thread that
+    /// will read.
+    pub fn reader(&self, queue: usize) -> io::Result<TunReader> {
+        let fd = super::register(self.dup(queue)?, Interest::READABLE)?;
+        Ok(TunReader::new(fd, self.mtu, self.offload))
     }
 
-    pub fn writer(&self, queue: usize) -> TunWriter {
+    /// A writer of `queue`; it writes from any thread and waits in no runtime.
+    pub fn writer(&self, queue: usize) -> io::Result<TunWriter> {
         let merge = Merge {
             tcp: self.offload,
             udp: self.uso,
         };
-        TunWriter::new(self.queues[queue].clone(), self.offload, merge)
+        Ok(TunWriter::new(self.dup(queue)?, self.offload, merge))
+    }
+
+    /// A descriptor of `queue`'s open file (non-blocking, see [`Tun::open`]).
+    fn dup(&self, queue: usize) -> io::Result<OwnedFd> {
+        self.queues[queue].as_fd().try_clone_to_owned()
     }
 }
 
-fn build(config: &TunConfig, offload: bool) -> io::Result<AsyncDevice> {
+fn build(config: &TunConfig, offload: bool) -> io::Result<SyncDevice> {
     DeviceBuilder::new()
         .name(&config.name)
         .mtu(config.mtu)
@@ -117,7 +142,7 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<AsyncDevice> {
         .multi_queue(config.queues > 1)
         .tx_queue_len(config.tx_queue_len)
         .enable(false)
-        .build_async()
+        .build_sync()
 }
 
 /// twill carries IPv4 only; without this the kernel would send router solicitations and MLD
@@ -159,7 +184,7 @@ fn open_error(config: &TunConfig, e: io::Error) -> anyhow::Error {
 /// With [`TunReader::keep_whole`], a TCP super-packet is not split: the batch ends before it and
 /// [`TunReader::whole`] hands it over as read, for an engine that carries it in one piece.
 pub struct TunReader {
-    dev: Arc<AsyncDevice>,
+    dev: AsyncFd<OwnedFd>,
     /// Whether reads start with a virtio-net header (offloads on).
     vnet_hdr: bool,
     keep_whole: bool,
@@ -177,7 +202,7 @@ pub struct TunReader {
 }
 
 impl TunReader {
-    fn new(dev: Arc<AsyncDevice>, mtu: u16, vnet_hdr: bool) -> TunReader {
+    fn new(dev: AsyncFd<OwnedFd>, mtu: u16, vnet_hdr: bool) -> TunReader {
         let stride = usize::from(mtu);
         TunReader {
             dev,
@@ -345,10 +370,11 @@ impl TunReader {
     }
 }
 
-async fn read(dev: &AsyncDevice, buf: &mut [u8], mode: ReadMode) -> io::Result<usize> {
+async fn read(dev: &AsyncFd<OwnedFd>, buf: &mut [u8], mode: ReadMode) -> io::Result<usize> {
+    let mut read_now = |fd: &OwnedFd| Ok(nix::unistd::read(fd, buf)?);
     match mode {
-        ReadMode::Wait => dev.recv(buf).await,
-        ReadMode::NoWait => dev.try_recv(buf),
+        ReadMode::Wait => dev.async_io(READ_INTEREST, read_now).await,
+        ReadMode::NoWait => read_now(dev.get_ref()),
     }
 }
 
@@ -360,7 +386,7 @@ enum ReadMode {
 /// Collects packets for TUN and writes them, merged into super-packets by [`Coalescer`] when
 /// the device takes virtio-net headers.
 pub struct TunWriter {
-    dev: Arc<AsyncDevice>,
+    dev: OwnedFd,
     packets: Coalescer,
     /// Whether each write starts with a virtio-net header (offloads on).
     vnet_hdr: bool,
@@ -370,7 +396,7 @@ pub struct TunWriter {
 }
 
 impl TunWriter {
-    fn new(dev: Arc<AsyncDevice>, vnet_hdr: bool, merge: Merge) -> TunWriter {
+    fn new(dev: OwnedFd, vnet_hdr: bool, merge: Merge) -> TunWriter {
         TunWriter {
             dev,
             packets: Coalescer::new(WRITE_BATCH, merge),
@@ -399,11 +425,11 @@ impl TunWriter {
 
     /// Write everything queued, one write per (super-)packet. A failed write loses that packet,
     /// as a congested link would; the rest are still written and the first error is returned.
-    pub async fn flush(&mut self) -> io::Result<()> {
+    pub fn flush(&mut self) -> io::Result<()> {
         let skip = if self.vnet_hdr { 0 } else { VIRTIO_NET_HDR_LEN };
         let mut result = Ok(());
         for buf in self.packets.drain() {
-            if let Err(e) = self.dev.send(&buf[skip..]).await {
+            if let Err(e) = write(&self.dev, &buf[skip..]) {
                 result = result.and(Err(e));
             }
         }
@@ -413,18 +439,18 @@ impl TunWriter {
     /// Write a TCP super-packet after everything queued, so order is kept. `frame` is room for
     /// the virtio-net header, then the packet; `hdr` says how the kernel segments it. A device
     /// without offloads cannot take it whole, so it is split here instead.
-    pub async fn write_super(&mut self, frame: &mut [u8], hdr: VirtioNetHdr) -> io::Result<()> {
-        let queued = self.flush().await;
+    pub fn write_super(&mut self, frame: &mut [u8], hdr: VirtioNetHdr) -> io::Result<()> {
+        let queued = self.flush();
         hdr.encode(&mut frame[..VIRTIO_NET_HDR_LEN])?;
         if self.vnet_hdr {
-            self.dev.send(frame).await?;
+            write(&self.dev, frame)?;
         } else {
-            self.write_segments(hdr, frame).await?;
+            self.write_segments(hdr, frame)?;
         }
         queued
     }
 
-    async fn write_segments(&mut self, hdr: VirtioNetHdr, frame: &mut [u8]) -> io::Result<()> {
+    fn write_segments(&mut self, hdr: VirtioNetHdr, frame: &mut [u8]) -> io::Result<()> {
         if self.segments.is_empty() {
             self.segments = vec![0; 4 * MAX_READ];
         }
@@ -434,8 +460,13 @@ impl TunWriter {
         let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
         let n = gso::split(hdr, packet, &mut slots, &mut self.segment_sizes)?;
         for (slot, &len) in slots.iter().zip(&self.segment_sizes[..n]) {
-            self.dev.send(&slot[..len]).await?;
+            write(&self.dev, &slot[..len])?;
         }
         Ok(())
     }
+}
+
+/// One frame to the TUN, which takes it whole or not at all.
+fn write(dev: &OwnedFd, frame: &[u8]) -> io::Result<()> {
+    wait::until_writable(dev.as_fd(), || Ok(nix::unistd::write(dev, frame)?)).map(drop)
 }

@@ -1,15 +1,21 @@
 //! The underlay UDP socket: big buffers, recvmmsg with UDP GRO, sendmsg with UDP GSO.
 //!
 //! quinn-udp does the cmsg work and detects at run time whether GSO works on this path (EIO or
-//! EINVAL switch it off); we add the buffer sizes and a tokio-driven batch API.
+//! EINVAL switch it off); we add the buffer sizes and a batch API.
+//!
+//! Sends go straight to the kernel from the sending thread, through a descriptor no reactor
+//! watches (see [`super::wait`]); receives wait in the runtime of the thread that made the
+//! [`UdpReceiver`], on a duplicate descriptor registered for readability only.
 
+use super::wait;
 use arrayvec::ArrayVec;
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, SocketAddrV4};
+use std::os::fd::{AsFd, OwnedFd};
+use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::net::UdpSocket;
 
 /// wireguard-go's choice: 7 MB each way absorbs bursts of 64 KB sends without drops.
 pub const DEFAULT_SOCKET_BUFFER: usize = 7 << 20;
@@ -18,14 +24,15 @@ pub const MAX_DATAGRAM_TRAIN: usize = 65535;
 /// A GSO send must fit one IP datagram: 65535 minus the outer IPv4 and UDP headers.
 pub const MAX_GSO_BYTES: usize = 65535 - 28;
 
+/// The bound socket: sends from any thread, and makes the receivers.
 pub struct UdpIo {
-    socket: UdpSocket,
+    socket: Socket,
     state: UdpSocketState,
 }
 
 impl UdpIo {
     /// Bind on `addr` (flanneld binds iface_ip:port) with `buffer` bytes of send and of
-    /// receive buffer. Must run inside a tokio runtime.
+    /// receive buffer.
     pub fn bind(addr: SocketAddrV4, buffer: usize) -> anyhow::Result<UdpIo> {
         let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
         set_buffers(&socket, buffer);
@@ -40,7 +47,6 @@ impl UdpIo {
             }
         })?;
         socket.set_nonblocking(true)?;
-        let socket = UdpSocket::from_std(socket.into())?;
         let state = UdpSocketState::new((&socket).into())?;
         tracing::info!(
             %addr,
@@ -53,7 +59,19 @@ impl UdpIo {
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.socket.local_addr()
+        self.socket
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| io::Error::other("UDP socket bound to a non-IP address"))
+    }
+
+    /// A receiver woken by the runtime this is called in: call it on the thread that will
+    /// receive.
+    pub fn receiver(&self) -> io::Result<UdpReceiver> {
+        let socket = OwnedFd::from(self.socket.try_clone()?);
+        let state = UdpSocketState::new((&socket).into())?;
+        let socket = super::register(socket, Interest::READABLE)?;
+        Ok(UdpReceiver { socket, state })
     }
 
     pub fn max_gso_segments(&self) -> usize {
@@ -70,29 +88,24 @@ impl UdpIo {
     /// [`UdpIo::segments_per_send`]. A train the kernel refuses whole (too big for one send, or
     /// a device without segmentation offload) is sent again one datagram at a time, so one bad
     /// send never costs the whole train; the error then says how many datagrams still went.
-    pub async fn send(
+    pub fn send(
         &self,
         dst: SocketAddrV4,
         contents: &[u8],
         segment: usize,
     ) -> Result<(), SendError> {
         let segment = segment.max(1);
-        let Err(error) = self.send_once(dst, contents, segment).await else {
+        let Err(error) = self.send_once(dst, contents, segment) else {
             return Ok(());
         };
         let datagrams = contents.len().div_ceil(segment);
         if datagrams == 1 || !refuses_train(&error) {
             return Err(SendError::whole(datagrams, error));
         }
-        self.send_each(dst, contents, segment).await
+        self.send_each(dst, contents, segment)
     }
 
-    async fn send_once(
-        &self,
-        dst: SocketAddrV4,
-        contents: &[u8],
-        segment: usize,
-    ) -> io::Result<()> {
+    fn send_once(&self, dst: SocketAddrV4, contents: &[u8], segment: usize) -> io::Result<()> {
         let transmit = Transmit {
             destination: SocketAddr::V4(dst),
             ecn: None,
@@ -100,15 +113,13 @@ impl UdpIo {
             segment_size: (contents.len() > segment).then_some(segment),
             src_ip: None,
         };
-        self.socket
-            .async_io(Interest::WRITABLE, || {
-                self.state.try_send((&self.socket).into(), &transmit)
-            })
-            .await
+        wait::until_writable(self.socket.as_fd(), || {
+            self.state.try_send((&self.socket).into(), &transmit)
+        })
     }
 
     /// The datagrams of a refused train, one send each; the first error is kept.
-    async fn send_each(
+    fn send_each(
         &self,
         dst: SocketAddrV4,
         contents: &[u8],
@@ -117,7 +128,7 @@ impl UdpIo {
         let mut failed = 0u128;
         let mut first_error = None;
         for (i, datagram) in contents.chunks(segment).enumerate() {
-            if let Err(e) = self.send_once(dst, datagram, segment).await {
+            if let Err(e) = self.send_once(dst, datagram, segment) {
                 failed |= 1 << i;
                 first_error.get_or_insert(e);
             }
@@ -127,7 +138,15 @@ impl UdpIo {
             Some(error) => Err(SendError { failed, error }),
         }
     }
+}
 
+/// The receiving side of a [`UdpIo`], registered with one thread's runtime.
+pub struct UdpReceiver {
+    socket: AsyncFd<OwnedFd>,
+    state: UdpSocketState,
+}
+
+impl UdpReceiver {
     /// Wait for datagrams and read as many as are ready, with GRO trains, into `batch`.
     pub async fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let mut slices: ArrayVec<IoSliceMut<'_>, BATCH_SIZE> = batch
@@ -138,8 +157,8 @@ impl UdpIo {
         let meta = &mut batch.meta;
         let n = self
             .socket
-            .async_io(Interest::READABLE, || {
-                self.state.recv((&self.socket).into(), &mut slices, meta)
+            .async_io(Interest::READABLE, |socket| {
+                self.state.recv(socket.into(), &mut slices, meta)
             })
             .await?;
         batch.len = n;

@@ -11,6 +11,7 @@ mod receiver;
 mod sender;
 mod train;
 
+use super::directions::Direction;
 use super::Shared;
 use crate::io::gso;
 use crate::io::Tun;
@@ -18,30 +19,34 @@ use crate::stats::{EngineStats, Flow};
 use ipnet::Ipv4Net;
 use receiver::Receiver;
 use sender::Sender;
+use std::io;
 use std::ops::AddAssign;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
-pub(crate) fn spawn(
-    tun: &Tun,
+/// TUN -> UDP for each queue, and UDP -> TUN.
+pub(crate) fn directions(
+    tun: &Arc<Tun>,
     io: &Shared,
     subnet: Ipv4Net,
     delay: Option<Duration>,
-) -> Vec<JoinHandle<()>> {
-    let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
-        .map(|q| {
-            let sender = Sender::new(io.clone(), subnet, delay, q as u8);
-            let mut reader = tun.reader(q);
+) -> io::Result<Vec<Direction>> {
+    let mut directions = Vec::new();
+    for q in 0..tun.queues() {
+        let sender = Sender::new(io.clone(), subnet, delay, q as u8);
+        let (tun, icmp) = (tun.clone(), tun.writer(q)?);
+        directions.push(Direction::new(format!("twill tun{q}>udp"), move || {
+            let mut reader = tun.reader(q)?;
             reader.keep_whole(true);
-            tokio::spawn(sender::tun_to_udp(reader, tun.writer(q), sender))
-        })
-        .collect();
-    tasks.push(tokio::spawn(receiver::udp_to_tun(
-        tun.writer(0),
-        Receiver::new(io.clone()),
-    )));
-    tasks
+            Ok(sender::tun_to_udp(reader, icmp, sender))
+        }));
+    }
+    let (writer, rx) = (tun.writer(0)?, Receiver::new(io.clone()));
+    directions.push(Direction::new("twill udp>tun", move || {
+        Ok(receiver::udp_to_tun(rx.io.udp.receiver()?, writer, rx))
+    }));
+    Ok(directions)
 }
 
 /// Datagrams, inner packets and inner bytes: what the counters are made of.

@@ -6,7 +6,7 @@ use super::reassembly::Reassembly;
 use super::{super_counts, Counts};
 use crate::io::gso;
 use crate::io::udp::sender_v4;
-use crate::io::{RecvBatch, TunWriter};
+use crate::io::{RecvBatch, TunWriter, UdpReceiver};
 use crate::stats::{DropReason, DropTally};
 use crate::table::Peer;
 use crate::wire::batch::{self, BatchPacket};
@@ -18,22 +18,22 @@ use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
 
 /// The UDP -> TUN half.
 pub(super) struct Receiver {
-    io: Shared,
+    pub io: Shared,
     /// Where each record of the datagram at hand lies; reused, so no allocation per datagram.
     records: Vec<Range<usize>>,
     supers: Reassembly,
     drops: DropTally,
 }
 
-pub(super) async fn udp_to_tun(mut writer: TunWriter, mut rx: Receiver) {
+pub(super) async fn udp_to_tun(udp: UdpReceiver, mut writer: TunWriter, mut rx: Receiver) {
     let mut batch = RecvBatch::default();
     loop {
-        if let Err(e) = rx.io.udp.recv(&mut batch).await {
+        if let Err(e) = udp.recv(&mut batch).await {
             tracing::warn!("UDP receive failed: {e}");
             continue;
         }
-        let got = rx.deliver(&mut batch, &mut writer).await;
-        flush_tun(&mut writer, &mut rx.drops).await;
+        let got = rx.deliver(&mut batch, &mut writer);
+        flush_tun(&mut writer, &mut rx.drops);
         got.publish_rx(&rx.io.stats);
         rx.drops.publish(&rx.io.stats);
     }
@@ -50,7 +50,7 @@ impl Receiver {
     }
 
     /// Check every datagram of a receive batch and queue the packets that pass for TUN.
-    async fn deliver(&mut self, batch: &mut RecvBatch, writer: &mut TunWriter) -> Counts {
+    fn deliver(&mut self, batch: &mut RecvBatch, writer: &mut TunWriter) -> Counts {
         let table = self.io.table.load();
         let mut got = Counts::default();
         for (addr, train) in batch.messages() {
@@ -59,8 +59,8 @@ impl Receiver {
             for datagram in train {
                 from_peer.datagrams += 1;
                 let got = match batch::version(datagram) {
-                    Some(chunk::VERSION) => self.reassemble(datagram, peer, writer).await,
-                    _ => self.unpack(datagram, peer, writer).await,
+                    Some(chunk::VERSION) => self.reassemble(datagram, peer, writer),
+                    _ => self.unpack(datagram, peer, writer),
                 };
                 match got {
                     Ok(packets) => from_peer += packets,
@@ -76,7 +76,7 @@ impl Receiver {
     }
 
     /// Queue a datagram's good records for TUN; `Err` drops the whole datagram.
-    async fn unpack(
+    fn unpack(
         &mut self,
         datagram: &mut [u8],
         peer: Option<&Peer>,
@@ -93,13 +93,13 @@ impl Receiver {
             }
             got.packets += 1;
             got.bytes += packet.len() as u64;
-            write_to_tun(writer, packet, &mut self.drops).await;
+            write_to_tun(writer, packet, &mut self.drops);
         }
         Ok(got)
     }
 
     /// Add a chunk to its super-packet, and write the super-packet to TUN once it is whole.
-    async fn reassemble(
+    fn reassemble(
         &mut self,
         datagram: &[u8],
         peer: Option<&Peer>,
@@ -119,7 +119,7 @@ impl Receiver {
         let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
         let hdr = accept_super(packet, peer, self.io.mtu, repr.gso_type, repr.gso_size)?;
         let got = super_counts(packet, repr.gso_size);
-        writer.write_super(frame, hdr).await.map_err(|e| {
+        writer.write_super(frame, hdr).map_err(|e| {
             tracing::debug!("TUN write of a super-packet failed: {e}");
             DropReason::IoError
         })?;

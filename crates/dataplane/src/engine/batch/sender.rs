@@ -29,7 +29,7 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut t
         let read = tokio::select! {
             read = reader.read_batch() => read,
             () = until(tx.held.deadline) => {
-                tx.send_held().await;
+                tx.send_held();
                 tx.too_big.answer(&tx.io, &mut icmp);
                 continue;
             }
@@ -43,12 +43,12 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut t
         };
         tx.drops
             .add(DropReason::IoError, reader.take_failed_reads());
-        tx.drain(&mut reader, n, &mut icmp).await;
+        tx.drain(&mut reader, n, &mut icmp);
         if reader.whole().is_some() {
-            tx.send_whole(&mut reader, &mut icmp).await;
+            tx.send_whole(&mut reader, &mut icmp);
         }
         tx.too_big.answer(&tx.io, &mut icmp);
-        flush_tun(&mut icmp, &mut tx.drops).await;
+        flush_tun(&mut icmp, &mut tx.drops);
         tx.publish();
     }
 }
@@ -94,12 +94,12 @@ impl Sender {
     }
 
     /// Route the packets of one read and send each peer's share.
-    async fn drain(&mut self, reader: &mut TunReader, n: usize, icmp: &mut TunWriter) {
+    fn drain(&mut self, reader: &mut TunReader, n: usize, icmp: &mut TunWriter) {
         let table = self.io.table.load();
         self.group(reader, n, &table, icmp);
         for g in 0..self.groups.groups.len() {
             let Group { peer, head, .. } = self.groups.groups[g];
-            self.pack(reader, head, &table.peers()[peer], icmp).await;
+            self.pack(reader, head, &table.peers()[peer], icmp);
         }
     }
 
@@ -117,7 +117,7 @@ impl Sender {
     }
 
     /// Pack one peer's packets (after those of its held datagram) into datagrams and send them.
-    async fn pack(&mut self, reader: &mut TunReader, head: u16, peer: &Peer, icmp: &mut TunWriter) {
+    fn pack(&mut self, reader: &mut TunReader, head: u16, peer: &Peer, icmp: &mut TunWriter) {
         let capacity = self.io.path.capacity();
         let mut held = self.held.take(peer.spec.endpoint);
         let view = BatchPacket::new_checked(&held[..]).ok();
@@ -160,7 +160,7 @@ impl Sender {
                 hold = Some((len, counts));
                 break;
             }
-            self.close(peer, len, counts).await;
+            self.close(peer, len, counts);
             if !more {
                 break;
             }
@@ -171,12 +171,12 @@ impl Sender {
             held.extend_from_slice(self.train.open(len));
             self.held.put(peer.spec.endpoint, held, counts, delay);
         }
-        self.send_train(peer, 0).await;
+        self.send_train(peer, 0);
     }
 
     /// Send the super-packet that ended the read: whole, as chunks, to a peer that reads them;
     /// split into packets like any other to one that does not (or to no peer at all).
-    async fn send_whole(&mut self, reader: &mut TunReader, icmp: &mut TunWriter) {
+    fn send_whole(&mut self, reader: &mut TunReader, icmp: &mut TunWriter) {
         let table = self.io.table.load();
         let (hdr, frame) = reader
             .whole()
@@ -186,7 +186,7 @@ impl Sender {
         let peer = dst.ok().and_then(|dst| table.route(dst));
         if peer.is_none_or(|p| table.peers()[p].spec.version < chunk::VERSION) {
             match reader.split_whole() {
-                Ok(n) => self.drain(reader, n, icmp).await,
+                Ok(n) => self.drain(reader, n, icmp),
                 Err(e) => {
                     tracing::debug!("cannot split a TUN super-packet: {e}");
                     self.drops.count(DropReason::Malformed);
@@ -202,13 +202,13 @@ impl Sender {
             }
         };
         if self.held.deadline.is_some() {
-            self.send_held().await;
+            self.send_held();
         }
-        self.send_chunks(&hdr, frame, peer).await;
+        self.send_chunks(&hdr, frame, peer);
     }
 
     /// Cut a super-packet frame into chunk datagrams filling the path MTU, sent as GSO trains.
-    async fn send_chunks(&mut self, hdr: &VirtioNetHdr, frame: &[u8], peer: &Peer) {
+    fn send_chunks(&mut self, hdr: &VirtioNetHdr, frame: &[u8], peer: &Peer) {
         let packet = &frame[VIRTIO_NET_HDR_LEN..];
         let capacity = self.io.path.capacity();
         let mut chunk = ChunkRepr {
@@ -234,15 +234,14 @@ impl Sender {
                     Counts::default()
                 }
             };
-            self.close(peer, CHUNK_HEADER_LEN + part.len(), counts)
-                .await;
+            self.close(peer, CHUNK_HEADER_LEN + part.len(), counts);
             chunk.offset += part.len() as u16;
         }
-        self.send_train(peer, 0).await;
+        self.send_train(peer, 0);
     }
 
     /// A datagram of `len` bytes was written after the train: add it, or send the train first.
-    async fn close(&mut self, peer: &Peer, len: usize, counts: Counts) {
+    fn close(&mut self, peer: &Peer, len: usize, counts: Counts) {
         let segment = if self.train.is_empty() {
             len
         } else {
@@ -252,19 +251,19 @@ impl Sender {
             .train
             .accepts(len, self.io.udp.segments_per_send(segment))
         {
-            self.send_train(peer, len).await;
+            self.send_train(peer, len);
         }
         self.train.push(len, counts);
     }
 
     /// Send the train; `pending` bytes written after it stay, as the start of the next one.
-    async fn send_train(&mut self, peer: &Peer, pending: usize) {
+    fn send_train(&mut self, peer: &Peer, pending: usize) {
         if self.train.is_empty() {
             return;
         }
         let (datagrams, segment, counts) = self.train.closed();
         let dst = peer.spec.endpoint;
-        let sent = match self.io.send(dst, datagrams, segment).await {
+        let sent = match self.io.send(dst, datagrams, segment) {
             Ok(()) => counts,
             Err(e) => {
                 let sent = self.train.sent(&e);
@@ -286,7 +285,7 @@ impl Sender {
     }
 
     /// Send the held datagrams, each on its own: they are all partly empty.
-    async fn send_held(&mut self) {
+    fn send_held(&mut self) {
         let table = self.io.table.load();
         for i in 0..self.held.slots.len() {
             let slot = &mut self.held.slots[i];
@@ -296,7 +295,7 @@ impl Sender {
             let (endpoint, counts) = (slot.endpoint, slot.counts);
             let mut datagram = std::mem::take(&mut slot.datagram);
             let len = datagram.len();
-            match self.io.send(endpoint, &datagram, len).await {
+            match self.io.send(endpoint, &datagram, len) {
                 Ok(()) => {
                     if let Some(peer) = table.by_endpoint(endpoint) {
                         peer.stats.tx.add(counts.packets, counts.bytes);

@@ -3,8 +3,8 @@
 //!
 //! The wire format is WireGuard's own, so a twill node talks to the kernel's WireGuard, to
 //! wireguard-go and to another twill alike. The engine's three loops (TUN -> UDP per TUN queue,
-//! UDP -> TUN, timers) are plain async fns started in [`spawn`], the one place that decides
-//! where they run.
+//! UDP -> TUN, timers) are plain async fns, declared as directions in [`directions`] and run
+//! each on its own thread ([`crate::engine::directions`]).
 
 pub mod keys;
 mod open;
@@ -19,12 +19,13 @@ pub use open::{Crypto, Opened};
 pub use peers::{PeerMap, Sealed, TunnelParams, WgPeer, WgPeerSpec, WgPeers};
 pub use send::{DATA_OVERHEAD, HANDSHAKE_INIT_LEN};
 
+use super::directions::Direction;
 use super::{Engine, Shared};
 use crate::io::{Tun, TunConfig};
 use crate::table::PeerSpec;
+use std::io;
 use std::net::SocketAddrV4;
 use std::sync::Arc;
-use tokio::task::JoinHandle;
 
 /// flannel's default `ListenPort`.
 pub const DEFAULT_PORT: u16 = 51820;
@@ -41,14 +42,14 @@ pub struct WgEngineConfig {
     pub tunnel: TunnelParams,
 }
 
-/// A running WireGuard engine. Dropping it stops the tasks and removes the TUN.
+/// A running WireGuard engine. Dropping it stops its threads and removes the TUN.
 pub struct WireGuard {
     engine: Engine,
     peers: Arc<WgPeers>,
 }
 
 impl WireGuard {
-    /// Open the TUN and the socket and start forwarding. Must run inside a tokio runtime.
+    /// Open the TUN and the socket and start forwarding, each loop on its own thread.
     pub fn start(config: WgEngineConfig) -> anyhow::Result<WireGuard> {
         let peers = Arc::new(WgPeers::default());
         let crypto = Arc::new(Crypto::new(config.tunnel));
@@ -59,7 +60,7 @@ impl WireGuard {
                 peers: peers.clone(),
                 crypto,
             };
-            spawn(tun, wg)
+            directions(tun, &wg)
         })?;
         Ok(WireGuard { engine, peers })
     }
@@ -92,11 +93,22 @@ pub(crate) struct Wg {
     crypto: Arc<Crypto>,
 }
 
-fn spawn(tun: &Tun, wg: Wg) -> Vec<JoinHandle<()>> {
-    let mut tasks: Vec<JoinHandle<()>> = (0..tun.queues())
-        .map(|q| tokio::spawn(send::tun_to_udp(tun.reader(q), tun.writer(q), wg.clone())))
-        .collect();
-    tasks.push(tokio::spawn(recv::udp_to_tun(tun.writer(0), wg.clone())));
-    tasks.push(tokio::spawn(timers::run(wg)));
-    tasks
+/// TUN -> UDP for each queue, UDP -> TUN, and the timers.
+fn directions(tun: &Arc<Tun>, wg: &Wg) -> io::Result<Vec<Direction>> {
+    let mut directions = Vec::new();
+    for q in 0..tun.queues() {
+        let (tun, icmp, wg) = (tun.clone(), tun.writer(q)?, wg.clone());
+        directions.push(Direction::new(format!("twill wg{q}>udp"), move || {
+            Ok(send::tun_to_udp(tun.reader(q)?, icmp, wg))
+        }));
+    }
+    let (writer, rx) = (tun.writer(0)?, wg.clone());
+    directions.push(Direction::new("twill udp>wg", move || {
+        Ok(recv::udp_to_tun(rx.io.udp.receiver()?, writer, rx))
+    }));
+    let timers = wg.clone();
+    directions.push(Direction::new("twill wg timers", move || {
+        Ok(timers::run(timers))
+    }));
+    Ok(directions)
 }

@@ -8,29 +8,29 @@ use super::send::send_one;
 use super::Wg;
 use crate::engine::{flush_tun, write_to_tun};
 use crate::io::udp::sender_v4;
-use crate::io::{RecvBatch, TunWriter};
+use crate::io::{RecvBatch, TunWriter, UdpReceiver};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
 use ipnet::Ipv4Net;
 use std::net::SocketAddrV4;
 use std::sync::atomic::Ordering::Relaxed;
 
-pub(super) async fn udp_to_tun(mut writer: TunWriter, wg: Wg) {
+pub(super) async fn udp_to_tun(udp: UdpReceiver, mut writer: TunWriter, wg: Wg) {
     let mut batch = RecvBatch::default();
     let mut buf = vec![0u8; crate::io::udp::MAX_DATAGRAM_TRAIN];
     let mut drops = DropTally::default();
     loop {
-        if let Err(e) = wg.io.udp.recv(&mut batch).await {
+        if let Err(e) = udp.recv(&mut batch).await {
             tracing::warn!("UDP receive failed: {e}");
             continue;
         }
-        deliver(&mut batch, &mut buf, &mut writer, &wg, &mut drops).await;
-        flush_tun(&mut writer, &mut drops).await;
+        deliver(&mut batch, &mut buf, &mut writer, &wg, &mut drops);
+        flush_tun(&mut writer, &mut drops);
         drops.publish(&wg.io.stats);
     }
 }
 
-async fn deliver(
+fn deliver(
     batch: &mut RecvBatch,
     buf: &mut [u8],
     writer: &mut TunWriter,
@@ -50,9 +50,9 @@ async fn deliver(
             match wg.crypto.open(&peers, from, datagram, buf, wg.io.mtu) {
                 Opened::Packet(peer, len) => {
                     received.add(peer.subnet, len as u64, &table);
-                    write_to_tun(writer, &buf[..len], drops).await;
+                    write_to_tun(writer, &buf[..len], drops);
                 }
-                Opened::Reply(peer, len) => reply(wg, from, peer, buf, len, drops).await,
+                Opened::Reply(peer, len) => reply(wg, from, peer, buf, len, drops),
                 Opened::Nothing => {}
                 Opened::Dropped(reason) => drops.count(reason),
             }
@@ -62,7 +62,7 @@ async fn deliver(
 }
 
 /// Answer a handshake message, then send what waited for the session it made.
-async fn reply(
+fn reply(
     wg: &Wg,
     to: SocketAddrV4,
     peer: Option<&WgPeer>,
@@ -70,10 +70,10 @@ async fn reply(
     len: usize,
     drops: &mut DropTally,
 ) {
-    send_one(&wg.io, to, &buf[..len], drops).await;
+    send_one(&wg.io, to, &buf[..len], drops);
     let Some(peer) = peer else { return };
     while let Some(len) = peer.next_staged(buf) {
-        send_one(&wg.io, peer.endpoint(), &buf[..len], drops).await;
+        send_one(&wg.io, peer.endpoint(), &buf[..len], drops);
     }
 }
 

@@ -54,12 +54,10 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
                 }
             };
             let packet = pad(packet, &mut padded);
-            train
-                .seal(&wg, &table, index, peer, packet, &mut drops)
-                .await;
+            train.seal(&wg, &table, index, peer, packet, &mut drops);
         }
-        train.send(&wg.io, &table, &mut drops).await;
-        flush_tun(&mut icmp, &mut drops).await;
+        train.send(&wg.io, &table, &mut drops);
+        flush_tun(&mut icmp, &mut drops);
         drops.publish(&wg.io.stats);
     }
 }
@@ -137,7 +135,7 @@ impl Train {
 
     /// Encrypt `packet` for `peer` onto the train, sending the train first if the datagram
     /// can not join it. A handshake initiation (no session yet) goes out at once on its own.
-    async fn seal(
+    fn seal(
         &mut self,
         wg: &Wg,
         table: &PeerTable,
@@ -148,14 +146,14 @@ impl Train {
     ) {
         let endpoint = peer.endpoint();
         if !self.takes(&wg.io, endpoint, index, packet.len() + DATA_OVERHEAD) {
-            self.send(&wg.io, table, drops).await;
+            self.send(&wg.io, table, drops);
         }
         let slot = &mut self.buf[self.len..];
         match peer.seal(&wg.crypto.params, packet, slot) {
             Sealed::Data(len) => self.push(endpoint, index, len),
             Sealed::Handshake(len) => {
                 let message = &self.buf[self.len..self.len + len];
-                send_one(&wg.io, endpoint, message, drops).await;
+                send_one(&wg.io, endpoint, message, drops);
             }
             Sealed::Staged => {}
             Sealed::Dropped => drops.count(DropReason::NoSession),
@@ -171,13 +169,11 @@ impl Train {
         self.inner.push((len - DATA_OVERHEAD) as u16);
     }
 
-    async fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
+    fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
         if self.inner.is_empty() {
             return;
         }
-        let result = io
-            .send(self.endpoint, &self.buf[..self.len], self.segment)
-            .await;
+        let result = io.send(self.endpoint, &self.buf[..self.len], self.segment);
         let sent = |i: usize| result.as_ref().map_or_else(|e| e.was_sent(i), |()| true);
         let (mut packets, mut bytes) = (0u64, 0u64);
         for (_, &len) in self.inner.iter().enumerate().filter(|(i, _)| sent(*i)) {
@@ -199,8 +195,8 @@ impl Train {
 }
 
 /// Send one message that is not data (a handshake or keepalive, a cookie).
-pub(super) async fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
-    match io.send(to, message, message.len()).await {
+pub(super) fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
+    match io.send(to, message, message.len()) {
         Ok(()) => {
             io.stats.tx_datagrams.fetch_add(1, Relaxed);
         }
