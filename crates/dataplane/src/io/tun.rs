@@ -371,10 +371,12 @@ impl TunReader {
 }
 
 async fn read(dev: &AsyncFd<OwnedFd>, buf: &mut [u8], mode: ReadMode) -> io::Result<usize> {
-    let mut read_now = |fd: &OwnedFd| Ok(nix::unistd::read(fd, buf)?);
+    let read_now = |fd: &OwnedFd| Ok(nix::unistd::read(fd, buf)?);
     match mode {
         ReadMode::Wait => dev.async_io(READ_INTEREST, read_now).await,
-        ReadMode::NoWait => read_now(dev.get_ref()),
+        // Through the runtime's readiness, so an empty read clears it: the wait that follows
+        // then sleeps at once instead of making a second empty read.
+        ReadMode::NoWait => dev.try_io(Interest::READABLE, read_now),
     }
 }
 
