@@ -106,9 +106,13 @@ fn run(cli: Cli) -> Result<bool> {
     if !results.is_empty() {
         println!(
             "{title}\n×vxlan, ×native: single-stream TCP relative to those paths; \
-             retr: segments its sender sent again; loss: share of iperf3's datagrams its receiver did not get; path loss: share that \
-             never reached the receiving namespace (the difference overflowed the receiver's socket); \
-             lat: qperf tcp_lat, one way (half a 1-byte round trip)\n"
+             retr: segments its sender sent again; flood: 64-byte UDP datagrams offered at up to {} kpps \
+             (sendmmsg), kpps delivered (recvmmsg), loss: share that never reached the receiving \
+             namespace (kernel counters), dgram/pkt: underlay datagrams per delivered packet; \
+             lat: qperf tcp_lat, one way (half a 1-byte round trip), pinned: with every process of \
+             the path on CPU 0; cpu: the whole machine (both hosts) over the single stream, \
+             s/Gbit: CPU seconds per Gbit moved\n",
+            twill_bench::flood::RATE_PPS / 1000
         );
         print!("{}", report::table(&results));
     }

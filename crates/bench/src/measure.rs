@@ -1,6 +1,8 @@
-//! One measurement (iperf3 TCP/UDP, qperf latency, CPU) between two endpoints of any path.
+//! One measurement (iperf3 TCP, qperf latency, the 64-byte flood, CPU) between two endpoints
+//! of any path.
 
-use crate::parse;
+use crate::pin::Pinned;
+use crate::{flood, parse};
 use anyhow::{bail, Context, Result};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
@@ -18,26 +20,30 @@ pub enum Field {
     TcpRetransmits,
     TcpP4Gbps,
     TcpRevGbps,
-    Udp64Kpps,
-    Udp64LossPct,
-    Udp64PathLossPct,
+    Flood64Kpps,
+    Flood64LossPct,
+    Flood64DatagramsPerPacket,
     LatencyUs,
+    LatencyPinnedUs,
     CpuPct,
     CpuSoftirqPct,
+    CpuPerGbit,
 }
 
 impl Field {
-    pub const ALL: [Field; 10] = [
+    pub const ALL: [Field; 12] = [
         Field::TcpGbps,
         Field::TcpRetransmits,
         Field::TcpP4Gbps,
         Field::TcpRevGbps,
-        Field::Udp64Kpps,
-        Field::Udp64LossPct,
-        Field::Udp64PathLossPct,
+        Field::Flood64Kpps,
+        Field::Flood64LossPct,
+        Field::Flood64DatagramsPerPacket,
         Field::LatencyUs,
+        Field::LatencyPinnedUs,
         Field::CpuPct,
         Field::CpuSoftirqPct,
+        Field::CpuPerGbit,
     ];
 
     pub fn key(self) -> &'static str {
@@ -46,12 +52,14 @@ impl Field {
             Field::TcpRetransmits => "tcp_retransmits",
             Field::TcpP4Gbps => "tcp_p4_gbps",
             Field::TcpRevGbps => "tcp_rev_gbps",
-            Field::Udp64Kpps => "udp64_kpps",
-            Field::Udp64LossPct => "udp64_loss_pct",
-            Field::Udp64PathLossPct => "udp64_path_loss_pct",
+            Field::Flood64Kpps => "flood64_kpps",
+            Field::Flood64LossPct => "flood64_loss_pct",
+            Field::Flood64DatagramsPerPacket => "flood64_datagrams_per_packet",
             Field::LatencyUs => "latency_us",
+            Field::LatencyPinnedUs => "latency_pinned_us",
             Field::CpuPct => "cpu_pct",
             Field::CpuSoftirqPct => "cpu_softirq_pct",
+            Field::CpuPerGbit => "cpu_per_gbit",
         }
     }
 
@@ -60,10 +68,7 @@ impl Field {
     pub fn may_be_zero(self) -> bool {
         matches!(
             self,
-            Field::TcpRetransmits
-                | Field::Udp64LossPct
-                | Field::Udp64PathLossPct
-                | Field::CpuSoftirqPct
+            Field::TcpRetransmits | Field::Flood64LossPct | Field::CpuSoftirqPct
         )
     }
 }
@@ -79,21 +84,25 @@ pub enum Measurement {
     /// Single-stream TCP, server to client.
     #[value(name = "tcp-rev")]
     TcpReverse,
-    /// 64-byte UDP packets as fast as iperf3 sends them.
-    Udp64,
+    /// 64-byte UDP datagrams from twill-bench's own sendmmsg generator, counted by recvmmsg.
+    Flood64,
     /// qperf tcp_lat: one-way latency, half of a 1-byte TCP round trip.
     Latency,
+    /// qperf tcp_lat with every process of the path's lab (and its threads) on CPU 0.
+    #[value(name = "latency-pinned")]
+    LatencyPinned,
     /// The control plane at thousands of leases (not a path measurement; see `scale`).
     Scale,
 }
 
 impl Measurement {
-    pub const ALL: [Measurement; 5] = [
+    pub const ALL: [Measurement; 6] = [
         Measurement::Tcp,
         Measurement::TcpP4,
         Measurement::TcpReverse,
-        Measurement::Udp64,
+        Measurement::Flood64,
         Measurement::Latency,
+        Measurement::LatencyPinned,
     ];
 
     pub fn label(self) -> &'static str {
@@ -101,8 +110,9 @@ impl Measurement {
             Measurement::Tcp => "tcp single stream + cpu",
             Measurement::TcpP4 => "tcp -P 4",
             Measurement::TcpReverse => "tcp -R",
-            Measurement::Udp64 => "udp 64 B",
+            Measurement::Flood64 => "64 B flood",
             Measurement::Latency => "tcp_lat",
+            Measurement::LatencyPinned => "tcp_lat on CPU 0",
             Measurement::Scale => "control-plane scale",
         }
     }
@@ -115,23 +125,27 @@ impl Measurement {
                 Field::TcpRetransmits,
                 Field::CpuPct,
                 Field::CpuSoftirqPct,
+                Field::CpuPerGbit,
             ],
             Measurement::TcpP4 => &[Field::TcpP4Gbps],
             Measurement::TcpReverse => &[Field::TcpRevGbps],
-            Measurement::Udp64 => &[
-                Field::Udp64Kpps,
-                Field::Udp64LossPct,
-                Field::Udp64PathLossPct,
+            Measurement::Flood64 => &[
+                Field::Flood64Kpps,
+                Field::Flood64LossPct,
+                Field::Flood64DatagramsPerPacket,
             ],
             Measurement::Latency => &[Field::LatencyUs],
+            Measurement::LatencyPinned => &[Field::LatencyPinnedUs],
             Measurement::Scale => &[],
         }
     }
 
-    /// How long one run takes (qperf has no warm-up), for the progress line.
+    /// How long one run takes (qperf and the flood have no warm-up), for the progress line.
     pub fn seconds(self, timing: &Timing) -> u32 {
         match self {
-            Measurement::Latency => timing.duration,
+            Measurement::Latency | Measurement::LatencyPinned | Measurement::Flood64 => {
+                timing.duration
+            }
             Measurement::Scale => 0,
             _ => timing.duration + timing.warmup,
         }
@@ -144,11 +158,14 @@ impl Measurement {
                 let before = cpu_now()?;
                 let out = iperf(ends, timing, &[])?;
                 let cpu = cpu_now()?.since(&before).context("no CPU ticks passed")?;
+                let gbps = parse::iperf_tcp_gbps(&out)?;
                 Ok(vec![
-                    (Field::TcpGbps, parse::iperf_tcp_gbps(&out)?),
+                    (Field::TcpGbps, gbps),
                     (Field::TcpRetransmits, parse::iperf_tcp_retransmits(&out)?),
                     (Field::CpuPct, cpu.busy_pct),
                     (Field::CpuSoftirqPct, cpu.softirq_pct),
+                    // CPU seconds per second over Gbit per second: CPU seconds per Gbit.
+                    (Field::CpuPerGbit, cpu.busy_cpus / gbps),
                 ])
             }
             Measurement::TcpP4 => {
@@ -159,39 +176,41 @@ impl Measurement {
                 let out = iperf(ends, timing, &["-R"])?;
                 Ok(vec![(Field::TcpRevGbps, parse::iperf_tcp_gbps(&out)?)])
             }
-            Measurement::Udp64 => {
-                // -b 0: as fast as the sender can. iperf3's loss also counts what the receiving
-                // iperf3 was too slow to take, so the kernel's counters tell the path's share.
-                let before = UdpCounts::take(ends)?;
-                let udp = parse::iperf_udp(&iperf(ends, timing, &["-u", "-l", "64", "-b", "0"])?)?;
-                let path_loss = UdpCounts::take(ends)?.path_loss_pct(&before)?;
-                Ok(vec![
-                    (Field::Udp64Kpps, udp.pps / 1e3),
-                    (Field::Udp64LossPct, udp.loss_pct),
-                    (Field::Udp64PathLossPct, path_loss),
-                ])
-            }
+            Measurement::Flood64 => flood::run(ends, timing.duration),
             Measurement::Latency => {
-                let secs = timing.duration.to_string();
-                let ip = ends.server_ip.to_string();
-                let args = ["-t", &secs, "-lp", QPERF_PORT, &ip, "tcp_lat"];
-                let out = run_bounded(ends.client, "qperf", &args, timing.limit())?;
-                Ok(vec![(Field::LatencyUs, parse::qperf_latency_us(&out)?)])
+                let out = qperf_latency(ends, timing, &[])?;
+                Ok(vec![(Field::LatencyUs, out)])
+            }
+            Measurement::LatencyPinned => {
+                let _pinned = Pinned::to_cpu0(&ends.processes)?;
+                let out = qperf_latency(ends, timing, &["taskset", "-c", "0"])?;
+                Ok(vec![(Field::LatencyPinnedUs, out)])
             }
             Measurement::Scale => bail!("scale is measured per backend, not per path"),
         }
     }
 }
 
+/// One-way latency by `qperf tcp_lat` from the client, started through `wrapper` (a command
+/// line that runs the one after it, or nothing).
+fn qperf_latency(ends: &Endpoints, timing: &Timing, wrapper: &[&str]) -> Result<f64> {
+    let secs = timing.duration.to_string();
+    let ip = ends.server_ip.to_string();
+    let qperf = ["qperf", "-t", &secs, "-lp", QPERF_PORT, &ip, "tcp_lat"];
+    let line = [wrapper, &qperf[..]].concat();
+    let out = run_bounded(ends.client, line[0], &line[1..], timing.limit())?;
+    parse::qperf_latency_us(&out)
+}
+
 /// UDP datagrams the client's namespace sent, and those that reached the server's namespace:
 /// read by the application, or dropped because its socket was full.
-struct UdpCounts {
+pub(crate) struct UdpCounts {
     sent: u64,
     reached: u64,
 }
 
 impl UdpCounts {
-    fn take(ends: &Endpoints) -> Result<UdpCounts> {
+    pub(crate) fn take(ends: &Endpoints) -> Result<UdpCounts> {
         let client = ends.client.exec("cat", &["/proc/net/snmp"])?;
         let server = ends.server.exec("cat", &["/proc/net/snmp"])?;
         Ok(UdpCounts {
@@ -202,7 +221,7 @@ impl UdpCounts {
     }
 
     /// The share of datagrams sent since `before` that never reached the server's namespace.
-    fn path_loss_pct(&self, before: &UdpCounts) -> Result<f64> {
+    pub(crate) fn path_loss_pct(&self, before: &UdpCounts) -> Result<f64> {
         let sent = self.sent.saturating_sub(before.sent);
         if sent == 0 {
             bail!("the client sent no UDP datagrams");
@@ -230,25 +249,30 @@ pub struct Endpoints<'a> {
     pub client: &'a Netns,
     pub server: &'a Netns,
     pub server_ip: Ipv4Addr,
+    /// The namespace and the device where the underlay reaches the server's host.
+    pub underlay: (&'a Netns, &'a str),
+    /// The path's long-running processes (daemons, servers), for the pinned run.
+    pub processes: Vec<u32>,
 }
 
 /// The iperf3 and qperf servers of one path; killed on drop.
 pub struct Servers {
-    _iperf: Proc,
-    _qperf: Proc,
+    iperf: Proc,
+    qperf: Proc,
 }
 
 impl Servers {
+    pub fn pids(&self) -> [u32; 2] {
+        [self.iperf.pid(), self.qperf.pid()]
+    }
+
     /// Starts both servers in `ns` and waits until they listen.
     pub fn start(ns: &Netns) -> Result<Servers> {
         // --idle-timeout: a client killed mid-test must not leave the server stuck for later runs.
         let iperf = ns.spawn("iperf3", &["-s", "-p", IPERF_PORT, "--idle-timeout", "30"])?;
         let qperf = ns.spawn("qperf", &["-lp", QPERF_PORT])?;
         wait_listening(ns, &[IPERF_PORT, QPERF_PORT])?;
-        Ok(Servers {
-            _iperf: iperf,
-            _qperf: qperf,
-        })
+        Ok(Servers { iperf, qperf })
     }
 }
 

@@ -1,14 +1,8 @@
-//! Parsers for what the measuring tools print: `iperf3 -J`, `qperf` text and `/proc/stat`.
+//! Parsers for what the measuring tools print: `iperf3 -J`, `qperf` text, `tc -s -j`,
+//! `/proc/net/snmp` and `/proc/stat`.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-
-/// Received UDP traffic of one iperf3 run, as the receiver counted it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct UdpRate {
-    pub pps: f64,
-    pub loss_pct: f64,
-}
 
 /// The `error` iperf3 -J reports on failure (it prints JSON to stdout and not to stderr then).
 pub fn iperf_error(json: &str) -> Option<String> {
@@ -31,20 +25,6 @@ pub fn iperf_tcp_retransmits(json: &str) -> Result<f64> {
         .pointer("/end/sum_sent")
         .context("iperf3 JSON has no end.sum_sent")?;
     number(sent, "retransmits")
-}
-
-/// Received packets per second and loss of a UDP run (iperf3 3.x `end.sum_received`).
-pub fn iperf_udp(json: &str) -> Result<UdpRate> {
-    let sum = iperf_sum_received(json)?;
-    let received = number(&sum, "packets")? - number(&sum, "lost_packets")?;
-    let seconds = number(&sum, "seconds")?;
-    if seconds <= 0.0 {
-        bail!("iperf3 UDP run lasted {seconds} s");
-    }
-    Ok(UdpRate {
-        pps: received / seconds,
-        loss_pct: number(&sum, "lost_percent")?,
-    })
 }
 
 fn iperf_sum_received(json: &str) -> Result<Value> {
@@ -83,6 +63,19 @@ pub fn snmp_udp(text: &str, name: &str) -> Result<u64> {
         .with_context(|| format!("/proc/net/snmp Udp {name} = {value:?}"))
 }
 
+/// Packets the clsact qdisc of `tc -s -j qdisc show dev X` has seen: with a filter attached it
+/// counts every packet its filters see, a GSO packet as its segments.
+pub fn tc_clsact_packets(json: &str) -> Result<u64> {
+    let qdiscs: Value = serde_json::from_str(json).context("tc output is not JSON")?;
+    let clsact = qdiscs
+        .as_array()
+        .and_then(|all| all.iter().find(|q| q["kind"] == "clsact"))
+        .with_context(|| format!("no clsact qdisc in {json}"))?;
+    clsact["packets"]
+        .as_u64()
+        .with_context(|| format!("clsact qdisc without a packet count: {clsact}"))
+}
+
 /// The `latency = 7.8 us` line of `qperf ... tcp_lat`, in µs (qperf picks ns/us/ms/sec itself).
 pub fn qperf_latency_us(text: &str) -> Result<f64> {
     let line = text
@@ -109,19 +102,23 @@ pub fn qperf_latency_us(text: &str) -> Result<f64> {
     Ok(number * scale)
 }
 
-/// Whole-machine CPU time from the `cpu` line of /proc/stat, in clock ticks.
+/// Whole-machine CPU time from the `cpu` line of /proc/stat, in clock ticks, and the number of
+/// CPUs (`cpuN` lines).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuTimes {
     pub total: u64,
     pub idle: u64,
     pub softirq: u64,
+    pub cpus: u32,
 }
 
-/// Share of all CPUs used between two [`CpuTimes`] samples, in % of the whole machine.
+/// Share of all CPUs used between two [`CpuTimes`] samples, in % of the whole machine, and how
+/// many CPUs' worth were busy on average (CPU seconds per second).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CpuUse {
     pub busy_pct: f64,
     pub softirq_pct: f64,
+    pub busy_cpus: f64,
 }
 
 pub fn cpu_times(proc_stat: &str) -> Result<CpuTimes> {
@@ -138,11 +135,16 @@ pub fn cpu_times(proc_stat: &str) -> Result<CpuTimes> {
     if ticks.len() < 8 {
         bail!("/proc/stat cpu line has {} fields, want 8+", ticks.len());
     }
+    let cpus = proc_stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
     // user nice system idle iowait irq softirq steal; guest time is already inside user/nice.
     Ok(CpuTimes {
         total: ticks[..8].iter().sum(),
         idle: ticks[3] + ticks[4],
         softirq: ticks[6],
+        cpus: u32::try_from(cpus.max(1)).unwrap_or(u32::MAX),
     })
 }
 
@@ -152,9 +154,11 @@ impl CpuTimes {
         let total = self.total.checked_sub(before.total).filter(|&t| t > 0)? as f64;
         let idle = self.idle.saturating_sub(before.idle) as f64;
         let softirq = self.softirq.saturating_sub(before.softirq) as f64;
+        let busy = (total - idle) / total;
         Some(CpuUse {
-            busy_pct: 100.0 * (total - idle) / total,
+            busy_pct: 100.0 * busy,
             softirq_pct: 100.0 * softirq / total,
+            busy_cpus: busy * f64::from(self.cpus),
         })
     }
 }

@@ -92,9 +92,9 @@ pub struct Twill {
 /// far end. Everything stops and disappears on drop.
 pub struct PathLab {
     // Drop order: processes stop before the namespaces they run in are deleted.
-    _servers: Servers,
-    _daemons: Vec<Proc>,
-    _wireguard_go: Vec<WireguardGo>,
+    servers: Servers,
+    daemons: Vec<Proc>,
+    wireguard_go: Vec<WireguardGo>,
     _etcd: Option<Etcd>,
     lab: Lab,
     _files: tempfile::TempDir,
@@ -161,9 +161,9 @@ impl PathLab {
         }
         let servers = Servers::start(endpoints(&lab).server)?;
         Ok(PathLab {
-            _servers: servers,
-            _daemons: daemons,
-            _wireguard_go: go_daemons,
+            servers,
+            daemons,
+            wireguard_go: go_daemons,
             _etcd: etcd,
             lab,
             _files: files,
@@ -171,7 +171,12 @@ impl PathLab {
     }
 
     pub fn endpoints(&self) -> Endpoints<'_> {
-        endpoints(&self.lab)
+        let daemons = self.daemons.iter().map(Proc::pid);
+        let go = self.wireguard_go.iter().map(WireguardGo::pid);
+        Endpoints {
+            processes: daemons.chain(go).chain(self.servers.pids()).collect(),
+            ..endpoints(&self.lab)
+        }
     }
 
     /// `ping` output from client to server (the demo shows it); Err when no reply came.
@@ -189,21 +194,28 @@ pub(crate) fn subnet(i: usize) -> Ipv4Net {
     Ipv4Net::new([10, 5, i as u8 + 1, 0].into(), 24).expect("/24 is a valid prefix")
 }
 
-/// Host to host for native (no containers); container to container otherwise.
+/// Host to host for native (no containers); container to container otherwise. No processes
+/// yet: [`PathLab::endpoints`] adds them.
 fn endpoints(lab: &Lab) -> Endpoints<'_> {
+    let server_host = lab.host(1);
+    let underlay = (&server_host.ns, server_host.iface.as_str());
     match (
         lab.host(0).containers().first(),
-        lab.host(1).containers().first(),
+        server_host.containers().first(),
     ) {
         (Some(client), Some(server)) => Endpoints {
             client: &client.ns,
             server: &server.ns,
             server_ip: server.ip,
+            underlay,
+            processes: Vec::new(),
         },
         _ => Endpoints {
             client: &lab.host(0).ns,
-            server: &lab.host(1).ns,
-            server_ip: lab.host(1).underlay_ip,
+            server: &server_host.ns,
+            server_ip: server_host.underlay_ip,
+            underlay,
+            processes: Vec::new(),
         },
     }
 }

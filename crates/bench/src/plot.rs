@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 const FONT_PACKAGE: &str = "fonts-dejavu-core";
 pub(crate) const FONT: &str = "sans-serif";
-const PATHS_SIZE: (u32, u32) = (1600, 1000);
+const PATHS_SIZE: (u32, u32) = (1600, 1400);
 /// The row of scale panels below (or instead of) the path panels.
 const SCALE_HEIGHT: u32 = 520;
 const COLORS: [RGBColor; 4] = [
@@ -32,7 +32,7 @@ struct Panel {
     series: &'static [(&'static str, Field)],
 }
 
-const PANELS: [Panel; 4] = [
+const PANELS: [Panel; 6] = [
     Panel {
         title: "TCP throughput, Gbit/s (higher is better)",
         series: &[
@@ -42,12 +42,19 @@ const PANELS: [Panel; 4] = [
         ],
     },
     Panel {
-        title: "UDP 64-byte packets received, kpps (higher is better)",
-        series: &[("received", Field::Udp64Kpps)],
+        title: "TCP one-way latency (qperf tcp_lat, half a round trip), µs (lower is better)",
+        series: &[
+            ("both vCPUs", Field::LatencyUs),
+            ("all on CPU 0", Field::LatencyPinnedUs),
+        ],
     },
     Panel {
-        title: "TCP one-way latency (qperf tcp_lat, half a round trip), µs (lower is better)",
-        series: &[("latency", Field::LatencyUs)],
+        title: "64-byte flood delivered, kpps (higher is better)",
+        series: &[("delivered", Field::Flood64Kpps)],
+    },
+    Panel {
+        title: "64-byte flood: underlay datagrams per packet (lower is better)",
+        series: &[("datagrams / packet", Field::Flood64DatagramsPerPacket)],
     },
     Panel {
         title: "CPU of the whole machine during single-stream TCP, %",
@@ -55,6 +62,10 @@ const PANELS: [Panel; 4] = [
             ("busy", Field::CpuPct),
             ("of it softirq", Field::CpuSoftirqPct),
         ],
+    },
+    Panel {
+        title: "CPU seconds per Gbit, single-stream TCP, both hosts (lower is better)",
+        series: &[("CPU s / Gbit", Field::CpuPerGbit)],
     },
 ];
 
@@ -78,7 +89,7 @@ pub fn draw(
     let root = root.titled(title, (FONT, 28))?;
     let (paths, scale_row) = root.split_vertically(paths_height);
     if !results.is_empty() {
-        for (area, panel) in paths.split_evenly((2, 2)).iter().zip(&PANELS) {
+        for (area, panel) in paths.split_evenly((3, 2)).iter().zip(&PANELS) {
             let ran = panel
                 .series
                 .iter()

@@ -41,7 +41,7 @@ fn ratios(results: &[PathResult], r: &PathResult) -> [(&'static str, Option<f64>
     ]
 }
 
-const HEADER: [&str; 13] = [
+const HEADER: [&str; 15] = [
     "path",
     "tcp Gbit/s",
     "×vxlan",
@@ -49,12 +49,14 @@ const HEADER: [&str; 13] = [
     "retr",
     "-P4",
     "-R",
-    "udp64 kpps",
+    "flood kpps",
     "loss %",
-    "path loss %",
+    "dgram/pkt",
     "lat µs",
+    "pinned µs",
     "cpu %",
     "sirq %",
+    "cpu s/Gbit",
 ];
 
 /// The comparison table, one row per path, then the notes of paths that had failures.
@@ -109,12 +111,14 @@ fn row(results: &[PathResult], r: &PathResult) -> Vec<String> {
         cell(r.value(Field::TcpRetransmits), 0),
         cell(r.value(Field::TcpP4Gbps), 2),
         cell(r.value(Field::TcpRevGbps), 2),
-        cell(r.value(Field::Udp64Kpps), 1),
-        cell(r.value(Field::Udp64LossPct), 1),
-        cell(r.value(Field::Udp64PathLossPct), 1),
+        cell(r.value(Field::Flood64Kpps), 1),
+        cell(r.value(Field::Flood64LossPct), 1),
+        cell(r.value(Field::Flood64DatagramsPerPacket), 3),
         cell(r.value(Field::LatencyUs), 1),
+        cell(r.value(Field::LatencyPinnedUs), 1),
         cell(r.value(Field::CpuPct), 0),
         cell(r.value(Field::CpuSoftirqPct), 0),
+        cell(r.value(Field::CpuPerGbit), 3),
     ]
 }
 

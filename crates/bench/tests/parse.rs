@@ -27,17 +27,15 @@ fn tcp_retransmits_are_the_senders_count() {
 }
 
 #[test]
-fn udp_rate_counts_only_packets_that_arrived() {
-    // The shape iperf3 3.12 prints for `-u -l 64 -b 0` (trimmed).
-    let out = json!({"end": {
-        "sum_sent": {"seconds": 2.0, "packets": 200000, "lost_packets": 0, "lost_percent": 0},
-        "sum_received": {"seconds": 2.0, "packets": 200000, "lost_packets": 50000,
-                         "lost_percent": 25.0, "bytes": 9600000}
-    }})
-    .to_string();
-    let udp = iperf_udp(&out).unwrap();
-    assert_eq!(udp.pps, 75000.0);
-    assert_eq!(udp.loss_pct, 25.0);
+fn underlay_datagrams_come_from_the_clsact_qdisc() {
+    // `tc -s -j qdisc show dev eth0` with a clsact qdisc and a filter (iproute2 6.1, trimmed).
+    let tc = r#"[{"kind":"noqueue","handle":"0:","root":true,"bytes":0,"packets":0},
+        {"kind":"clsact","handle":"ffff:","parent":"ffff:fff1","bytes":10456,"packets":103,
+         "drops":0}]"#;
+    assert_eq!(tc_clsact_packets(tc).unwrap(), 103);
+    assert!(tc_clsact_packets(r#"[{"kind":"noqueue","packets":5}]"#).is_err());
+    assert!(tc_clsact_packets(r#"[{"kind":"clsact"}]"#).is_err());
+    assert!(tc_clsact_packets("qdisc noqueue 0: root").is_err());
 }
 
 #[test]
@@ -52,7 +50,6 @@ fn iperf_errors_are_reported_with_iperf_own_words() {
     assert!(e.contains("Connection refused"), "{e}");
     assert!(iperf_error("not json").is_none());
     assert!(iperf_tcp_gbps(r#"{"end": {}}"#).is_err());
-    assert!(iperf_udp(r#"{"end": {"sum_received": {"seconds": 0, "packets": 1, "lost_packets": 0, "lost_percent": 0}}}"#).is_err());
 }
 
 #[test]
@@ -71,12 +68,18 @@ fn qperf_latency_in_any_unit_becomes_microseconds() {
 
 #[test]
 fn cpu_use_counts_softirq_and_all_busy_time_of_the_whole_machine() {
-    let before = cpu_times("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8\n").unwrap();
+    let two_cpus = "cpu0 1 2 3 4 5 6 7 8\ncpu1 1 2 3 4 5 6 7 8\ncpufreq 1\n";
+    let before = cpu_times(&format!("cpu  100 0 50 800 50 0 0 0 0 0\n{two_cpus}")).unwrap();
+    assert_eq!(before.cpus, 2);
     // +100 ticks: 30 user, 10 system, 20 softirq, 35 idle, 5 iowait.
-    let after = cpu_times("cpu  130 0 60 835 55 0 20 0 0 0\n").unwrap();
+    let after = cpu_times(&format!("cpu  130 0 60 835 55 0 20 0 0 0\n{two_cpus}")).unwrap();
     let used = after.since(&before).unwrap();
     assert!((used.busy_pct - 60.0).abs() < 1e-9, "{used:?}");
     assert!((used.softirq_pct - 20.0).abs() < 1e-9, "{used:?}");
+    assert!(
+        (used.busy_cpus - 1.2).abs() < 1e-9,
+        "60 % of two CPUs: {used:?}"
+    );
     assert!(before.since(&before).is_none(), "no ticks, no percentage");
     assert!(cpu_times("cpu0 1 2 3").is_err());
     assert!(cpu_times("cpu  1 2 3").is_err());

@@ -31,15 +31,16 @@ fn quick_run_measures_native_and_vxlan_and_writes_json() {
             "tcp_gbps",
             "tcp_p4_gbps",
             "tcp_rev_gbps",
-            "udp64_kpps",
+            "flood64_kpps",
+            "flood64_datagrams_per_packet",
             "latency_us",
+            "latency_pinned_us",
             "cpu_pct",
+            "cpu_per_gbit",
         ] {
             assert!(p[key].as_f64().unwrap() > 0.0, "{key} in {p}");
         }
-        for key in ["udp64_loss_pct", "udp64_path_loss_pct"] {
-            assert!(p[key].as_f64().unwrap() >= 0.0, "{key} in {p}");
-        }
+        assert!(p["flood64_loss_pct"].as_f64().unwrap() >= 0.0, "{p}");
     }
     assert_eq!(paths[1]["tcp_vs_vxlan"], 1.0);
 }

@@ -83,10 +83,12 @@ fn json_holds_medians_ratios_and_unavailable_paths() {
         "note",
         "tcp_p4_gbps",
         "tcp_rev_gbps",
-        "udp64_kpps",
-        "udp64_loss_pct",
-        "udp64_path_loss_pct",
+        "flood64_kpps",
+        "flood64_loss_pct",
+        "flood64_datagrams_per_packet",
+        "latency_pinned_us",
         "cpu_pct",
+        "cpu_per_gbit",
     ] {
         assert!(twill.get(key).is_some(), "{key} missing");
     }
@@ -119,14 +121,32 @@ fn table_has_a_row_per_path_with_ratios_and_reasons() {
 fn quick_check_wants_every_number_of_available_paths_but_allows_zero_loss() {
     let mut run = sample_run();
     check_complete(&run).unwrap();
-    run[1].samples.insert(Field::Udp64LossPct, vec![0.0]);
-    run[1].samples.insert(Field::Udp64PathLossPct, vec![0.0]);
+    run[1].samples.insert(Field::Flood64LossPct, vec![0.0]);
+    run[1].samples.insert(Field::TcpRetransmits, vec![0.0]);
     check_complete(&run).unwrap();
     run[1].samples.insert(Field::LatencyUs, vec![0.0]);
     let e = check_complete(&run).unwrap_err().to_string();
     assert!(e.contains("vxlan latency_us"), "{e}");
     run[1].samples.remove(&Field::LatencyUs);
     assert!(check_complete(&run).is_err());
+    run[1].samples.insert(Field::LatencyUs, vec![1.0]);
+    for new in [
+        Field::LatencyPinnedUs,
+        Field::Flood64Kpps,
+        Field::Flood64DatagramsPerPacket,
+        Field::CpuPerGbit,
+    ] {
+        let mut missing = run.clone();
+        missing[3].samples.remove(&new);
+        let e = check_complete(&missing).unwrap_err().to_string();
+        assert!(e.contains(&format!("twill-udp {}", new.key())), "{e}");
+        missing[3].samples.insert(new, vec![0.0]);
+        assert!(
+            check_complete(&missing).is_err(),
+            "{} = 0 passed",
+            new.key()
+        );
+    }
     assert!(check_complete(&[unavailable("ipip")]).is_err());
 }
 
@@ -137,7 +157,7 @@ fn plot_is_a_png_with_unavailable_and_failed_paths_in_it() {
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("perf.png");
     plot::draw(&run, &[], &Measurement::ALL, "test run", &png).unwrap();
-    assert_eq!(png_size(&png), (1600, 1000));
+    assert_eq!(png_size(&png), (1600, 1400));
 }
 
 #[test]
@@ -159,7 +179,7 @@ fn plot_has_a_row_of_scale_panels_below_or_instead_of_the_paths() {
     plot::draw(&[], &scale, &[Measurement::Scale], "scale", &png).unwrap();
     assert_eq!(png_size(&png), (1600, 520));
     plot::draw(&sample_run(), &scale, &Measurement::ALL, "both", &png).unwrap();
-    assert_eq!(png_size(&png), (1600, 1520));
+    assert_eq!(png_size(&png), (1600, 1920));
 }
 
 /// Width and height from a PNG's header.

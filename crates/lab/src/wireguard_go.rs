@@ -35,6 +35,10 @@ impl WireguardGo {
         Ok(WireguardGo { proc, name })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
