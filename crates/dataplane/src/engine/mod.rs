@@ -12,7 +12,7 @@ pub mod udp;
 pub mod wireguard;
 
 use crate::io::udp::SendError;
-use crate::io::{Tun, TunConfig, TunWriter, UdpIo};
+use crate::io::{Tun, TunConfig, TunReader, TunWriter, UdpIo};
 use crate::log_limit::LogLimit;
 use crate::stats::{DropReason, DropTally, EngineStats};
 use crate::table::{Peer, PeerTable, SharedTable};
@@ -240,11 +240,36 @@ pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), 
     Ok(())
 }
 
-/// Decide whether a TUN->UDP task goes on after a failed read. A read can fail for one packet
-/// (say, a super-packet tun-rs cannot split), which is counted and logged sparingly, so a bad
-/// stream neither stops forwarding nor floods the log; only a device that is gone ends the task.
-pub(crate) fn tun_read_failed(e: &std::io::Error, drops: &mut DropTally) -> ControlFlow<()> {
+/// The next batch of packets from TUN, read again after a failed read; `None` once the device
+/// is gone.
+pub(crate) async fn next_tun_batch(reader: &mut TunReader, drops: &mut DropTally) -> Option<usize> {
+    loop {
+        let read = reader.read_batch().await;
+        match counted_tun_read(read, reader, drops) {
+            ControlFlow::Continue(Some(n)) => return Some(n),
+            ControlFlow::Continue(None) => {}
+            ControlFlow::Break(()) => return None,
+        }
+    }
+}
+
+/// What a TUN read means for its reader: packets to forward, a failed read to count and get
+/// past, or the end. A read can fail for one packet (say, a super-packet tun-rs cannot split),
+/// which is counted and logged sparingly, so a bad stream neither stops forwarding nor floods
+/// the log; only a device that is gone ends the reader.
+pub(crate) fn counted_tun_read(
+    read: std::io::Result<usize>,
+    reader: &mut TunReader,
+    drops: &mut DropTally,
+) -> ControlFlow<(), Option<usize>> {
     static LOG: LogLimit = LogLimit::per_second();
+    let e = match read {
+        Ok(n) => {
+            drops.add(DropReason::IoError, reader.take_failed_reads());
+            return ControlFlow::Continue(Some(n));
+        }
+        Err(e) => e,
+    };
     if matches!(
         e.raw_os_error(),
         Some(libc::EBADFD | libc::EBADF | libc::ENODEV)
@@ -256,7 +281,7 @@ pub(crate) fn tun_read_failed(e: &std::io::Error, drops: &mut DropTally) -> Cont
     if let Some(held) = LOG.allow() {
         tracing::warn!("TUN read failed: {e}; {held} more failed reads since the last report");
     }
-    ControlFlow::Continue(())
+    ControlFlow::Continue(None)
 }
 
 /// Count and log the datagrams of a send the kernel refused. Logged at warn with the errno and

@@ -6,7 +6,7 @@
 
 use super::directions::Direction;
 use super::{
-    accept_inbound, flush_tun, route_outbound, send_failed, tun_read_failed, write_to_tun, Shared,
+    accept_inbound, flush_tun, next_tun_batch, route_outbound, send_failed, write_to_tun, Shared,
 };
 use crate::io::udp::{sender_v4, SendError};
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter, UdpReceiver};
@@ -15,7 +15,6 @@ use crate::table::PeerTable;
 use arrayvec::ArrayVec;
 use std::io;
 use std::net::SocketAddrV4;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 /// TUN -> UDP for each queue, and UDP -> TUN.
@@ -107,14 +106,9 @@ async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, io: Shared) {
     let mut runs: ArrayVec<Run, { crate::io::tun::READ_BATCH }> = ArrayVec::new();
     let mut drops = DropTally::default();
     loop {
-        let n = match reader.read_batch().await {
-            Ok(n) => n,
-            Err(e) => match tun_read_failed(&e, &mut drops) {
-                ControlFlow::Continue(()) => continue,
-                ControlFlow::Break(()) => return,
-            },
+        let Some(n) = next_tun_batch(&mut reader, &mut drops).await else {
+            return;
         };
-        drops.add(DropReason::IoError, reader.take_failed_reads());
         let table = io.table.load();
         classify(
             &mut reader,

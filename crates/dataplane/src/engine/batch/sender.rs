@@ -1,7 +1,7 @@
 //! The TUN -> UDP half: group a drain's packets by peer, pack them into datagrams, send each
 //! peer's datagrams as GSO trains; TCP super-packets go whole, as chunks.
 
-use super::super::{flush_tun, route_outbound, send_failed, tun_read_failed, Shared};
+use super::super::{counted_tun_read, flush_tun, route_outbound, send_failed, Shared};
 use super::train::{Held, Train};
 use super::{super_counts, Counts};
 use crate::io::tun::READ_BATCH;
@@ -34,15 +34,11 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, mut t
                 continue;
             }
         };
-        let n = match read {
-            Ok(n) => n,
-            Err(e) => match tun_read_failed(&e, &mut tx.drops) {
-                ControlFlow::Continue(()) => continue,
-                ControlFlow::Break(()) => return,
-            },
+        let n = match counted_tun_read(read, &mut reader, &mut tx.drops) {
+            ControlFlow::Continue(Some(n)) => n,
+            ControlFlow::Continue(None) => continue,
+            ControlFlow::Break(()) => return,
         };
-        tx.drops
-            .add(DropReason::IoError, reader.take_failed_reads());
         tx.drain(&mut reader, n, &mut icmp);
         if reader.whole().is_some() {
             tx.send_whole(&mut reader, &mut icmp);

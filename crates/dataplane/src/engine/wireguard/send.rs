@@ -6,7 +6,7 @@
 
 use super::peers::{PeerMap, Sealed, WgPeer};
 use super::Wg;
-use crate::engine::{flush_tun, send_failed, tun_read_failed, Shared};
+use crate::engine::{flush_tun, next_tun_batch, send_failed, Shared};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
@@ -14,7 +14,6 @@ use crate::wire::ipv4::Ipv4Packet;
 use crate::wire::WireError;
 use arrayvec::ArrayVec;
 use std::net::SocketAddrV4;
-use std::ops::ControlFlow;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// A data message adds its header (type, receiver, counter: 16 bytes) and the AEAD tag (16).
@@ -29,14 +28,9 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
     let mut padded = vec![0u8; wg.io.mtu];
     let mut drops = DropTally::default();
     loop {
-        let n = match reader.read_batch().await {
-            Ok(n) => n,
-            Err(e) => match tun_read_failed(&e, &mut drops) {
-                ControlFlow::Continue(()) => continue,
-                ControlFlow::Break(()) => return,
-            },
+        let Some(n) = next_tun_batch(&mut reader, &mut drops).await else {
+            return;
         };
-        drops.add(DropReason::IoError, reader.take_failed_reads());
         let table = wg.io.table.load();
         let peers = wg.peers.load();
         for i in 0..n {
