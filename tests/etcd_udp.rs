@@ -70,6 +70,25 @@ fn a_restarted_node_keeps_its_subnet_even_after_kill_9() -> Result<()> {
 }
 
 #[test]
+fn a_node_whose_tun_is_deleted_exits_with_the_reason_instead_of_running_on() -> Result<()> {
+    let c = cluster("etundel", 2, UDP_CONFIG)?;
+    let mut node = c.start(0)?;
+    c.lab.host(0).ns.ip(&["link", "del", "twill0"])?;
+    let status = node
+        .wait_timeout(Duration::from_secs(10))?
+        .context("twill kept running without its TUN device")?;
+    anyhow::ensure!(!status.success(), "exit status {status}");
+    let stderr = node.stderr();
+    anyhow::ensure!(
+        stderr.contains("TUN device gone")
+            && stderr
+                .contains("the dataplane stopped forwarding: its thread 'twill tun0>udp' ended"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+#[test]
 fn a_node_whose_key_is_deleted_reacquires_it() -> Result<()> {
     let c = cluster("edel", 2, UDP_CONFIG)?;
     let _node = c.start(0)?;

@@ -26,7 +26,8 @@ use anyhow::{bail, Context};
 use std::future::Future;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use twill_dataplane::engine::EngineKind;
+use twill_dataplane::engine::directions::Ended;
+use twill_dataplane::engine::{Engine, EngineKind};
 
 /// Run a node until `shutdown` completes. A clean shutdown leaves the lease in the registry, as
 /// flanneld does, so a restart keeps the subnet; the TUN and its route go with the process.
@@ -143,11 +144,16 @@ async fn follow<B: Backend>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
+    let dataplane = backend.engine().map(Engine::ended);
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     reconcile.tick().await;
     loop {
         let event = tokio::select! {
             () = &mut shutdown => return Ok(()),
+            direction = first_ended(dataplane.as_ref()) => bail!(
+                "the dataplane stopped forwarding: its thread '{direction}' ended (the log above \
+                 says why); twill exits so that its service manager starts it again"
+            ),
             _ = reconcile.tick() => LeaseEvent::Snapshot(node.status.accepted_leases()),
             event = events.recv() => {
                 let event = event.context("the lease registry stopped")?;
@@ -159,6 +165,14 @@ async fn follow<B: Backend>(
             return result;
         }
         apply_recorded(backend, &event, node).await;
+    }
+}
+
+/// The name of the first direction of the dataplane to end; never, for a kernel backend.
+async fn first_ended(dataplane: Option<&Ended>) -> String {
+    match dataplane {
+        Some(ended) => ended.first().await,
+        None => std::future::pending().await,
     }
 }
 

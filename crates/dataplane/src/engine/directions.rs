@@ -8,12 +8,14 @@
 //! it registers with that thread's runtime, and writes through descriptors no runtime watches.
 //!
 //! An engine declares its directions ([`Direction::new`]); [`Directions::start`] is the one
-//! place that starts them, and dropping the [`Directions`] stops and joins them all.
+//! place that starts them, and dropping the [`Directions`] stops and joins them all. A direction
+//! that ends on its own (its device gone, a panic) is reported through [`Ended`], so that the
+//! daemon can stop rather than run on with one way of the path dead.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, OnceLock};
 use std::thread::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -48,7 +50,28 @@ impl Direction {
 /// thread to end, so its descriptors are closed when the drop returns.
 pub struct Directions {
     stop: CancellationToken,
+    ended: Ended,
     threads: Vec<JoinHandle<()>>,
+}
+
+/// Fires when the first direction of an engine ends while the engine still runs.
+#[derive(Clone, Default)]
+pub struct Ended {
+    fired: CancellationToken,
+    first: Arc<OnceLock<String>>,
+}
+
+impl Ended {
+    /// Waits until a direction has ended; returns its thread's name.
+    pub async fn first(&self) -> String {
+        self.fired.cancelled().await;
+        self.first.get().cloned().unwrap_or_default()
+    }
+
+    fn record(&self, name: &str) {
+        let _ = self.first.set(name.to_string());
+        self.fired.cancel();
+    }
 }
 
 impl Directions {
@@ -57,14 +80,15 @@ impl Directions {
     pub fn start(directions: Vec<Direction>) -> anyhow::Result<Directions> {
         let mut running = Directions {
             stop: CancellationToken::new(),
+            ended: Ended::default(),
             threads: Vec::with_capacity(directions.len()),
         };
         for Direction { name, open } in directions {
             let (opened, outcome) = mpsc::sync_channel(1);
-            let stop = running.stop.clone();
+            let (stop, ended) = (running.stop.clone(), running.ended.clone());
             let thread = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || run(open, &stop, &opened))
+                .spawn(move || run(open, &stop, &ended, &opened))
                 .map_err(|e| anyhow::anyhow!("cannot start thread {name}: {e}"))?;
             running.threads.push(thread);
             outcome
@@ -74,11 +98,21 @@ impl Directions {
         }
         Ok(running)
     }
+
+    /// What fires when a direction ends before the engine is stopped.
+    pub fn ended(&self) -> Ended {
+        self.ended.clone()
+    }
 }
 
 /// The thread of one direction: a runtime of its own, the direction's I/O opened inside it,
 /// then the forwarding loop until it ends or the engine stops.
-fn run(open: Open, stop: &CancellationToken, opened: &mpsc::SyncSender<io::Result<()>>) {
+fn run(
+    open: Open,
+    stop: &CancellationToken,
+    ended: &Ended,
+    opened: &mpsc::SyncSender<io::Result<()>>,
+) {
     let started = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -97,12 +131,41 @@ fn run(open: Open, stop: &CancellationToken, opened: &mpsc::SyncSender<io::Resul
         }
     };
     let _ = opened.send(Ok(()));
+    let _report = ReportEnd { stop, ended };
     runtime.block_on(async {
         tokio::select! {
             () = stop.cancelled() => {}
             () = forwarding => {}
         }
     });
+}
+
+/// Reports the end of a running direction, whether its loop returned or panicked, unless the
+/// engine is being stopped.
+struct ReportEnd<'a> {
+    stop: &'a CancellationToken,
+    ended: &'a Ended,
+}
+
+impl Drop for ReportEnd<'_> {
+    fn drop(&mut self) {
+        if self.stop.is_cancelled() {
+            return;
+        }
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("a direction")
+            .to_string();
+        let how = if std::thread::panicking() {
+            "panicked"
+        } else {
+            "ended"
+        };
+        tracing::error!(
+            "{name} {how} while its engine runs: that way of the path forwards nothing"
+        );
+        self.ended.record(&name);
+    }
 }
 
 impl Drop for Directions {
@@ -118,7 +181,6 @@ impl Drop for Directions {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    use std::sync::Arc;
 
     #[test]
     fn each_direction_runs_on_its_own_named_thread_until_dropped() {
@@ -128,7 +190,7 @@ mod tests {
             let (ended, names) = (ended.clone(), names.clone());
             Direction::new(format!("dir{i}"), move || {
                 Ok(async move {
-                    let _count = Ended(ended);
+                    let _count = CountDrop(ended);
                     let thread = std::thread::current();
                     names.send(thread.name().map(str::to_string)).unwrap();
                     std::future::pending::<()>().await;
@@ -157,9 +219,38 @@ mod tests {
         assert_eq!(err.to_string(), "cannot start broken: no device");
     }
 
-    struct Ended(Arc<AtomicUsize>);
+    #[test]
+    fn a_direction_that_ends_or_panics_fires_ended_and_a_stop_does_not() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let quits = Direction::new("quits", || Ok(async {}));
+        let running = Directions::start(vec![quits]).unwrap();
+        assert_eq!(runtime.block_on(running.ended().first()), "quits");
 
-    impl Drop for Ended {
+        let panics = Direction::new("panics", || {
+            Ok(async {
+                tokio::task::yield_now().await;
+                panic!("a bug in a forwarding loop");
+            })
+        });
+        let running = Directions::start(vec![panics]).unwrap();
+        assert_eq!(runtime.block_on(running.ended().first()), "panics");
+
+        let forever = Direction::new("forever", || Ok(std::future::pending::<()>()));
+        let running = Directions::start(vec![forever]).unwrap();
+        let ended = running.ended();
+        drop(running);
+        let fired = runtime.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_millis(200), ended.first()).await
+        });
+        assert!(fired.is_err(), "a stopped engine is not a failed one");
+    }
+
+    struct CountDrop(Arc<AtomicUsize>);
+
+    impl Drop for CountDrop {
         fn drop(&mut self) {
             self.0.fetch_add(1, SeqCst);
         }

@@ -19,7 +19,7 @@ use crate::table::{Peer, PeerTable, SharedTable};
 use crate::wire::icmp::{self, IcmpError};
 use crate::wire::ipv4::Ipv4Packet;
 use crate::wire::{self, flannel, WireError};
-use directions::{Direction, Directions};
+use directions::{Direction, Directions, Ended};
 use ipnet::Ipv4Net;
 use path_mtu::PathMtu;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -69,7 +69,7 @@ pub struct EngineConfig {
 /// A running dataplane. Dropping it stops its threads and removes the TUN device.
 pub struct Engine {
     // Drop order: the threads stop and close their descriptors, then the device's own go.
-    _directions: Directions,
+    directions: Directions,
     _tun: Arc<Tun>,
     table: Arc<SharedTable>,
     stats: Arc<EngineStats>,
@@ -118,13 +118,18 @@ impl Engine {
         };
         let directions = directions(&tun, &io)?;
         Ok(Engine {
-            _directions: Directions::start(directions)?,
+            directions: Directions::start(directions)?,
             offload: tun.offload(),
             mtu: tun.mtu(),
             _tun: tun,
             table,
             stats,
         })
+    }
+
+    /// Fires when one of the engine's directions stops forwarding on its own.
+    pub fn ended(&self) -> Ended {
+        self.directions.ended()
     }
 
     pub fn table(&self) -> &Arc<SharedTable> {
