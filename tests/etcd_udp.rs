@@ -74,11 +74,10 @@ fn a_node_whose_tun_is_deleted_exits_with_the_reason_instead_of_running_on() -> 
     let c = cluster("etundel", 2, UDP_CONFIG)?;
     let mut node = c.start(0)?;
     c.lab.host(0).ns.ip(&["link", "del", "twill0"])?;
-    let status = node
-        .wait_timeout(Duration::from_secs(10))?
-        .context("twill kept running without its TUN device")?;
-    anyhow::ensure!(!status.success(), "exit status {status}");
-    let stderr = node.stderr();
+    let stderr = node.failure_within(
+        Duration::from_secs(10),
+        "twill kept running without its TUN device",
+    )?;
     anyhow::ensure!(
         stderr.contains("TUN device gone")
             && stderr
@@ -110,11 +109,10 @@ fn a_node_whose_subnet_is_taken_over_stops_without_taking_another() -> Result<()
     let key = c.lease_key(c.subnet(0)?);
     let intruder = r#"{"PublicIP":"10.200.0.99","PublicIPv6":null}"#;
     c.etcd.etcdctl(&["put", &key, intruder])?;
-    let status = node
-        .wait_timeout(Duration::from_secs(10))?
-        .context("twill kept running on a subnet another node holds")?;
-    anyhow::ensure!(!status.success(), "exit status {status}");
-    let stderr = node.stderr();
+    let stderr = node.failure_within(
+        Duration::from_secs(10),
+        "twill kept running on a subnet another node holds",
+    )?;
     anyhow::ensure!(
         stderr.contains("was taken over by the node at 10.200.0.99")
             && stderr.contains("twill stops instead of taking another subnet"),

@@ -79,6 +79,14 @@ impl Proc {
         }
     }
 
+    /// What the process wrote to stderr, once it has failed within `d`; an error saying
+    /// `still_running` if it is still running then, or the status if it succeeded.
+    pub fn failure_within(&mut self, d: Duration, still_running: &str) -> Result<String> {
+        let status = self.wait_timeout(d)?.context(still_running.to_string())?;
+        anyhow::ensure!(!status.success(), "{}: exit status {status}", self.command);
+        Ok(self.stderr())
+    }
+
     /// Everything the process wrote to stdout so far.
     pub fn stdout(&self) -> String {
         self.log("stdout")
