@@ -149,7 +149,7 @@ impl Engine {
     }
 }
 
-/// What every task of one engine shares.
+/// What every direction of one engine shares.
 #[derive(Clone)]
 pub(crate) struct Shared {
     pub udp: Arc<UdpIo>,

@@ -85,7 +85,7 @@ impl WireGuard {
     }
 }
 
-/// What every task of one WireGuard engine shares.
+/// What every direction of one WireGuard engine shares.
 #[derive(Clone)]
 pub(crate) struct Wg {
     io: Shared,

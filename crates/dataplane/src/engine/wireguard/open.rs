@@ -1,7 +1,7 @@
 //! One datagram off the underlay, as WireGuard receives it: find the peer (by the index in the
 //! message, or for a handshake initiation by the key inside it), let the peer's tunnel
 //! authenticate and decrypt it, then check the inner packet against the peer's allowed IPs.
-//! No I/O here: the engine's receive task, the fuzz target and the benchmarks all drive it.
+//! No I/O here: the engine's receive direction, the fuzz target and the benchmarks all drive it.
 
 use super::peers::{PeerMap, TunnelParams, WgPeer};
 use super::PublicKey;
