@@ -48,16 +48,7 @@ fn arrival(from: &Netns, to: &Container) -> Result<(Ipv4Addr, bool)> {
 }
 
 fn echo_once(addr: SocketAddr, ready: mpsc::Sender<Result<()>>) -> Result<Ipv4Addr> {
-    let socket = UdpSocket::bind(addr);
-    let socket = match socket {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e.into()));
-            bail!("bind {addr}");
-        }
-    };
-    socket.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let _ = ready.send(Ok(()));
+    let socket = bind_receiver(addr, Duration::from_secs(5), ready)?;
     let mut buf = [0u8; 64];
     let (n, SocketAddr::V4(source)) = socket.recv_from(&mut buf).context("nothing arrived")? else {
         bail!("an IPv6 source");

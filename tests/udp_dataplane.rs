@@ -3,7 +3,7 @@
 
 mod common;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use common::*;
 use std::net::UdpSocket;
 use std::time::Duration;
@@ -83,35 +83,14 @@ fn datagram_on_the_wire_is_the_bare_inner_packet_on_port_8285() -> Result<()> {
     let pair = pair("uwire", None)?;
     let (a, b) = (pair.container(0), pair.container(1));
     let host_b = &pair.lab.host(1).ns;
-    let pcap = pair.dir.path().join("wire.pcap");
-    let pcap_arg = pcap.to_str().context("path")?;
-    let mut capture = host_b.spawn(
-        "tcpdump",
-        &[
-            "-i",
-            "eth0",
-            "-n",
-            "-U",
-            "-c",
-            "1",
-            "-w",
-            pcap_arg,
-            "udp dst port 8285",
-        ],
-    )?;
-    std::thread::sleep(Duration::from_millis(500));
     let marker = b"twill-wire-format-check";
-    a.ns.enter(|| -> Result<()> {
-        let socket = UdpSocket::bind((a.ip, 40001))?;
-        socket.send_to(marker, (b.ip, 40002))?;
-        Ok(())
+    let outer = capture(host_b, pair.dir.path(), "udp dst port 8285", || {
+        a.ns.enter(|| -> Result<()> {
+            let socket = UdpSocket::bind((a.ip, 40001))?;
+            socket.send_to(marker, (b.ip, 40002))?;
+            Ok(())
+        })
     })?;
-    capture
-        .wait_timeout(Duration::from_secs(5))?
-        .context("tcpdump captured nothing")?;
-    let file = std::fs::read(&pcap)?;
-    let frame = first_pcap_frame(&file)?;
-    let outer = &frame[14..];
     assert_eq!(outer[9], 17, "outer protocol is UDP");
     let udp = &outer[20..];
     assert_eq!(u16::from_be_bytes([udp[0], udp[1]]), 8285, "source port");
@@ -213,20 +192,4 @@ fn metrics_and_healthz_are_served() -> Result<()> {
     let health = http_get(&host.ns, &format!("{}:8471", host.underlay_ip), "/healthz")?;
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     Ok(())
-}
-
-/// A plain HTTP/1.1 GET from inside a namespace; returns the whole response.
-fn http_get(ns: &twill_lab::Netns, addr: &str, path: &str) -> Result<String> {
-    use std::io::{Read, Write};
-    ns.enter(|| {
-        let mut stream = std::net::TcpStream::connect(addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
-    })
 }

@@ -72,7 +72,7 @@ fn a_replayed_or_changed_datagram_is_dropped_and_counted() -> Result<()> {
     let (host0, host1) = (w.ns(0), w.ns(1));
     let marker = "7477696c6c2d7767"; // "twill-wg", repeated over the ping payload
     let to = w.c.container(1).ip.to_string();
-    let packet = wg::capture(
+    let packet = capture(
         host1,
         w.c.dir.path(),
         "udp and dst host 10.200.0.2 and dst port 51820 and greater 300",

@@ -103,11 +103,8 @@ impl Cluster {
             file.to_str().context("path")?,
         ];
         let mut node = self.lab.host(host).ns.spawn(TWILL, &args)?;
-        let status = node
-            .wait_timeout(std::time::Duration::from_secs(10))?
-            .context("twill kept running")?;
-        anyhow::ensure!(!status.success(), "twill exited successfully");
-        let stderr = node.stderr();
+        let stderr =
+            node.failure_within(std::time::Duration::from_secs(10), "twill kept running")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())
     }
 

@@ -154,6 +154,44 @@ fn send(addr: SocketAddr, bytes: usize) -> Result<String> {
     Ok(hex::encode(hasher.finalize()))
 }
 
+/// A plain HTTP/1.1 GET from inside a namespace; returns the whole response.
+pub fn http_get(ns: &Netns, addr: &str, path: &str) -> Result<String> {
+    ns.enter(|| {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        Ok(response)
+    })
+}
+
+/// The IP packet of the first datagram tcpdump sees on `ns`'s eth0 that matches `filter`,
+/// while `trigger` runs.
+pub fn capture(
+    ns: &Netns,
+    dir: &Path,
+    filter: &str,
+    trigger: impl FnOnce() -> Result<()>,
+) -> Result<Vec<u8>> {
+    let pcap = dir.join(format!("capture-{}.pcap", rand::random::<u32>()));
+    let path = pcap.to_str().context("pcap path")?;
+    let mut tcpdump = ns.spawn(
+        "tcpdump",
+        &["-i", "eth0", "-n", "-U", "-c", "1", "-w", path, filter],
+    )?;
+    std::thread::sleep(Duration::from_millis(500));
+    trigger()?;
+    tcpdump
+        .wait_timeout(Duration::from_secs(5))?
+        .with_context(|| format!("tcpdump saw nothing matching {filter:?}"))?;
+    let file = std::fs::read(&pcap)?;
+    Ok(first_pcap_frame(&file)?[14..].to_vec())
+}
+
 /// The first frame of a pcap file (classic format, Ethernet link type).
 pub fn first_pcap_frame(file: &[u8]) -> Result<&[u8]> {
     anyhow::ensure!(file.len() > 40, "pcap too short");

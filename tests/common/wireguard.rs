@@ -1,6 +1,5 @@
 //! What the WireGuard tests share: the network config, a key file per host, the lease a node
-//! must write, two connected nodes, the status server's metrics, and one datagram captured off
-//! the underlay.
+//! must write, two connected nodes and the status server's metrics.
 
 use super::cluster::{cluster, Cluster};
 use super::*;
@@ -93,35 +92,5 @@ impl Connected {
 
 /// GET `/metrics` from the status server in `ns`.
 pub fn metrics(ns: &Netns) -> Result<String> {
-    ns.enter(|| -> Result<String> {
-        let mut stream = TcpStream::connect("127.0.0.1:9585")?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body)?;
-        Ok(body)
-    })
-}
-
-/// The IP packet of the first datagram tcpdump sees on `ns`'s eth0 that matches `filter`,
-/// while `trigger` runs.
-pub fn capture(
-    ns: &Netns,
-    dir: &Path,
-    filter: &str,
-    trigger: impl FnOnce() -> Result<()>,
-) -> Result<Vec<u8>> {
-    let pcap = dir.join(format!("capture-{}.pcap", rand::random::<u32>()));
-    let path = pcap.to_str().context("pcap path")?;
-    let mut tcpdump = ns.spawn(
-        "tcpdump",
-        &["-i", "eth0", "-n", "-U", "-c", "1", "-w", path, filter],
-    )?;
-    std::thread::sleep(Duration::from_millis(500));
-    trigger()?;
-    tcpdump
-        .wait_timeout(Duration::from_secs(5))?
-        .with_context(|| format!("tcpdump saw nothing matching {filter:?}"))?;
-    let file = std::fs::read(&pcap)?;
-    Ok(first_pcap_frame(&file)?[14..].to_vec())
+    http_get(ns, "127.0.0.1:9585", "/metrics")
 }
