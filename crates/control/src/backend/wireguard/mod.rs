@@ -147,6 +147,7 @@ impl Setup for WireguardSetup {
         };
         Ok(Wireguard {
             book: PeerBook::new(self.settings.listen_port),
+            out_of_step: false,
             path,
             mtu: self.mtu,
         })
@@ -158,6 +159,9 @@ pub struct Wireguard {
     book: PeerBook,
     path: Path,
     mtu: u32,
+    /// A change the kernel refused: the device no longer matches the book, so the next
+    /// reconcile writes every peer instead of what changed.
+    out_of_step: bool,
 }
 
 enum Path {
@@ -168,6 +172,12 @@ enum Path {
 
 impl Wireguard {
     async fn apply(&mut self, change: Change) -> anyhow::Result<()> {
+        let applied = self.apply_to_path(change).await;
+        self.out_of_step |= applied.is_err();
+        applied
+    }
+
+    async fn apply_to_path(&mut self, change: Change) -> anyhow::Result<()> {
         match (&mut self.path, change) {
             (_, Change::Unchanged) => Ok(()),
             (Path::Userspace(engine), _) => {
@@ -208,15 +218,26 @@ impl Backend for Wireguard {
         self.apply(change).await
     }
 
+    /// The kernel device gets only what changed: replacing all of its peers would drop every
+    /// session and make each peer handshake again, every minute.
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
-        self.book.reconcile(leases);
-        let specs = self.book.specs();
+        let changes = self.book.reconcile(leases);
         match &mut self.path {
-            Path::Userspace(engine) => {
-                engine.set_peers(&specs);
-                Ok(())
+            Path::Userspace(engine) => engine.set_peers(&self.book.specs()),
+            Path::Kernel(device) if self.out_of_step => {
+                device.replace_peers(&self.book.specs()).await?;
+                self.out_of_step = false;
             }
-            Path::Kernel(device) => device.replace_peers(&specs).await,
+            Path::Kernel(_) => {
+                // Every change is tried; the first refusal is reported.
+                let mut applied = Ok(());
+                for change in changes {
+                    let result = self.apply(change).await;
+                    applied = applied.and(result);
+                }
+                return applied;
+            }
         }
+        Ok(())
     }
 }

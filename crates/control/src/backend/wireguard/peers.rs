@@ -58,14 +58,25 @@ impl PeerBook {
             .map_or(Change::Unchanged, Change::Removed)
     }
 
-    /// Make the peers exactly those of `leases`.
-    pub fn reconcile(&mut self, leases: &[Lease]) {
+    /// Make the peers exactly those of `leases`; returns what that changed, peer by peer.
+    pub fn reconcile(&mut self, leases: &[Lease]) -> Vec<Change> {
         self.skipped
             .retain(|s, _| leases.iter().any(|l| l.subnet == *s));
-        self.peers = leases
+        let now: BTreeMap<_, _> = leases
             .iter()
             .filter_map(|l| Some((l.subnet, self.spec(l)?)))
             .collect();
+        let before = std::mem::replace(&mut self.peers, now);
+        let set = self.peers.iter().filter_map(|(subnet, new)| {
+            let old = before.get(subnet).copied();
+            (old != Some(*new)).then_some(Change::Set { old, new: *new })
+        });
+        let mut changes: Vec<Change> = set.collect();
+        let gone = before
+            .into_iter()
+            .filter(|(s, _)| !self.peers.contains_key(s));
+        changes.extend(gone.map(|(_, old)| Change::Removed(old)));
+        changes
     }
 
     pub fn specs(&self) -> Vec<WgPeerSpec> {
@@ -216,5 +227,40 @@ mod tests {
         assert!(book.skipped.contains_key(&bad.subnet));
         book.reconcile(&[]);
         assert!(book.skipped.is_empty() && book.specs().is_empty());
+    }
+
+    #[test]
+    fn reconcile_returns_only_what_changed() {
+        let mut book = PeerBook::new(51820);
+        let (kept, moved, gone) = (
+            good("10.5.2.0/24"),
+            good("10.5.3.0/24"),
+            good("10.5.4.0/24"),
+        );
+        let first = book.reconcile(&[kept.clone(), moved.clone(), gone.clone()]);
+        assert_eq!(first.len(), 3);
+        assert!(first
+            .iter()
+            .all(|c| matches!(c, Change::Set { old: None, .. })));
+        assert!(book
+            .reconcile(&[kept.clone(), moved.clone(), gone.clone()])
+            .is_empty());
+
+        let (before, removed) = (book.specs()[1], book.specs()[2]);
+        assert_eq!(removed.subnet, gone.subnet);
+        let mut moved_now = moved.clone();
+        moved_now.public_ip = "10.200.0.77".parse().unwrap();
+        let changes = book.reconcile(&[kept, moved_now]);
+        let after = book.specs()[1];
+        assert_eq!(
+            changes,
+            [
+                Change::Set {
+                    old: Some(before),
+                    new: after
+                },
+                Change::Removed(removed),
+            ]
+        );
     }
 }
