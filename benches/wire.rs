@@ -104,7 +104,7 @@ fn table(peers: u32) -> PeerTable {
             version: 1,
         })
         .collect();
-    PeerTable::new(&specs, &PeerTable::default())
+    PeerTable::new(&specs)
 }
 
 /// A packet from a container behind peer 1 to one behind peer 2.

@@ -66,13 +66,13 @@ impl PeerSpec {
 }
 
 impl PeerTable {
-    /// Build a table; peers also present in `previous` (same subnet and endpoint) keep their
-    /// counters. Of two peers claiming one subnet or one endpoint, the first wins.
-    pub fn new(specs: &[PeerSpec], previous: &PeerTable) -> PeerTable {
+    /// Build a table with fresh counters. Of two peers claiming one subnet or one endpoint, the
+    /// first wins.
+    pub fn new(specs: &[PeerSpec]) -> PeerTable {
         let mut table = PeerTable::default();
         for spec in specs.iter().map(|s| s.trunc()) {
             if table.owner(spec.subnet).is_none() {
-                let _ = table.insert_with(spec, previous.stats_of(&spec));
+                let _ = table.insert_with(spec, Arc::default());
             }
         }
         table
@@ -271,13 +271,10 @@ mod tests {
 
     #[test]
     fn longest_prefix_wins() {
-        let table = PeerTable::new(
-            &[
-                spec("10.5.0.0/16", [10, 200, 0, 1]),
-                spec("10.5.3.0/24", [10, 200, 0, 3]),
-            ],
-            &PeerTable::default(),
-        );
+        let table = PeerTable::new(&[
+            spec("10.5.0.0/16", [10, 200, 0, 1]),
+            spec("10.5.3.0/24", [10, 200, 0, 3]),
+        ]);
         let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
         assert_eq!(
             table
@@ -302,10 +299,7 @@ mod tests {
 
     #[test]
     fn endpoint_lookup_requires_port() {
-        let table = PeerTable::new(
-            &[spec("10.5.3.0/24", [10, 200, 0, 3])],
-            &PeerTable::default(),
-        );
+        let table = PeerTable::new(&[spec("10.5.3.0/24", [10, 200, 0, 3])]);
         let ep = SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 3), 8285);
         assert!(table.by_endpoint(ep).is_some());
         assert!(table
@@ -414,14 +408,11 @@ mod tests {
 
     #[test]
     fn duplicate_claims_keep_the_first() {
-        let table = PeerTable::new(
-            &[
-                spec("10.5.1.0/24", [10, 200, 0, 1]),
-                spec("10.5.1.0/24", [10, 200, 0, 2]),
-                spec("10.5.2.0/24", [10, 200, 0, 1]),
-            ],
-            &PeerTable::default(),
-        );
+        let table = PeerTable::new(&[
+            spec("10.5.1.0/24", [10, 200, 0, 1]),
+            spec("10.5.1.0/24", [10, 200, 0, 2]),
+            spec("10.5.2.0/24", [10, 200, 0, 1]),
+        ]);
         assert_eq!(table.len(), 1);
     }
 }

@@ -107,8 +107,7 @@ impl Received {
         let Some((subnet, packets, bytes)) = self.run.take() else {
             return;
         };
-        let peer = table.route(subnet.network()).map(|i| &table.peers()[i]);
-        if let Some(peer) = peer.filter(|p| p.spec.subnet == subnet) {
+        if let Some(peer) = table.get(subnet) {
             peer.stats.rx.add(packets, bytes);
         }
     }
