@@ -218,29 +218,49 @@ impl Shared {
 
 /// Route a packet read from TUN: find its peer's index and decrement its TTL as flanneld does.
 pub fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
-    let mut ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
-        WireError::BadVersion => DropReason::NotIpv4,
-        _ => DropReason::Malformed,
-    })?;
-    let peer = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
+    let (mut ip, peer) = routed(packet, table)?;
     if !ip.decrement_ttl() {
         return Err(DropReason::TtlExceeded);
     }
     Ok(peer)
 }
 
+/// A packet read from TUN as IPv4, and the index of the peer its destination routes to.
+pub(crate) fn routed<T: AsRef<[u8]>>(
+    packet: T,
+    table: &PeerTable,
+) -> Result<(Ipv4Packet<T>, usize), DropReason> {
+    let ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
+        WireError::BadVersion => DropReason::NotIpv4,
+        _ => DropReason::Malformed,
+    })?;
+    let peer = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
+    Ok((ip, peer))
+}
+
 /// Check a packet that arrived from `peer` before it goes to TUN: it must decode, come from
 /// inside the peer's subnet, fit the TUN, and have TTL left (flanneld decrements here too).
 pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), DropReason> {
     let mut ip = flannel::decap(packet).map_err(|_| DropReason::Malformed)?;
-    if !peer.spec.subnet.contains(&ip.src_addr()) {
+    check_from(&ip, peer.spec.subnet, mtu)?;
+    if !ip.decrement_ttl() {
+        return Err(DropReason::TtlExceeded);
+    }
+    Ok(())
+}
+
+/// What every engine checks of a packet from a peer before it goes to TUN: it comes from
+/// inside the peer's subnet and fits the TUN.
+pub(crate) fn check_from<T: AsRef<[u8]>>(
+    ip: &Ipv4Packet<T>,
+    subnet: Ipv4Net,
+    mtu: usize,
+) -> Result<(), DropReason> {
+    if !subnet.contains(&ip.src_addr()) {
         return Err(DropReason::SpoofedSource);
     }
     if ip.total_len() > mtu {
         return Err(DropReason::TooBig);
-    }
-    if !ip.decrement_ttl() {
-        return Err(DropReason::TtlExceeded);
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 
 use super::peers::{PeerMap, TunnelParams, WgPeer};
 use super::PublicKey;
+use crate::engine::check_from;
 use crate::stats::DropReason;
 use crate::wire::ipv4::Ipv4Packet;
 use boringtun::noise::errors::WireGuardError;
@@ -165,13 +166,7 @@ impl Outcome {
 /// allowed IPs (its lease's subnet), and fit the TUN.
 fn check_inner(peer: &WgPeer, packet: &[u8], mtu: usize) -> Result<(), DropReason> {
     let ip = Ipv4Packet::new_checked(packet).map_err(|_| DropReason::Malformed)?;
-    if !peer.subnet.contains(&ip.src_addr()) {
-        return Err(DropReason::SpoofedSource);
-    }
-    if ip.total_len() > mtu {
-        return Err(DropReason::TooBig);
-    }
-    Ok(())
+    check_from(&ip, peer.subnet, mtu)
 }
 
 /// The drop counter each of boringtun's refusals goes to.

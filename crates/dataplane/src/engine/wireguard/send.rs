@@ -6,12 +6,10 @@
 
 use super::peers::{PeerMap, Sealed, WgPeer};
 use super::Wg;
-use crate::engine::{flush_tun, next_tun_batch, send_failed, Shared};
+use crate::engine::{flush_tun, next_tun_batch, routed, send_failed, Shared};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
-use crate::wire::ipv4::Ipv4Packet;
-use crate::wire::WireError;
 use arrayvec::ArrayVec;
 use std::net::SocketAddrV4;
 use std::sync::atomic::Ordering::Relaxed;
@@ -62,11 +60,7 @@ fn route<'p>(
     table: &PeerTable,
     peers: &'p PeerMap,
 ) -> Result<(usize, &'p WgPeer), DropReason> {
-    let ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
-        WireError::BadVersion => DropReason::NotIpv4,
-        _ => DropReason::Malformed,
-    })?;
-    let index = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
+    let (_, index) = routed(packet, table)?;
     let peer = peers.by_subnet(table.peers()[index].spec.subnet);
     Ok((index, peer.ok_or(DropReason::NoRoute)?))
 }
