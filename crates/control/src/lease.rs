@@ -53,10 +53,15 @@ pub struct BackendData(Arc<str>);
 impl BackendData {
     /// The field's value, if the data is an object that has it.
     pub fn get(&self, field: &str) -> Option<Value> {
-        let Ok(Value::Object(mut map)) = serde_json::from_str(&self.0) else {
-            return None;
-        };
-        map.remove(field)
+        self.fields()?.remove(field)
+    }
+
+    /// Every field, if the data is an object: one parse for a caller that reads several.
+    pub fn fields(&self) -> Option<serde_json::Map<String, Value>> {
+        match serde_json::from_str(&self.0) {
+            Ok(Value::Object(map)) => Some(map),
+            _ => None,
+        }
     }
 
     /// The JSON text.

@@ -6,7 +6,7 @@
 
 use super::{Backend, Setup};
 use crate::host::{self, Interface};
-use crate::lease::{backend_type, Lease, LeaseAttrs};
+use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
@@ -160,13 +160,8 @@ impl Userspace {
     }
 
     fn spec(&self, lease: &Lease) -> PeerSpec {
-        let field = |name: &str| {
-            lease
-                .backend_data
-                .as_ref()
-                .and_then(|d| d.get(name))
-                .and_then(|v| v.as_u64())
-        };
+        let fields = lease.backend_data.as_ref().and_then(BackendData::fields);
+        let field = |name: &str| fields.as_ref()?.get(name)?.as_u64();
         let port = field("Port").and_then(|p| u16::try_from(p).ok());
         let version = field("Version").and_then(|v| u8::try_from(v).ok());
         PeerSpec {

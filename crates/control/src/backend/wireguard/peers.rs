@@ -2,7 +2,7 @@
 //! already refuses a wireguard lease whose data is unusable; a lease of another backend type
 //! is skipped here, with one warning, repeated only when that lease changes.
 
-use crate::lease::{backend_type, Lease};
+use crate::lease::{backend_type, BackendData, Lease};
 use ipnet::Ipv4Net;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -121,15 +121,16 @@ fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
 /// before leases carried `Port` did not). [`crate::lease_check`] refuses leases where this
 /// fails, with the reason it gives.
 pub(crate) fn lease_data(lease: &Lease) -> Result<(PublicKey, Option<u16>), String> {
-    let data = lease.backend_data.as_ref();
-    let key = match data.and_then(|d| d.get("PublicKey")) {
+    let fields = lease.backend_data.as_ref().and_then(BackendData::fields);
+    let field = |name: &str| fields.as_ref()?.get(name);
+    let key = match field("PublicKey") {
         Some(Value::String(text)) => text
             .parse::<PublicKey>()
             .map_err(|e| format!("its PublicKey {text:?} is not a WireGuard key: {e}"))?,
         Some(other) => return Err(format!("its PublicKey {other} is not a string")),
         None => return Err("it has no BackendData.PublicKey".into()),
     };
-    let port = match data.and_then(|d| d.get("Port")) {
+    let port = match field("Port") {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             v.as_u64()
