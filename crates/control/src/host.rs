@@ -88,10 +88,20 @@ pub async fn route_network_to(network: Ipv4Net, dev: &str) -> anyhow::Result<()>
         .link_by_name(dev)
         .await?
         .with_context(|| format!("device {dev} does not exist"))?;
+    route_network_via(&netlink, network, link.index, dev).await
+}
+
+/// [`route_network_to`] for a caller that already holds a connection and the device's index.
+pub async fn route_network_via(
+    netlink: &Netlink,
+    network: Ipv4Net,
+    oif: u32,
+    dev: &str,
+) -> anyhow::Result<()> {
     let route = Route {
         dst: network,
         gateway: None,
-        oif: link.index,
+        oif,
         onlink: false,
     };
     netlink

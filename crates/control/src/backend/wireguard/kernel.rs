@@ -84,7 +84,7 @@ impl KernelDevice {
         let addr = Ipv4Net::new(subnet.network(), 32)?;
         self.nl.add_address(self.index, addr).await?;
         self.nl.set_up(self.index).await?;
-        crate::host::route_network_to(network, &self.name).await
+        crate::host::route_network_via(&self.nl, network, self.index, &self.name).await
     }
 
     /// Add or update a peer; a changed key removes the peer of the old one first.
