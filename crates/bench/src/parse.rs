@@ -13,28 +13,25 @@ pub fn iperf_error(json: &str) -> Option<String> {
 /// Receiver-side TCP throughput in Gbit/s: with `-R` or `-P` the receiver sum is still the data
 /// that arrived, not what the sender managed to queue.
 pub fn iperf_tcp_gbps(json: &str) -> Result<f64> {
-    let sum = iperf_sum_received(json)?;
+    let sum = iperf_sum(json, "sum_received")?;
     Ok(number(&sum, "bits_per_second")? / 1e9)
 }
 
 /// Segments the sender sent again (iperf3's `end.sum_sent.retransmits`): every packet the path
 /// lost costs TCP at least one.
 pub fn iperf_tcp_retransmits(json: &str) -> Result<f64> {
-    let doc: Value = serde_json::from_str(json).context("iperf3 output is not JSON")?;
-    let sent = doc
-        .pointer("/end/sum_sent")
-        .context("iperf3 JSON has no end.sum_sent")?;
-    number(sent, "retransmits")
+    number(&iperf_sum(json, "sum_sent")?, "retransmits")
 }
 
-fn iperf_sum_received(json: &str) -> Result<Value> {
+/// iperf3's `end.<which>` summary, or iperf3's own error.
+fn iperf_sum(json: &str, which: &str) -> Result<Value> {
     if let Some(error) = iperf_error(json) {
         bail!("iperf3: {error}");
     }
     let doc: Value = serde_json::from_str(json).context("iperf3 output is not JSON")?;
-    doc.pointer("/end/sum_received")
+    doc.pointer(&format!("/end/{which}"))
         .cloned()
-        .context("iperf3 JSON has no end.sum_received")
+        .with_context(|| format!("iperf3 JSON has no end.{which}"))
 }
 
 fn number(obj: &Value, key: &str) -> Result<f64> {

@@ -11,15 +11,15 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 use twill_lab::{Etcd, Host, Ipv4Net, Lab, LabSpec, Proc, WireguardGo};
 
-const NETWORK: &str = "10.5.0.0/16";
-const UNDERLAY_MTU: u32 = 1500;
+pub(crate) const NETWORK: &str = "10.5.0.0/16";
+pub(crate) const UNDERLAY_MTU: u32 = 1500;
 const VXLAN_DEV: &str = "flannel.1";
 /// flannel: iface MTU - 50 (outer IPv4 + UDP + VXLAN + inner Ethernet).
 const VXLAN_MTU: u32 = UNDERLAY_MTU - 50;
 const IPIP_DEV: &str = "flannel.ipip";
 const IPIP_MTU: u32 = UNDERLAY_MTU - 20;
 /// Per host namespace, so both hosts use the same address.
-const TWILL_STATUS: &str = "127.0.0.1:9585";
+pub(crate) const TWILL_STATUS: &str = "127.0.0.1:9585";
 const TWILL_READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +86,48 @@ impl FromStr for PathKind {
 pub struct Twill {
     pub binary: PathBuf,
     pub args: Vec<String>,
+}
+
+impl Twill {
+    /// `twill run` on `host` against `etcd`, with its status server on [`TWILL_STATUS`], logs
+    /// without colour, and `env` besides.
+    pub fn spawn(
+        &self,
+        host: &Host,
+        etcd: &str,
+        subnet_file: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
+        let file = subnet_file.to_string_lossy();
+        let mut args = vec![
+            "run",
+            "--etcd-endpoints",
+            etcd,
+            "--iface",
+            &host.iface,
+            "--subnet-file",
+            &file,
+            "--status-addr",
+            TWILL_STATUS,
+        ];
+        args.extend(self.args.iter().map(String::as_str));
+        let env: Vec<_> = [("NO_COLOR", "1")]
+            .into_iter()
+            .chain(env.iter().copied())
+            .collect();
+        host.ns
+            .spawn_with(&self.binary.to_string_lossy(), &args, &env)
+    }
+}
+
+/// Fails with twill's own last words once the daemon has exited.
+pub(crate) fn still_running(daemon: &mut Proc) -> Result<()> {
+    if let Some(status) = daemon.wait_timeout(Duration::ZERO)? {
+        let stderr = daemon.stderr();
+        let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
+        bail!("twill exited ({status}): {}", last.unwrap_or("no output"));
+    }
+    Ok(())
 }
 
 /// A path ready to measure: its lab, the daemons forwarding through it and the servers at the
@@ -383,27 +425,10 @@ fn start_twill(
     for (i, host, _) in pairs(lab) {
         let first_host = Ipv4Net::new(subnet(i).hosts().next().context("subnet")?, 24)?;
         std::fs::write(&files[i], format!("FLANNEL_SUBNET={first_host}\n"))?;
-        let file = files[i].to_string_lossy();
-        let mut args = vec![
-            "run",
-            "--etcd-endpoints",
-            &endpoint,
-            "--iface",
-            &host.iface,
-            "--subnet-file",
-            &file,
-            "--status-addr",
-            TWILL_STATUS,
-        ];
-        args.extend(twill.args.iter().map(String::as_str));
-        let binary = twill.binary.to_string_lossy();
         // The wireguard backend's key; each host needs its own (they share the filesystem).
         let key = dir.join(format!("wgkey-{i}"));
-        let env = [
-            ("NO_COLOR", "1"),
-            ("WIREGUARD_KEY_FILE", &*key.to_string_lossy()),
-        ];
-        daemons.push(host.ns.spawn_with(&binary, &args, &env)?);
+        let env = [("WIREGUARD_KEY_FILE", &*key.to_string_lossy())];
+        daemons.push(twill.spawn(host, &endpoint, &files[i], &env)?);
     }
     for ((_, host, _), (daemon, file)) in pairs(lab).into_iter().zip(daemons.iter_mut().zip(&files))
     {
@@ -440,11 +465,7 @@ fn wait_twill_ready(host: &Host, daemon: &mut Proc, twill: &Path, file: &Path) -
     let deadline = Instant::now() + TWILL_READY_TIMEOUT;
     let twill = twill.to_string_lossy();
     loop {
-        if let Some(status) = daemon.wait_timeout(Duration::ZERO)? {
-            let stderr = daemon.stderr();
-            let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
-            bail!("twill exited ({status}): {}", last.unwrap_or("no output"));
-        }
+        still_running(daemon)?;
         if file.exists()
             && host
                 .ns

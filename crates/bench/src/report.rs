@@ -94,14 +94,16 @@ pub(crate) fn render(header: &[String], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A number to `decimals` places, or "-" when it was not measured.
+pub(crate) fn cell(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
+}
+
 /// An unavailable path is one cell wide: its name and the reason.
 fn row(results: &[PathResult], r: &PathResult) -> Vec<String> {
     if !r.available {
         return vec![r.path.clone(), r.note.clone()];
     }
-    let cell = |v: Option<f64>, decimals: usize| {
-        v.map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
-    };
     let [vs_vxlan, vs_native] = ratios(results, r).map(|(_, v)| cell(v, 2));
     vec![
         r.path.clone(),

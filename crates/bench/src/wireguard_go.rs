@@ -3,16 +3,15 @@
 //! as /32, the network routed into the device, the other host as peer). Unavailable, with the
 //! reason, where wireguard-go or wg is not installed.
 
-use crate::paths::{pairs, subnet};
+use crate::paths::{pairs, subnet, NETWORK, UNDERLAY_MTU};
 use anyhow::{Context, Result};
 use std::path::Path;
 use twill_lab::wireguard_go::{generate_key, installed};
 use twill_lab::{Lab, WireguardGo};
 
-/// flannel's device MTU on a 1500-byte underlay (and wireguard-go's default).
-pub const MTU: u32 = 1500 - 80;
+/// flannel's device MTU on the lab's 1500-byte underlay (and wireguard-go's default).
+pub const MTU: u32 = UNDERLAY_MTU - 80;
 const PORT: &str = "51820";
-const NETWORK: &str = "10.5.0.0/16";
 
 /// Start and configure wireguard-go on both hosts; they stop when the result drops.
 pub fn start(lab: &Lab, dir: &Path) -> Result<Vec<WireguardGo>> {

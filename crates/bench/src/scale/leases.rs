@@ -30,6 +30,16 @@ pub enum Synthetic {
     Probe(u32),
 }
 
+/// flannel's etcd key of the lease on `subnet`.
+pub fn lease_key(subnet: Ipv4Net) -> String {
+    let subnet = subnet.trunc();
+    format!(
+        "{PREFIX}/subnets/{}-{}",
+        subnet.network(),
+        subnet.prefix_len()
+    )
+}
+
 impl Synthetic {
     pub fn subnet(self) -> Ipv4Net {
         let network = match self {
@@ -58,12 +68,7 @@ impl Synthetic {
     }
 
     pub fn key(self) -> String {
-        let subnet = self.subnet();
-        format!(
-            "{PREFIX}/subnets/{}-{}",
-            subnet.network(),
-            subnet.prefix_len()
-        )
+        lease_key(self.subnet())
     }
 
     /// The lease JSON a node of `backend` writes, flannel's field order.

@@ -249,13 +249,7 @@ impl Run<'_> {
                 .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
                 .context("no FLANNEL_SUBNET in the subnet file")?;
             let subnet: twill_lab::Ipv4Net = subnet.parse()?;
-            let key = format!(
-                "{}/subnets/{}-{}",
-                leases::PREFIX,
-                subnet.trunc().network(),
-                subnet.prefix_len()
-            );
-            let _ = self.writer.delete(&key);
+            let _ = self.writer.delete(&leases::lease_key(subnet));
         }
         for i in 0..self.samples {
             let _ = self.writer.delete(&Synthetic::Probe(i).key());

@@ -2,8 +2,8 @@
 //! memory from `/proc`, and etcd's count of the RPCs it served. Everything runs on a thread
 //! inside the lab host's namespace, where both twill and etcd listen on loopback.
 
-use crate::paths::Twill;
-use anyhow::{bail, ensure, Context, Result};
+use crate::paths::{still_running, Twill, TWILL_STATUS};
+use anyhow::{ensure, Context, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -11,7 +11,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use twill_lab::{Host, Proc};
 
-const STATUS_ADDR: &str = "127.0.0.1:9585";
 /// /proc/<pid>/stat counts CPU time in USER_HZ ticks, 100 per second on Linux.
 const TICKS_PER_SECOND: f64 = 100.0;
 
@@ -22,27 +21,13 @@ pub struct Node {
 
 impl Node {
     pub fn start(host: &Host, twill: &Twill, etcd: &str, subnet_file: &Path) -> Result<Node> {
-        let file = subnet_file.to_string_lossy();
-        let mut args = vec![
-            "run",
-            "--etcd-endpoints",
-            etcd,
-            "--iface",
-            &host.iface,
-            "--subnet-file",
-            &file,
-            "--status-addr",
-            STATUS_ADDR,
-        ];
-        args.extend(twill.args.iter().map(String::as_str));
-        let binary = twill.binary.to_string_lossy();
-        let proc = host.ns.spawn_with(&binary, &args, &[("NO_COLOR", "1")])?;
+        let proc = twill.spawn(host, etcd, subnet_file, &[])?;
         Ok(Node { proc })
     }
 
     /// The node's `/metrics`; Err while it does not answer yet.
     pub fn metrics(&self) -> Result<Metrics> {
-        Ok(Metrics::parse(&http_get(STATUS_ADDR, "/metrics")?))
+        Ok(Metrics::parse(&http_get(TWILL_STATUS, "/metrics")?))
     }
 
     /// Polls `/metrics` every `every` until `done` holds; fails if twill exits or `limit` passes.
@@ -55,11 +40,7 @@ impl Node {
     ) -> Result<Metrics> {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(status) = self.proc.wait_timeout(Duration::ZERO)? {
-                let stderr = self.proc.stderr();
-                let last = stderr.lines().rev().find(|l| !l.trim().is_empty());
-                bail!("twill exited ({status}): {}", last.unwrap_or("no output"));
-            }
+            still_running(&mut self.proc)?;
             if let Ok(metrics) = self.metrics() {
                 if done(&metrics) {
                     return Ok(metrics);

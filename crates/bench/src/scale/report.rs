@@ -146,11 +146,11 @@ pub fn table(results: &[ScaleResult]) -> String {
 
 fn row(r: &ScaleResult) -> Vec<String> {
     let mut cells = vec![r.backend.name().to_string(), r.leases.to_string()];
-    cells.extend(ScaleField::ALL.iter().map(|&f| {
-        let decimals = f.column().1;
-        r.value(f)
-            .map_or_else(|| "-".to_string(), |v| format!("{v:.decimals$}"))
-    }));
+    cells.extend(
+        ScaleField::ALL
+            .iter()
+            .map(|&f| crate::report::cell(r.value(f), f.column().1)),
+    );
     cells
 }
 
