@@ -36,6 +36,16 @@ pub enum PathKind {
 }
 
 impl PathKind {
+    /// The `Backend.Type` a twill path runs.
+    fn twill_backend(self) -> Option<&'static str> {
+        match self {
+            PathKind::TwillUdp => Some("udp"),
+            PathKind::TwillBatch => Some("twill-batch"),
+            PathKind::TwillWireguard => Some("wireguard"),
+            _ => None,
+        }
+    }
+
     pub const ALL: [PathKind; 8] = [
         PathKind::Native,
         PathKind::HostGw,
@@ -172,27 +182,11 @@ impl PathLab {
                 ipip(&lab)?;
                 (Vec::new(), Some(IPIP_MTU))
             }
-            PathKind::TwillUdp => start_twill(
-                &lab,
-                twill,
-                "udp",
-                files.path(),
-                etcd.insert(etcd_for(&lab)?),
-            )?,
-            PathKind::TwillBatch => start_twill(
-                &lab,
-                twill,
-                "twill-batch",
-                files.path(),
-                etcd.insert(etcd_for(&lab)?),
-            )?,
-            PathKind::TwillWireguard => start_twill(
-                &lab,
-                twill,
-                "wireguard",
-                files.path(),
-                etcd.insert(etcd_for(&lab)?),
-            )?,
+            PathKind::TwillUdp | PathKind::TwillBatch | PathKind::TwillWireguard => {
+                let backend = kind.twill_backend().context("a twill path")?;
+                let etcd = etcd.insert(etcd_for(&lab)?);
+                start_twill(&lab, twill, backend, files.path(), etcd)?
+            }
             PathKind::WireguardGo => {
                 go_daemons = wireguard_go::start(&lab, files.path())?;
                 (Vec::new(), Some(wireguard_go::MTU))
