@@ -93,21 +93,7 @@ fn flood(socket: &UdpSocket, target: SocketAddrV4) -> Result<()> {
 
 /// The kernel's count of UDP datagrams it dropped for a full receive buffer, in `ns`.
 fn udp_receive_errors(ns: &Netns) -> Result<u64> {
-    let snmp = ns.exec("cat", &["/proc/net/snmp"])?;
-    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
-    let (names, values) = (
-        udp.next().context("Udp header")?,
-        udp.next().context("Udp")?,
-    );
-    let at = names
-        .split_whitespace()
-        .position(|n| n == "RcvbufErrors")
-        .context("RcvbufErrors")?;
-    Ok(values
-        .split_whitespace()
-        .nth(at)
-        .context("value")?
-        .parse()?)
+    twill_lab::snmp_udp(&ns.exec("cat", &["/proc/net/snmp"])?, "RcvbufErrors")
 }
 
 fn inner(src: [u8; 4], pair: &Pair) -> Vec<u8> {

@@ -40,25 +40,7 @@ fn number(obj: &Value, key: &str) -> Result<f64> {
         .with_context(|| format!("iperf3 JSON: `{key}` missing or not a number"))
 }
 
-/// One counter of the `Udp:` lines of `/proc/net/snmp`: a line of names, then one of values.
-pub fn snmp_udp(text: &str, name: &str) -> Result<u64> {
-    let mut lines = text.lines().filter(|l| l.starts_with("Udp: "));
-    let (names, values) = lines
-        .next()
-        .zip(lines.next())
-        .context("no Udp: lines in /proc/net/snmp")?;
-    let at = names
-        .split_whitespace()
-        .position(|n| n == name)
-        .with_context(|| format!("/proc/net/snmp has no Udp counter {name}"))?;
-    let value = values
-        .split_whitespace()
-        .nth(at)
-        .with_context(|| format!("/proc/net/snmp has no value for Udp {name}"))?;
-    value
-        .parse()
-        .with_context(|| format!("/proc/net/snmp Udp {name} = {value:?}"))
-}
+pub use twill_lab::snmp_udp;
 
 /// Packets the clsact qdisc of `tc -s -j qdisc show dev X` has seen: with a filter attached it
 /// counts every packet its filters see, a GSO packet as its segments.

@@ -8,6 +8,7 @@ mod lab;
 mod netns;
 mod ports;
 mod proc;
+mod snmp;
 mod stale;
 pub mod wireguard_go;
 
@@ -17,6 +18,7 @@ pub use lab::{Container, Host, Lab, LabSpec};
 pub use netns::Netns;
 pub use ports::{free_tcp_port, free_tcp_ports};
 pub use proc::Proc;
+pub use snmp::snmp_udp;
 pub use stale::cleanup_stale;
 pub use std::net::Ipv4Addr;
 pub use wireguard_go::WireguardGo;
