@@ -122,8 +122,7 @@ async fn create(nl: &Netlink, want: &IpipParams, mtu: u32) -> anyhow::Result<Lin
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Err(unsupported()),
         other => other.with_context(|| format!("creating IPIP device {DEVICE}"))?,
     }
-    let created = nl.link_by_name(DEVICE).await?;
-    created.with_context(|| format!("{DEVICE} vanished right after creation"))
+    Ok(nl.created_link(DEVICE).await?)
 }
 
 /// The one line an operator sees on a kernel without ipip.

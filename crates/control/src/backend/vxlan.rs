@@ -173,8 +173,7 @@ async fn ensure_link(
     nl.create_link(msg)
         .await
         .with_context(|| format!("creating VXLAN device {name}"))?;
-    let created = nl.link_by_name(name).await?;
-    created.with_context(|| format!("{name} vanished right after creation"))
+    Ok(nl.created_link(name).await?)
 }
 
 /// Why an existing device can't be reused, or `None` if it can. flanneld compares type, VNI,

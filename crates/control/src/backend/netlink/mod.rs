@@ -76,6 +76,12 @@ impl Netlink {
         }
     }
 
+    /// The link `name` that was just created; one that is already gone again is an error.
+    pub async fn created_link(&self, name: &str) -> io::Result<Link> {
+        let link = self.link_by_name(name).await?;
+        link.ok_or_else(|| io::Error::other(format!("{name} vanished right after creation")))
+    }
+
     /// Fails with the kernel's errno, e.g. EEXIST or EOPNOTSUPP (no such link type).
     pub async fn create_link(&self, msg: LinkMessage) -> io::Result<()> {
         self.wrote();

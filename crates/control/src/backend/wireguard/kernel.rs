@@ -44,26 +44,18 @@ pub async fn create(
     settings: DeviceSettings,
 ) -> anyhow::Result<Option<KernelDevice>> {
     let nl = Netlink::connect().context("opening rtnetlink")?;
-    let link = LinkWireguard::new(name).mtu(mtu).build();
-    match nl.create_link(link.clone()).await {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-            tracing::warn!(device = name, "exists; recreating it");
-            if let Some(old) = nl.link_by_name(name).await? {
-                nl.delete_link(old.index).await?;
-            }
-            match nl.create_link(link).await {
-                Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(None),
-                other => other.with_context(|| format!("creating WireGuard device {name}"))?,
-            }
-        }
-        Err(e) => return Err(e).with_context(|| format!("creating WireGuard device {name}")),
+    if let Some(old) = nl.link_by_name(name).await? {
+        tracing::warn!(device = name, "exists; recreating it");
+        nl.delete_link(old.index).await?;
     }
-    let link = nl.link_by_name(name).await?;
-    let index = link
-        .with_context(|| format!("{name} vanished right after creation"))?
-        .index;
+    match nl
+        .create_link(LinkWireguard::new(name).mtu(mtu).build())
+        .await
+    {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => return Ok(None),
+        other => other.with_context(|| format!("creating WireGuard device {name}"))?,
+    }
+    let index = nl.created_link(name).await?.index;
     let (connection, genl, _) = genetlink::new_connection().context("opening generic netlink")?;
     tokio::spawn(connection);
     let mut device = KernelDevice {
