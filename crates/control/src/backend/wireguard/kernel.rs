@@ -148,7 +148,7 @@ pub fn device_message(
 ) -> WireguardMessage {
     let mut attributes = vec![
         WireguardAttribute::IfName(name.to_string()),
-        WireguardAttribute::PrivateKey(*settings.private_key.to_bytes()),
+        WireguardAttribute::PrivateKey(*settings.tunnel.private_key.to_bytes()),
         WireguardAttribute::ListenPort(settings.listen_port),
     ];
     if replace_peers {
@@ -172,12 +172,12 @@ pub fn peer(spec: &WgPeerSpec, settings: &DeviceSettings) -> WireguardPeer {
         WireguardPeerAttribute::PublicKey(spec.public_key.0),
         WireguardPeerAttribute::Flags(WireguardPeerFlags::ReplaceAllowedIps),
     ];
-    if let Some(psk) = &settings.psk {
+    if let Some(psk) = &settings.tunnel.preshared_key {
         attributes.push(WireguardPeerAttribute::PresharedKey(*psk.bytes()));
     }
     attributes.extend([
         WireguardPeerAttribute::Endpoint(SocketAddr::V4(spec.endpoint)),
-        WireguardPeerAttribute::PersistentKeepalive(settings.keepalive.unwrap_or(0)),
+        WireguardPeerAttribute::PersistentKeepalive(settings.tunnel.keepalive.unwrap_or(0)),
         WireguardPeerAttribute::AllowedIps(vec![WireguardAllowedIp(vec![
             WireguardAllowedIpAttr::Family(WireguardAddressFamily::Ipv4),
             WireguardAllowedIpAttr::IpAddr(IpAddr::V4(spec.subnet.network())),
@@ -197,17 +197,19 @@ fn removal(key: &PublicKey) -> WireguardPeer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use twill_dataplane::engine::wireguard::{PresharedKey, PrivateKey};
+    use twill_dataplane::engine::wireguard::{PresharedKey, PrivateKey, TunnelParams};
 
     const PRIVATE: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
     const PSK: &str = "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MDA=";
 
     fn settings(psk: bool) -> DeviceSettings {
         DeviceSettings {
-            private_key: PrivateKey::from_base64(PRIVATE).unwrap(),
+            tunnel: TunnelParams {
+                private_key: PrivateKey::from_base64(PRIVATE).unwrap(),
+                preshared_key: psk.then(|| PresharedKey::from_base64(PSK).unwrap()),
+                keepalive: Some(25),
+            },
             listen_port: 51820,
-            psk: psk.then(|| PresharedKey::from_base64(PSK).unwrap()),
-            keepalive: Some(25),
         }
     }
 

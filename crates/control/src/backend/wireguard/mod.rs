@@ -21,9 +21,7 @@ use ipnet::Ipv4Net;
 use kernel::KernelDevice;
 use peers::{Change, PeerBook};
 use std::net::{Ipv4Addr, SocketAddrV4};
-use twill_dataplane::engine::wireguard::{
-    self, PresharedKey, PrivateKey, TunnelParams, WgEngineConfig, WireGuard,
-};
+use twill_dataplane::engine::wireguard::{self, TunnelParams, WgEngineConfig, WireGuard};
 use twill_dataplane::engine::Engine;
 use twill_dataplane::io::TunConfig;
 
@@ -33,10 +31,9 @@ pub const DEVICE: &str = "flannel-wg";
 /// What the device (kernel or userspace) is configured with.
 #[derive(Debug, Clone)]
 pub struct DeviceSettings {
-    pub private_key: PrivateKey,
+    /// Our key, the preshared key and the keepalive, as the userspace engine takes them too.
+    pub tunnel: TunnelParams,
     pub listen_port: u16,
-    pub psk: Option<PresharedKey>,
-    pub keepalive: Option<u16>,
 }
 
 /// The backend before our lease: the key is loaded and the path chosen (the kernel's device
@@ -57,10 +54,12 @@ impl WireguardSetup {
     pub async fn new(node: &Node) -> anyhow::Result<WireguardSetup> {
         let config = WireguardConfig::parse(&node.config.backend)?;
         let settings = DeviceSettings {
-            private_key: keyfile::load_or_create(&keyfile::path())?,
+            tunnel: TunnelParams {
+                private_key: keyfile::load_or_create(&keyfile::path())?,
+                preshared_key: config.psk.clone(),
+                keepalive: config.keepalive,
+            },
             listen_port: config.listen_port,
-            psk: config.psk.clone(),
-            keepalive: config.keepalive,
         };
         let mtu = device_mtu(node, &config)?;
         let path = match kernel::create(DEVICE, mtu, settings.clone()).await? {
@@ -115,11 +114,7 @@ fn engine_config(node: &Node, settings: &DeviceSettings, mtu: u32) -> WgEngineCo
         },
         bind: SocketAddrV4::new(node.iface.address, settings.listen_port),
         socket_buffer: options.udp_buffer,
-        tunnel: TunnelParams {
-            private_key: settings.private_key.clone(),
-            preshared_key: settings.psk.clone(),
-            keepalive: settings.keepalive,
-        },
+        tunnel: settings.tunnel.clone(),
     }
 }
 
@@ -127,7 +122,7 @@ impl Setup for WireguardSetup {
     type Backend = Wireguard;
 
     fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        let key = self.settings.private_key.public_key().to_string();
+        let key = self.settings.tunnel.private_key.public_key().to_string();
         LeaseAttrs::wireguard(public_ip, &key, self.settings.listen_port)
     }
 
