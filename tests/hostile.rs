@@ -271,6 +271,9 @@ fn corrupt_leases_in_etcd_never_touch_the_kernel() -> Result<()> {
             })
         }))
     })?;
+    let metrics = http_get(host0, "127.0.0.1:9585", "/metrics")?;
+    let counted = format!("\ntwill_rejected_leases {}\n", bogus.len());
+    anyhow::ensure!(metrics.contains(&counted), "{metrics}");
     anyhow::ensure!(
         state()? == before,
         "kernel state changed:\n{before}\nvs\n{}",

@@ -25,7 +25,7 @@ impl NodeStatus {
         gauge(
             &mut out,
             "twill_rejected_leases",
-            count(|p| p.refused().len()),
+            count(|p| p.refused().len() + p.unreadable().len()),
         );
         let restart = self.restart_needed.read().unwrap().is_some();
         gauge(&mut out, "twill_restart_needed", u64::from(restart));
