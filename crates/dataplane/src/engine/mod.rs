@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod directions;
 mod path_mtu;
+mod train;
 pub mod udp;
 pub mod wireguard;
 

@@ -6,22 +6,20 @@
 //! One peer's datagrams are written back to back, so a run of equal sizes (full datagrams and a
 //! shorter last one: the common case) leaves in one UDP GSO send.
 
+mod held;
 mod reassembly;
 mod receiver;
 mod sender;
-mod train;
 
 use super::directions::Direction;
+use super::train::Counts;
 use super::Shared;
 use crate::io::gso;
 use crate::io::Tun;
-use crate::stats::{EngineStats, Flow};
 use ipnet::Ipv4Net;
 use receiver::Receiver;
 use sender::Sender;
 use std::io;
-use std::ops::AddAssign;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,41 +45,6 @@ pub(crate) fn directions(
         Ok(receiver::udp_to_tun(rx.io.udp.receiver()?, writer, rx))
     }));
     Ok(directions)
-}
-
-/// Datagrams, inner packets and inner bytes: what the counters are made of.
-#[derive(Debug, Default, Clone, Copy)]
-struct Counts {
-    datagrams: u64,
-    packets: u64,
-    bytes: u64,
-    /// TCP super-packets carried whole (their segments count in `packets` too).
-    super_packets: u64,
-}
-
-impl AddAssign for Counts {
-    fn add_assign(&mut self, other: Counts) {
-        self.datagrams += other.datagrams;
-        self.packets += other.packets;
-        self.bytes += other.bytes;
-        self.super_packets += other.super_packets;
-    }
-}
-
-impl Counts {
-    fn publish_tx(&self, stats: &EngineStats) {
-        self.publish(&stats.tx, &stats.tx_datagrams, &stats.tx_super_packets);
-    }
-
-    fn publish_rx(&self, stats: &EngineStats) {
-        self.publish(&stats.rx, &stats.rx_datagrams, &stats.rx_super_packets);
-    }
-
-    fn publish(&self, flow: &Flow, datagrams: &AtomicU64, super_packets: &AtomicU64) {
-        flow.add(self.packets, self.bytes);
-        datagrams.fetch_add(self.datagrams, Relaxed);
-        super_packets.fetch_add(self.super_packets, Relaxed);
-    }
 }
 
 /// A super-packet counts as the segments the kernel cuts it into, so counters agree whether

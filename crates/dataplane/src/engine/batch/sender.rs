@@ -2,8 +2,9 @@
 //! peer's datagrams as GSO trains; TCP super-packets go whole, as chunks.
 
 use super::super::{counted_tun_read, flush_tun, route_outbound, send_failed, Shared};
-use super::train::{Held, Train};
+use super::held::Held;
 use super::{super_counts, Counts};
+use crate::engine::train::Train;
 use crate::io::tun::READ_BATCH;
 use crate::io::udp::SendError;
 use crate::io::{TunReader, TunWriter};

@@ -6,11 +6,11 @@
 
 use super::peers::{PeerMap, Sealed, WgPeer};
 use super::Wg;
+use crate::engine::train::{Counts, Train};
 use crate::engine::{flush_tun, next_tun_batch, routed, send_failed, Shared};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
-use arrayvec::ArrayVec;
 use std::net::SocketAddrV4;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -18,11 +18,9 @@ use std::sync::atomic::Ordering::Relaxed;
 pub const DATA_OVERHEAD: usize = 32;
 /// A handshake initiation, the longest message that is not data.
 pub const HANDSHAKE_INIT_LEN: usize = 148;
-/// One GSO send: at most a 64 KB IP datagram.
-const TRAIN_BYTES: usize = 65535 - 28;
 
 pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: Wg) {
-    let mut train = Train::new(wg.io.mtu);
+    let mut train = Outgoing::new();
     let mut padded = vec![0u8; wg.io.mtu];
     let mut drops = DropTally::default();
     loop {
@@ -78,47 +76,36 @@ fn pad<'a>(packet: &'a [u8], room: &'a mut [u8]) -> &'a [u8] {
     &room[..padded]
 }
 
-/// Encrypted datagrams for one peer, back to back, all `segment` bytes long but the last: one
-/// UDP GSO send.
-struct Train {
-    buf: Vec<u8>,
-    len: usize,
-    segment: usize,
+/// Encrypted datagrams for one peer, back to back, all the same length but the last: one UDP
+/// GSO send.
+struct Outgoing {
+    train: Train,
     endpoint: SocketAddrV4,
     /// The peer's index in the routing table, for its counters.
     peer: usize,
-    /// The length of each datagram's inner packet, for counting what went out.
-    inner: ArrayVec<u16, MAX_SEGMENTS>,
-    /// A shorter datagram ended it: only the last may be short.
-    closed: bool,
 }
 
 /// A refused send names each lost datagram by a bit of a u128.
 const MAX_SEGMENTS: usize = 128;
 
-impl Train {
-    fn new(mtu: usize) -> Train {
-        Train {
-            // Room for a whole train, then one more datagram or handshake being written.
-            buf: vec![0; TRAIN_BYTES + (mtu + DATA_OVERHEAD).max(HANDSHAKE_INIT_LEN)],
-            len: 0,
-            segment: 0,
+impl Outgoing {
+    fn new() -> Outgoing {
+        Outgoing {
+            train: Train::default(),
             endpoint: SocketAddrV4::new([0, 0, 0, 0].into(), 0),
             peer: 0,
-            inner: ArrayVec::new(),
-            closed: false,
         }
     }
 
     /// Whether a datagram of `len` bytes to `endpoint` may join.
     fn takes(&self, io: &Shared, endpoint: SocketAddrV4, peer: usize, len: usize) -> bool {
-        self.inner.is_empty()
-            || (self.endpoint == endpoint
-                && self.peer == peer
-                && !self.closed
-                && len <= self.segment
-                && !self.inner.is_full()
-                && self.inner.len() < io.udp.segments_per_send(self.segment))
+        let limit = || {
+            io.udp
+                .segments_per_send(self.train.segment)
+                .min(MAX_SEGMENTS)
+        };
+        self.train.is_empty()
+            || (self.endpoint == endpoint && self.peer == peer && self.train.accepts(len, limit()))
     }
 
     /// Encrypt `packet` for `peer` onto the train, sending the train first if the datagram
@@ -133,52 +120,50 @@ impl Train {
         drops: &mut DropTally,
     ) {
         let endpoint = peer.endpoint();
-        if !self.takes(&wg.io, endpoint, index, packet.len() + DATA_OVERHEAD) {
+        let sealed_len = packet.len() + DATA_OVERHEAD;
+        if !self.takes(&wg.io, endpoint, index, sealed_len) {
             self.send(&wg.io, table, drops);
         }
-        let slot = &mut self.buf[self.len..];
+        let slot = self.train.space(sealed_len.max(HANDSHAKE_INIT_LEN));
         match peer.seal(&wg.crypto.params, packet, slot) {
             Sealed::Data(len) => self.push(endpoint, index, len),
-            Sealed::Handshake(len) => {
-                let message = &self.buf[self.len..self.len + len];
-                send_one(&wg.io, endpoint, message, drops);
-            }
+            Sealed::Handshake(len) => send_one(&wg.io, endpoint, self.train.open(len), drops),
             Sealed::Staged => {}
             Sealed::Dropped => drops.count(DropReason::NoSession),
         }
     }
 
     fn push(&mut self, endpoint: SocketAddrV4, peer: usize, len: usize) {
-        if self.inner.is_empty() {
-            (self.endpoint, self.peer, self.segment) = (endpoint, peer, len);
+        if self.train.is_empty() {
+            (self.endpoint, self.peer) = (endpoint, peer);
         }
-        self.closed = len < self.segment;
-        self.len += len;
-        self.inner.push((len - DATA_OVERHEAD) as u16);
+        let inner = (len - DATA_OVERHEAD) as u64;
+        let counts = Counts {
+            datagrams: 1,
+            packets: 1,
+            bytes: inner,
+            super_packets: 0,
+        };
+        self.train.push(len, counts);
     }
 
     fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
-        if self.inner.is_empty() {
+        if self.train.is_empty() {
             return;
         }
-        let result = io.send(self.endpoint, &self.buf[..self.len], self.segment);
-        let sent = |i: usize| result.as_ref().map_or_else(|e| e.was_sent(i), |()| true);
-        let (mut packets, mut bytes) = (0u64, 0u64);
-        for (_, &len) in self.inner.iter().enumerate().filter(|(i, _)| sent(*i)) {
-            packets += 1;
-            bytes += u64::from(len);
-        }
-        if let Err(e) = &result {
-            send_failed(self.endpoint, e, e.lost(), drops);
-        }
+        let (datagrams, segment, counts) = self.train.closed();
+        let sent = match io.send(self.endpoint, datagrams, segment) {
+            Ok(()) => counts,
+            Err(e) => {
+                send_failed(self.endpoint, &e, e.lost(), drops);
+                self.train.sent(&e)
+            }
+        };
         if let Some(peer) = table.peers().get(self.peer) {
-            peer.stats.tx.add(packets, bytes);
+            peer.stats.tx.add(sent.packets, sent.bytes);
         }
-        io.stats.tx.add(packets, bytes);
-        io.stats.tx_datagrams.fetch_add(packets, Relaxed);
-        self.len = 0;
-        self.inner.clear();
-        self.closed = false;
+        sent.publish_tx(&io.stats);
+        self.train.restart(0);
     }
 }
 

@@ -1,19 +1,19 @@
-//! What the sender keeps between packets: the datagrams of a GSO train being built, and the
-//! not-full datagrams held back under `--batch-delay`.
+//! A GSO train being built: datagrams to one peer back to back, and what each carries, so that
+//! a send the kernel refuses in part is counted exactly. The batch and WireGuard senders build
+//! them.
 
-use super::Counts;
 use crate::io::udp::SendError;
-use std::net::SocketAddrV4;
-use std::time::Duration;
-use tokio::time::Instant;
+use crate::stats::{EngineStats, Flow};
+use std::ops::AddAssign;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Most datagrams one GSO send carries (the kernel's UDP_MAX_SEGMENTS).
+const MAX_TRAIN: usize = 64;
 
 /// Closed datagrams to one peer, back to back: sendable as one GSO train while all are
 /// `segment` bytes but the last, which may be shorter. After them lies the datagram being
 /// written.
-/// Most datagrams one GSO send carries (the kernel's UDP_MAX_SEGMENTS).
-const MAX_TRAIN: usize = 64;
-
-pub(super) struct Train {
+pub(crate) struct Train {
     buf: Vec<u8>,
     len: usize,
     pub segment: usize,
@@ -94,51 +94,38 @@ impl Train {
     }
 }
 
-/// Not-full datagrams kept back under `--batch-delay`, at most one per peer, all sent when the
-/// first one's delay is up.
-#[derive(Default)]
-pub(super) struct Held {
-    /// Slots stay once made, so their buffers are reused; an empty datagram means none held.
-    pub slots: Vec<HeldSlot>,
-    pub deadline: Option<Instant>,
+/// Datagrams, inner packets and inner bytes: what the counters are made of.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counts {
+    pub datagrams: u64,
+    pub packets: u64,
+    pub bytes: u64,
+    /// TCP super-packets carried whole (their segments count in `packets` too).
+    pub super_packets: u64,
 }
 
-pub(super) struct HeldSlot {
-    pub endpoint: SocketAddrV4,
-    pub datagram: Vec<u8>,
-    pub counts: Counts,
+impl AddAssign for Counts {
+    fn add_assign(&mut self, other: Counts) {
+        self.datagrams += other.datagrams;
+        self.packets += other.packets;
+        self.bytes += other.bytes;
+        self.super_packets += other.super_packets;
+    }
 }
 
-impl Held {
-    /// The peer's held datagram, to be packed again in front of its new packets.
-    pub fn take(&mut self, endpoint: SocketAddrV4) -> Vec<u8> {
-        self.slots
-            .iter_mut()
-            .find(|s| s.endpoint == endpoint)
-            .map(|s| std::mem::take(&mut s.datagram))
-            .unwrap_or_default()
+impl Counts {
+    pub fn publish_tx(&self, stats: &EngineStats) {
+        self.publish(&stats.tx, &stats.tx_datagrams, &stats.tx_super_packets);
     }
 
-    /// Hold `datagram` (or, if empty, just keep its buffer) for the peer at `endpoint`.
-    pub fn put(
-        &mut self,
-        endpoint: SocketAddrV4,
-        datagram: Vec<u8>,
-        counts: Counts,
-        delay: Duration,
-    ) {
-        if !datagram.is_empty() && self.deadline.is_none() {
-            self.deadline = Some(Instant::now() + delay);
-        }
-        let slot = HeldSlot {
-            endpoint,
-            datagram,
-            counts,
-        };
-        match self.slots.iter_mut().find(|s| s.endpoint == endpoint) {
-            Some(existing) => *existing = slot,
-            None => self.slots.push(slot),
-        }
+    pub fn publish_rx(&self, stats: &EngineStats) {
+        self.publish(&stats.rx, &stats.rx_datagrams, &stats.rx_super_packets);
+    }
+
+    fn publish(&self, flow: &Flow, datagrams: &AtomicU64, super_packets: &AtomicU64) {
+        flow.add(self.packets, self.bytes);
+        datagrams.fetch_add(self.datagrams, Relaxed);
+        super_packets.fetch_add(self.super_packets, Relaxed);
     }
 }
 
