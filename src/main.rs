@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use twill_control::config::{Config, DEFAULT_BACKEND};
 use twill_control::daemon::{self, NodeOptions};
 use twill_control::lease::backend_type;
+use twill_control::registry::kube::{self, KubeOptions, KubeRegistry, KubeTiming, NodeIdentity};
 use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
 };
@@ -54,6 +55,8 @@ enum Command {
 struct RunArgs {
     #[command(flatten)]
     etcd: EtcdArgs,
+    #[command(flatten)]
+    kube: KubeArgs,
     /// Backend for the static registry (udp, batch); with etcd the network config names it.
     #[arg(long)]
     backend: Option<String>,
@@ -151,6 +154,31 @@ struct EtcdArgs {
     subnet_lease_renew_margin: u64,
 }
 
+/// flanneld's Kubernetes flags; `--kube-subnet-mgr` takes leases from Node objects.
+#[derive(Args)]
+struct KubeArgs {
+    /// Take this node's subnet from its Node's podCIDR and the peers from the other Nodes,
+    /// instead of etcd (the node is named by NODE_NAME, or POD_NAME and POD_NAMESPACE).
+    #[arg(long)]
+    kube_subnet_mgr: bool,
+    /// The API server; not needed in a pod, which has its service account.
+    #[arg(long, value_name = "URL")]
+    kube_api_url: Option<String>,
+    /// A kubeconfig file; not needed in a pod.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig_file: Option<PathBuf>,
+    /// Prefix of flannel's Node annotations.
+    #[arg(long, default_value = kube::DEFAULT_PREFIX)]
+    kube_annotation_prefix: String,
+    /// flannel's network config (net-conf.json from the ConfigMap).
+    #[arg(long, default_value = kube::DEFAULT_NET_CONFIG_PATH)]
+    net_config_path: PathBuf,
+    /// Set the Node's NetworkUnavailable condition to False once twill runs.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value_t = true, default_missing_value = "true", action = ArgAction::Set)]
+    set_node_network_unavailable: bool,
+}
+
 fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -176,6 +204,15 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     runtime.spawn(cancel_on_signal(stop.clone()));
     let options = node_options(&args);
+    if let Some(kube) = kube_options(&args)? {
+        return runtime.block_on(async {
+            let registry = tokio::select! {
+                registry = KubeRegistry::connect(kube) => registry?,
+                () = stop.cancelled() => return Ok(()),
+            };
+            daemon::run(registry, options, stop.cancelled_owned()).await
+        });
+    }
     match etcd_options(&args)? {
         Some(etcd) => runtime.block_on(async {
             if let Some(backend) = &args.backend {
@@ -194,6 +231,27 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
             runtime.block_on(daemon::run(registry, options, stop.cancelled_owned()))
         }
     }
+}
+
+fn kube_options(args: &RunArgs) -> anyhow::Result<Option<KubeOptions>> {
+    let k = &args.kube;
+    if !k.kube_subnet_mgr {
+        return Ok(None);
+    }
+    if args.etcd.etcd_endpoints.is_some() || args.network.is_some() || !args.peers.is_empty() {
+        anyhow::bail!(
+            "--kube-subnet-mgr takes the leases from Kubernetes: drop --etcd-endpoints, --network and --peer"
+        );
+    }
+    Ok(Some(KubeOptions {
+        api_url: k.kube_api_url.clone(),
+        kubeconfig: k.kubeconfig_file.clone(),
+        annotation_prefix: k.kube_annotation_prefix.clone(),
+        net_config_path: k.net_config_path.clone(),
+        node: NodeIdentity::from_env(|name| std::env::var(name).ok())?,
+        set_network_available: k.set_node_network_unavailable,
+        timing: KubeTiming::default(),
+    }))
 }
 
 fn etcd_options(args: &RunArgs) -> anyhow::Result<Option<EtcdOptions>> {

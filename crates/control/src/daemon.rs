@@ -94,6 +94,7 @@ async fn join<R: Registry, S: Setup>(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let namer = registry.lease_namer();
+    node.status.set_registry(registry.name());
     let nft_rules = traffic::Rules::prepare(node).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
@@ -225,6 +226,12 @@ fn on_node_event(node: &Node, own: &Lease, event: &LeaseEvent) -> Option<anyhow:
                 holder.public_ip
             )))
         }
+        LeaseEvent::OwnLeaseGone(why) => {
+            return Some(Err(anyhow::anyhow!(
+                "our lease {} is gone: {why}; this host's containers are numbered from it, so twill stops (restart it to join with the new subnet, and restart the containers)",
+                own.subnet
+            )))
+        }
         LeaseEvent::ConfigChanged(Some(change)) => {
             tracing::warn!(
                 "the network config changed ({change}); twill keeps running with the config it started with: restart twill to apply the new one"
@@ -247,6 +254,7 @@ async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Resul
         LeaseEvent::Removed(lease) => backend.remove_peer(lease).await,
         LeaseEvent::OwnLease(_)
         | LeaseEvent::OwnLeaseTaken(_)
+        | LeaseEvent::OwnLeaseGone(_)
         | LeaseEvent::ConfigChanged(_)
         | LeaseEvent::Unreadable { .. } => Ok(()),
     }

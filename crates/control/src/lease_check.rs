@@ -68,7 +68,9 @@ impl LeaseRules {
     pub fn new(config: &Config, own: &Lease) -> LeaseRules {
         LeaseRules {
             network: config.network,
-            subnet_len: config.subnet_len,
+            // Every lease has the prefix length of ours: the config's SubnetLen with etcd, the
+            // controller manager's node CIDR size in Kubernetes (net-conf.json need not name it).
+            subnet_len: own.subnet.prefix_len(),
             own_subnet: own.subnet,
             own_public_ip: own.public_ip,
         }

@@ -5,7 +5,7 @@
 
 use crate::lease::Lease;
 use crate::lease_check::{self, LeaseRules, Rejection};
-use crate::registry::LeaseEvent;
+use crate::registry::{LeaseEvent, LeaseNamer};
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 
@@ -26,23 +26,6 @@ pub struct Peers {
     refused: BTreeMap<Ipv4Net, Refused>,
     /// Entries among the leases that are not leases at all: key, and what is wrong.
     unreadable: BTreeMap<String, String>,
-}
-
-/// Names a lease as the operator wrote it: `<prefix>/subnets/10.5.2.0-24` for etcd, the
-/// subnet alone for leases given on the command line.
-#[derive(Debug, Clone, Default)]
-pub struct LeaseNamer {
-    /// `<prefix>/subnets/` of an etcd registry.
-    pub key_prefix: Option<String>,
-}
-
-impl LeaseNamer {
-    pub fn name(&self, subnet: Ipv4Net) -> String {
-        match &self.key_prefix {
-            Some(prefix) => format!("{prefix}{}-{}", subnet.network(), subnet.prefix_len()),
-            None => format!("peer {subnet}"),
-        }
-    }
 }
 
 impl Peers {
@@ -75,6 +58,7 @@ impl Peers {
             }
             own @ (LeaseEvent::OwnLease(_)
             | LeaseEvent::OwnLeaseTaken(_)
+            | LeaseEvent::OwnLeaseGone(_)
             | LeaseEvent::ConfigChanged(_)) => Some(own),
         }
     }
@@ -226,17 +210,5 @@ mod tests {
         assert_eq!(peers.unreadable().count(), 1);
         assert_eq!(peers.admit(LeaseEvent::Unreadable { key, why: None }), None);
         assert_eq!(peers.unreadable().count(), 0);
-    }
-
-    #[test]
-    fn leases_are_named_by_their_etcd_key() {
-        let namer = LeaseNamer {
-            key_prefix: Some("/coreos.com/network/subnets/".into()),
-        };
-        let subnet = "10.5.2.0/25".parse().unwrap();
-        assert_eq!(
-            namer.name(subnet),
-            "/coreos.com/network/subnets/10.5.2.0-25"
-        );
     }
 }

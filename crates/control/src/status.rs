@@ -4,8 +4,8 @@
 mod prometheus;
 
 use crate::lease::Lease;
-use crate::peers::{LeaseNamer, Peers, Refused};
-use crate::registry::LeaseEvent;
+use crate::peers::{Peers, Refused};
+use crate::registry::{LeaseEvent, LeaseNamer};
 use crate::traffic::RulesStatus;
 use axum::extract::State;
 use axum::routing::get;
@@ -31,6 +31,8 @@ pub struct NodeStatus {
     lease: RwLock<Option<Lease>>,
     peers: RwLock<Option<Peers>>,
     backend: RwLock<String>,
+    /// Where the leases come from: etcd, Kubernetes or flags.
+    registry: RwLock<String>,
     engine: RwLock<Option<(Arc<SharedTable>, Arc<EngineStats>)>>,
     /// Why the running config no longer matches the network's, once it does not.
     restart_needed: RwLock<Option<String>>,
@@ -63,6 +65,10 @@ impl NodeStatus {
         *self.lease.write().unwrap() = Some(lease.clone());
         *self.backend.write().unwrap() = backend.to_string();
         *self.peers.write().unwrap() = Some(peers);
+    }
+
+    pub fn set_registry(&self, name: String) {
+        *self.registry.write().unwrap() = name;
     }
 
     /// Passes a registry event through the lease checks ([`Peers::admit`]); what comes out is
@@ -130,6 +136,7 @@ impl NodeStatus {
         });
         let rejected: Vec<Value> = refused.chain(unreadable).collect();
         json!({
+            "registry": *self.registry.read().unwrap(),
             "backend": *self.backend.read().unwrap(),
             "lease": lease.as_ref().map(lease_json),
             "peers": accepted,

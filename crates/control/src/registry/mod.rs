@@ -5,15 +5,20 @@
 //! [`LeaseEvent`]s about the other nodes. Keeping the lease alive (renewal, re-acquisition)
 //! happens behind that stream, so the daemon only reacts to events.
 
+mod backoff;
 mod etcd;
+pub mod kube;
+mod namer;
 mod static_peers;
 
+pub use backoff::Backoff;
 pub use etcd::{EtcdOptions, EtcdRegistry, Timing, DEFAULT_ENDPOINTS, DEFAULT_PREFIX};
+pub use kube::{KubeOptions, KubeRegistry};
+pub use namer::{node_key, LeaseNamer, NodeNames};
 pub use static_peers::{parse_peer, StaticRegistry};
 
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::peers::LeaseNamer;
 use tokio::sync::mpsc;
 
 /// A change in the set of other nodes' leases, in our own, or in the network config.
@@ -33,6 +38,9 @@ pub enum LeaseEvent {
     Removed(Lease),
     /// Our lease was lost (its key deleted or expired) and acquired again, with the same subnet.
     OwnLease(Lease),
+    /// Our lease is gone for good (`why`), e.g. the Node's podCIDR was changed. Like
+    /// [`LeaseEvent::OwnLeaseTaken`], the node must stop rather than take another subnet.
+    OwnLeaseGone(String),
     /// Another node now holds our subnet (this is its lease). No other subnet is taken in its
     /// place: the containers on this host are numbered from the old one, so the node must stop.
     OwnLeaseTaken(Lease),
@@ -49,6 +57,9 @@ pub enum LeaseEvent {
 pub trait Registry {
     /// The network config every node of the network shares.
     fn config(&self) -> &Config;
+
+    /// Which registry this is, for `twill status` and the log (e.g. "etcd http://…").
+    fn name(&self) -> String;
 
     /// How this registry's leases are named in logs and status.
     fn lease_namer(&self) -> LeaseNamer {

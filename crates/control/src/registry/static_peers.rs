@@ -59,6 +59,10 @@ impl Registry for StaticRegistry {
         &self.config
     }
 
+    fn name(&self) -> String {
+        "static (--peer flags)".into()
+    }
+
     /// Refuses, in one line naming the flag, a peer that the lease checks would refuse: with
     /// flags, a mistake is better caught at start than ignored with a warning.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {

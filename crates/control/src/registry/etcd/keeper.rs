@@ -8,7 +8,7 @@ use super::store::{describe, key_text, Listing, Store};
 use super::Timing;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
-use crate::registry::LeaseEvent;
+use crate::registry::{Backoff, LeaseEvent};
 use anyhow::{anyhow, Context};
 use etcd_client::{EventType, WatchResponse};
 use ipnet::Ipv4Net;
@@ -50,7 +50,7 @@ impl Keeper {
         Keeper {
             attrs: own.attrs(),
             maintain_at: Instant::now() + timing.renew_after(),
-            backoff: Backoff::new(&timing),
+            backoff: timing.backoff(),
             store,
             config,
             timing,
@@ -78,7 +78,7 @@ impl Keeper {
             if started.elapsed() > self.timing.backoff_max {
                 self.backoff.reset();
             }
-            let delay = self.backoff.next();
+            let delay = self.backoff.next_delay();
             warn!(
                 "etcd watch failed ({}); keeping the last lease table, re-listing in {delay:?}",
                 describe(&error)
@@ -387,32 +387,5 @@ fn canceled(response: &WatchResponse) -> anyhow::Error {
     match response.compact_revision() {
         0 => anyhow!("etcd canceled the watch: {}", response.cancel_reason()),
         rev => anyhow!("watch history was compacted up to revision {rev}; re-listing"),
-    }
-}
-
-/// Doubling delays between `backoff_min` and `backoff_max`, for every retry that talks to etcd.
-pub(super) struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub fn new(timing: &Timing) -> Backoff {
-        Backoff {
-            min: timing.backoff_min,
-            max: timing.backoff_max,
-            next: timing.backoff_min,
-        }
-    }
-
-    pub fn next(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (delay * 2).min(self.max);
-        delay
-    }
-
-    fn reset(&mut self) {
-        self.next = self.min;
     }
 }

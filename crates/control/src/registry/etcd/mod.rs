@@ -4,14 +4,13 @@ mod acquire;
 mod keeper;
 mod store;
 
-use super::{LeaseEvent, Registry, EVENT_QUEUE};
+use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
-use crate::peers::LeaseNamer;
 use anyhow::{anyhow, bail, Context};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use ipnet::Ipv4Net;
-use keeper::{Backoff, Keeper};
+use keeper::Keeper;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use store::{describe, is_unreachable, with_deadline, Store};
@@ -73,6 +72,10 @@ impl Default for Timing {
 }
 
 impl Timing {
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.backoff_min, self.backoff_max)
+    }
+
     fn renew_after(&self) -> Duration {
         self.lease_ttl - self.renew_margin
     }
@@ -132,11 +135,11 @@ impl EtcdRegistry {
     /// error: waiting would not fix them.
     pub async fn connect(opts: EtcdOptions) -> anyhow::Result<EtcdRegistry> {
         opts.timing.check()?;
-        let mut backoff = Backoff::new(&opts.timing);
+        let mut backoff = opts.timing.backoff();
         loop {
             match Self::try_connect(&opts).await {
                 Err(e) if is_unreachable(&e) => {
-                    let delay = backoff.next();
+                    let delay = backoff.next_delay();
                     warn!(
                         "etcd at {} is unreachable ({}); retrying in {delay:?}",
                         opts.endpoints.join(","),
@@ -216,14 +219,14 @@ impl EtcdRegistry {
     /// Acquires, retrying while etcd is unreachable: it may have gone away since `connect`.
     async fn acquire(&self, attrs: &LeaseAttrs) -> anyhow::Result<Lease> {
         let timing = &self.opts.timing;
-        let mut backoff = Backoff::new(timing);
+        let mut backoff = timing.backoff();
         loop {
             let previous = self.opts.previous_subnet;
             match acquire::acquire(&self.store, &self.config, attrs, previous, timing.lease_ttl)
                 .await
             {
                 Err(e) if is_unreachable(&e) => {
-                    let delay = backoff.next();
+                    let delay = backoff.next_delay();
                     warn!(
                         "acquiring a lease failed ({}); retrying in {delay:?}",
                         describe(&e)
@@ -245,10 +248,16 @@ impl Registry for EtcdRegistry {
         &self.config
     }
 
+    fn name(&self) -> String {
+        format!(
+            "etcd {} (prefix {})",
+            self.opts.endpoints.join(","),
+            self.opts.prefix
+        )
+    }
+
     fn lease_namer(&self) -> LeaseNamer {
-        LeaseNamer {
-            key_prefix: Some(subnets_prefix(&self.opts.prefix)),
-        }
+        LeaseNamer::EtcdKey(subnets_prefix(&self.opts.prefix))
     }
 
     /// Acquires our lease in flannel's order (the lease of our public IP, else the previous

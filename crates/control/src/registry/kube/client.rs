@@ -1,0 +1,103 @@
+//! Reaching the API server as flanneld does: a kubeconfig file, an API URL, or the pod's
+//! service account; and errors in words an operator can act on.
+
+use super::KubeOptions;
+use anyhow::{anyhow, Context};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+/// The client for `--kubeconfig-file` (its server replaced by `--kube-api-url` if given),
+/// else for `--kube-api-url` with the pod's service account if there is one, else for the
+/// pod's service account at `KUBERNETES_SERVICE_HOST` (in-cluster, as a DaemonSet runs).
+pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
+    let mut config = match (&opts.kubeconfig, &opts.api_url) {
+        (Some(path), _) => {
+            let file = Kubeconfig::read_from(path)
+                .with_context(|| format!("--kubeconfig-file {}", path.display()))?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("--kubeconfig-file {}", path.display()))?
+        }
+        (None, Some(url)) => match Config::incluster() {
+            Ok(config) => config,
+            Err(_) => Config::new(parse_url(url)?),
+        },
+        (None, None) => Config::incluster().map_err(|e| {
+            anyhow!(
+                "not running in a pod ({e}), and neither --kubeconfig-file nor --kube-api-url \
+                 was given: twill cannot find the Kubernetes API server"
+            )
+        })?,
+    };
+    if let Some(url) = &opts.api_url {
+        config.cluster_url = parse_url(url)?;
+    }
+    config.connect_timeout = Some(opts.timing.request_timeout);
+    config.write_timeout = Some(opts.timing.request_timeout);
+    Client::try_from(config).context("cannot build a Kubernetes client")
+}
+
+fn parse_url(url: &str) -> anyhow::Result<http::Uri> {
+    url.parse()
+        .with_context(|| format!("--kube-api-url {url:?} is not a URL"))
+}
+
+/// What went wrong with one request, and whether waiting could fix it.
+#[derive(Debug)]
+pub enum Failure {
+    /// The server could not be reached, or answered that it is not ready: retry.
+    Unreachable(String),
+    /// The credentials were refused (401) or lack a permission (403): retrying will not help.
+    Denied(String),
+    /// Anything else the server refused.
+    Refused(String),
+}
+
+impl Failure {
+    /// The words, whatever the kind.
+    pub fn text(self) -> String {
+        match self {
+            Failure::Unreachable(why) | Failure::Denied(why) | Failure::Refused(why) => why,
+        }
+    }
+
+    /// Classifies `error` from `verb` on `resource` (e.g. "patch", "nodes/status").
+    pub fn of(error: &kube::Error, verb: &str, resource: &str) -> Failure {
+        match error {
+            kube::Error::Api(status) if status.code == 401 => Failure::Denied(format!(
+                "the API server does not accept twill's credentials (401 Unauthorized) to {verb} \
+                 {resource}: check the service account token or --kubeconfig-file"
+            )),
+            kube::Error::Api(status) if status.code == 403 => Failure::Denied(format!(
+                "twill's service account may not {verb} {resource} (403 Forbidden: {}); grant it \
+                 in twill's ClusterRole (deploy/kubernetes/twill.yml has the rules twill needs)",
+                status.message
+            )),
+            kube::Error::Api(status) if matches!(status.code, 429 | 500..=599) => {
+                Failure::Unreachable(format!(
+                    "{verb} {resource}: {} {}",
+                    status.code, status.message
+                ))
+            }
+            kube::Error::Api(status) => Failure::Refused(format!(
+                "{verb} {resource}: {} {}",
+                status.code, status.message
+            )),
+            other => Failure::Unreachable(format!("{verb} {resource}: {}", chain(other))),
+        }
+    }
+}
+
+/// An error with its causes, on one line: "connection refused" sits at the bottom of the chain.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}

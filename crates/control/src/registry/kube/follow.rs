@@ -1,0 +1,300 @@
+//! The Nodes as lease events: a list+watch (resourceVersion, bookmarks, a fresh list after 410
+//! Gone, all through kube-runtime's watcher) turned into the [`LeaseEvent`]s every registry
+//! sends. A re-list is a [`LeaseEvent::Snapshot`], so nothing missed while the watch was
+//! broken stays missed.
+
+use super::annotations::NodeLease;
+use super::client::{chain, Failure};
+use super::own_node::{OwnChange, OwnNode};
+use crate::lease::Lease;
+use crate::registry::{node_key, LeaseEvent, NodeNames};
+use anyhow::anyhow;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::Api;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+type Nodes = BoxStream<'static, Result<Event<Node>, watcher::Error>>;
+
+/// What this node knows of another Node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Peer {
+    Lease(Lease),
+    Unreadable(String),
+}
+
+pub(super) struct Follower {
+    own: OwnNode,
+    lease: Lease,
+    names: Arc<NodeNames>,
+    /// Every other Node that is a lease or claims to be one, by name.
+    peers: HashMap<String, Peer>,
+    /// Nodes of a list in progress (between the watcher's Init and InitDone).
+    listing: Option<Vec<Node>>,
+    /// A whole list has been sent as a snapshot.
+    listed: bool,
+    tx: mpsc::Sender<LeaseEvent>,
+}
+
+/// The consumer went away: stop following.
+struct Gone;
+
+impl Follower {
+    pub fn new(
+        own: OwnNode,
+        lease: Lease,
+        names: Arc<NodeNames>,
+        tx: mpsc::Sender<LeaseEvent>,
+    ) -> Follower {
+        Follower {
+            own,
+            lease,
+            names,
+            peers: HashMap::new(),
+            listing: None,
+            listed: false,
+            tx,
+        }
+    }
+
+    /// Lists the Nodes and sends the first snapshot; returns the watch that follows, to run
+    /// in the background. A refused list (401, 403) fails here, at start, in one line.
+    pub async fn list(mut self, nodes: Api<Node>) -> anyhow::Result<impl Future<Output = ()>> {
+        let mut stream: Nodes = watcher(nodes, watcher::Config::default()).boxed();
+        let mut backoff = self.own.timing.backoff();
+        while !self.listed {
+            match stream.try_next().await {
+                Ok(Some(event)) => self.on(event).await.map_err(|Gone| anyhow!("stopped"))?,
+                Ok(None) => return Err(anyhow!("the Node watch ended before the first list")),
+                Err(e) => match failure(&e) {
+                    Failure::Denied(why) => return Err(anyhow!(why)),
+                    Failure::Unreachable(why) | Failure::Refused(why) => {
+                        let delay = backoff.next_delay();
+                        tracing::warn!("listing Nodes failed ({why}); retrying in {delay:?}");
+                        tokio::time::sleep(delay).await;
+                    }
+                },
+            }
+        }
+        Ok(self.follow(stream))
+    }
+
+    /// Follows the watch until the consumer goes away. Errors never end it: the node keeps
+    /// its last table while the API server is away, and the watcher lists again when back.
+    async fn follow(mut self, mut stream: Nodes) {
+        let mut backoff = self.own.timing.backoff();
+        let mut last_error = None;
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = self.tx.closed() => return,
+                next = stream.next() => next,
+            };
+            let outcome = match next {
+                None => return,
+                Some(Ok(event)) => {
+                    backoff.reset();
+                    last_error = None;
+                    self.on(event).await
+                }
+                Some(Err(e)) => {
+                    let why = failure(&e).text();
+                    let delay = backoff.next_delay();
+                    if last_error.as_ref() != Some(&why) {
+                        tracing::warn!(
+                            "watching Nodes failed ({why}); keeping the last lease table, \
+                             trying again in {delay:?}"
+                        );
+                    }
+                    last_error = Some(why);
+                    tokio::time::sleep(delay).await;
+                    Ok(())
+                }
+            };
+            if let Err(Gone) = outcome {
+                return;
+            }
+        }
+    }
+
+    async fn on(&mut self, event: Event<Node>) -> Result<(), Gone> {
+        match event {
+            Event::Init => self.listing = Some(Vec::new()),
+            Event::InitApply(node) => self.listing.get_or_insert_with(Vec::new).push(node),
+            Event::InitDone => {
+                let nodes = self.listing.take().unwrap_or_default();
+                self.resync(nodes).await?;
+                self.listed = true;
+            }
+            Event::Apply(node) => self.apply(node).await?,
+            Event::Delete(node) => self.delete(&node).await?,
+        }
+        Ok(())
+    }
+
+    /// A complete list: every peer is replaced, and unreadable Nodes that are gone or
+    /// readable again are cleared.
+    async fn resync(&mut self, nodes: Vec<Node>) -> Result<(), Gone> {
+        let mut peers = HashMap::new();
+        for node in nodes {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            if name == self.own.name {
+                self.own_changed(&node).await?;
+            } else if let Some(peer) = self.peer(&node) {
+                peers.insert(name, peer);
+            }
+        }
+        let old = std::mem::replace(&mut self.peers, peers);
+        for (name, old) in &old {
+            if matches!(old, Peer::Unreadable(_)) && !self.is_unreadable(name) {
+                self.send(unreadable(name, None)).await?;
+            }
+        }
+        let mut leases = Vec::new();
+        let mut names = HashMap::new();
+        for (name, peer) in &self.peers {
+            match peer {
+                Peer::Lease(lease) => {
+                    names.insert(lease.subnet, name.clone());
+                    leases.push(lease.clone());
+                }
+                Peer::Unreadable(why) => {
+                    if old.get(name) != Some(peer) {
+                        warn_unreadable(name, why);
+                    }
+                    self.send(unreadable(name, Some(why))).await?;
+                }
+            }
+        }
+        self.names.replace(names);
+        self.send(LeaseEvent::Snapshot(leases)).await
+    }
+
+    /// One Node added or changed.
+    async fn apply(&mut self, node: Node) -> Result<(), Gone> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if name == self.own.name {
+            return self.own_changed(&node).await;
+        }
+        let new = self.peer(&node);
+        let old = match &new {
+            Some(peer) => self.peers.insert(name.clone(), peer.clone()),
+            None => self.peers.remove(&name),
+        };
+        if old == new {
+            return Ok(());
+        }
+        match (old, new) {
+            (Some(Peer::Lease(old)), Some(Peer::Lease(new))) if old.subnet == new.subnet => {
+                self.names.set(new.subnet, &name);
+                self.send(LeaseEvent::Added(new)).await
+            }
+            (old, new) => {
+                self.gone(&name, old).await?;
+                self.came(&name, new).await
+            }
+        }
+    }
+
+    async fn delete(&mut self, node: &Node) -> Result<(), Gone> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if name == self.own.name {
+            tracing::warn!(
+                "this node's Node object {name} was deleted; twill keeps forwarding with its \
+                 lease {} (restart twill once the Node is back)",
+                self.lease.subnet
+            );
+            return Ok(());
+        }
+        let old = self.peers.remove(&name);
+        self.gone(&name, old).await
+    }
+
+    /// What a Node no longer is.
+    async fn gone(&mut self, name: &str, old: Option<Peer>) -> Result<(), Gone> {
+        match old {
+            Some(Peer::Lease(lease)) => {
+                self.names.forget(lease.subnet);
+                self.send(LeaseEvent::Removed(lease)).await
+            }
+            Some(Peer::Unreadable(_)) => self.send(unreadable(name, None)).await,
+            None => Ok(()),
+        }
+    }
+
+    /// What a Node now is.
+    async fn came(&mut self, name: &str, new: Option<Peer>) -> Result<(), Gone> {
+        match new {
+            Some(Peer::Lease(lease)) => {
+                self.names.set(lease.subnet, name);
+                self.send(LeaseEvent::Added(lease)).await
+            }
+            Some(Peer::Unreadable(why)) => {
+                warn_unreadable(name, &why);
+                self.send(unreadable(name, Some(&why))).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Our own Node changed: re-publish our annotations if someone changed them, and stop if
+    /// our podCIDR is no longer our lease.
+    async fn own_changed(&mut self, node: &Node) -> Result<(), Gone> {
+        match self.own.change(node, &self.lease) {
+            OwnChange::None => Ok(()),
+            OwnChange::Annotate(missing) => {
+                tracing::info!(
+                    "Node {}'s flannel annotations changed; writing them again",
+                    self.own.name
+                );
+                if let Err(e) = self.own.annotate(missing).await {
+                    tracing::warn!("re-annotating Node {} failed: {e:#}", self.own.name);
+                }
+                Ok(())
+            }
+            OwnChange::Lost(why) => self.send(LeaseEvent::OwnLeaseGone(why)).await,
+        }
+    }
+
+    fn peer(&self, node: &Node) -> Option<Peer> {
+        match self.own.annotations.node_lease(node) {
+            NodeLease::NotFlannel => None,
+            NodeLease::Lease(lease) => Some(Peer::Lease(lease)),
+            NodeLease::Unreadable(why) => Some(Peer::Unreadable(why)),
+        }
+    }
+
+    fn is_unreadable(&self, name: &str) -> bool {
+        matches!(self.peers.get(name), Some(Peer::Unreadable(_)))
+    }
+
+    async fn send(&self, event: LeaseEvent) -> Result<(), Gone> {
+        self.tx.send(event).await.map_err(|_| Gone)
+    }
+}
+
+fn unreadable(name: &str, why: Option<&String>) -> LeaseEvent {
+    LeaseEvent::Unreadable {
+        key: node_key(name),
+        why: why.cloned(),
+    }
+}
+
+fn warn_unreadable(name: &str, why: &str) {
+    tracing::warn!("ignoring {}: {why}", node_key(name));
+}
+
+fn failure(error: &watcher::Error) -> Failure {
+    match error {
+        watcher::Error::InitialListFailed(e) => Failure::of(e, "list", "nodes"),
+        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => {
+            Failure::of(e, "watch", "nodes")
+        }
+        other => Failure::Unreachable(chain(other)),
+    }
+}

@@ -1,0 +1,247 @@
+//! Leases from Kubernetes, as flanneld's `--kube-subnet-mgr` has them: this node's subnet is
+//! its Node's `spec.podCIDR` (assigned by the controller manager; twill never allocates), the
+//! peers are the other Nodes that carry flannel's annotations, and the network config is
+//! `net-conf.json` from a ConfigMap.
+
+mod annotations;
+mod client;
+mod follow;
+mod own_node;
+
+pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
+
+use super::{Backoff, LeaseEvent, LeaseNamer, NodeNames, Registry, EVENT_QUEUE};
+use crate::config::Config;
+use crate::lease::{Lease, LeaseAttrs};
+use anyhow::{anyhow, Context};
+use client::Failure;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{Api, Client};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// flanneld's `--net-config-path` default.
+pub const DEFAULT_NET_CONFIG_PATH: &str = "/etc/kube-flannel/net-conf.json";
+
+/// flanneld's Kubernetes flags and environment.
+#[derive(Debug, Clone)]
+pub struct KubeOptions {
+    /// `--kube-api-url`: the API server, overriding the kubeconfig's or the pod's.
+    pub api_url: Option<String>,
+    /// `--kubeconfig-file`; without it (and without `api_url`), the pod's service account.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--kube-annotation-prefix`.
+    pub annotation_prefix: String,
+    /// `--net-config-path`: flannel's network config, as the ConfigMap mounts it.
+    pub net_config_path: PathBuf,
+    /// Which Node this is.
+    pub node: NodeIdentity,
+    /// `--set-node-network-unavailable`: mark the Node's network available once forwarding.
+    pub set_network_available: bool,
+    pub timing: KubeTiming,
+}
+
+/// How the node finds its Node object, in flanneld's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeIdentity {
+    /// `NODE_NAME`.
+    Name(String),
+    /// `POD_NAME` and `POD_NAMESPACE`: the Node the pod is scheduled on.
+    Pod { namespace: String, name: String },
+}
+
+impl NodeIdentity {
+    /// From flanneld's environment variables; a clear error when neither way is set.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<NodeIdentity> {
+        let set = |name: &str| get(name).filter(|v| !v.is_empty());
+        if let Some(name) = set("NODE_NAME") {
+            return Ok(NodeIdentity::Name(name));
+        }
+        match (set("POD_NAMESPACE"), set("POD_NAME")) {
+            (Some(namespace), Some(name)) => Ok(NodeIdentity::Pod { namespace, name }),
+            _ => Err(anyhow!(
+                "--kube-subnet-mgr needs this node's name: set NODE_NAME (or POD_NAME and \
+                 POD_NAMESPACE, as the DaemonSet does)"
+            )),
+        }
+    }
+}
+
+/// The registry's intervals; tests shorten them.
+#[derive(Debug, Clone)]
+pub struct KubeTiming {
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Connecting to and sending one request to the API server.
+    pub request_timeout: Duration,
+}
+
+impl Default for KubeTiming {
+    fn default() -> Self {
+        KubeTiming {
+            backoff_min: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl KubeTiming {
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.backoff_min, self.backoff_max)
+    }
+}
+
+/// A client for the API server, with the network config read and this node's name known.
+pub struct KubeRegistry {
+    client: Client,
+    config: Config,
+    node_name: String,
+    annotations: Annotations,
+    names: Arc<NodeNames>,
+    opts: KubeOptions,
+}
+
+impl KubeRegistry {
+    /// Reads net-conf.json and builds the client. With `POD_NAME`, asks the API server which
+    /// Node the pod runs on, retrying while it cannot be reached.
+    pub async fn connect(opts: KubeOptions) -> anyhow::Result<KubeRegistry> {
+        let annotations = Annotations::new(&opts.annotation_prefix)?;
+        let config = read_net_config(&opts)?;
+        let client = client::connect(&opts).await?;
+        let node_name = match &opts.node {
+            NodeIdentity::Name(name) => name.clone(),
+            NodeIdentity::Pod { namespace, name } => {
+                pod_node_name(&client, namespace, name, &opts.timing).await?
+            }
+        };
+        Ok(KubeRegistry {
+            client,
+            config,
+            node_name,
+            annotations,
+            names: Arc::default(),
+            opts,
+        })
+    }
+}
+
+fn read_net_config(opts: &KubeOptions) -> anyhow::Result<Config> {
+    let path = &opts.net_config_path;
+    let json = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --net-config-path {}", path.display()))?;
+    Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))
+}
+
+async fn pod_node_name(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    timing: &KubeTiming,
+) -> anyhow::Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let what = format!("pods/{name} in namespace {namespace}");
+    let pod = retry(timing, "get", &what, || pods.get(name)).await?;
+    pod.spec
+        .and_then(|s| s.node_name)
+        .filter(|n| !n.is_empty())
+        .with_context(|| format!("pod {namespace}/{name} is not scheduled on a node yet"))
+}
+
+/// Runs `request` until it succeeds, waiting out an unreachable API server with a warning per
+/// attempt; a refusal (401, 403, 404, a bad request) ends it with one clear error.
+async fn retry<T, F, Fut>(
+    timing: &KubeTiming,
+    verb: &str,
+    resource: &str,
+    mut request: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let mut backoff = timing.backoff();
+    loop {
+        match request().await {
+            Ok(value) => return Ok(value),
+            Err(e) => {
+                match Failure::of(&e, verb, resource) {
+                    Failure::Unreachable(why) => {
+                        let delay = backoff.next_delay();
+                        tracing::warn!("the Kubernetes API server is unreachable ({why}); retrying in {delay:?}");
+                        tokio::time::sleep(delay).await;
+                    }
+                    Failure::Denied(why) | Failure::Refused(why) => return Err(anyhow!(why)),
+                }
+            }
+        }
+    }
+}
+
+impl Registry for KubeRegistry {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn lease_namer(&self) -> LeaseNamer {
+        LeaseNamer::KubeNode(self.names.clone())
+    }
+
+    fn name(&self) -> String {
+        format!("kubernetes (node {})", self.node_name)
+    }
+
+    /// Waits for the Node's podCIDR, publishes this node's annotations and marks its network
+    /// available, then lists the Nodes; the watch that follows runs in the background.
+    async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let own = own_node::OwnNode {
+            nodes: nodes.clone(),
+            name: self.node_name.clone(),
+            annotations: self.annotations.clone(),
+            attrs,
+            timing: self.opts.timing.clone(),
+        };
+        let lease = own.acquire(&self.config).await?;
+        if self.opts.set_network_available {
+            own.mark_network_available().await?;
+        }
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let follower = follow::Follower::new(own, lease.clone(), self.names, tx);
+        let watch = follower.list(nodes).await?;
+        tokio::spawn(watch);
+        Ok((lease, rx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_node_is_found_as_flanneld_finds_it() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            NodeIdentity::from_env(env(&[("NODE_NAME", "w1"), ("POD_NAME", "p")])).unwrap(),
+            NodeIdentity::Name("w1".into())
+        );
+        assert_eq!(
+            NodeIdentity::from_env(env(&[("POD_NAME", "p"), ("POD_NAMESPACE", "kube-flannel")]))
+                .unwrap(),
+            NodeIdentity::Pod {
+                namespace: "kube-flannel".into(),
+                name: "p".into()
+            }
+        );
+        let err = NodeIdentity::from_env(env(&[("POD_NAME", "p"), ("NODE_NAME", "")])).unwrap_err();
+        assert!(err.to_string().contains("set NODE_NAME"), "{err}");
+    }
+}
