@@ -226,3 +226,79 @@ fn without_nft_the_rules_flags_name_what_is_missing() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn no_underlay_without_iface_or_default_route_is_named() -> Result<()> {
+    let lab = lab("cli-route")?;
+    let args = ["run", "--network", "10.5.0.0/16", "--subnet", "10.5.1.0/24"];
+    let (ok, stderr) = twill_in_lab(&lab, &args)?;
+    assert!(!ok);
+    assert!(
+        stderr.contains("no IPv4 default route") && stderr.contains("--iface"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// `--kube-subnet-mgr` without a node name, with a bad annotation prefix, a missing
+/// net-conf.json, or beside etcd flags: one line each, naming what to fix.
+#[test]
+fn kube_mode_flag_errors_are_named() -> Result<()> {
+    let lab = lab("cli-kube")?;
+    let dir = tempfile::tempdir()?;
+    let net_conf = dir.path().join("net-conf.json");
+    std::fs::write(
+        &net_conf,
+        r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#,
+    )?;
+    let conf = format!("--net-config-path={}", net_conf.display());
+    let kube = [
+        "run",
+        "--kube-subnet-mgr",
+        "--iface",
+        "eth0",
+        "--kube-api-url",
+        "https://127.0.0.1:1",
+    ];
+    let cases: [(&[&str], &[(&str, &str)], &str); 5] = [
+        (&[&conf], &[], "set NODE_NAME"),
+        (
+            &["--net-config-path=/nonexistent/net-conf.json"],
+            &[("NODE_NAME", "n1")],
+            "cannot read --net-config-path /nonexistent/net-conf.json",
+        ),
+        (
+            &[&conf, "--kube-annotation-prefix=a/b/c"],
+            &[("NODE_NAME", "n1")],
+            "--kube-annotation-prefix",
+        ),
+        (
+            &[&conf, "--etcd-endpoints=http://127.0.0.1:1"],
+            &[("NODE_NAME", "n1")],
+            "drop --etcd-endpoints",
+        ),
+        (
+            &[&conf, "--kubeconfig-file=/nonexistent/kubeconfig"],
+            &[("NODE_NAME", "n1")],
+            "--kubeconfig-file /nonexistent/kubeconfig",
+        ),
+    ];
+    for (extra, env, expected) in cases {
+        let out = Command::new("ip")
+            .args(["netns", "exec", lab.host(0).ns.name(), TWILL])
+            .args(kube)
+            .args(extra)
+            .env_remove("NODE_NAME")
+            .env_remove("POD_NAME")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .envs(env.iter().copied())
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} succeeded");
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in:\n{stderr}"
+        );
+    }
+    Ok(())
+}

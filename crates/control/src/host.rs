@@ -47,6 +47,33 @@ pub fn interface_with_address(ip: Ipv4Addr) -> anyhow::Result<Interface> {
     })
 }
 
+/// The interface of the IPv4 default route, as flanneld picks one when given neither
+/// `--iface` nor `--public-ip` (a DaemonSet's usual arguments).
+pub fn default_route_interface() -> anyhow::Result<Interface> {
+    let table =
+        std::fs::read_to_string("/proc/net/route").context("cannot read /proc/net/route")?;
+    let name = default_route_in(&table).context(
+        "this host has no IPv4 default route, so twill cannot tell which interface is the \
+         underlay: give --iface or --public-ip",
+    )?;
+    interface(&name)
+}
+
+/// The interface of the lowest-metric default route in a `/proc/net/route` table.
+fn default_route_in(table: &str) -> Option<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let default = f.get(1) == Some(&"00000000") && f.get(7) == Some(&"00000000");
+            let metric: u32 = f.get(6)?.parse().ok()?;
+            default.then(|| (metric, f[0].to_string()))
+        })
+        .min()
+        .map(|(_, name)| name)
+}
+
 fn ipv4_addresses() -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
     let addrs = getifaddrs().context("cannot list interface addresses")?;
     Ok(addrs
@@ -108,4 +135,22 @@ pub async fn route_network_via(
         .write_one(Write::ReplaceRoute(route))
         .await
         .with_context(|| format!("cannot add route {network} dev {dev}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_route_with_the_lowest_metric_names_the_underlay() {
+        let table =
+            "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n\
+            eth1\t00000000\t0100C80A\t0003\t0\t0\t200\t00000000\t0\t0\t0\n\
+            eth0\t0000C80A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+            eth0\t00000000\t0100C80A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n";
+        assert_eq!(default_route_in(table).as_deref(), Some("eth0"));
+        let none = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n\
+            eth0\t0000C80A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n";
+        assert_eq!(default_route_in(none), None);
+    }
 }

@@ -5,7 +5,6 @@ use crate::config::Config;
 use crate::host::{self, Interface};
 use crate::status::NodeStatus;
 use crate::traffic::TrafficOptions;
-use anyhow::bail;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,7 +13,7 @@ use std::time::Duration;
 /// How this node joins the network, independent of where leases live (the `twill run` flags).
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
-    /// The underlay interface; found from `public_ip` when absent.
+    /// The underlay interface; found from `public_ip` when absent, else the default route's.
     pub iface: Option<String>,
     /// The address peers reach us at; the interface's first IPv4 address when absent.
     pub public_ip: Option<Ipv4Addr>,
@@ -57,7 +56,7 @@ impl Node {
         let iface = match (&options.iface, options.public_ip) {
             (Some(name), _) => host::interface(name)?,
             (None, Some(ip)) => host::interface_with_address(ip)?,
-            (None, None) => bail!("give --iface or --public-ip so twill knows the underlay"),
+            (None, None) => host::default_route_interface()?,
         };
         let public_ip = options.public_ip.unwrap_or(iface.address);
         Ok(Node {
