@@ -240,6 +240,9 @@ fn no_underlay_without_iface_or_default_route_is_named() -> Result<()> {
     Ok(())
 }
 
+/// Extra flags, environment, and the words expected on stderr.
+type KubeCase<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+
 /// `--kube-subnet-mgr` without a node name, with a bad annotation prefix, a missing
 /// net-conf.json, or beside etcd flags: one line each, naming what to fix.
 #[test]
@@ -260,7 +263,7 @@ fn kube_mode_flag_errors_are_named() -> Result<()> {
         "--kube-api-url",
         "https://127.0.0.1:1",
     ];
-    let cases: [(&[&str], &[(&str, &str)], &str); 5] = [
+    let cases: [KubeCase; 5] = [
         (&[&conf], &[], "set NODE_NAME"),
         (
             &["--net-config-path=/nonexistent/net-conf.json"],

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod datagrams;
+pub mod kube;
 pub mod wireguard;
 
 use anyhow::{bail, Context, Result};
@@ -38,7 +39,7 @@ pub fn start_twill_with_env(
     Ok(proc)
 }
 
-fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()> {
+pub fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
         if !proc.is_running() {
@@ -67,14 +68,23 @@ pub fn drops(ns: &Netns, reason: &str) -> Result<u64> {
 }
 
 /// Wait (bounded) until `f` holds, for counters published once per batch.
-pub fn eventually(what: &str, mut f: impl FnMut() -> Result<bool>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
+pub fn eventually(what: &str, f: impl FnMut() -> Result<bool>) -> Result<()> {
+    eventually_within(what, Duration::from_secs(5), f)
+}
+
+/// [`eventually`] with its own bound, for what crosses a control plane.
+pub fn eventually_within(
+    what: &str,
+    bound: Duration,
+    mut f: impl FnMut() -> Result<bool>,
+) -> Result<()> {
+    let deadline = Instant::now() + bound;
     loop {
         if f()? {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
+            bail!("timed out after {bound:?} waiting for {what}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }

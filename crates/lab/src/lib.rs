@@ -1,9 +1,10 @@
 //! A network lab on one machine: hosts and containers are network namespaces joined by veth
-//! pairs (and a bridge for more than two hosts), plus helpers to run processes inside them and a
-//! real etcd. Everything created here carries the creating pid in its name, is removed on Drop,
-//! and is swept by [`cleanup_stale`] once its creator has died.
+//! pairs (and a bridge for more than two hosts), plus helpers to run processes inside them, a
+//! real etcd and a real kube-apiserver. Everything created here carries the creating pid in its
+//! name, is removed on Drop, and is swept by [`cleanup_stale`] once its creator has died.
 
 mod etcd;
+mod kube;
 mod lab;
 mod netns;
 mod ports;
@@ -14,6 +15,8 @@ pub mod wireguard_go;
 
 pub use etcd::Etcd;
 pub use ipnet::Ipv4Net;
+// `self::`: the module, not the kube crate.
+pub use self::kube::{kube_part, KubeApiServer};
 pub use lab::{Container, Host, Lab, LabSpec};
 pub use netns::Netns;
 pub use ports::{free_tcp_port, free_tcp_ports};

@@ -1,0 +1,185 @@
+//! A lab whose hosts are Nodes of a real kube-apiserver, for the `--kube-subnet-mgr` tests.
+//! There is no kubelet or controller manager: the test creates each host's Node with its
+//! podCIDR, as the node-IPAM controller would.
+
+use super::*;
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use twill_lab::{Etcd, Ipv4Net, KubeApiServer, Lab, LabSpec, Proc};
+
+pub const NETWORK: &str = "10.5.0.0/16";
+pub const PREFIX: &str = "flannel.alpha.coreos.com";
+
+/// flannel's net-conf.json for one backend, with `extra` Backend fields.
+pub fn net_conf(backend: &str, extra: &str) -> String {
+    format!(r#"{{"Network":"{NETWORK}","Backend":{{"Type":"{backend}"{extra}}}}}"#)
+}
+
+/// Host `i` is Node `node-i` with podCIDR 10.5.(i+1).0/24. etcd and the API server run on the
+/// last host, at its underlay address.
+pub struct KubeCluster {
+    pub lab: Lab,
+    pub api: KubeApiServer,
+    pub etcd: Etcd,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn kube_cluster(tag: &str, hosts: usize, conf: &str) -> Result<KubeCluster> {
+    twill_lab::require_root()?;
+    let lab = Lab::new(LabSpec {
+        hosts,
+        tag: tag.into(),
+        ..Default::default()
+    })?;
+    let control = lab.host(hosts - 1);
+    let etcd = Etcd::listening(Some(&control.ns), control.underlay_ip)?;
+    let api = KubeApiServer::start(Some(&control.ns), control.underlay_ip, &etcd)?;
+    let c = KubeCluster {
+        lab,
+        api,
+        etcd,
+        dir: scratch()?,
+    };
+    c.set_net_conf(conf)?;
+    c.api
+        .write_kubeconfig(&c.kubeconfig(), c.api.admin_token())?;
+    Ok(c)
+}
+
+impl KubeCluster {
+    pub fn node_name(host: usize) -> String {
+        format!("node-{host}")
+    }
+
+    pub fn pod_cidr(host: usize) -> Ipv4Net {
+        format!("10.5.{}.0/24", host + 1).parse().unwrap()
+    }
+
+    /// Creates host `host`'s Node with its podCIDR.
+    pub fn add_node(&self, host: usize) -> Result<()> {
+        let cidr = Self::pod_cidr(host).to_string();
+        self.api
+            .create_node(&Self::node_name(host), Some(&cidr), &[])
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        path_in(&self.dir, "kubeconfig")
+    }
+
+    pub fn net_conf_path(&self) -> PathBuf {
+        path_in(&self.dir, "net-conf.json")
+    }
+
+    pub fn set_net_conf(&self, conf: &str) -> Result<()> {
+        Ok(std::fs::write(self.net_conf_path(), conf)?)
+    }
+
+    pub fn subnet_file(&self, host: usize) -> PathBuf {
+        path_in(&self.dir, &format!("h{host}.env"))
+    }
+
+    /// `twill run --kube-subnet-mgr` on `host` as its Node, with the admin kubeconfig.
+    pub fn start(&self, host: usize, env: &[(&str, &str)]) -> Result<Proc> {
+        let kubeconfig = self.kubeconfig();
+        self.start_as(host, &["--kubeconfig-file", path_str(&kubeconfig)?], env)
+    }
+
+    /// `twill run --kube-subnet-mgr` on `host` with `auth` flags (how it reaches the server).
+    pub fn start_as(&self, host: usize, auth: &[&str], env: &[(&str, &str)]) -> Result<Proc> {
+        let conf = self.net_conf_path();
+        let mut args = vec!["--kube-subnet-mgr", "--net-config-path", path_str(&conf)?];
+        args.extend_from_slice(auth);
+        let name = Self::node_name(host);
+        let mut vars = vec![("NODE_NAME", name.as_str())];
+        vars.extend_from_slice(env);
+        start_twill_with_env(self.lab.host(host), &args, &vars, &self.subnet_file(host))
+    }
+
+    /// `twill run --kube-subnet-mgr` on `host` that must stop by itself; its stderr.
+    pub fn failing_start(
+        &self,
+        host: usize,
+        auth: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<String> {
+        let conf = self.net_conf_path();
+        let file = self.subnet_file(host);
+        let mut args = vec!["run", "--iface", "eth0", "--kube-subnet-mgr"];
+        args.extend([
+            "--net-config-path",
+            path_str(&conf)?,
+            "--subnet-file",
+            path_str(&file)?,
+        ]);
+        args.extend_from_slice(auth);
+        let name = Self::node_name(host);
+        let mut vars = vec![("NODE_NAME", name.as_str())];
+        vars.extend_from_slice(env);
+        let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, &vars)?;
+        node.failure_within(Duration::from_secs(20), "twill kept running")
+    }
+
+    pub fn peer_subnets(&self, host: usize) -> Result<Vec<String>> {
+        let s = status(&self.lab.host(host).ns)?;
+        Ok(s["peers"]
+            .as_array()
+            .context("peers")?
+            .iter()
+            .filter_map(|p| p["subnet"].as_str().map(str::to_string))
+            .collect())
+    }
+
+    /// `rejected_leases` of a node's status, as (key, reason) pairs.
+    pub fn rejected(&self, host: usize) -> Result<Vec<(String, String)>> {
+        let s = status(&self.lab.host(host).ns)?;
+        Ok(s["rejected_leases"]
+            .as_array()
+            .context("rejected_leases")?
+            .iter()
+            .map(|r| {
+                (
+                    r["key"].as_str().unwrap_or_default().into(),
+                    r["reason"].as_str().unwrap_or_default().into(),
+                )
+            })
+            .collect())
+    }
+
+    /// Waits until `host` has exactly `want` as its peers' subnets.
+    pub fn wait_peers(&self, host: usize, want: &[Ipv4Net]) -> Result<()> {
+        let mut want: Vec<String> = want.iter().map(ToString::to_string).collect();
+        want.sort();
+        eventually_within(
+            &format!("host {host} peers {want:?}"),
+            Duration::from_secs(15),
+            || {
+                let mut have = self.peer_subnets(host)?;
+                have.sort();
+                Ok(have == want)
+            },
+        )
+    }
+
+    /// A container behind `host` in its podCIDR.
+    pub fn add_container(&mut self, host: usize) -> Result<()> {
+        self.lab
+            .host_mut(host)
+            .add_container(Self::pod_cidr(host))?;
+        Ok(())
+    }
+
+    pub fn container(&self, host: usize) -> &twill_lab::Container {
+        &self.lab.host(host).containers()[0]
+    }
+
+    /// Ping, then `bytes` over TCP checked by sha256, from host `a`'s container to `b`'s.
+    pub fn traffic(&self, a: usize, b: usize, bytes: usize) -> Result<()> {
+        let out = ping(self.container(a), self.container(b).ip, 2)?;
+        anyhow::ensure!(out.contains("2 received"), "{out}");
+        tcp_transfer_intact(self.container(a), self.container(b), bytes)
+    }
+}
+
+fn path_str(path: &std::path::Path) -> Result<&str> {
+    path.to_str().context("non-UTF-8 path")
+}
