@@ -52,6 +52,68 @@ impl ConfigError {
     }
 }
 
+/// Backend fields whose values are secrets: a change to one is named, its value never shown.
+const SECRET_FIELDS: [&str; 1] = ["PSK"];
+
+impl Config {
+    /// How `now` differs from this config, in the fields a node cannot change while it runs;
+    /// `None` when they match. Backend fields are compared one by one and a secret's value
+    /// (`PSK`) is never written out, since the text goes to the log and `twill status`.
+    pub fn difference(&self, now: &Config) -> Option<String> {
+        let mut changed: Vec<String> = [
+            ("Network", self.network.to_string(), now.network.to_string()),
+            (
+                "SubnetLen",
+                self.subnet_len.to_string(),
+                now.subnet_len.to_string(),
+            ),
+            (
+                "SubnetMin",
+                self.subnet_min.to_string(),
+                now.subnet_min.to_string(),
+            ),
+            (
+                "SubnetMax",
+                self.subnet_max.to_string(),
+                now.subnet_max.to_string(),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, old, new)| old != new)
+        .map(|(name, old, new)| format!("{name} {old} -> {new}"))
+        .collect();
+        changed.extend(backend_difference(&self.backend.raw, &now.backend.raw));
+        (!changed.is_empty()).then(|| changed.join(", "))
+    }
+}
+
+fn backend_difference(running: &Value, now: &Value) -> Vec<String> {
+    let empty = Map::new();
+    let (old, new) = (
+        running.as_object().unwrap_or(&empty),
+        now.as_object().unwrap_or(&empty),
+    );
+    let mut names: Vec<&String> = old.keys().chain(new.keys()).collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|name| old.get(*name) != new.get(*name))
+        .map(|name| {
+            let show = |v: Option<&Value>| match v {
+                None => "(none)".to_string(),
+                Some(_) if SECRET_FIELDS.contains(&name.as_str()) => "<redacted>".to_string(),
+                Some(v) => v.to_string(),
+            };
+            format!(
+                "Backend.{name} {} -> {}",
+                show(old.get(name)),
+                show(new.get(name))
+            )
+        })
+        .collect()
+}
+
 fn invalid<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
@@ -498,5 +560,29 @@ mod tests {
             (c.subnet_len, c.backend.backend_type.as_str()),
             (24, "twill-batch")
         );
+    }
+
+    #[test]
+    fn a_changed_config_names_its_fields_and_never_a_secret() {
+        let psk = "vKo36JW5OcxFHeIUTgqMMwbIJg3HLZXtIC0B9lxF6Eo=";
+        let other = "SAioU7qy9DTNFP+Z0s1bAniVyo36BbAQIjeXifQn4Ho=";
+        let conf = |net: &str, psk: &str, port: u16| {
+            Config::parse(&format!(
+                r#"{{"Network":"{net}","Backend":{{"Type":"wireguard","PSK":"{psk}","ListenPort":{port}}}}}"#
+            ))
+            .unwrap()
+        };
+        let running = conf("10.5.0.0/16", psk, 51820);
+        assert_eq!(running.difference(&running.clone()), None);
+        let changed = running
+            .difference(&conf("10.6.0.0/16", other, 51821))
+            .unwrap();
+        assert_eq!(
+            changed,
+            "Network 10.5.0.0/16 -> 10.6.0.0/16, SubnetMin 10.5.1.0 -> 10.6.1.0, \
+             SubnetMax 10.5.255.0 -> 10.6.255.0, Backend.ListenPort 51820 -> 51821, \
+             Backend.PSK <redacted> -> <redacted>"
+        );
+        assert!(!changed.contains(psk) && !changed.contains(other));
     }
 }

@@ -34,6 +34,9 @@ pub struct NodeStatus {
     /// Where the leases come from: etcd, Kubernetes or flags.
     registry: RwLock<String>,
     engine: RwLock<Option<(Arc<SharedTable>, Arc<EngineStats>)>>,
+    /// Why the node cannot forward now (its device is down, its route gone), while it cannot:
+    /// `/healthz` fails with it, so a liveness probe or an operator sees it.
+    unhealthy: RwLock<Option<String>>,
     /// Why the running config no longer matches the network's, once it does not.
     restart_needed: RwLock<Option<String>>,
     rules: RwLock<Option<RulesStatus>>,
@@ -65,6 +68,22 @@ impl NodeStatus {
         *self.lease.write().unwrap() = Some(lease.clone());
         *self.backend.write().unwrap() = backend.to_string();
         *self.peers.write().unwrap() = Some(peers);
+    }
+
+    /// `Some(why)` while the node cannot forward, `None` once it can again.
+    pub fn set_unhealthy(&self, why: Option<String>) {
+        *self.unhealthy.write().unwrap() = why;
+    }
+
+    /// `/healthz`: 200 "ok", or 503 with the reason the node cannot forward.
+    fn health(&self) -> (axum::http::StatusCode, String) {
+        match self.unhealthy.read().unwrap().as_ref() {
+            None => (axum::http::StatusCode::OK, "ok\n".into()),
+            Some(why) => (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                format!("{why}\n"),
+            ),
+        }
     }
 
     pub fn set_registry(&self, name: String) {
@@ -142,6 +161,7 @@ impl NodeStatus {
             "peers": accepted,
             "rejected_leases": rejected,
             "restart_needed": *self.restart_needed.read().unwrap(),
+            "unhealthy": *self.unhealthy.read().unwrap(),
             "reconcile": reconciles_json(&self.reconciles()),
             "kernel_writes": self.kernel_writes.load(Relaxed),
             "counters": engine.as_ref().map(|(table, stats)| counters_json(table, stats)),
@@ -208,7 +228,10 @@ fn counters_json(table: &SharedTable, stats: &EngineStats) -> Value {
 /// Serve the status endpoints on `addr` until the runtime stops.
 pub async fn serve(addr: SocketAddr, status: Arc<NodeStatus>) -> anyhow::Result<()> {
     let app = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/healthz",
+            get(|State(s): State<Arc<NodeStatus>>| async move { s.health() }),
+        )
         .route(
             "/metrics",
             get(|State(s): State<Arc<NodeStatus>>| async move { s.to_prometheus() }),

@@ -100,3 +100,42 @@ async fn username_and_password() {
         "{err}"
     );
 }
+
+/// A TLS file that is not what its flag says is named at start, with what is wrong; a client
+/// certificate etcd does not trust ends the start with a TLS error, not endless retries as if
+/// etcd were unreachable.
+#[tokio::test]
+async fn bad_tls_files_are_named_and_a_refused_handshake_says_so() {
+    let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    let etcd = Etcd::start_tls();
+    etcd.put_config(CONFIG).await;
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("junk.pem");
+    std::fs::write(&junk, "not a certificate\n").unwrap();
+    let connect = |opts| async {
+        tokio::time::timeout(Duration::from_secs(15), EtcdRegistry::connect(opts))
+            .await
+            .expect("a bad TLS setup must fail, not retry forever")
+            .err()
+            .map(|e| format!("{e:#}"))
+            .expect("connected with a bad TLS setup")
+    };
+    let mut opts = etcd.options();
+    opts.cafile = Some(junk.clone());
+    let err = connect(opts).await;
+    let want = format!("--etcd-cafile {}: no PEM certificate in it", junk.display());
+    assert!(err.contains(&want), "{err}");
+    let mut opts = etcd.options();
+    opts.keyfile = Some(junk.clone());
+    let err = connect(opts).await;
+    let want = format!("--etcd-keyfile {}: no PEM private key", junk.display());
+    assert!(err.contains(&want), "{err}");
+
+    let other = dir.path().join("other");
+    common::make_certs(&other);
+    let mut opts = etcd.options();
+    opts.certfile = Some(other.join("cert.pem"));
+    opts.keyfile = Some(other.join("key.pem"));
+    let err = connect(opts).await;
+    assert!(err.contains("TLS handshake with etcd failed"), "{err}");
+}

@@ -225,7 +225,7 @@ impl Drop for Etcd {
 const SECURE_READY: &str = "serving client traffic securely";
 
 /// A throwaway CA and one certificate for 127.0.0.1, made with the openssl CLI.
-fn make_certs(dir: &std::path::Path) {
+pub fn make_certs(dir: &std::path::Path) {
     std::fs::create_dir_all(dir).unwrap();
     let ec = [
         "-newkey",

@@ -225,7 +225,7 @@ impl Keeper {
         let change = match value.map(String::from_utf8_lossy) {
             None => Some("the config key was deleted".to_string()),
             Some(json) => match Config::parse(&json) {
-                Ok(config) => config_difference(&self.config, &config),
+                Ok(config) => self.config.difference(&config),
                 Err(e) => Some(format!("it is no longer valid ({e})")),
             },
         };
@@ -343,44 +343,6 @@ impl Keeper {
     async fn emit(&self, event: LeaseEvent) {
         let _ = self.tx.send(event).await;
     }
-}
-
-/// How `now` differs from `running`, in the fields a node cannot change while it runs; `None`
-/// when they match.
-fn config_difference(running: &Config, now: &Config) -> Option<String> {
-    let fields = [
-        (
-            "Network",
-            running.network.to_string(),
-            now.network.to_string(),
-        ),
-        (
-            "SubnetLen",
-            running.subnet_len.to_string(),
-            now.subnet_len.to_string(),
-        ),
-        (
-            "SubnetMin",
-            running.subnet_min.to_string(),
-            now.subnet_min.to_string(),
-        ),
-        (
-            "SubnetMax",
-            running.subnet_max.to_string(),
-            now.subnet_max.to_string(),
-        ),
-        (
-            "Backend",
-            running.backend.raw.to_string(),
-            now.backend.raw.to_string(),
-        ),
-    ];
-    let changed: Vec<String> = fields
-        .into_iter()
-        .filter(|(_, old, new)| old != new)
-        .map(|(name, old, new)| format!("{name} {old} -> {new}"))
-        .collect();
-    (!changed.is_empty()).then(|| changed.join(", "))
 }
 
 fn canceled(response: &WatchResponse) -> anyhow::Error {

@@ -3,6 +3,7 @@
 mod acquire;
 mod keeper;
 mod store;
+mod tls_probe;
 
 use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
 use crate::config::Config;
@@ -139,6 +140,13 @@ impl EtcdRegistry {
         loop {
             match Self::try_connect(&opts).await {
                 Err(e) if is_unreachable(&e) => {
+                    let timeout = opts.timing.request_timeout;
+                    if let Some(why) = tls_probe::tls_failure(&opts, timeout).await {
+                        bail!(
+                            "TLS handshake with etcd failed ({why}); check --etcd-cafile, \
+                             --etcd-certfile and --etcd-keyfile"
+                        );
+                    }
                     let delay = backoff.next_delay();
                     warn!(
                         "etcd at {} is unreachable ({}); retrying in {delay:?}",
@@ -239,8 +247,25 @@ impl EtcdRegistry {
     }
 }
 
+/// Reads a TLS file and checks that it holds what the flag says, so a wrong file is named at
+/// start instead of failing every handshake later as "etcd unreachable".
 fn read_pem(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let pem = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
+    let holds = if flag == "--etcd-keyfile" {
+        PrivateKeyDer::from_pem_slice(&pem)
+            .map(drop)
+            .map_err(|e| format!("no PEM private key in it ({e})"))
+    } else {
+        match CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>() {
+            Ok(certs) if !certs.is_empty() => Ok(()),
+            Ok(_) => Err("no PEM certificate in it".to_string()),
+            Err(e) => Err(format!("not a PEM certificate file ({e})")),
+        }
+    };
+    holds.map_err(|why| anyhow!("{flag} {}: {why}", path.display()))?;
+    Ok(pem)
 }
 
 impl Registry for EtcdRegistry {
