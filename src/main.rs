@@ -264,6 +264,12 @@ fn etcd_options(args: &RunArgs) -> anyhow::Result<Option<EtcdOptions>> {
     options.cafile = e.etcd_cafile.clone();
     options.certfile = e.etcd_certfile.clone();
     options.keyfile = e.etcd_keyfile.clone();
+    if e.etcd_password.is_some() && e.etcd_username.is_none() {
+        anyhow::bail!(
+            "--etcd-password (or ETCD_PASSWORD) is set but --etcd-username is not: give both, \
+             or neither"
+        );
+    }
     options.username = e.etcd_username.clone();
     options.password = e.etcd_password.clone();
     options.timing.renew_margin = Duration::from_secs(60 * e.subnet_lease_renew_margin);
@@ -329,14 +335,18 @@ fn static_registry(args: &RunArgs) -> anyhow::Result<StaticRegistry> {
     StaticRegistry::new(config, subnet, peers)
 }
 
-/// Cancels `stop` on SIGINT or SIGTERM, so both stop the node cleanly.
+/// Cancels `stop` on SIGINT, SIGTERM or SIGHUP, so each stops the node cleanly (nftables
+/// table removed, lease kept). SIGHUP is not a reload: twill reads its config only at start,
+/// and a hangup left to its default would kill it without removing its rules.
 async fn cancel_on_signal(stop: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
-    tracing::info!("shutting down");
+    let mut hangup = signal(SignalKind::hangup()).expect("SIGHUP handler");
+    let name = tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+        _ = hangup.recv() => "SIGHUP",
+    };
+    tracing::info!("{name}: shutting down");
     stop.cancel();
 }
