@@ -179,11 +179,17 @@ struct KubeArgs {
     set_node_network_unavailable: bool,
 }
 
+/// The log filter without RUST_LOG. kube-rs logs each failed connection attempt itself, at
+/// error level, on every retry; twill's Kubernetes registry says once what failed and what it
+/// does about it, so kube-rs's own lines are left out.
+const DEFAULT_LOG: &str = "info,kube_client=off,kube_runtime=off";
+
 fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| DEFAULT_LOG.into()),
         )
         .with_writer(std::io::stderr)
         // Colour codes only on a terminal: in journald or a log file they are noise.

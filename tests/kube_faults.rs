@@ -6,7 +6,7 @@
 mod common;
 
 use anyhow::{Context, Result};
-use common::kube::{kube_cluster, net_conf, KubeCluster, PREFIX};
+use common::kube::{kube_cluster, kube_cluster_with, net_conf, KubeCluster, PREFIX};
 use common::*;
 use std::time::Duration;
 use twill_lab::{Ipv4Net, Proc};
@@ -116,11 +116,13 @@ fn peers_follow_node_changes_while_traffic_flows() -> Result<()> {
 }
 
 /// The API server goes away and comes back; then the watch of one node is cut (its
-/// connections reset) while Nodes come and go and etcd's history is compacted. Forwarding goes
-/// on, and the node catches up on every change once it reaches the server again.
+/// connections reset) while Nodes come and go and etcd's history is compacted, so the watch
+/// it resumes has expired (410 Gone: the API server runs without its watch cache, so watches
+/// go to etcd). Forwarding goes on, and the node catches up on every change, by a fresh list.
 #[test]
 fn api_server_outage_and_a_cut_watch_miss_nothing() -> Result<()> {
-    let mut c = kube_cluster("kube-out", 3, &net_conf("udp", ""))?;
+    let no_cache = ["--watch-cache=false"];
+    let mut c = kube_cluster_with("kube-out", 3, &net_conf("udp", ""), &no_cache)?;
     c.add_node(0)?;
     c.add_node(1)?;
     let nodes: Vec<Proc> = (0..2).map(|h| c.start(h, &[])).collect::<Result<_>>()?;
@@ -152,8 +154,9 @@ fn api_server_outage_and_a_cut_watch_miss_nothing() -> Result<()> {
     )?;
     no_loss(ping)?;
 
-    // Cut node 0 off the API server: every packet to it is answered with a TCP reset, so the
-    // watch breaks at once instead of hanging.
+    // Cut node 0 off the API server (every packet to it answered with a TCP reset), then
+    // restart the server so that node 0's watch ends, change Nodes it cannot see, and compact
+    // etcd: the watch it resumes from its last resourceVersion has expired.
     let control = c.lab.host(2).underlay_ip;
     let url = c.api.url();
     let port = url.rsplit(':').next().context("port")?;
@@ -163,7 +166,9 @@ fn api_server_outage_and_a_cut_watch_miss_nothing() -> Result<()> {
          nft add rule inet kubecut out ip daddr {control} tcp dport {port} reject with tcp reset"
     );
     c.lab.host(0).ns.sh(&cut)?;
-    let ping = background_ping(&c, 0, 1, 100)?;
+    let ping = background_ping(&c, 0, 1, 200)?;
+    c.api.stop()?;
+    c.api.start_again()?;
     c.api.delete_node("gone-soon")?;
     flannel_node(&c, "during-cut", "10.5.72.0/24", "10.200.0.72")?;
     c.wait_peers(
@@ -185,6 +190,11 @@ fn api_server_outage_and_a_cut_watch_miss_nothing() -> Result<()> {
         ],
     )?;
     no_loss(ping)?;
+    let log = nodes[0].stderr();
+    anyhow::ensure!(
+        log.contains("provided watch is too old"),
+        "the watch never expired:\n{log}"
+    );
     for mut node in nodes {
         anyhow::ensure!(node.is_running(), "{}", node.stderr());
     }

@@ -25,6 +25,16 @@ pub struct KubeCluster {
 }
 
 pub fn kube_cluster(tag: &str, hosts: usize, conf: &str) -> Result<KubeCluster> {
+    kube_cluster_with(tag, hosts, conf, &[])
+}
+
+/// [`kube_cluster`] whose API server runs with the extra flags `api_args`.
+pub fn kube_cluster_with(
+    tag: &str,
+    hosts: usize,
+    conf: &str,
+    api_args: &[&str],
+) -> Result<KubeCluster> {
     twill_lab::require_root()?;
     let lab = Lab::new(LabSpec {
         hosts,
@@ -33,7 +43,7 @@ pub fn kube_cluster(tag: &str, hosts: usize, conf: &str) -> Result<KubeCluster> 
     })?;
     let control = lab.host(hosts - 1);
     let etcd = Etcd::listening(Some(&control.ns), control.underlay_ip)?;
-    let api = KubeApiServer::start(Some(&control.ns), control.underlay_ip, &etcd)?;
+    let api = KubeApiServer::start_with(Some(&control.ns), control.underlay_ip, &etcd, api_args)?;
     let c = KubeCluster {
         lab,
         api,

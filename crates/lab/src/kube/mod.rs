@@ -54,6 +54,7 @@ pub struct KubeApiServer {
     port: u16,
     etcd: String,
     binary: PathBuf,
+    extra: Vec<String>,
     token: String,
     ca: PathBuf,
     dir: TempDir,
@@ -63,6 +64,17 @@ impl KubeApiServer {
     /// Starts kube-apiserver inside `ns` (the root namespace for None) on `ip` against `etcd`,
     /// and waits until `/readyz` answers. It must not outlive `ns` or `etcd`.
     pub fn start(ns: Option<&Netns>, ip: Ipv4Addr, etcd: &Etcd) -> Result<KubeApiServer> {
+        Self::start_with(ns, ip, etcd, &[])
+    }
+
+    /// [`KubeApiServer::start`] with extra kube-apiserver flags, e.g. `--watch-cache=false`
+    /// so that watches go to etcd and an expired resourceVersion gets 410 Gone.
+    pub fn start_with(
+        ns: Option<&Netns>,
+        ip: Ipv4Addr,
+        etcd: &Etcd,
+        extra: &[&str],
+    ) -> Result<KubeApiServer> {
         let binary = kube_part("kube-apiserver")?;
         let dir = tempfile::Builder::new().prefix(&temp_prefix()).tempdir()?;
         certs::write(dir.path(), ip)?;
@@ -78,6 +90,7 @@ impl KubeApiServer {
             port: 0,
             etcd: etcd.endpoint(),
             binary,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
             token,
             ca: dir.path().join(certs::CA_CERT),
             dir,
@@ -184,7 +197,9 @@ impl KubeApiServer {
             "--enable-priority-and-fairness=false".into(),
             "--profiling=false".into(),
         ]
-        .into()
+        .into_iter()
+        .chain(self.extra.iter().cloned())
+        .collect()
     }
 
     fn dir_name(&self) -> String {
