@@ -331,4 +331,29 @@ mod tests {
             Some("10.244.1.0/24".parse().unwrap())
         );
     }
+
+    proptest::proptest! {
+        /// Whatever another node (or anyone allowed to patch Nodes) writes into the
+        /// annotations and podCIDRs, reading the Node never panics; it is a lease, unreadable
+        /// with a reason, or not flannel's.
+        #[test]
+        fn any_annotations_read_without_panic(
+            cidr in proptest::option::of(".{0,24}"),
+            cidrs in proptest::collection::vec(".{0,24}", 0..3),
+            ip in ".{0,20}",
+            kind in ".{0,12}",
+            data in ".{0,64}",
+        ) {
+            let a = Annotations::new(DEFAULT_PREFIX).unwrap();
+            let mut n = node(cidr.as_deref(), &[
+                ("flannel.alpha.coreos.com/kube-subnet-manager", "true"),
+                ("flannel.alpha.coreos.com/public-ip", &ip),
+                ("flannel.alpha.coreos.com/backend-type", &kind),
+                ("flannel.alpha.coreos.com/backend-data", &data),
+            ]);
+            n.spec.as_mut().unwrap().pod_cidrs = Some(cidrs);
+            let read = a.node_lease(&n);
+            proptest::prop_assert!(!matches!(read, NodeLease::NotFlannel));
+        }
+    }
 }
