@@ -1,4 +1,5 @@
-use crate::netns::{command_in, run, Netns};
+use crate::netns::{command_in, Netns};
+use crate::proc::run;
 use crate::proc::{temp_prefix, Proc};
 use anyhow::{bail, Result};
 use std::net::Ipv4Addr;

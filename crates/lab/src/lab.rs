@@ -1,4 +1,5 @@
-use crate::netns::{run, Netns};
+use crate::netns::Netns;
+use crate::proc::run;
 use anyhow::{ensure, Result};
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;

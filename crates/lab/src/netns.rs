@@ -1,8 +1,8 @@
-use crate::proc::{Proc, OWNER_ENV};
-use anyhow::{bail, Context, Result};
+use crate::proc::{run, Proc};
+use anyhow::Result;
 use nix::sched::{setns, CloneFlags};
 use std::fs::File;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 
@@ -82,34 +82,17 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        if let Err(e) = delete(&self.name) {
+        if let Err(e) = crate::stale::delete(&self.name) {
             tracing::warn!("cannot delete netns {}: {e:#}", self.name);
         }
     }
-}
-
-/// Kills what still runs inside (a namespace with live processes outlives `ip netns del`, and so
-/// would its interfaces), then removes the name.
-pub(crate) fn delete(name: &str) -> Result<()> {
-    let me = std::process::id();
-    let pids = run(Command::new("ip").args(["netns", "pids", name]))?;
-    for pid in pids
-        .split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-    {
-        if pid != me {
-            crate::proc::signal(pid, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-    run(Command::new("ip").args(["netns", "del", name]))?;
-    Ok(())
 }
 
 /// Namespaces left by crashed earlier runs are swept before this process adds its first one.
 fn sweep_once() {
     static SWEEP: Once = Once::new();
     SWEEP.call_once(|| {
-        if let Err(e) = crate::cleanup_stale() {
+        if let Err(e) = crate::stale::cleanup_stale() {
             tracing::warn!("cleanup of stale lab namespaces failed: {e:#}");
         }
     });
@@ -143,31 +126,4 @@ pub(crate) fn command_in(ns: Option<&str>, program: &str, args: &[&str]) -> Comm
     };
     cmd.args(args);
     cmd
-}
-
-/// Runs to completion; Err names the command line and carries its stderr. Marked with the owner
-/// like a [`Proc`], so a hung command outliving a crashed test is swept too.
-pub(crate) fn run(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .env(OWNER_ENV, std::process::id().to_string())
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot start `{}`", command_line(cmd)))?;
-    if !out.status.success() {
-        bail!(
-            "`{}` failed ({}): {}",
-            command_line(cmd),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-pub(crate) fn command_line(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|s| s.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ")
 }

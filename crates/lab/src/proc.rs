@@ -1,5 +1,4 @@
-use crate::netns::command_line;
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use std::fs::File;
@@ -138,6 +137,15 @@ impl Drop for Proc {
     }
 }
 
+/// `program args` as one line, to name a command in logs and errors.
+pub(crate) fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|s| s.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Errors mean the process is already gone.
 pub(crate) fn signal(pid: u32, sig: Signal) {
     let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), sig);
@@ -150,4 +158,23 @@ fn tail(log: &str) -> &str {
         start += 1;
     }
     &log[start..]
+}
+
+/// Runs to completion; Err names the command line and carries its stderr. Marked with the owner
+/// like a [`Proc`], so a hung command outliving a crashed test is swept too.
+pub(crate) fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .env(OWNER_ENV, std::process::id().to_string())
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot start `{}`", command_line(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "`{}` failed ({}): {}",
+            command_line(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -1,4 +1,4 @@
-use crate::proc::{signal, OWNER_ENV};
+use crate::proc::{run, signal, OWNER_ENV};
 use anyhow::{Context, Result};
 use nix::sys::signal::Signal;
 use std::path::Path;
@@ -13,7 +13,7 @@ pub fn cleanup_stale() -> Result<()> {
     for name in names_in(Path::new(NETNS_DIR))? {
         if ns_owner(&name).is_some_and(is_dead) {
             // A parallel test process may be sweeping the same namespace.
-            let _ = crate::netns::delete(&name);
+            let _ = delete(&name);
         }
     }
     for name in names_in(&std::env::temp_dir())? {
@@ -85,4 +85,21 @@ mod tests {
         assert_eq!(temp_owner("twill-lab-77-abc"), Some(77));
         assert_eq!(temp_owner("twill-77-abc"), None);
     }
+}
+
+/// Kills what still runs inside (a namespace with live processes outlives `ip netns del`, and so
+/// would its interfaces), then removes the name.
+pub(crate) fn delete(name: &str) -> Result<()> {
+    let me = std::process::id();
+    let pids = run(std::process::Command::new("ip").args(["netns", "pids", name]))?;
+    for pid in pids
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+    {
+        if pid != me {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    run(std::process::Command::new("ip").args(["netns", "del", name]))?;
+    Ok(())
 }

@@ -2,11 +2,13 @@
 //! TSO) cut into datagram-sized chunks, so neither end segments, coalesces or checksums it.
 //! Layout and receiver rules: docs/batch-protocol.md, "Version 2".
 
-use super::batch::{check_header, emit_header, parse_sender, read_u32, HEADER_LEN};
+use super::batch_header::{
+    check_header, emit_header, parse_sender, read_u32, CHUNK_VERSION, HEADER_LEN,
+};
 use super::{virtio, WireError};
 use ipnet::Ipv4Net;
 
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = CHUNK_VERSION;
 pub const CHUNK_HEADER_LEN: usize = HEADER_LEN + 12;
 /// The smallest super-packet: an IPv4 header and a TCP header.
 const MIN_TOTAL: usize = 40;

@@ -3,6 +3,7 @@
 //! what to do with a packet lives in the engines.
 
 pub mod batch;
+mod batch_header;
 pub mod checksum;
 pub mod chunk;
 pub mod flannel;

@@ -1,7 +1,7 @@
 //! Key material for one server, made with the `openssl` CLI (no Rust X.509 writer is a
 //! dependency, and openssl is on every test machine through scripts/setup).
 
-use crate::netns::run;
+use crate::proc::run;
 use anyhow::{Context, Result};
 use std::io::Read;
 use std::net::Ipv4Addr;
