@@ -16,6 +16,7 @@ use twill_control::registry::kube::{self, KubeOptions, KubeRegistry, KubeTiming,
 use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
 };
+use twill_control::status::StatusAddr;
 use twill_control::traffic::{self, TrafficOptions};
 use twill_control::{status, subnet_env};
 use twill_dataplane::io::{DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
@@ -124,9 +125,11 @@ struct RunArgs {
     /// Serve /status, /metrics and /healthz here (loopback: for this host's operator).
     #[arg(long, default_value = status::DEFAULT_ADDR)]
     status_addr: SocketAddr,
-    /// flannel's health check: also serve on --healthz-ip:PORT (0 = off, as in flannel).
+    /// flannel's health check: serve /healthz, and nothing else, on --healthz-ip:PORT (0 = off,
+    /// as in flannel).
     #[arg(long, default_value_t = 0)]
     healthz_port: u16,
+    /// The address of --healthz-port (every address by default, as in flannel).
     #[arg(long, default_value = "0.0.0.0")]
     healthz_ip: Ipv4Addr,
 }
@@ -206,6 +209,7 @@ fn main() {
 }
 
 fn run(args: RunArgs) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let runtime = tokio::runtime::Runtime::new()?;
     let stop = CancellationToken::new();
     runtime.spawn(cancel_on_signal(stop.clone()));
@@ -308,12 +312,27 @@ fn node_options(args: &RunArgs) -> NodeOptions {
     }
 }
 
-fn status_addrs(args: &RunArgs) -> Vec<SocketAddr> {
-    let mut addrs = vec![args.status_addr];
-    if args.healthz_port != 0 {
-        addrs.push(SocketAddr::from((args.healthz_ip, args.healthz_port)));
+/// `--status-addr` serves everything; flannel's `--healthz-ip`:`--healthz-port`, which listens
+/// on every address by default, only `/healthz`. The same address given to both is served once,
+/// with everything: the operator put the status there on purpose.
+fn status_addrs(args: &RunArgs) -> Vec<StatusAddr> {
+    let mut addrs = vec![StatusAddr::Status(args.status_addr)];
+    let healthz = SocketAddr::from((args.healthz_ip, args.healthz_port));
+    if args.healthz_port != 0 && healthz != args.status_addr {
+        addrs.push(StatusAddr::Healthz(healthz));
     }
     addrs
+}
+
+/// systemd starts a service with 1024 open files (soft; 524288 hard): raise it to the hard
+/// limit, so that no burst of connections to the status server, nor a large network's sockets,
+/// leaves the nftables repair or the registry's reconnects without a descriptor. The status
+/// server caps its connections either way ([`status::MAX_CONNECTIONS`] per address).
+fn raise_open_files_limit() {
+    match status::raise_open_files_limit() {
+        Ok((soft, hard)) => tracing::debug!("open files limit: {soft} (hard {hard})"),
+        Err(e) => tracing::warn!("cannot raise the open files limit to its hard limit: {e}"),
+    }
 }
 
 fn print_status(addr: SocketAddr) -> anyhow::Result<()> {

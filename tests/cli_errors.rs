@@ -198,35 +198,6 @@ fn a_peer_at_our_own_address_is_refused() -> Result<()> {
     )
 }
 
-/// The nftables error path that can be provoked here: a kernel module cannot be unloaded from
-/// inside a test, but the nft program can be taken off PATH. (The kernel case is classified
-/// from nft's own words: traffic::nft's unit tests.)
-#[test]
-fn without_nft_the_rules_flags_name_what_is_missing() -> Result<()> {
-    let lab = lab("cli-nft")?;
-    let mut args = STATIC.to_vec();
-    args.extend(["--iface", "eth0", "--subnet", "10.5.1.0/24", "--ip-masq"]);
-    let out = lab.host(0).ns.enter(|| {
-        Command::new(TWILL)
-            .args(&args)
-            .env("PATH", "/nonexistent")
-            .output()
-    })?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "twill ran without nft");
-    let last = stderr.lines().last().unwrap_or_default();
-    assert!(
-        last.starts_with("twill: cannot use nftables: the nft program is not installed"),
-        "{stderr}"
-    );
-    assert!(last.contains("apt-get install nftables"), "{last}");
-    assert!(
-        lab.host(0).ns.ip(&["link", "show", "twill0"]).is_err(),
-        "a failed start left twill0 behind"
-    );
-    Ok(())
-}
-
 #[test]
 fn no_underlay_without_iface_or_default_route_is_named() -> Result<()> {
     let lab = lab("cli-route")?;

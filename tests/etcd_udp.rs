@@ -142,7 +142,7 @@ fn a_changed_network_config_is_reported_and_traffic_goes_on() -> Result<()> {
         let s = status(&c.lab.host(0).ns)?;
         Ok(s["restart_needed"]
             .as_str()
-            .is_some_and(|why| why.contains(r#"Backend {"Type":"udp"} -> {"Type":"vxlan"}"#)))
+            .is_some_and(|why| why.contains(r#"Backend.Type "udp" -> "vxlan""#)))
     })?;
     anyhow::ensure!(
         nodes[0]

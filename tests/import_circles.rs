@@ -44,18 +44,6 @@ const KNOWN_CIRCLES: &[&[&str]] = &[
     // plot.rs <-> scale/plot.rs: draw_panels one way; Series, grouped_bars the other. Being
     // removed.
     &["crates/bench/src/plot.rs", "crates/bench/src/scale/plot.rs"],
-    // node -> status, traffic; status -> peers, traffic; peers -> lease_check;
-    // lease_check -> backend::wireguard; backend::wireguard -> backend::userspace, node;
-    // backend::userspace -> node; traffic -> node, status. Being removed.
-    &[
-        "crates/control/src/backend/userspace.rs",
-        "crates/control/src/backend/wireguard/mod.rs",
-        "crates/control/src/lease_check.rs",
-        "crates/control/src/node.rs",
-        "crates/control/src/peers.rs",
-        "crates/control/src/status.rs",
-        "crates/control/src/traffic/mod.rs",
-    ],
 ];
 
 #[test]

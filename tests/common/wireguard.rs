@@ -94,3 +94,16 @@ impl Connected {
 pub fn metrics(ns: &Netns) -> Result<String> {
     http_get(ns, "127.0.0.1:9585", "/metrics")
 }
+
+/// `rejected_leases` of a node's status, as (subnet, reason) pairs.
+pub fn rejected(ns: &Netns) -> Result<Vec<(String, String)>> {
+    let s = status(ns)?;
+    let rejected = s["rejected_leases"].as_array().context("rejected_leases")?;
+    Ok(rejected
+        .iter()
+        .map(|r| {
+            let text = |field: &str| r[field].as_str().unwrap_or_default().to_string();
+            (text("subnet"), text("reason"))
+        })
+        .collect())
+}

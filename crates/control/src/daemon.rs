@@ -3,14 +3,17 @@
 //!
 //! Every backend goes the same way ([`join`]): make what must exist before the lease
 //! ([`Setup`]), acquire the lease with the attributes the setup names, attach the backend to
-//! it, then follow the other leases.
+//! it, then follow the other leases. Besides the peers, the node keeps the backend's device as
+//! it was set up and removes what other backends left in the network ([`Upkeep`]), at start,
+//! at every reconcile, and (the device) whenever the kernel reports a change to it.
 
 use crate::backend::host_gw::HostGwSetup;
 use crate::backend::ipip::IpipDevice;
 use crate::backend::kernel::KernelConfig;
+use crate::backend::upkeep::Upkeep;
 use crate::backend::userspace::UserspaceSetup;
 use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
-use crate::backend::wireguard::WireguardSetup;
+use crate::backend::wireguard::{self, WireguardSetup};
 use crate::backend::{Backend, Setup};
 use crate::host;
 use crate::lease::{backend_type, Lease};
@@ -37,49 +40,48 @@ pub async fn run<R: Registry>(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     host::require_net_admin()?;
+    let every = reconcile_every()?;
     let node = Node::resolve(options, registry.config().clone())?;
     for addr in &node.options.status_addrs {
         status::serve(*addr, node.status.clone()).await?;
     }
     let node = &node;
+    let tun_fix = "stop it first, or give this node another --tun-name";
     match node.config.backend.backend_type.as_str() {
         "udp" => {
+            host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
             let setup = UserspaceSetup::new(node, EngineKind::FlannelUdp)?;
-            join(registry, node, setup, shutdown).await
+            join(registry, node, setup, every, shutdown).await
         }
         backend_type::TWILL_BATCH => {
+            host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
             let delay = node.options.batch_delay;
             let setup = UserspaceSetup::new(node, EngineKind::Batch { delay })?;
-            join(registry, node, setup, shutdown).await
+            join(registry, node, setup, every, shutdown).await
         }
         backend_type::VXLAN => {
-            let device = VxlanDevice::ensure(&KernelConfig::of(node), vxlan_config(node)).await?;
-            join(registry, node, device, shutdown).await
+            let config = KernelConfig::of(node);
+            let device = VxlanDevice::ensure(&config, VxlanConfig::of(node)).await?;
+            join(registry, node, device, every, shutdown).await
         }
         backend_type::IPIP => {
             let device = IpipDevice::ensure(&KernelConfig::of(node)).await?;
-            join(registry, node, device, shutdown).await
+            join(registry, node, device, every, shutdown).await
         }
         backend_type::HOST_GW => {
             let setup = HostGwSetup(KernelConfig::of(node));
-            join(registry, node, setup, shutdown).await
+            join(registry, node, setup, every, shutdown).await
         }
         backend_type::WIREGUARD => {
+            // Without this the setup would replace the device under the node that holds it.
+            let fix = "stop it first: the wireguard backend's device is always flannel-wg";
+            host::ensure_tun_unclaimed(wireguard::DEVICE, fix).await?;
             let setup = WireguardSetup::new(node).await?;
-            join(registry, node, setup, shutdown).await
+            join(registry, node, setup, every, shutdown).await
         }
         other => bail!(
             "backend type {other:?} is not supported; supported: udp, twill-batch, vxlan, ipip, host-gw, wireguard"
         ),
-    }
-}
-
-fn vxlan_config(node: &Node) -> VxlanConfig {
-    let backend = &node.config.backend;
-    let defaults = VxlanConfig::default();
-    VxlanConfig {
-        vni: backend.vni.unwrap_or(defaults.vni),
-        port: backend.port.unwrap_or(defaults.port),
     }
 }
 
@@ -90,12 +92,14 @@ async fn join<R: Registry, S: Setup>(
     registry: R,
     node: &Node,
     setup: S,
+    every: Duration,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let namer = registry.lease_namer();
     node.status.set_registry(registry.name());
-    let nft_rules = traffic::Rules::prepare(node).await?;
+    let nft_rules =
+        traffic::Rules::prepare(node.options.traffic.clone(), node.status.clone()).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -105,6 +109,9 @@ async fn join<R: Registry, S: Setup>(
         }
     };
     let mut backend = setup.attach(&lease).await?;
+    let mut upkeep = Upkeep::start(node, &lease, backend.mtu(), every).await?;
+    // Before traffic is ours: another backend's routes would carry it around this one.
+    upkeep.sweep().await;
     let nft_rules = nft_rules.install(node.config.network, &lease).await?;
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(subnet = %lease.subnet, public_ip = %node.public_ip, "lease acquired; forwarding");
@@ -114,7 +121,13 @@ async fn join<R: Registry, S: Setup>(
     if let Some(engine) = backend.engine() {
         node.status.set_engine(engine.table(), engine.stats());
     }
-    let followed = follow(&mut backend, events, node, &lease, shutdown).await;
+    let mut following = Following {
+        backend: &mut backend,
+        upkeep: &mut upkeep,
+        node,
+        own: &lease,
+    };
+    let followed = following.follow(events, every, shutdown).await;
     nft_rules.remove().await;
     followed
 }
@@ -135,37 +148,106 @@ fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> 
 /// it undoes what a person or another program changed behind our back.
 const RECONCILE_EVERY: Duration = Duration::from_secs(60);
 
-/// Apply lease events to the backend until shutdown or until the registry goes away. Every
-/// event passes the lease checks first ([`NodeStatus::admit`]).
-async fn follow<B: Backend>(
-    backend: &mut B,
-    mut events: mpsc::Receiver<LeaseEvent>,
-    node: &Node,
-    own: &Lease,
-    shutdown: impl Future<Output = ()>,
-) -> anyhow::Result<()> {
-    tokio::pin!(shutdown);
-    let dataplane = backend.engine().map(Engine::ended);
-    let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
-    reconcile.tick().await;
-    loop {
-        let event = tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            direction = first_ended(dataplane.as_ref()) => bail!(
-                "the dataplane stopped forwarding: its thread '{direction}' ended (the log above \
-                 says why); twill exits so that its service manager starts it again"
-            ),
-            _ = reconcile.tick() => LeaseEvent::Snapshot(node.status.accepted_leases()),
-            event = events.recv() => {
-                let event = event.context("the lease registry stopped")?;
-                let Some(admitted) = node.status.admit(event) else { continue };
-                admitted
+/// Overrides [`RECONCILE_EVERY`], in whole seconds (1 to 3600), read once at start. Not a flag
+/// and not documented for operators, who have no reason to change it: it is for tests, which
+/// cannot wait a minute for the periodic repair.
+const RECONCILE_ENV: &str = "TWILL_RECONCILE_INTERVAL";
+
+fn reconcile_every() -> anyhow::Result<Duration> {
+    match std::env::var(RECONCILE_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(RECONCILE_EVERY),
+        Ok(value) => parse_reconcile_every(&value),
+        Err(std::env::VarError::NotUnicode(value)) => parse_reconcile_every(&format!("{value:?}")),
+    }
+}
+
+fn parse_reconcile_every(value: &str) -> anyhow::Result<Duration> {
+    let seconds = value.parse::<u64>().ok().filter(|s| (1..=3600).contains(s));
+    let seconds = seconds.with_context(|| {
+        format!("{RECONCILE_ENV}={value:?} is not a whole number of seconds from 1 to 3600")
+    })?;
+    Ok(Duration::from_secs(seconds))
+}
+
+/// A node with its lease held and its backend attached, following the other leases.
+struct Following<'a, B> {
+    backend: &'a mut B,
+    upkeep: &'a mut Upkeep,
+    node: &'a Node,
+    own: &'a Lease,
+}
+
+/// What the node does next.
+enum Step {
+    Lease(LeaseEvent),
+    /// The kernel reported a change to the backend's device.
+    DeviceChanged,
+}
+
+impl<B: Backend> Following<'_, B> {
+    /// Apply lease events to the backend until shutdown or until the registry goes away. Every
+    /// event passes the lease checks first ([`NodeStatus::admit`]).
+    async fn follow(
+        &mut self,
+        mut events: mpsc::Receiver<LeaseEvent>,
+        every: Duration,
+        shutdown: impl Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        tokio::pin!(shutdown);
+        let node = self.node;
+        let dataplane = self.backend.engine().map(Engine::ended);
+        let mut reconcile = tokio::time::interval(every);
+        reconcile.tick().await;
+        loop {
+            let step = tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                direction = first_ended(dataplane.as_ref()) => bail!(
+                    "the dataplane stopped forwarding: its thread '{direction}' ended (the log \
+                     above says why); twill exits so that its service manager starts it again"
+                ),
+                _ = reconcile.tick() => {
+                    Step::Lease(LeaseEvent::Snapshot(node.status.accepted_leases()))
+                }
+                () = self.upkeep.changed() => Step::DeviceChanged,
+                event = events.recv() => {
+                    let event = event.context("the lease registry stopped")?;
+                    let Some(admitted) = node.status.admit(event) else { continue };
+                    Step::Lease(admitted)
+                }
+            };
+            match step {
+                Step::Lease(event) => {
+                    if let Some(result) = on_node_event(node, self.own, &event) {
+                        return result;
+                    }
+                    self.apply(&event).await;
+                }
+                Step::DeviceChanged => self.device_changed().await,
             }
-        };
-        if let Some(result) = on_node_event(node, own, &event) {
-            return result;
         }
-        apply_recorded(backend, &event, node).await;
+    }
+
+    /// A reconcile (a snapshot) repairs the device first, so that the backend can program
+    /// routes through it, and sweeps what other backends left last.
+    async fn apply(&mut self, event: &LeaseEvent) {
+        let reconciling = matches!(event, LeaseEvent::Snapshot(_));
+        if reconciling {
+            self.upkeep.repair(&self.node.status).await;
+        }
+        apply_recorded(self.backend, event, self.node).await;
+        if reconciling {
+            self.upkeep.sweep().await;
+        }
+    }
+
+    /// A device that can forward again gets back what the kernel flushed when it went down:
+    /// the backend's reconcile puts back the peers' routes (vxlan, ipip), and writes nothing
+    /// when nothing is missing.
+    async fn device_changed(&mut self) {
+        if self.upkeep.recheck(&self.node.status).await {
+            let leases = LeaseEvent::Snapshot(self.node.status.accepted_leases());
+            apply_recorded(self.backend, &leases, self.node).await;
+        }
     }
 }
 
@@ -257,5 +339,19 @@ async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Resul
         | LeaseEvent::OwnLeaseGone(_)
         | LeaseEvent::ConfigChanged(_)
         | LeaseEvent::Unreadable { .. } => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reconcile_interval_from_the_environment_is_checked() {
+        assert_eq!(parse_reconcile_every("2").unwrap(), Duration::from_secs(2));
+        for bad in ["0", "3601", "1.5", "-1", "", "60s"] {
+            let err = parse_reconcile_every(bad).unwrap_err().to_string();
+            assert!(err.contains("TWILL_RECONCILE_INTERVAL"), "{err}");
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Facts about this host that the daemon needs before any backend runs: the underlay interface,
-//! our privileges, and the one route the userspace backends add.
+//! our privileges, whether another process holds the TUN we would open, and the one route the
+//! userspace backends add.
 
-use crate::backend::netlink::{Netlink, Route, Write};
+use crate::backend::netlink::{LinkKind, Netlink, Route, Write};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 use nix::ifaddrs::getifaddrs;
@@ -103,6 +104,23 @@ pub fn require_net_admin() -> anyhow::Result<()> {
         .unwrap_or(0);
     if effective & (1 << CAP_NET_ADMIN) == 0 {
         bail!("twill needs root or CAP_NET_ADMIN to create devices and routes");
+    }
+    Ok(())
+}
+
+/// Fails, naming the device, when a TUN called `name` is held open by another process: another
+/// twill or flanneld runs on it. The kernel would refuse a second opener with a bare "Device
+/// or resource busy", or, for a multi-queue TUN (`--queues` > 1), let it in as one more queue of
+/// the other's device. A TUN nobody holds (a persistent one) is fine: opening it attaches.
+/// `fix` says what the operator can do instead.
+pub async fn ensure_tun_unclaimed(name: &str, fix: &str) -> anyhow::Result<()> {
+    let netlink = Netlink::connect().context("opening rtnetlink")?;
+    let link = netlink.link_by_name(name).await?;
+    if let Some(LinkKind::Tun { held: true }) = link.map(|l| l.kind) {
+        bail!(
+            "TUN device {name} is already in use: another process holds it open, most likely \
+             another twill or flanneld running on this host; {fix}"
+        );
     }
     Ok(())
 }

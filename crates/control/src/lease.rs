@@ -10,6 +10,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
+use twill_dataplane::engine::wireguard::PublicKey;
 
 /// `BackendType` values that flanneld and twill write. flannel's udp backend writes none.
 pub mod backend_type {
@@ -26,7 +27,11 @@ pub mod backend_type {
 /// A node holds every lease of the network two or three times over (the registry's view, the
 /// checked peers, events in flight), so the text parts are shared, not copied: a clone costs
 /// two reference counts, and 60,000 leases fit in a few MB.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Two leases are equal when their subnet and attributes are: `created` is left out, because
+/// it says where a lease stands among the others, not what it says (a renewal that changes
+/// nothing is no change), and a lease built from flags has none.
+#[derive(Debug, Clone, Eq)]
 pub struct Lease {
     pub subnet: Ipv4Net,
     pub public_ip: Ipv4Addr,
@@ -34,6 +39,48 @@ pub struct Lease {
     pub backend_type: Option<Arc<str>>,
     /// Backend-specific data (e.g. vxlan's `{"VNI":1,"VtepMAC":"…"}`).
     pub backend_data: Option<BackendData>,
+    /// When the registry created it, relative to the other leases.
+    pub created: Created,
+}
+
+impl PartialEq for Lease {
+    fn eq(&self, other: &Lease) -> bool {
+        self.subnet == other.subnet
+            && self.public_ip == other.public_ip
+            && self.backend_type == other.backend_type
+            && self.backend_data == other.backend_data
+    }
+}
+
+/// Where a lease stands in the order its registry created the leases, the same on every node:
+/// of two leases that cannot both be peers (one WireGuard key, say), every node keeps the
+/// older one, whatever order it heard of them in. Compared by `at`, then by `name`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Created {
+    /// etcd: the key's create_revision. Kubernetes: the Node's creationTimestamp, in seconds
+    /// since 1970. Static registry: the `--peer` flag's position. 0 where it is not known.
+    pub at: i64,
+    /// Breaks ties of `at`: the Node's name in Kubernetes, whose timestamps have only seconds.
+    /// Empty elsewhere.
+    pub name: Arc<str>,
+}
+
+impl Created {
+    /// An etcd key's create_revision, or a static peer's position: unique per lease.
+    pub fn at(at: i64) -> Created {
+        Created {
+            at,
+            name: Arc::default(),
+        }
+    }
+
+    /// A Kubernetes Node's creationTimestamp and name.
+    pub fn named(at: i64, name: &str) -> Created {
+        Created {
+            at,
+            name: Arc::from(name),
+        }
+    }
 }
 
 /// What a node publishes about itself, i.e. a lease without its subnet. The registry picks the
@@ -200,7 +247,13 @@ impl Lease {
             public_ip: attrs.public_ip,
             backend_type: attrs.backend_type,
             backend_data: attrs.backend_data,
+            created: Created::default(),
         }
+    }
+
+    /// The same lease, created at `created`.
+    pub fn with_created(self, created: Created) -> Lease {
+        Lease { created, ..self }
     }
 
     pub fn attrs(&self) -> LeaseAttrs {
@@ -219,6 +272,31 @@ impl Lease {
     /// The etcd value; see [`LeaseAttrs::to_json`].
     pub fn to_json(&self) -> String {
         self.attrs().to_json()
+    }
+
+    /// A wireguard lease's BackendData: its `PublicKey`, and its `Port` if it names one
+    /// (flannel before leases carried `Port` did not). [`crate::lease_check`] refuses leases
+    /// where this fails, with the reason it gives.
+    pub fn wireguard_data(&self) -> Result<(PublicKey, Option<u16>), String> {
+        let fields = self.backend_data.as_ref().and_then(BackendData::fields);
+        let field = |name: &str| fields.as_ref()?.get(name);
+        let key = match field("PublicKey") {
+            Some(Value::String(text)) => text
+                .parse::<PublicKey>()
+                .map_err(|e| format!("its PublicKey {text:?} is not a WireGuard key: {e}"))?,
+            Some(other) => return Err(format!("its PublicKey {other} is not a string")),
+            None => return Err("it has no BackendData.PublicKey".into()),
+        };
+        let port = match field("Port") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|p| u16::try_from(p).ok())
+                    .filter(|&p| p > 0)
+                    .ok_or_else(|| format!("its Port {v} is not a UDP port"))?,
+            ),
+        };
+        Ok((key, port))
     }
 
     /// Rebuilds a lease from an etcd key and value.
@@ -363,5 +441,26 @@ mod tests {
         );
         let back = Lease::from_kv(PREFIX, &lease.key(PREFIX), &lease.to_json()).unwrap();
         assert_eq!(back, lease);
+    }
+
+    #[test]
+    fn equality_is_of_what_a_lease_says_not_of_when_it_was_made() {
+        let lease = Lease::new(
+            net("10.5.8.0/24"),
+            LeaseAttrs::host_gw("10.200.0.1".parse().unwrap()),
+        );
+        let later = lease.clone().with_created(Created::at(42));
+        assert_eq!(later, lease);
+        assert_ne!(later.created, lease.created);
+        let mut moved = later.clone();
+        moved.public_ip = "10.200.0.2".parse().unwrap();
+        assert_ne!(moved, later);
+        let order = [
+            Created::default(),
+            Created::at(7),
+            Created::named(9, "node-a"),
+            Created::named(9, "node-b"),
+        ];
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
     }
 }

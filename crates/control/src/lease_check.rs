@@ -3,13 +3,14 @@
 //! a neighbour or a userspace table entry.
 
 use crate::backend::netlink::MacAddr;
-use crate::backend::wireguard;
 use crate::config::Config;
 use crate::lease::{backend_type, Lease};
 use ipnet::Ipv4Net;
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
+use twill_dataplane::engine::wireguard::PublicKey;
 
 /// Why a peer lease was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +33,14 @@ pub enum Rejection {
     VtepMac(String),
     /// A wireguard lease whose PublicKey is missing or malformed, or whose Port is no port.
     WireguardData(String),
+    /// A wireguard lease with this node's own PublicKey: we cannot be our own peer.
+    OwnKey(PublicKey),
+    /// A wireguard lease whose PublicKey another lease, created before it, already has. A key
+    /// names one WireGuard peer, so only one lease can have it: the first (see [`first_made`]).
+    DuplicateKey {
+        key: PublicKey,
+        first: Ipv4Net,
+    },
 }
 
 impl fmt::Display for Rejection {
@@ -51,6 +60,12 @@ impl fmt::Display for Rejection {
             Rejection::OwnPublicIp(ip) => write!(f, "its PublicIP {ip} is this node's own"),
             Rejection::UnusablePublicIp(ip) => write!(f, "its PublicIP {ip} is not a host address"),
             Rejection::VtepMac(why) | Rejection::WireguardData(why) => write!(f, "{why}"),
+            Rejection::OwnKey(key) => write!(f, "its PublicKey \"{key}\" is this node's own"),
+            Rejection::DuplicateKey { key, first } => write!(
+                f,
+                "its PublicKey \"{key}\" is already the key of the lease {first}, made before \
+                 it: a WireGuard key can be only one peer"
+            ),
         }
     }
 }
@@ -62,6 +77,8 @@ pub struct LeaseRules {
     pub subnet_len: u8,
     pub own_subnet: Ipv4Net,
     pub own_public_ip: Ipv4Addr,
+    /// This node's WireGuard key, when it runs the wireguard backend.
+    pub own_key: Option<PublicKey>,
 }
 
 impl LeaseRules {
@@ -73,11 +90,17 @@ impl LeaseRules {
             subnet_len: own.subnet.prefix_len(),
             own_subnet: own.subnet,
             own_public_ip: own.public_ip,
+            own_key: wireguard_key(own),
         }
     }
 
     /// The checks of one lease on its own; overlaps with other peers are checked by [`admit`].
     pub fn check(&self, lease: &Lease) -> Result<(), Rejection> {
+        self.check_keyed(lease).map(drop)
+    }
+
+    /// [`LeaseRules::check`], which also gives a wireguard lease's key.
+    pub fn check_keyed(&self, lease: &Lease) -> Result<Option<PublicKey>, Rejection> {
         let subnet = lease.subnet;
         if subnet.prefix_len() != self.subnet_len {
             return Err(Rejection::PrefixLength {
@@ -93,14 +116,37 @@ impl LeaseRules {
         }
         check_public_ip(lease.public_ip, self.own_public_ip)?;
         match lease.backend_type.as_deref() {
-            Some(backend_type::VXLAN) => check_vtep_mac(lease)?,
+            Some(backend_type::VXLAN) => check_vtep_mac(lease).map(|()| None),
             Some(backend_type::WIREGUARD) => {
-                wireguard::lease_data(lease).map_err(Rejection::WireguardData)?;
+                let (key, _) = lease.wireguard_data().map_err(Rejection::WireguardData)?;
+                match self.own_key {
+                    Some(own) if own == key => Err(Rejection::OwnKey(key)),
+                    _ => Ok(Some(key)),
+                }
             }
-            _ => {}
+            _ => Ok(None),
         }
-        Ok(())
     }
+}
+
+/// A wireguard lease's key, if it has a good one.
+pub fn wireguard_key(lease: &Lease) -> Option<PublicKey> {
+    if lease.backend_type.as_deref() != Some(backend_type::WIREGUARD) {
+        return None;
+    }
+    lease.wireguard_data().ok().map(|(key, _)| key)
+}
+
+/// The order leases were made in: the registry's creation order, the same on every node (never
+/// the order events arrived in), then, for a tie (two etcd keys made in one transaction,
+/// leases with no known order), the subnet, which every node also agrees on.
+pub fn by_creation(a: &Lease, b: &Lease) -> Ordering {
+    (&a.created, a.subnet).cmp(&(&b.created, b.subnet))
+}
+
+/// Whether `a` was made before `b` ([`by_creation`]).
+pub fn first_made(a: &Lease, b: &Lease) -> bool {
+    by_creation(a, b) == Ordering::Less
 }
 
 /// Admits `lease` into `peers` (keyed by subnet) if it passes the rules and overlaps no other
@@ -110,7 +156,17 @@ pub fn admit(
     peers: &BTreeMap<Ipv4Net, Lease>,
     lease: &Lease,
 ) -> Result<(), Rejection> {
-    rules.check(lease)?;
+    admit_keyed(rules, peers, lease).map(drop)
+}
+
+/// [`admit`], which also gives a wireguard lease's key, for the caller to check that no other
+/// peer has it.
+pub fn admit_keyed(
+    rules: &LeaseRules,
+    peers: &BTreeMap<Ipv4Net, Lease>,
+    lease: &Lease,
+) -> Result<Option<PublicKey>, Rejection> {
+    let key = rules.check_keyed(lease)?;
     let subnet = lease.subnet;
     let below = peers.range(..subnet).next_back();
     let above = peers.range(subnet..).find(|(s, _)| **s != subnet);
@@ -119,7 +175,7 @@ pub fn admit(
             return Err(Rejection::OverlapsPeer(*other));
         }
     }
-    Ok(())
+    Ok(key)
 }
 
 fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
@@ -171,6 +227,7 @@ mod tests {
             subnet_len: 24,
             own_subnet: net("10.5.1.0/24"),
             own_public_ip: Ipv4Addr::new(10, 200, 0, 1),
+            own_key: Some(OWN_KEY.parse().unwrap()),
         }
     }
 
@@ -193,6 +250,7 @@ mod tests {
     }
 
     const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+    const OWN_KEY: &str = "KCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4/QEFCQ0RFRkc=";
 
     #[test]
     fn a_good_lease_passes() {
@@ -263,6 +321,18 @@ mod tests {
             (
                 wireguard("10.5.2.0/24", json!({"PublicKey": KEY, "Port": 0})),
                 "its Port 0 is not a UDP port",
+            ),
+            (
+                wireguard(
+                    "10.5.2.0/24",
+                    json!({"PublicKey": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}),
+                ),
+                "its PublicKey \"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\" is not a WireGuard \
+                 key: all zero",
+            ),
+            (
+                wireguard("10.5.2.0/24", json!({ "PublicKey": OWN_KEY })),
+                "its PublicKey \"KCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4/QEFCQ0RFRkc=\" is this node's own",
             ),
         ];
         for (lease, want) in cases {

@@ -3,9 +3,9 @@
 
 use crate::config::Config;
 use crate::host::{self, Interface};
-use crate::status::NodeStatus;
+use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +31,9 @@ pub struct NodeOptions {
     pub udp_buffer: usize,
     /// The TUN device's txqueuelen: packets the kernel queues for the engine to read.
     pub tun_tx_queue_len: u32,
-    /// Where `/status`, `/metrics` and `/healthz` are served (flannel's `--healthz-*` too).
-    pub status_addrs: Vec<SocketAddr>,
+    /// Where `/status`, `/metrics` and `/healthz` are served, and where `/healthz` alone is
+    /// (flannel's `--healthz-*`).
+    pub status_addrs: Vec<StatusAddr>,
     /// twill-batch: how long a not-full datagram may wait for more packets; `None` never waits.
     pub batch_delay: Option<Duration>,
     /// `/metrics` also writes four series per peer (off: their number grows with the network).

@@ -2,12 +2,19 @@
 //! through [`Peers::admit`], which lets a backend see only leases that passed
 //! [`crate::lease_check`], and remembers the refused ones (with their reasons) for the log and
 //! `twill status`.
+//!
+//! One check needs every lease at once: a WireGuard key names one peer, so of the leases with
+//! one key only the first made ([`lease_check::first_made`]) is a peer, and the others are
+//! refused as duplicates. That holds whatever order the leases arrive in: a lease made before
+//! the peer that has its key takes the key over, and when the holder goes away (or changes its
+//! key) the next one in line becomes the peer with that very event.
 
 use crate::lease::Lease;
 use crate::lease_check::{self, LeaseRules, Rejection};
 use crate::registry::{LeaseEvent, LeaseNamer};
 use ipnet::Ipv4Net;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use twill_dataplane::engine::wireguard::PublicKey;
 
 /// A lease that was refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +33,13 @@ pub struct Peers {
     refused: BTreeMap<Ipv4Net, Refused>,
     /// Entries among the leases that are not leases at all: key, and what is wrong.
     unreadable: BTreeMap<String, String>,
+    /// The subnet of the accepted lease that has each WireGuard key.
+    keys: HashMap<PublicKey, Ipv4Net>,
 }
+
+/// The subnets one event changed, each with its accepted lease before the event.
+#[derive(Default)]
+struct Touched(Vec<(Ipv4Net, Option<Lease>)>);
 
 impl Peers {
     pub fn new(rules: LeaseRules, namer: LeaseNamer) -> Peers {
@@ -36,19 +49,19 @@ impl Peers {
             accepted: BTreeMap::new(),
             refused: BTreeMap::new(),
             unreadable: BTreeMap::new(),
+            keys: HashMap::new(),
         }
     }
 
     /// Turns a registry event into the event the backend must see, if any: refused leases are
-    /// left out, and a refused lease that goes away changes nothing.
+    /// left out, and a refused lease that goes away changes nothing. An event that changes more
+    /// than one peer (a key passing from one lease to another) reaches the backend as a
+    /// snapshot of all accepted leases.
     pub fn admit(&mut self, event: LeaseEvent) -> Option<LeaseEvent> {
         match event {
             LeaseEvent::Snapshot(all) => Some(LeaseEvent::Snapshot(self.replace_all(all))),
             LeaseEvent::Added(lease) => self.add(lease),
-            LeaseEvent::Removed(lease) => {
-                self.refused.remove(&lease.subnet);
-                self.accepted.remove(&lease.subnet).map(LeaseEvent::Removed)
-            }
+            LeaseEvent::Removed(lease) => self.remove(lease.subnet),
             LeaseEvent::Unreadable { key, why } => {
                 match why {
                     Some(why) => self.unreadable.insert(key, why),
@@ -63,38 +76,96 @@ impl Peers {
         }
     }
 
-    fn replace_all(&mut self, all: Vec<Lease>) -> Vec<Lease> {
+    /// Checks every lease afresh, the first made first, so that of two leases with one key
+    /// the first made is accepted and the other refused, as the events would have left them.
+    fn replace_all(&mut self, mut all: Vec<Lease>) -> Vec<Lease> {
         let mut refused = std::mem::take(&mut self.refused);
         self.accepted.clear();
+        self.keys.clear();
+        all.sort_by(lease_check::by_creation);
         for lease in all {
-            match lease_check::admit(&self.rules, &self.accepted, &lease) {
-                Ok(()) => {
-                    self.accepted.insert(lease.subnet, lease);
-                }
-                Err(reason) => {
-                    let known = refused.remove(&lease.subnet);
-                    self.refuse(lease, reason, known.as_ref());
-                }
-            }
+            let known = refused.remove(&lease.subnet);
+            self.judge(lease, known.as_ref(), &mut Touched::default());
         }
         self.accepted.values().cloned().collect()
     }
 
     fn add(&mut self, lease: Lease) -> Option<LeaseEvent> {
-        let subnet = lease.subnet;
-        match lease_check::admit(&self.rules, &self.accepted, &lease) {
-            Ok(()) => {
-                self.refused.remove(&subnet);
-                self.accepted.insert(subnet, lease.clone());
-                Some(LeaseEvent::Added(lease))
-            }
-            Err(reason) => {
-                let known = self.refused.remove(&subnet);
-                self.refuse(lease, reason, known.as_ref());
-                // The key that held a good lease now holds a bad one: its old owner is gone.
-                self.accepted.remove(&subnet).map(LeaseEvent::Removed)
-            }
+        let (subnet, mut touched) = (lease.subnet, Touched::default());
+        let known = self.refused.remove(&subnet);
+        // The key that held a good lease now holds another: its old owner is gone.
+        let vacated = self.unaccept(subnet, &mut touched);
+        self.judge(lease, known.as_ref(), &mut touched);
+        if let Some(key) = vacated.filter(|k| self.keys.get(k) != Some(&subnet)) {
+            self.settle(key, &mut touched);
         }
+        self.events(subnet, touched)
+    }
+
+    fn remove(&mut self, subnet: Ipv4Net) -> Option<LeaseEvent> {
+        let mut touched = Touched::default();
+        self.refused.remove(&subnet);
+        if let Some(key) = self.unaccept(subnet, &mut touched) {
+            self.settle(key, &mut touched);
+        }
+        self.events(subnet, touched)
+    }
+
+    /// Accepts or refuses `lease`, whose subnet holds no accepted lease now. Of two leases with
+    /// one key the first made wins, even over one accepted already.
+    fn judge(&mut self, lease: Lease, known: Option<&Refused>, touched: &mut Touched) {
+        let key = match lease_check::admit_keyed(&self.rules, &self.accepted, &lease) {
+            Ok(key) => key,
+            Err(reason) => return self.refuse(lease, reason, known),
+        };
+        let Some((key, first)) = key.and_then(|k| Some((k, *self.keys.get(&k)?))) else {
+            return self.accept(lease, key, touched);
+        };
+        let holder = self.accepted[&first].clone();
+        if !lease_check::first_made(&lease, &holder) {
+            return self.refuse(lease, Rejection::DuplicateKey { key, first }, known);
+        }
+        let to = lease.subnet;
+        self.unaccept(first, touched);
+        self.accept(lease, Some(key), touched);
+        self.refuse(holder, Rejection::DuplicateKey { key, first: to }, None);
+        // The leases refused as duplicates of the old holder now name the new one.
+        self.settle(key, touched);
+    }
+
+    /// Checks again, first made first, every lease refused because another had `key`: the
+    /// first becomes its peer if none has it now, and the rest name the one that has.
+    fn settle(&mut self, key: PublicKey, touched: &mut Touched) {
+        let waiting = self
+            .refused
+            .values()
+            .filter(|r| matches!(r.reason, Rejection::DuplicateKey { key: k, .. } if k == key));
+        let mut waiting: Vec<Lease> = waiting.map(|r| r.lease.clone()).collect();
+        waiting.sort_by(lease_check::by_creation);
+        for lease in waiting {
+            let known = self.refused.remove(&lease.subnet);
+            self.judge(lease, known.as_ref(), touched);
+        }
+    }
+
+    fn accept(&mut self, lease: Lease, key: Option<PublicKey>, touched: &mut Touched) {
+        touched.note(lease.subnet, &self.accepted);
+        if let Some(key) = key {
+            self.keys.insert(key, lease.subnet);
+        }
+        self.accepted.insert(lease.subnet, lease);
+    }
+
+    /// Takes the accepted lease at `subnet` away; the WireGuard key it leaves free, if any.
+    fn unaccept(&mut self, subnet: Ipv4Net, touched: &mut Touched) -> Option<PublicKey> {
+        touched.note(subnet, &self.accepted);
+        let lease = self.accepted.remove(&subnet)?;
+        let key = lease_check::wireguard_key(&lease)?;
+        if self.keys.get(&key) != Some(&subnet) {
+            return None;
+        }
+        self.keys.remove(&key);
+        Some(key)
     }
 
     /// Notes a refusal, warning once per lease and reason (a periodic re-list repeats them).
@@ -108,6 +179,28 @@ impl Peers {
             );
         }
         self.refused.insert(refused.lease.subnet, refused);
+    }
+
+    /// What the backend must hear of an event about `subnet`: that lease as it is now (added,
+    /// changed or removed), or, when the event changed other peers too, every accepted lease.
+    fn events(&self, subnet: Ipv4Net, touched: Touched) -> Option<LeaseEvent> {
+        let mut changes: Vec<LeaseEvent> = touched
+            .0
+            .into_iter()
+            .filter_map(|(s, before)| match (before, self.accepted.get(&s)) {
+                (Some(before), None) => Some(LeaseEvent::Removed(before)),
+                (before, Some(now)) if s == subnet || before.as_ref() != Some(now) => {
+                    Some(LeaseEvent::Added(now.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        match changes.len() {
+            0 | 1 => changes.pop(),
+            _ => Some(LeaseEvent::Snapshot(
+                self.accepted.values().cloned().collect(),
+            )),
+        }
     }
 
     /// The leases the backend has, lowest subnet first.
@@ -129,6 +222,15 @@ impl Peers {
     }
 }
 
+impl Touched {
+    /// Remembers what `subnet` held before this event, the first time it changes.
+    fn note(&mut self, subnet: Ipv4Net, accepted: &BTreeMap<Ipv4Net, Lease>) {
+        if !self.0.iter().any(|(s, _)| *s == subnet) {
+            self.0.push((subnet, accepted.get(&subnet).cloned()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +249,7 @@ mod tests {
             subnet_len: 24,
             own_subnet: "10.5.1.0/24".parse().unwrap(),
             own_public_ip: "10.200.0.1".parse().unwrap(),
+            own_key: None,
         };
         Peers::new(rules, LeaseNamer::default())
     }
@@ -210,5 +313,116 @@ mod tests {
         assert_eq!(peers.unreadable().count(), 1);
         assert_eq!(peers.admit(LeaseEvent::Unreadable { key, why: None }), None);
         assert_eq!(peers.unreadable().count(), 0);
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::*;
+    use crate::lease::{Created, LeaseAttrs};
+
+    const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+    const OTHER: &str = "KCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4/QEFCQ0RFRkc=";
+
+    /// A wireguard lease at `10.5.<third>.0/24` with `key`, made at etcd revision `made`.
+    fn wg(third: u8, key: &str, made: i64) -> Lease {
+        let subnet = format!("10.5.{third}.0/24").parse().unwrap();
+        let ip = format!("10.200.0.{third}").parse().unwrap();
+        Lease::new(subnet, LeaseAttrs::wireguard(ip, key, 51820)).with_created(Created::at(made))
+    }
+
+    fn peers() -> Peers {
+        let rules = LeaseRules {
+            network: "10.5.0.0/16".parse().unwrap(),
+            subnet_len: 24,
+            own_subnet: "10.5.1.0/24".parse().unwrap(),
+            own_public_ip: "10.200.0.1".parse().unwrap(),
+            own_key: None,
+        };
+        Peers::new(rules, LeaseNamer::default())
+    }
+
+    fn subnets<'a>(leases: impl Iterator<Item = &'a Lease>) -> Vec<String> {
+        leases.map(|l| l.subnet.to_string()).collect()
+    }
+
+    fn refusal(peers: &Peers) -> Vec<(String, String)> {
+        let refused = peers.refused();
+        refused
+            .map(|r| (r.lease.subnet.to_string(), r.reason.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() {
+        let (real, copy) = (wg(3, KEY, 5), wg(0, KEY, 9));
+        let mut peers = peers();
+        let event = peers.admit(LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]));
+        assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+        let why = format!(
+            "its PublicKey \"{KEY}\" is already the key of the lease 10.5.3.0/24, made before it: \
+             a WireGuard key can be only one peer"
+        );
+        assert_eq!(refusal(&peers), [("10.5.0.0/24".into(), why.clone())]);
+
+        // The same, lease by lease, in either order.
+        let mut in_order = self::peers();
+        assert!(in_order.admit(LeaseEvent::Added(real.clone())).is_some());
+        assert_eq!(in_order.admit(LeaseEvent::Added(copy.clone())), None);
+        let mut reversed = self::peers();
+        reversed.admit(LeaseEvent::Added(copy.clone()));
+        let event = reversed.admit(LeaseEvent::Added(real.clone()));
+        assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+        for p in [&in_order, &reversed] {
+            assert_eq!(subnets(p.accepted()), ["10.5.3.0/24"]);
+            assert_eq!(refusal(p), [("10.5.0.0/24".into(), why.clone())]);
+        }
+    }
+
+    #[test]
+    fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
+        let (first, second, third) = (wg(3, KEY, 5), wg(4, KEY, 7), wg(2, KEY, 9));
+        let mut peers = peers();
+        peers.admit(LeaseEvent::Snapshot(vec![
+            third.clone(),
+            second.clone(),
+            first.clone(),
+        ]));
+        let event = peers.admit(LeaseEvent::Removed(first.clone()));
+        let swap = Some(LeaseEvent::Snapshot(vec![second.clone()]));
+        assert_eq!(event, swap, "one event: the old peer out, the next one in");
+        let left = refusal(&peers);
+        assert_eq!(left.len(), 1);
+        assert!(
+            left[0].1.contains("key of the lease 10.5.4.0/24"),
+            "{left:?}"
+        );
+
+        let rekeyed = wg(4, OTHER, 7);
+        let event = peers.admit(LeaseEvent::Added(rekeyed.clone()));
+        assert_eq!(event, Some(LeaseEvent::Snapshot(vec![third, rekeyed])));
+        assert!(peers.refused().next().is_none());
+    }
+
+    #[test]
+    fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
+        let mut peers = peers();
+        let real = wg(3, KEY, 5);
+        peers.admit(LeaseEvent::Added(real.clone()));
+        let mut moved = real.clone();
+        moved.public_ip = "10.200.0.33".parse().unwrap();
+        let event = peers.admit(LeaseEvent::Added(moved.clone()));
+        assert_eq!(event, Some(LeaseEvent::Added(moved)));
+        let udp = Lease::new(
+            "10.5.9.0/24".parse().unwrap(),
+            LeaseAttrs::udp("10.200.0.9".parse().unwrap()),
+        );
+        let twin = Lease {
+            subnet: "10.5.8.0/24".parse().unwrap(),
+            ..udp.clone()
+        };
+        peers.admit(LeaseEvent::Added(udp));
+        assert!(peers.admit(LeaseEvent::Added(twin)).is_some());
+        assert_eq!(peers.accepted().count(), 3);
     }
 }

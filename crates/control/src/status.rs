@@ -1,15 +1,17 @@
 //! What a running node tells operators: `/healthz` (flannel's), Prometheus `/metrics`, and
-//! `/status` (JSON, what `twill status` prints).
+//! `/status` (JSON, what `twill status` prints). `server` serves them.
 
 mod prometheus;
+mod server;
+
+pub use server::{
+    raise_open_files_limit, HEADER_READ_TIMEOUT, MAX_CONNECTIONS, MAX_CONNECTION_TIME,
+};
 
 use crate::lease::Lease;
 use crate::peers::{Peers, Refused};
 use crate::registry::{LeaseEvent, LeaseNamer};
-use crate::traffic::RulesStatus;
-use axum::extract::State;
-use axum::routing::get;
-use axum::{Json, Router};
+use serde::Serialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -20,6 +22,25 @@ use twill_dataplane::table::SharedTable;
 
 /// Default address of the status server; loopback, since it is for this host's operator.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9585";
+
+/// One address the status server listens on, and what it answers there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusAddr {
+    /// `--status-addr`: `/status`, `/metrics` and `/healthz`.
+    Status(SocketAddr),
+    /// flannel's `--healthz-ip`:`--healthz-port`: `/healthz` alone, as flanneld serves there
+    /// (404 for anything else). It listens on every address by default, so the node's peers,
+    /// leases and counters are not served on it.
+    Healthz(SocketAddr),
+}
+
+impl StatusAddr {
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            StatusAddr::Status(addr) | StatusAddr::Healthz(addr) => addr,
+        }
+    }
+}
 
 /// The node's state as the daemon last saw it. The peer leases live here, not in a copy, so
 /// a lease event costs the same however many peers there are.
@@ -43,6 +64,8 @@ pub struct NodeStatus {
     reconciles: RwLock<Reconciles>,
     /// Requests that changed kernel state (routes, neighbours, fdb, devices), since start.
     kernel_writes: AtomicU64,
+    /// Status server connections closed to keep their number at [`MAX_CONNECTIONS`].
+    connections_evicted: AtomicU64,
 }
 
 /// The backend's reconciles so far: at start, after every re-list and periodically.
@@ -53,6 +76,20 @@ pub struct Reconciles {
     pub last: Duration,
     /// Kernel writes the last one made: 0 when the kernel already matched the leases.
     pub last_writes: u64,
+}
+
+/// What `twill status` shows of twill's nftables rules (the traffic module keeps it current).
+#[derive(Debug, Clone, Serialize)]
+pub struct RulesStatus {
+    pub table: String,
+    pub ip_masq: bool,
+    pub forward_rules: bool,
+    /// The table holds exactly what twill wrote, as of the last check.
+    pub in_place: bool,
+    /// How often the table had to be written again since start.
+    pub repairs: u64,
+    /// Why the last check or repair failed, if it did.
+    pub error: Option<String>,
 }
 
 impl NodeStatus {
@@ -225,35 +262,28 @@ fn counters_json(table: &SharedTable, stats: &EngineStats) -> Value {
     })
 }
 
-/// Serve the status endpoints on `addr` until the runtime stops.
-pub async fn serve(addr: SocketAddr, status: Arc<NodeStatus>) -> anyhow::Result<()> {
-    let app = Router::new()
-        .route(
-            "/healthz",
-            get(|State(s): State<Arc<NodeStatus>>| async move { s.health() }),
-        )
-        .route(
-            "/metrics",
-            get(|State(s): State<Arc<NodeStatus>>| async move { s.to_prometheus() }),
-        )
-        .route(
-            "/status",
-            get(|State(s): State<Arc<NodeStatus>>| async move { Json(s.to_json()) }),
-        )
-        .with_state(status);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for status: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!("status server stopped: {e}");
-        }
-    });
-    Ok(())
+/// Serve the status endpoints on `addr` (all of them, or `/healthz` alone) until the runtime
+/// stops. Fails only when `addr` cannot be listened on.
+pub async fn serve(addr: StatusAddr, status: Arc<NodeStatus>) -> anyhow::Result<()> {
+    server::serve(addr, status).await
 }
+
+/// How long `twill status` waits for the node's answer.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// GET `/status` from a running node and pretty-print it, for `twill status`.
 pub async fn fetch(addr: SocketAddr) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let body = tokio::time::timeout(FETCH_TIMEOUT, get_status(addr))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!("the node on {addr} did not answer within {FETCH_TIMEOUT:?}")
+        })??;
+    let value: Value = serde_json::from_slice(&body).context("status is not JSON")?;
+    Ok(serde_json::to_string_pretty(&value)?)
+}
+
+async fn get_status(addr: SocketAddr) -> anyhow::Result<axum::body::Bytes> {
     use anyhow::Context;
     use http_body_util::{BodyExt, Empty};
     let stream = tokio::net::TcpStream::connect(addr)
@@ -266,7 +296,12 @@ pub async fn fetch(addr: SocketAddr) -> anyhow::Result<String> {
         .header("host", addr.to_string())
         .body(Empty::<axum::body::Bytes>::new())?;
     let response = sender.send_request(request).await?;
-    let body = response.into_body().collect().await?.to_bytes();
-    let value: Value = serde_json::from_slice(&body).context("status is not JSON")?;
-    Ok(serde_json::to_string_pretty(&value)?)
+    let code = response.status();
+    if !code.is_success() {
+        anyhow::bail!(
+            "{addr} answered {code} to GET /status (a --healthz-port serves /healthz alone: \
+             give the node's --status-addr)"
+        );
+    }
+    Ok(response.into_body().collect().await?.to_bytes())
 }

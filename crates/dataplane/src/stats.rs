@@ -42,10 +42,14 @@ pub enum DropReason {
     /// gone, or a packet beyond the 256 that may wait for a peer's handshake, or one still
     /// waiting when the handshake gave up.
     NoSession,
+    /// A WireGuard handshake message not taken up because handshakes came too fast: while
+    /// this node is under load, one without a cookie (it is answered with one instead), and
+    /// one with a cookie beyond its source address's share.
+    HandshakeFlood,
 }
 
 impl DropReason {
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 15] = [
         DropReason::UnknownPeer,
         DropReason::SpoofedSource,
         DropReason::Malformed,
@@ -60,6 +64,7 @@ impl DropReason {
         DropReason::BadMac,
         DropReason::Replay,
         DropReason::NoSession,
+        DropReason::HandshakeFlood,
     ];
 
     /// The label used in logs, `twill status` and Prometheus metrics.
@@ -79,6 +84,7 @@ impl DropReason {
             DropReason::BadMac => "bad_mac",
             DropReason::Replay => "replay",
             DropReason::NoSession => "no_session",
+            DropReason::HandshakeFlood => "handshake_flood",
         }
     }
 }

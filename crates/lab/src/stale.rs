@@ -73,20 +73,6 @@ fn is_dead(pid: u32) -> bool {
     !Path::new(&format!("/proc/{pid}")).exists()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn owners_are_parsed_only_from_lab_names() {
-        assert_eq!(ns_owner("tw123-4-two-h1"), Some(123));
-        assert_eq!(ns_owner("tw123-x-two"), None);
-        assert_eq!(ns_owner("twill"), None);
-        assert_eq!(temp_owner("twill-lab-77-abc"), Some(77));
-        assert_eq!(temp_owner("twill-77-abc"), None);
-    }
-}
-
 /// Kills what still runs inside (a namespace with live processes outlives `ip netns del`, and so
 /// would its interfaces), then removes the name.
 pub(crate) fn delete(name: &str) -> Result<()> {
@@ -102,4 +88,18 @@ pub(crate) fn delete(name: &str) -> Result<()> {
     }
     run(std::process::Command::new("ip").args(["netns", "del", name]))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_parsed_only_from_lab_names() {
+        assert_eq!(ns_owner("tw123-4-two-h1"), Some(123));
+        assert_eq!(ns_owner("tw123-x-two"), None);
+        assert_eq!(ns_owner("twill"), None);
+        assert_eq!(temp_owner("twill-lab-77-abc"), Some(77));
+        assert_eq!(temp_owner("twill-77-abc"), None);
+    }
 }

@@ -438,6 +438,7 @@ pub(crate) mod tests {
             public_ip: public_ip.parse().unwrap(),
             backend_type: backend_type.map(Into::into),
             backend_data: None,
+            created: Default::default(),
         }
     }
 

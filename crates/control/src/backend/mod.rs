@@ -5,10 +5,13 @@
 pub mod userspace;
 pub mod wireguard;
 
+pub mod guard;
 pub mod host_gw;
 pub mod ipip;
 pub mod kernel;
 pub mod netlink;
+pub mod sweep;
+pub mod upkeep;
 pub mod vxlan;
 
 use crate::lease::{Lease, LeaseAttrs};

@@ -19,6 +19,7 @@ use super::netlink::{
 };
 use super::Setup;
 use crate::lease::{Lease, LeaseAttrs};
+use crate::node::Node;
 use std::net::Ipv4Addr;
 
 /// IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
@@ -31,6 +32,18 @@ pub struct VxlanConfig {
     pub vni: u32,
     /// `Port`; 0 (the default) leaves it to the kernel, which uses 8472.
     pub port: u16,
+}
+
+impl VxlanConfig {
+    /// The node's network config's, with flannel's defaults for what it leaves out.
+    pub fn of(node: &Node) -> VxlanConfig {
+        let backend = &node.config.backend;
+        let defaults = VxlanConfig::default();
+        VxlanConfig {
+            vni: backend.vni.unwrap_or(defaults.vni),
+            port: backend.port.unwrap_or(defaults.port),
+        }
+    }
 }
 
 impl Default for VxlanConfig {
@@ -289,6 +302,7 @@ mod tests {
             mtu: 1450,
             mac: None,
             kind: LinkKind::Vxlan(p),
+            up: true,
         };
         let reported = VxlanParams {
             port: 8472,

@@ -4,7 +4,7 @@
 use super::{LeaseEvent, Registry, EVENT_QUEUE};
 use crate::config::{Config, DEFAULT_BACKEND};
 use crate::lease::backend_type::TWILL_BATCH;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Created, Lease, LeaseAttrs};
 use crate::lease_check::{self, LeaseRules};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
@@ -46,10 +46,14 @@ impl StaticRegistry {
         if let Some(s) = seen.iter().find(|s| !config.network.contains(*s)) {
             bail!("subnet {s} is outside the network {}", config.network);
         }
+        // The flags' order is the creation order: it settles which of two leases is a peer.
+        let peers = (1..)
+            .zip(peers)
+            .map(|(i, p)| p.with_created(Created::at(i)));
         Ok(StaticRegistry {
             config,
             subnet,
-            peers,
+            peers: peers.collect(),
         })
     }
 }
@@ -122,6 +126,7 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
         backend_type: (backend_type != DEFAULT_BACKEND).then(|| backend_type.as_str().into()),
         backend_data: (!backend_data.is_empty())
             .then(|| serde_json::Value::from(backend_data).into()),
+        created: Default::default(),
     })
 }
 

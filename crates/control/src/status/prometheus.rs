@@ -54,6 +54,11 @@ impl NodeStatus {
             "twill_kernel_writes_total",
             self.kernel_writes.load(Relaxed),
         );
+        counter(
+            &mut out,
+            "twill_status_connections_evicted_total",
+            self.connections_evicted.load(Relaxed),
+        );
         out
     }
 }

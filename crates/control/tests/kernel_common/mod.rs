@@ -178,6 +178,7 @@ pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease
         public_ip: public_ip.parse().unwrap(),
         backend_type: backend_type.map(Into::into),
         backend_data: None,
+        created: Default::default(),
     }
 }
 

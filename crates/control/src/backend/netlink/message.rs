@@ -6,7 +6,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::Ipv4Net;
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoIpTunnel, InfoKind, InfoVxlan, LinkAttribute, LinkInfo, LinkMessage,
+    InfoData, InfoIpTunnel, InfoKind, InfoTun, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage,
 };
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
@@ -16,6 +17,7 @@ use netlink_packet_route::route::{
     RouteType,
 };
 use netlink_packet_route::AddressFamily;
+use rtnetlink::packet_core::Nla;
 use rtnetlink::{LinkIpIp, LinkVxlan, RouteMessageBuilder};
 
 use super::state::*;
@@ -72,20 +74,25 @@ pub(crate) fn parse_link(msg: LinkMessage) -> Link {
         mtu: 0,
         mac: None,
         kind: LinkKind::Other(None),
+        up: msg.header.flags.contains(LinkFlags::Up),
     };
+    let (mut infos, mut carrier) = (Vec::new(), false);
     for attr in msg.attributes {
         match attr {
             LinkAttribute::IfName(name) => link.name = name,
             LinkAttribute::Mtu(mtu) => link.mtu = mtu,
             LinkAttribute::Address(bytes) => link.mac = MacAddr::from_slice(&bytes),
-            LinkAttribute::LinkInfo(infos) => link.kind = parse_kind(infos),
+            LinkAttribute::LinkInfo(i) => infos = i,
+            LinkAttribute::Carrier(on) => carrier = on != 0,
             _ => {}
         }
     }
+    link.kind = parse_kind(infos, carrier);
     link
 }
 
-pub(super) fn parse_kind(infos: Vec<LinkInfo>) -> LinkKind {
+/// `carrier`: a TUN has carrier while a process holds a queue of it, whether it is up or down.
+pub(super) fn parse_kind(infos: Vec<LinkInfo>, carrier: bool) -> LinkKind {
     let mut kind = None;
     let mut data = None;
     for info in infos {
@@ -98,6 +105,11 @@ pub(super) fn parse_kind(infos: Vec<LinkInfo>) -> LinkKind {
     match (kind, data) {
         (Some(InfoKind::Vxlan), Some(InfoData::Vxlan(d))) => LinkKind::Vxlan(parse_vxlan(d)),
         (Some(InfoKind::IpIp), Some(InfoData::IpTunnel(d))) => LinkKind::Ipip(parse_ipip(d)),
+        (Some(InfoKind::Tun), data) => LinkKind::Tun {
+            held: data
+                .and_then(tun_queues)
+                .map_or(carrier, |queues| queues > 0),
+        },
         (kind, _) => LinkKind::Other(kind),
     }
 }
@@ -115,6 +127,26 @@ pub(super) fn parse_vxlan(data: Vec<InfoVxlan>) -> VxlanParams {
         }
     }
     p
+}
+
+/// IFLA_TUN_NUM_QUEUES (linux/if_link.h), which netlink-packet-route leaves unparsed: the
+/// queues processes hold open on a multi-queue TUN (the kernel reports it for those only).
+const IFLA_TUN_NUM_QUEUES: u16 = 8;
+
+fn tun_queues(data: InfoData) -> Option<u32> {
+    let InfoData::Tun(items) = data else {
+        return None;
+    };
+    items.iter().find_map(|item| match item {
+        InfoTun::Other(nla) if nla.kind() == IFLA_TUN_NUM_QUEUES => {
+            let mut value = [0; 4];
+            (nla.value_len() == value.len()).then(|| {
+                nla.emit_value(&mut value);
+                u32::from_ne_bytes(value)
+            })
+        }
+        _ => None,
+    })
 }
 
 pub(super) fn parse_ipip(data: Vec<InfoIpTunnel>) -> IpipParams {
@@ -239,6 +271,29 @@ mod tests {
             parse_link(with_port).kind,
             LinkKind::Vxlan(VxlanParams { port: 4789, .. })
         ));
+    }
+
+    #[test]
+    fn a_tun_is_held_while_a_process_has_a_queue_of_it() {
+        use rtnetlink::packet_core::DefaultNla;
+        let tun = |queues: Option<u32>, carrier: u8| {
+            let mut msg = LinkMessage::default();
+            let data = queues.map(|q| {
+                let nla = DefaultNla::new(IFLA_TUN_NUM_QUEUES, q.to_ne_bytes().to_vec());
+                LinkInfo::Data(InfoData::Tun(vec![InfoTun::Other(nla)]))
+            });
+            let infos = [LinkInfo::Kind(InfoKind::Tun)].into_iter().chain(data);
+            msg.attributes = vec![
+                LinkAttribute::LinkInfo(infos.collect()),
+                LinkAttribute::Carrier(carrier),
+            ];
+            parse_link(msg).kind
+        };
+        // Single-queue TUNs report no queue count: their carrier says it.
+        assert_eq!(tun(None, 1), LinkKind::Tun { held: true });
+        assert_eq!(tun(None, 0), LinkKind::Tun { held: false });
+        assert_eq!(tun(Some(2), 1), LinkKind::Tun { held: true });
+        assert_eq!(tun(Some(0), 1), LinkKind::Tun { held: false });
     }
 
     #[test]

@@ -21,11 +21,13 @@ use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 mod message;
 mod state;
+mod watch;
 mod write;
 pub(crate) use message::parse_link;
 use message::*;
 pub use message::{ipip_link_message, route_message, vxlan_link_message};
 pub use state::*;
+pub use watch::{Notice, Watch};
 pub use write::Write;
 
 /// Connections to the kernel's routing netlink, serviced by tasks on the current tokio runtime:
@@ -74,6 +76,12 @@ impl Netlink {
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Every link of this namespace.
+    pub async fn links(&self) -> io::Result<Vec<Link>> {
+        let msgs = collect(self.handle.link().get().execute()).await?;
+        Ok(msgs.into_iter().map(parse_link).collect())
     }
 
     /// The link `name` that was just created; one that is already gone again is an error.

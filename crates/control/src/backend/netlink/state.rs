@@ -79,6 +79,10 @@ pub struct IpipParams {
 pub enum LinkKind {
     Vxlan(VxlanParams),
     Ipip(IpipParams),
+    /// A TUN, and whether a process holds it open (then it is that process's device).
+    Tun {
+        held: bool,
+    },
     Other(Option<InfoKind>),
 }
 
@@ -89,6 +93,8 @@ pub struct Link {
     pub mtu: u32,
     pub mac: Option<MacAddr>,
     pub kind: LinkKind,
+    /// Administratively up (IFF_UP): the kernel drops every route through a link set down.
+    pub up: bool,
 }
 
 /// A unicast IPv4 route in the main table.

@@ -3,15 +3,18 @@
 //! so the public key in our lease stays the same across restarts.
 
 use anyhow::{anyhow, Context};
-use std::fs::{self, OpenOptions};
-use std::io::{ErrorKind, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs::{self, Metadata, OpenOptions};
+use std::io::{self, ErrorKind, Read, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use twill_dataplane::engine::wireguard::PrivateKey;
 
 pub const DEFAULT_PATH: &str = "/run/flannel/wgkey";
 /// flannel's variable for another path.
 pub const PATH_ENV: &str = "WIREGUARD_KEY_FILE";
+/// The most a key file may hold: a key is 44 characters of base64, and a file written by hand
+/// may add a newline or some spaces. Nothing longer is read.
+const MAX_LEN: u64 = 256;
 
 /// Where the key file is: `$WIREGUARD_KEY_FILE`, else flannel's path.
 pub fn path() -> PathBuf {
@@ -20,18 +23,66 @@ pub fn path() -> PathBuf {
 
 /// The key in `path`, or a new one written there (mode 0400) when the file does not exist.
 pub fn load_or_create(path: &Path) -> anyhow::Result<PrivateKey> {
-    match fs::read_to_string(path) {
+    match read(path) {
         Ok(text) => parse(path, &text),
         Err(e) if e.kind() == ErrorKind::NotFound => create(path),
-        Err(e) => Err(anyhow!(
-            "cannot read the WireGuard key file {}: {e}",
-            path.display()
-        )),
+        Err(e) => Err(unreadable(path, &e)),
+    }
+}
+
+fn unreadable(path: &Path, e: &io::Error) -> anyhow::Error {
+    anyhow!("cannot read the WireGuard key file {}: {e}", path.display())
+}
+
+/// The text of a key file: a regular file of at most [`MAX_LEN`] bytes. Opened without
+/// blocking and looked at before any read, so that a FIFO (which would wait for a writer) or a
+/// device such as /dev/zero (which never ends) is refused at once.
+fn read(path: &Path) -> io::Result<String> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        let why = format!("it is {}, not a regular file", kind(&meta));
+        return Err(io::Error::other(why));
+    }
+    let too_long = || {
+        let why = format!("it is longer than a key file ({MAX_LEN} bytes at most)");
+        io::Error::other(why)
+    };
+    if meta.len() > MAX_LEN {
+        return Err(too_long());
+    }
+    warn_if_readable_by_others(path, &meta);
+    let mut text = String::new();
+    // The file can grow after the look: never read more than a key file holds.
+    file.take(MAX_LEN + 1).read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_LEN {
+        return Err(too_long());
+    }
+    Ok(text)
+}
+
+/// What a file that is not a regular one is, for the error.
+fn kind(meta: &Metadata) -> &'static str {
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "something else"
     }
 }
 
 fn parse(path: &Path, text: &str) -> anyhow::Result<PrivateKey> {
-    warn_if_readable_by_others(path);
     PrivateKey::from_base64(text.trim()).map_err(|e| {
         anyhow!(
             "the WireGuard key file {} holds no key ({e}); remove it to have a new one made",
@@ -53,7 +104,7 @@ fn create(path: &Path) -> anyhow::Result<PrivateKey> {
         .open(path);
     let mut file = match opened {
         Ok(file) => file,
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => return load_or_create(path),
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => return load_existing(path),
         Err(e) => return Err(anyhow!("cannot create {}: {e}", path.display())),
     };
     file.write_all(key.to_base64().as_bytes())
@@ -63,8 +114,14 @@ fn create(path: &Path) -> anyhow::Result<PrivateKey> {
     Ok(key)
 }
 
-fn warn_if_readable_by_others(path: &Path) {
-    let mode = fs::metadata(path).map_or(0, |m| m.permissions().mode() & 0o777);
+/// The file another process made while we were about to: read it, or fail.
+fn load_existing(path: &Path) -> anyhow::Result<PrivateKey> {
+    let text = read(path).map_err(|e| unreadable(path, &e))?;
+    parse(path, &text)
+}
+
+fn warn_if_readable_by_others(path: &Path, meta: &Metadata) {
+    let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
         tracing::warn!(
             path = %path.display(),
@@ -104,6 +161,31 @@ mod tests {
             key.public_key().to_string(),
             "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="
         );
+    }
+
+    #[test]
+    fn what_is_no_regular_file_or_too_long_is_refused_at_once_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let long = dir.path().join("long");
+        fs::write(&long, "x".repeat(10_000)).unwrap();
+        let cases = [
+            (
+                Path::new("/dev/zero"),
+                "is a character device, not a regular file",
+            ),
+            (&fifo, "is a FIFO, not a regular file"),
+            (dir.path(), "is a directory, not a regular file"),
+            (&long, "is longer than a key file (256 bytes at most)"),
+        ];
+        for (path, want) in cases {
+            let started = std::time::Instant::now();
+            let err = load_or_create(path).unwrap_err().to_string();
+            assert!(started.elapsed().as_secs() < 1, "{err}");
+            let named = format!("the WireGuard key file {}: it {want}", path.display());
+            assert!(err.contains(&named), "{err}");
+        }
     }
 
     #[test]

@@ -10,7 +10,6 @@ pub mod keyfile;
 mod peers;
 
 pub use config::WireguardConfig;
-pub(crate) use peers::lease_data;
 
 use super::userspace::tun_mtu;
 use super::{Backend, Setup};

@@ -2,12 +2,11 @@
 //! already refuses a wireguard lease whose data is unusable; a lease of another backend type
 //! is skipped here, with one warning, repeated only when that lease changes.
 
-use crate::lease::{backend_type, BackendData, Lease};
+use crate::lease::{backend_type, Lease};
 use ipnet::Ipv4Net;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
-use twill_dataplane::engine::wireguard::{PublicKey, WgPeerSpec};
+use twill_dataplane::engine::wireguard::WgPeerSpec;
 
 /// What a lease event did to the peers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +108,7 @@ fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
             kind.unwrap_or("udp")
         ));
     }
-    let (public_key, port) = lease_data(lease)?;
+    let (public_key, port) = lease.wireguard_data()?;
     Ok(WgPeerSpec {
         subnet: lease.subnet,
         endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(default_port)),
@@ -117,35 +116,11 @@ fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
     })
 }
 
-/// A wireguard lease's BackendData: its `PublicKey`, and its `Port` if it names one (flannel
-/// before leases carried `Port` did not). [`crate::lease_check`] refuses leases where this
-/// fails, with the reason it gives.
-pub(crate) fn lease_data(lease: &Lease) -> Result<(PublicKey, Option<u16>), String> {
-    let fields = lease.backend_data.as_ref().and_then(BackendData::fields);
-    let field = |name: &str| fields.as_ref()?.get(name);
-    let key = match field("PublicKey") {
-        Some(Value::String(text)) => text
-            .parse::<PublicKey>()
-            .map_err(|e| format!("its PublicKey {text:?} is not a WireGuard key: {e}"))?,
-        Some(other) => return Err(format!("its PublicKey {other} is not a string")),
-        None => return Err("it has no BackendData.PublicKey".into()),
-    };
-    let port = match field("Port") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .and_then(|p| u16::try_from(p).ok())
-                .filter(|&p| p > 0)
-                .ok_or_else(|| format!("its Port {v} is not a UDP port"))?,
-        ),
-    };
-    Ok((key, port))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lease::LeaseAttrs;
+    use serde_json::Value;
 
     const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
 

@@ -179,7 +179,7 @@ impl Keeper {
             }
             let key = key_text(kv.key());
             match event.event_type() {
-                EventType::Put => match self.store.parse(kv.key(), kv.value()) {
+                EventType::Put => match self.store.parse_kv(kv) {
                     Ok(lease) => {
                         self.readable(key).await;
                         self.on_put(lease).await

@@ -3,11 +3,11 @@
 //! Every request has a deadline because a request to an unreachable etcd may otherwise wait
 //! for a connection forever, and the callers must get an error they can log and retry.
 
-use crate::lease::{subnet_key, subnets_prefix, Lease};
+use crate::lease::{subnet_key, subnets_prefix, Created, Lease};
 use anyhow::Context;
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, Txn, TxnOp, WatchClient,
-    WatchOptions, WatchStream,
+    Client, Compare, CompareOp, GetOptions, KeyValue, KvClient, PutOptions, Txn, TxnOp,
+    WatchClient, WatchOptions, WatchStream,
 };
 use ipnet::Ipv4Net;
 use std::future::Future;
@@ -148,7 +148,7 @@ impl Store {
         let mut leases = Vec::with_capacity(resp.kvs().len());
         let mut unreadable = Vec::new();
         for kv in resp.kvs() {
-            match self.parse(kv.key(), kv.value()) {
+            match self.parse_kv(kv) {
                 Ok(lease) => leases.push(Listed {
                     lease,
                     mod_revision: kv.mod_revision(),
@@ -173,15 +173,19 @@ impl Store {
             return Ok(None);
         };
         Ok(Some(Listed {
-            lease: self.parse(kv.key(), kv.value())?,
+            lease: self.parse_kv(kv)?,
             mod_revision: kv.mod_revision(),
         }))
     }
 
-    pub fn parse(&self, key: &[u8], value: &[u8]) -> anyhow::Result<Lease> {
-        let key = std::str::from_utf8(key).context("key is not UTF-8")?;
-        let value = std::str::from_utf8(value).context("value is not UTF-8")?;
-        Ok(Lease::from_kv(&self.prefix, key, value)?)
+    /// The lease an etcd key holds, with the key's create_revision as its creation order: the
+    /// same on every node, kept by every renewal (a put to an existing key), new only when the
+    /// key was deleted or expired and made again.
+    pub fn parse_kv(&self, kv: &KeyValue) -> anyhow::Result<Lease> {
+        let key = std::str::from_utf8(kv.key()).context("key is not UTF-8")?;
+        let value = std::str::from_utf8(kv.value()).context("value is not UTF-8")?;
+        let lease = Lease::from_kv(&self.prefix, key, value)?;
+        Ok(lease.with_created(Created::at(kv.create_revision())))
     }
 
     pub fn parse_key(&self, key: &[u8]) -> anyhow::Result<Ipv4Net> {

@@ -5,7 +5,7 @@
 //! annotations, written exactly as flanneld v0.28.9 writes them (`backend-type` is empty for
 //! udp, `backend-data` is the JSON text `null` for backends without data).
 
-use crate::lease::{BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
 use anyhow::bail;
 use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::Node;
@@ -93,7 +93,7 @@ impl Annotations {
             backend_type: backend_type.map(Arc::from),
             backend_data,
         };
-        Ok(Lease::new(subnet, attrs))
+        Ok(Lease::new(subnet, attrs).with_created(created(node)))
     }
 
     /// The annotations this node must carry for `attrs`, as flanneld writes them; an operator's
@@ -127,6 +127,17 @@ impl Annotations {
             .filter(|(k, v)| current.and_then(|a| a.get(k)) != Some(v))
             .collect()
     }
+}
+
+/// A Node lease's creation order: the Node's creationTimestamp, ties broken by its name. The API
+/// server sets both once, so every node reads the same order.
+fn created(node: &Node) -> Created {
+    let meta = &node.metadata;
+    let at = meta
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second());
+    Created::named(at, meta.name.as_deref().unwrap_or_default())
 }
 
 /// The Node's IPv4 pod CIDR: the first IPv4 entry of `spec.podCIDRs`, else `spec.podCIDR`.
@@ -187,6 +198,7 @@ fn normalise(prefix: &str) -> anyhow::Result<String> {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
 
     fn node(cidr: Option<&str>, annotations: &[(&str, &str)]) -> Node {
@@ -247,6 +259,31 @@ mod tests {
             a.node_lease(&n),
             NodeLease::Lease(Lease::new("10.244.3.0/24".parse().unwrap(), want))
         );
+    }
+
+    #[test]
+    fn a_node_lease_is_created_when_its_node_was_and_ties_go_by_name() {
+        let a = Annotations::new(DEFAULT_PREFIX).unwrap();
+        let managed = [
+            ("flannel.alpha.coreos.com/kube-subnet-manager", "true"),
+            ("flannel.alpha.coreos.com/public-ip", "10.200.0.3"),
+        ];
+        let made_at = |name: &str, second: i64| {
+            let mut n = node(Some("10.244.3.0/24"), &managed);
+            n.metadata.name = Some(name.into());
+            let at = k8s_openapi::jiff::Timestamp::from_second(second).unwrap();
+            n.metadata.creation_timestamp = Some(Time(at));
+            match a.node_lease(&n) {
+                NodeLease::Lease(lease) => lease.created,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(
+            made_at("n1", 1_700_000_000),
+            Created::named(1_700_000_000, "n1")
+        );
+        assert!(made_at("b", 5) < made_at("a", 6), "the older Node first");
+        assert!(made_at("a", 5) < made_at("b", 5), "then by name");
     }
 
     #[test]

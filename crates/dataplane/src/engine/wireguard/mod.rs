@@ -6,6 +6,7 @@
 //! UDP -> TUN, timers) are plain async fns, declared as directions in [`directions`] and run
 //! each on its own thread ([`crate::engine::directions`]).
 
+mod flood;
 pub mod keys;
 mod open;
 pub mod pair;
@@ -69,19 +70,26 @@ impl WireGuard {
     /// routing table the engine's counters hang on.
     pub fn set_peers(&self, specs: &[WgPeerSpec]) {
         self.peers.set(specs);
-        let routes: Vec<PeerSpec> = specs
-            .iter()
-            .map(|s| PeerSpec {
-                subnet: s.subnet,
-                endpoint: s.endpoint,
-                version: 0,
-            })
-            .collect();
+        let routes: Vec<PeerSpec> = specs.iter().map(route).collect();
         self.engine.table().set_peers(&routes);
     }
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+}
+
+/// A peer's entry in the routing table, which finds it by subnet for sending and holds its
+/// counters. The table keeps one peer per endpoint, for the engines that tell peers apart by
+/// the address a datagram comes from; WireGuard tells them apart by key, and two nodes behind
+/// one NAT publish one `PublicIP:Port`. So the entry's endpoint names the subnet instead
+/// (`10.5.2.0:0`, port 0 being no one's): where datagrams go is the peer's own business
+/// ([`WgPeer::endpoint`], which follows roaming).
+fn route(spec: &WgPeerSpec) -> PeerSpec {
+    PeerSpec {
+        subnet: spec.subnet,
+        endpoint: SocketAddrV4::new(spec.subnet.network(), 0),
+        version: 0,
     }
 }
 

@@ -3,6 +3,7 @@
 //! authenticate and decrypt it, then check the inner packet against the peer's allowed IPs.
 //! No I/O here: the engine's receive direction, the fuzz target and the benchmarks all drive it.
 
+use super::flood::{Gate, Verdict};
 use super::peers::{PeerMap, TunnelParams, WgPeer};
 use super::PublicKey;
 use crate::engine::check_from;
@@ -10,14 +11,9 @@ use crate::stats::DropReason;
 use crate::wire::ipv4::Ipv4Packet;
 use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
-use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
 use std::net::{IpAddr, SocketAddrV4};
-
-/// Handshake initiations this node answers per second before it asks for cookies
-/// (boringtun's device uses the same figure).
-const HANDSHAKES_PER_SECOND: u64 = 100;
 
 /// What became of one datagram.
 #[derive(Debug, Clone, Copy)]
@@ -25,35 +21,47 @@ pub enum Opened<'p> {
     /// An inner packet of this many bytes is at the start of the buffer, from this peer and
     /// inside its allowed IPs.
     Packet(&'p WgPeer, usize),
-    /// Send this many bytes of the buffer back to the sender: a handshake response, a
-    /// keepalive that confirms a session, or a cookie. The peer, if known, may now send what
-    /// waited for the handshake ([`WgPeer::next_staged`]).
+    /// Send this many bytes of the buffer back to the sender: a handshake response, or a
+    /// keepalive that confirms a session. The peer, if known, may now send what waited for
+    /// the handshake ([`WgPeer::next_staged`]).
     Reply(Option<&'p WgPeer>, usize),
+    /// A handshake message not taken up because this node is under load (a `handshake_flood`
+    /// drop): send this many bytes of the buffer, a cookie reply, back to the sender.
+    Cookie(usize),
     /// Authentic, but nothing to deliver (a keepalive, a cookie).
     Nothing,
     Dropped(DropReason),
 }
 
-/// This node's side of every handshake: its keys and the rate limit on initiations.
+/// The kind of message a datagram is, once its peer is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A handshake initiation: the only message that may make a peer's tunnel.
+    Initiation,
+    Response,
+    Other,
+}
+
+/// This node's side of every handshake: its keys and the limit on handshakes.
 pub struct Crypto {
     pub params: TunnelParams,
     public: x25519::PublicKey,
-    limiter: RateLimiter,
+    gate: Gate,
 }
 
 impl Crypto {
     pub fn new(params: TunnelParams) -> Crypto {
         let public = x25519::PublicKey::from(params.private_key.public_key().0);
         Crypto {
-            limiter: RateLimiter::new(&public, HANDSHAKES_PER_SECOND),
+            gate: Gate::new(&public),
             public,
             params,
         }
     }
 
-    /// Starts a new second of the handshake rate limit; call about once a second.
+    /// Starts a new second of the handshake limit when one is over; call a few times a second.
     pub fn reset_rate_limit(&self) {
-        self.limiter.reset_count();
+        self.gate.tick();
     }
 
     /// Authenticate and decrypt `datagram`, which came from `from`, into `dst` (at least as
@@ -66,14 +74,17 @@ impl Crypto {
         dst: &mut [u8],
         mtu: usize,
     ) -> Opened<'p> {
-        let (peer, initiation) = match self.sender(peers, from, datagram, dst) {
+        let (peer, kind) = match self.sender(peers, from, datagram, dst) {
             Ok(found) => found,
             Err(opened) => return opened,
         };
         let source = Some(IpAddr::V4(*from.ip()));
-        let result = peer.with_tunnel(&self.params, initiation, |tunn| {
+        let result = peer.with_tunnel(&self.params, kind == Kind::Initiation, |tunn| {
             Outcome::of(tunn.decapsulate(source, datagram, dst))
         });
+        if kind == Kind::Response {
+            peer.note_response(matches!(result, Some(Ok(_))));
+        }
         let outcome = match result {
             None => return Opened::Dropped(DropReason::NoSession),
             Some(Err(reason)) => return Opened::Dropped(reason),
@@ -91,54 +102,61 @@ impl Crypto {
         }
     }
 
-    /// The peer a datagram comes from, and whether it is a handshake initiation (the only
-    /// message that may make a peer's tunnel).
+    /// The peer a datagram comes from, and what kind of message it is. Handshake messages pass
+    /// the node's handshake limit first.
     fn sender<'p>(
         &self,
         peers: &'p PeerMap,
         from: SocketAddrV4,
         datagram: &[u8],
         dst: &mut [u8],
-    ) -> Result<(&'p WgPeer, bool), Opened<'p>> {
-        let receiver = match Tunn::parse_incoming_packet(datagram) {
+    ) -> Result<(&'p WgPeer, Kind), Opened<'p>> {
+        let (receiver, kind) = match Tunn::parse_incoming_packet(datagram) {
             Err(_) => return Err(Opened::Dropped(DropReason::Malformed)),
             Ok(Packet::HandshakeInit(_)) => return self.initiator(peers, from, datagram, dst),
-            Ok(Packet::HandshakeResponse(p)) => p.receiver_idx,
-            Ok(Packet::PacketCookieReply(p)) => p.receiver_idx,
-            Ok(Packet::PacketData(p)) => p.receiver_idx,
+            Ok(Packet::HandshakeResponse(p)) => {
+                self.admit_handshake(from, datagram, dst)?;
+                (p.receiver_idx, Kind::Response)
+            }
+            Ok(Packet::PacketCookieReply(p)) => (p.receiver_idx, Kind::Other),
+            Ok(Packet::PacketData(p)) => (p.receiver_idx, Kind::Other),
         };
         let peer = peers.by_receiver(receiver);
-        peer.map(|p| (p, false))
+        peer.map(|p| (p, kind))
             .ok_or(Opened::Dropped(DropReason::UnknownPeer))
     }
 
-    /// A handshake initiation names its sender only inside: check its MAC and the rate limit
-    /// first (cheap), then decrypt the sender's static key (one Diffie-Hellman).
+    /// A handshake initiation names its sender only inside: check its MAC and the handshake
+    /// limit first (cheap), then decrypt the sender's static key (one Diffie-Hellman).
     fn initiator<'p>(
         &self,
         peers: &'p PeerMap,
         from: SocketAddrV4,
         datagram: &[u8],
         dst: &mut [u8],
-    ) -> Result<(&'p WgPeer, bool), Opened<'p>> {
-        let verified = self
-            .limiter
-            .verify_packet(Some(IpAddr::V4(*from.ip())), datagram, dst);
-        let init = match verified {
-            Ok(Packet::HandshakeInit(init)) => init,
-            Ok(_) => return Err(Opened::Dropped(DropReason::Malformed)),
-            Err(TunnResult::WriteToNetwork(cookie)) => {
-                return Err(Opened::Reply(None, cookie.len()))
-            }
-            Err(TunnResult::Err(e)) => return Err(Opened::Dropped(reason(&e))),
-            Err(_) => return Err(Opened::Dropped(DropReason::Malformed)),
+    ) -> Result<(&'p WgPeer, Kind), Opened<'p>> {
+        let Packet::HandshakeInit(init) = self.admit_handshake(from, datagram, dst)? else {
+            return Err(Opened::Dropped(DropReason::Malformed));
         };
         let secret = self.params.private_key.secret();
         let half = parse_handshake_anon(secret, &self.public, &init)
             .map_err(|e| Opened::Dropped(reason(&e)))?;
         let peer = peers.by_key(&PublicKey(half.peer_static_public));
-        peer.map(|p| (p, true))
+        peer.map(|p| (p, Kind::Initiation))
             .ok_or(Opened::Dropped(DropReason::UnknownPeer))
+    }
+
+    fn admit_handshake<'a>(
+        &self,
+        from: SocketAddrV4,
+        datagram: &'a [u8],
+        dst: &mut [u8],
+    ) -> Result<Packet<'a>, Opened<'static>> {
+        match self.gate.check(from, datagram, dst) {
+            Verdict::Pass(packet) => Ok(packet),
+            Verdict::Cookie(len) => Err(Opened::Cookie(len)),
+            Verdict::Dropped(reason) => Err(Opened::Dropped(reason)),
+        }
     }
 }
 

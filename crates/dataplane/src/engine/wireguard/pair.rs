@@ -63,7 +63,7 @@ impl Node {
         let peers = self.peers.load();
         match self.crypto.open(&peers, from, datagram, dst, MTU) {
             Opened::Packet(peer, len) => Received::Packet(peer.subnet, len),
-            Opened::Reply(_, len) => Received::Reply(len),
+            Opened::Reply(_, len) | Opened::Cookie(len) => Received::Reply(len),
             Opened::Nothing => Received::Nothing,
             Opened::Dropped(reason) => Received::Dropped(reason),
         }
@@ -262,6 +262,58 @@ mod tests {
         );
         b.open(roamed, &datagram(&a, &b, 100), &mut vec![0u8; 2048]);
         assert_eq!(endpoint(), roamed);
+    }
+
+    /// `b` opens `datagram` from `from` `n` times; how often each came out.
+    fn flood(b: &Node, from: SocketAddrV4, datagram: &[u8], n: usize) -> Vec<Received> {
+        let mut out = vec![0u8; 2048];
+        (0..n).map(|_| b.open(from, datagram, &mut out)).collect()
+    }
+
+    #[test]
+    fn under_load_an_address_gets_cookies_then_its_share_and_a_proven_peer_gets_through() {
+        use super::super::flood::{HANDSHAKES_PER_SECOND, SOURCE_BURST};
+        let (a, b) = connected(None, None);
+        let mut buf = vec![0u8; 2048];
+        let init = initiation(&a, &b, &mut buf).unwrap();
+        let replayed = buf[..init].to_vec();
+        // a's initiation over and over from elsewhere, as anyone who saw it can send it.
+        let attacker = SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 66), 40000);
+        let (load, burst) = (HANDSHAKES_PER_SECOND as usize, SOURCE_BURST as usize);
+        let results = flood(&b, attacker, &replayed, load + 20);
+        let flood_drop = Received::Dropped(DropReason::HandshakeFlood);
+        assert!(!results[..load].contains(&flood_drop));
+        let (cookies, refused) = results[load..].split_at(burst);
+        assert!(
+            cookies.iter().all(|r| *r == Received::Reply(64)),
+            "{cookies:?}"
+        );
+        assert!(refused.iter().all(|r| *r == flood_drop), "{refused:?}");
+
+        // a, from its own address, takes a cookie and initiates again: its address is proven,
+        // and the handshake completes although b is under load, and a's own tunnel at b took
+        // the whole flood (a tunnel of its own judging load would answer with its own cookie).
+        let mut cookie = vec![0u8; 2048];
+        let Received::Reply(len) = b.open(a.addr, &replayed, &mut cookie) else {
+            panic!("no cookie");
+        };
+        assert_eq!(a.open(b.addr, &cookie[..len], &mut buf), Received::Nothing);
+        let init = initiation(&a, &b, &mut buf).unwrap();
+        let proven = buf[..init].to_vec();
+        let mut out = vec![0u8; 2048];
+        let Received::Reply(len) = b.open(a.addr, &proven, &mut out) else {
+            panic!("the proven initiation was not answered");
+        };
+        assert_eq!(len, 92, "a handshake response, not another cookie");
+        assert!(matches!(
+            a.open(b.addr, &out[..len], &mut buf),
+            Received::Reply(_)
+        ));
+
+        // Then a's address has the rest of its burst (and what refilled meanwhile), no more.
+        let again = flood(&b, a.addr, &proven, 2 * burst);
+        let refused = again.iter().filter(|r| **r == flood_drop).count();
+        assert!(again[0] != flood_drop && refused >= burst, "{again:?}");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! peers this node talks to.
 
 use super::keys::{PresharedKey, PrivateKey, PublicKey};
+use crate::log_limit::LogLimit;
 use arc_swap::{ArcSwap, Guard};
+use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519;
 use ipnet::Ipv4Net;
@@ -15,12 +17,18 @@ use rustc_hash::FxHashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Packets boringtun keeps for a peer while its handshake runs; it drops more without a word,
 /// so twill counts them (`no_session`).
 const MAX_STAGED: usize = 256;
 /// boringtun keeps the low 8 bits of a session index for the session; the rest name the peer.
 const INDEX_BITS: u32 = 24;
+/// Handshake responses from a peer that fail to authenticate in a row before the log says
+/// so: one can be a forgery, two (the second a retry 5 s later) are the peer's.
+const FAILED_RESPONSES_TO_WARN: u32 = 2;
+/// How often, at most, the log says it again for one peer.
+const FAILED_RESPONSES_WARN_EVERY: Duration = Duration::from_secs(600);
 
 /// What a lease says about a WireGuard peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +60,9 @@ pub struct WgPeer {
     /// from somewhere else (roaming).
     endpoint: AtomicU64,
     tunnel: Mutex<Option<Tunnel>>,
+    /// Handshake responses from it that failed to authenticate since the last good one.
+    failed_responses: AtomicU32,
+    failed_responses_log: LogLimit,
 }
 
 impl std::fmt::Debug for WgPeer {
@@ -104,6 +115,8 @@ impl WgPeer {
             leased: AtomicU64::new(endpoint),
             endpoint: AtomicU64::new(endpoint),
             tunnel: Mutex::new(None),
+            failed_responses: AtomicU32::new(0),
+            failed_responses_log: LogLimit::new(FAILED_RESPONSES_WARN_EVERY),
         }
     }
 
@@ -115,6 +128,30 @@ impl WgPeer {
     /// whether that changed the endpoint.
     pub fn roam(&self, from: SocketAddrV4) -> bool {
         self.endpoint.swap(encode(from), Relaxed) != encode(from)
+    }
+
+    /// Notes how a handshake response from this peer fared. A response that passed the MAC
+    /// keyed to our public key but does not decrypt comes from a node that read our initiation
+    /// and used the right keys, but another preshared key: the log says so, once per peer
+    /// while it lasts (and again every ten minutes at most).
+    pub fn note_response(&self, authentic: bool) {
+        if authentic {
+            self.failed_responses.store(0, Relaxed);
+            return;
+        }
+        let failed = self.failed_responses.fetch_add(1, Relaxed) + 1;
+        if failed < FAILED_RESPONSES_TO_WARN {
+            return;
+        }
+        if self.failed_responses_log.allow().is_some() {
+            tracing::warn!(
+                peer = %self.subnet,
+                endpoint = %self.endpoint(),
+                "WireGuard handshakes with peer {} keep failing: {failed} responses in a row \
+                 do not authenticate. Do the nodes' pre-shared keys (PSK) differ?",
+                self.subnet,
+            );
+        }
     }
 
     /// Whether a tunnel (sessions, handshake state) exists yet.
@@ -194,13 +231,18 @@ impl WgPeer {
 
 impl Tunnel {
     fn new(params: &TunnelParams, peer: &WgPeer) -> Tunnel {
+        // Handshake load is judged once for the node, before a message reaches a tunnel
+        // (flood.rs). A tunnel's own limiter would hand out cookies of another secret, and a
+        // peer holding one cookie could never satisfy both: so this one never sees load.
+        let ours = x25519::PublicKey::from(params.private_key.public_key().0);
+        let never_loaded = Arc::new(RateLimiter::new(&ours, u64::MAX));
         let tunn = Tunn::new(
             params.private_key.secret().clone(),
             x25519::PublicKey::from(peer.public_key.0),
             params.preshared_key.as_ref().map(|k| *k.bytes()),
             params.keepalive,
             peer.index,
-            None,
+            Some(never_loaded),
         );
         Tunnel {
             tunn: Box::new(tunn),

@@ -53,6 +53,10 @@ fn deliver(
                     write_to_tun(writer, &buf[..len], drops);
                 }
                 Opened::Reply(peer, len) => reply(wg, from, peer, buf, len, drops),
+                Opened::Cookie(len) => {
+                    drops.count(DropReason::HandshakeFlood);
+                    send_one(&wg.io, from, &buf[..len], drops);
+                }
                 Opened::Nothing => {}
                 Opened::Dropped(reason) => drops.count(reason),
             }

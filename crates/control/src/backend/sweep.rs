@@ -1,0 +1,331 @@
+//! What an earlier run of another backend (twill's or flanneld's) left in the network: its
+//! routes, and its tunnel device.
+//!
+//! Switching backends across a restart must not leave the old backend carrying traffic. A
+//! host-gw route `10.5.2.0/24 via <peer> dev eth0` is more specific than wireguard's
+//! `10.5.0.0/16 dev flannel-wg`, so it would keep container traffic flowing in the clear, and
+//! nothing would say so. So at start and at every reconcile the node sweeps the routes inside
+//! its `Network` that have the shape one of flannel's backends programs (see
+//! shared/reference/flannel.md) and that the running backend does not own, and logs each.
+//!
+//! Only proto boot routes of the main table are looked at ([`Netlink::boot_routes`]: what
+//! flanneld and twill write, never the kernel's own prefix routes such as `10.5.1.0/24 dev
+//! cni0`), never one inside this node's own subnet, and only on the device names those backends
+//! use (the underlay for host-gw's): a route of the same form on another device is not ours.
+//!
+//! Devices: a kernel tunnel of another backend (`flannel.<VNI>`, `flannel.ipip`, a kernel
+//! `flannel-wg`) that carries an address inside our `Network` was made for this network by an
+//! earlier run, and is deleted with everything on it: kept, it would still decapsulate what a
+//! peer sends it in the clear, and a route through it could come back. TUNs are never
+//! deleted: one exists only while a process holds it, and that process's device is not ours;
+//! its routes are still swept.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use anyhow::Context;
+use ipnet::Ipv4Net;
+use netlink_packet_route::link::InfoKind;
+use tracing::warn;
+
+use super::netlink::{Link, LinkKind, Netlink, Route, Write};
+
+/// flanneld's udp TUN; twill's is `--tun-name`.
+const FLANNEL_UDP_TUN: &str = "flannel0";
+/// The wireguard backend's device, kernel or TUN.
+const WIREGUARD_DEV: &str = super::wireguard::DEVICE;
+/// The ipip backend's device.
+const IPIP_DEV: &str = super::ipip::DEVICE;
+
+/// The backend whose route shape a route has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// `<subnet> via <peer> dev <underlay>`; also vxlan's and ipip's DirectRouting.
+    HostGw,
+    /// `<subnet> via <subnet's network address> dev flannel.<VNI> onlink`.
+    Vxlan,
+    /// `<subnet> via <peer> dev flannel.ipip onlink`.
+    Ipip,
+    /// `<network> dev flannel0` (or twill's TUN).
+    Udp,
+    /// `<network> dev flannel-wg`.
+    Wireguard,
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Shape::HostGw => "host-gw",
+            Shape::Vxlan => "vxlan",
+            Shape::Ipip => "ipip",
+            Shape::Udp => "udp",
+            Shape::Wireguard => "wireguard",
+        })
+    }
+}
+
+/// The node as the sweep sees it.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    pub network: Ipv4Net,
+    pub own_subnet: Ipv4Net,
+    pub underlay: String,
+    /// This node's `--tun-name`, the userspace backends' device.
+    pub tun_name: String,
+    /// The running backend, for the log.
+    pub backend: String,
+    /// Devices whose routes the running backend programs and reconciles itself.
+    pub keep: Vec<String>,
+}
+
+impl Scope {
+    /// The backend shape of `route` on the device `dev`, if it is one the sweep may remove.
+    fn stale_shape(&self, route: &Route, dev: &str) -> Option<Shape> {
+        let dst = route.dst;
+        let swept = self.network.contains(&dst)
+            && !self.own_subnet.contains(&dst)
+            && !self.keep.iter().any(|k| k == dev);
+        swept.then(|| shape(route, dev, self))?
+    }
+
+    /// A kernel tunnel device another backend made, which the running one does not use.
+    fn foreign_tunnel(&self, link: &Link) -> bool {
+        let made_by_a_backend = match &link.kind {
+            LinkKind::Vxlan(_) => is_vxlan_name(&link.name),
+            LinkKind::Ipip(_) => link.name == IPIP_DEV,
+            LinkKind::Other(Some(InfoKind::Wireguard)) => link.name == WIREGUARD_DEV,
+            _ => false,
+        };
+        made_by_a_backend && !self.keep.contains(&link.name)
+    }
+}
+
+fn shape(route: &Route, dev: &str, scope: &Scope) -> Option<Shape> {
+    let whole_network = route.dst == scope.network && route.gateway.is_none();
+    // A peer's route is for one subnet, never the whole network (an operator's may be).
+    let one_subnet = route.dst.prefix_len() > scope.network.prefix_len();
+    let via = route.gateway.filter(|_| one_subnet);
+    if dev == scope.underlay && via.is_some() && !route.onlink {
+        Some(Shape::HostGw)
+    } else if is_vxlan_name(dev) && route.onlink && via == Some(route.dst.network()) {
+        Some(Shape::Vxlan)
+    } else if dev == IPIP_DEV && route.onlink && via.is_some() {
+        Some(Shape::Ipip)
+    } else if whole_network && (dev == FLANNEL_UDP_TUN || dev == scope.tun_name) {
+        Some(Shape::Udp)
+    } else if whole_network && dev == WIREGUARD_DEV {
+        Some(Shape::Wireguard)
+    } else {
+        None
+    }
+}
+
+/// `flannel.<VNI>`; not `flannel.ipip`.
+fn is_vxlan_name(name: &str) -> bool {
+    let vni = name.strip_prefix("flannel.");
+    vni.is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A route as `ip route` prints it.
+fn describe(route: &Route, dev: &str) -> String {
+    let via = route
+        .gateway
+        .map(|g| format!(" via {g}"))
+        .unwrap_or_default();
+    let onlink = if route.onlink { " onlink" } else { "" };
+    format!("{}{via} dev {dev}{onlink}", route.dst)
+}
+
+/// Removes what other backends left, as [`Scope`] bounds it.
+pub struct Sweep {
+    nl: Netlink,
+    scope: Scope,
+}
+
+impl Sweep {
+    pub fn new(nl: Netlink, scope: Scope) -> Sweep {
+        Sweep { nl, scope }
+    }
+
+    /// Devices first: deleting one takes its routes, neighbours and fdb entries with it.
+    pub async fn run(&self) -> anyhow::Result<()> {
+        let links = self.nl.links().await.context("listing links")?;
+        let mut names: HashMap<u32, String> = HashMap::new();
+        for link in links {
+            if self.scope.foreign_tunnel(&link) && self.in_network(&link).await? {
+                self.delete_device(&link).await?;
+            } else {
+                names.insert(link.index, link.name);
+            }
+        }
+        self.remove_routes(&names).await
+    }
+
+    /// Whether the device holds an address inside our network: made for it, not another's.
+    async fn in_network(&self, link: &Link) -> anyhow::Result<bool> {
+        let addrs = self.nl.ipv4_addresses(link.index).await?;
+        Ok(addrs.iter().any(|a| self.scope.network.contains(&a.addr())))
+    }
+
+    async fn delete_device(&self, link: &Link) -> anyhow::Result<()> {
+        let deleted = self.nl.delete_link(link.index).await;
+        deleted.with_context(|| format!("deleting {}", link.name))?;
+        warn!(
+            device = %link.name,
+            "deleted {}, a tunnel device an earlier run of another backend made for {}: \
+             this node now runs {}, and the old device would still carry traffic",
+            link.name, self.scope.network, self.scope.backend
+        );
+        Ok(())
+    }
+
+    async fn remove_routes(&self, names: &HashMap<u32, String>) -> anyhow::Result<()> {
+        let routes = self.nl.boot_routes().await.context("listing routes")?;
+        let stale: Vec<(Route, &str, Shape)> = routes
+            .into_iter()
+            .filter_map(|r| {
+                let dev = names.get(&r.oif)?;
+                Some((r, dev.as_str(), self.scope.stale_shape(&r, dev)?))
+            })
+            .collect();
+        let writes: Vec<Write> = stale.iter().map(|(r, ..)| Write::DeleteRoute(*r)).collect();
+        let results = self.nl.write(&writes).await;
+        let mut failed = None;
+        for ((route, dev, shape), result) in stale.iter().zip(results) {
+            let route = describe(route, dev);
+            match result {
+                Ok(()) => warn!(
+                    "removed route {route}: {shape}'s, left by an earlier run; this node runs {} \
+                     and the route would carry traffic around it",
+                    self.scope.backend
+                ),
+                Err(e) => failed = failed.or(Some(format!("removing route {route}: {e}"))),
+            }
+        }
+        failed.map_or(Ok(()), |why| Err(anyhow::anyhow!(why)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::netlink::VxlanParams;
+    use std::net::Ipv4Addr;
+
+    fn scope(keep: &[&str]) -> Scope {
+        Scope {
+            network: "10.5.0.0/16".parse().unwrap(),
+            own_subnet: "10.5.1.0/24".parse().unwrap(),
+            underlay: "eth0".into(),
+            tun_name: "twill0".into(),
+            backend: "wireguard".into(),
+            keep: keep.iter().map(|k| k.to_string()).collect(),
+        }
+    }
+
+    fn route(dst: &str, via: Option<&str>, onlink: bool) -> Route {
+        Route {
+            dst: dst.parse().unwrap(),
+            gateway: via.map(|v| v.parse::<Ipv4Addr>().unwrap()),
+            oif: 3,
+            onlink,
+        }
+    }
+
+    #[test]
+    fn each_backends_route_shape_is_recognised() {
+        let s = scope(&["flannel-wg"]);
+        let cases = [
+            (
+                route("10.5.2.0/24", Some("10.200.0.2"), false),
+                "eth0",
+                Shape::HostGw,
+            ),
+            (
+                route("10.5.2.0/24", Some("10.5.2.0"), true),
+                "flannel.1",
+                Shape::Vxlan,
+            ),
+            (
+                route("10.5.2.0/24", Some("10.5.2.0"), true),
+                "flannel.7",
+                Shape::Vxlan,
+            ),
+            (
+                route("10.5.2.0/24", Some("10.200.0.2"), true),
+                "flannel.ipip",
+                Shape::Ipip,
+            ),
+            (route("10.5.0.0/16", None, false), "flannel0", Shape::Udp),
+            (route("10.5.0.0/16", None, false), "twill0", Shape::Udp),
+        ];
+        for (r, dev, want) in cases {
+            assert_eq!(s.stale_shape(&r, dev), Some(want), "{}", describe(&r, dev));
+        }
+        let wg = route("10.5.0.0/16", None, false);
+        assert_eq!(
+            scope(&["twill0"]).stale_shape(&wg, "flannel-wg"),
+            Some(Shape::Wireguard)
+        );
+    }
+
+    #[test]
+    fn the_running_backends_own_routes_are_kept() {
+        let s = scope(&["flannel-wg"]);
+        assert_eq!(
+            s.stale_shape(&route("10.5.0.0/16", None, false), "flannel-wg"),
+            None
+        );
+        let host_gw = scope(&["eth0"]);
+        let r = route("10.5.2.0/24", Some("10.200.0.2"), false);
+        assert_eq!(host_gw.stale_shape(&r, "eth0"), None);
+    }
+
+    #[test]
+    fn routes_outside_the_shapes_the_network_or_in_our_subnet_are_left_alone() {
+        let s = scope(&["flannel-wg"]);
+        let left_alone = [
+            // Our own subnet: a container bridge or veth route.
+            (route("10.5.1.0/24", None, false), "cni0"),
+            (route("10.5.1.0/24", Some("10.200.0.9"), false), "eth0"),
+            (route("10.5.1.16/28", None, false), "veth0"),
+            // Outside the network.
+            (route("10.6.2.0/24", Some("10.200.0.2"), false), "eth0"),
+            (route("10.0.0.0/8", None, false), "twill0"),
+            // Inside it, but on a device no flannel backend uses, or not in a backend's form.
+            (route("10.5.2.0/24", Some("10.200.0.2"), false), "eth1"),
+            (route("10.5.2.0/24", None, false), "eth0"),
+            (route("10.5.0.0/16", Some("10.200.0.254"), false), "eth0"),
+            (route("10.5.2.0/24", Some("10.5.2.0"), true), "flannelx.1"),
+            (route("10.5.2.0/24", Some("10.5.9.0"), true), "flannel.1"),
+            (route("10.5.2.0/24", None, false), "flannel-wg"),
+            (route("10.5.0.0/16", None, false), "tun7"),
+        ];
+        for (r, dev) in left_alone {
+            assert_eq!(s.stale_shape(&r, dev), None, "{}", describe(&r, dev));
+        }
+    }
+
+    #[test]
+    fn only_other_backends_kernel_tunnels_are_foreign() {
+        let link = |name: &str, kind| Link {
+            index: 5,
+            name: name.into(),
+            mtu: 1450,
+            mac: None,
+            kind,
+            up: true,
+        };
+        let vxlan = || LinkKind::Vxlan(VxlanParams::default());
+        let s = scope(&["flannel-wg"]);
+        assert!(s.foreign_tunnel(&link("flannel.1", vxlan())));
+        assert!(s.foreign_tunnel(&link("flannel.ipip", LinkKind::Ipip(Default::default()))));
+        let kernel_wg = LinkKind::Other(Some(InfoKind::Wireguard));
+        assert!(scope(&["twill0"]).foreign_tunnel(&link("flannel-wg", kernel_wg.clone())));
+        assert!(!s.foreign_tunnel(&link("flannel-wg", kernel_wg)));
+        assert!(!scope(&["flannel.1"]).foreign_tunnel(&link("flannel.1", vxlan())));
+        assert!(!s.foreign_tunnel(&link("vxlan0", vxlan())));
+        let tun = LinkKind::Tun { held: true };
+        assert!(!scope(&["twill0"]).foreign_tunnel(&link("flannel-wg", tun)));
+    }
+}

@@ -1,0 +1,216 @@
+//! What the daemon keeps in order besides the peers, whichever backend runs: the backend's
+//! device ([`DeviceGuard`]) and the routes and devices other backends left ([`Sweep`]).
+//!
+//! At start and at every reconcile the device is repaired first (so that the backend's own
+//! reconcile can program routes through it) and the sweep runs last. Between reconciles the
+//! kernel's notices about the device trigger a check at once.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use ipnet::Ipv4Net;
+use tracing::warn;
+
+use super::guard::{DeviceGuard, DeviceSpec};
+use super::netlink::{Netlink, Watch};
+use super::sweep::{Scope, Sweep};
+use super::vxlan::VxlanConfig;
+use super::{ipip, wireguard};
+use crate::lease::{backend_type, Lease};
+use crate::node::Node;
+use crate::status::NodeStatus;
+
+/// Where a backend's traffic goes, as far as upkeep cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Layout {
+    /// The backend's own device; host-gw has none.
+    device: Option<String>,
+    /// Whether that device carries the route for the whole network (the TUN backends and
+    /// wireguard) rather than one route per peer (vxlan, ipip).
+    network_route: bool,
+    /// Devices whose routes the backend programs and reconciles itself.
+    keep: Vec<String>,
+}
+
+fn layout(node: &Node) -> Layout {
+    let names = Names {
+        vxlan: format!("flannel.{}", VxlanConfig::of(node).vni),
+        tun: node.options.tun_name.clone(),
+        underlay: node.iface.name.clone(),
+    };
+    names.layout(&node.config.backend.backend_type)
+}
+
+/// The devices a node's backends would use.
+struct Names {
+    /// `flannel.<VNI>`.
+    vxlan: String,
+    /// `--tun-name`.
+    tun: String,
+    underlay: String,
+}
+
+impl Names {
+    fn layout(self, backend: &str) -> Layout {
+        let tunnel = |dev: String| Layout {
+            device: Some(dev.clone()),
+            network_route: false,
+            keep: vec![dev, self.underlay.clone()],
+        };
+        let whole_network = |dev: String| Layout {
+            device: Some(dev.clone()),
+            network_route: true,
+            keep: vec![dev],
+        };
+        match backend {
+            backend_type::VXLAN => tunnel(self.vxlan.clone()),
+            backend_type::IPIP => tunnel(ipip::DEVICE.to_string()),
+            backend_type::WIREGUARD => whole_network(wireguard::DEVICE.to_string()),
+            backend_type::HOST_GW => Layout {
+                device: None,
+                network_route: false,
+                keep: vec![self.underlay.clone()],
+            },
+            // udp and twill-batch; the daemon refuses any other type before this.
+            _ => whole_network(self.tun.clone()),
+        }
+    }
+}
+
+/// The kernel's notices about the device; without them only the periodic reconcile repairs.
+fn subscribe(spec: &DeviceSpec) -> Option<Watch> {
+    let watch = Watch::subscribe(spec.network_route.is_some());
+    let name = &spec.name;
+    let why = "the periodic reconcile repairs it";
+    watch
+        .inspect_err(|e| warn!("no kernel notices about {name}: {e}; {why}"))
+        .ok()
+}
+
+/// The device guard, its notices, and the sweep.
+pub struct Upkeep {
+    sweep: Sweep,
+    guard: Option<DeviceGuard>,
+    /// The kernel's notices about the device, while they come.
+    watch: Option<Watch>,
+}
+
+impl Upkeep {
+    /// For the backend attached to `lease`, whose device has MTU `mtu`.
+    pub async fn start(
+        node: &Node,
+        lease: &Lease,
+        mtu: u32,
+        reconcile_every: Duration,
+    ) -> anyhow::Result<Upkeep> {
+        let nl = Netlink::connect().context("opening rtnetlink")?;
+        let layout = layout(node);
+        let scope = Scope {
+            network: node.config.network,
+            own_subnet: lease.subnet,
+            underlay: node.iface.name.clone(),
+            tun_name: node.options.tun_name.clone(),
+            backend: node.config.backend.backend_type.clone(),
+            keep: layout.keep,
+        };
+        let (guard, watch) = match layout.device {
+            Some(name) => {
+                let network_route = layout.network_route.then_some(node.config.network);
+                let spec = DeviceSpec {
+                    name,
+                    address: Ipv4Net::new(lease.subnet.network(), 32)?,
+                    mtu,
+                    network_route,
+                    reconcile_every,
+                };
+                // Subscribed before the first check, so no change after it goes unheard.
+                let watch = subscribe(&spec);
+                (Some(DeviceGuard::new(nl.clone(), spec).await?), watch)
+            }
+            None => (None, None),
+        };
+        Ok(Upkeep {
+            sweep: Sweep::new(nl, scope),
+            guard,
+            watch,
+        })
+    }
+
+    /// Before the backend's reconcile: the device repaired, set up again if it was down.
+    pub async fn repair(&mut self, status: &NodeStatus) {
+        if let Some(guard) = &mut self.guard {
+            guard.check(true, status).await;
+        }
+    }
+
+    /// After the backend's reconcile: what other backends left, removed.
+    pub async fn sweep(&self) {
+        if let Err(e) = self.sweep.run().await {
+            warn!("removing what other backends left: {e:#}");
+        }
+    }
+
+    /// Resolves when the kernel reports a change to the device, its address or its route;
+    /// never without a device, or once the kernel's notices stopped.
+    pub async fn changed(&mut self) {
+        let (Some(guard), Some(watch)) = (&self.guard, &mut self.watch) else {
+            return std::future::pending().await;
+        };
+        while let Some(notice) = watch.next().await {
+            if notice.index() == guard.index() {
+                watch.drain();
+                return;
+            }
+        }
+        warn!("the kernel's notices about the device stopped; the periodic reconcile repairs it");
+        self.watch = None;
+        std::future::pending().await
+    }
+
+    /// After [`Upkeep::changed`]: the device checked and repaired, except that a device set
+    /// down stays down until the next reconcile. Whether it can forward, so that the backend
+    /// can put back what the kernel flushed with it.
+    pub async fn recheck(&mut self, status: &NodeStatus) -> bool {
+        match &mut self.guard {
+            Some(guard) => guard.check(false, status).await,
+            None => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(backend: &str) -> Layout {
+        let names = Names {
+            vxlan: "flannel.7".into(),
+            tun: "tun9".into(),
+            underlay: "ens3".into(),
+        };
+        names.layout(backend)
+    }
+
+    #[test]
+    fn each_backend_keeps_its_own_devices_routes() {
+        let whole = |dev: &str| Layout {
+            device: Some(dev.into()),
+            network_route: true,
+            keep: vec![dev.into()],
+        };
+        assert_eq!(layout("udp"), whole("tun9"));
+        assert_eq!(layout("twill-batch"), whole("tun9"));
+        assert_eq!(layout("wireguard"), whole("flannel-wg"));
+        // A tunnel backend also owns the direct routes on the underlay (DirectRouting).
+        let vxlan = layout("vxlan");
+        assert_eq!(vxlan.device.as_deref(), Some("flannel.7"));
+        assert!(!vxlan.network_route);
+        assert_eq!(vxlan.keep, ["flannel.7", "ens3"]);
+        assert_eq!(layout("ipip").keep, ["flannel.ipip", "ens3"]);
+        let host_gw = layout("host-gw");
+        assert_eq!(
+            (host_gw.device, host_gw.keep),
+            (None, vec!["ens3".to_string()])
+        );
+    }
+}
