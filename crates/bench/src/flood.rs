@@ -5,7 +5,7 @@
 //! recvmmsg. The kernel's UDP counters of both namespaces say what the path lost, and a tc counter
 //! on the server host's underlay device how many underlay datagrams carried the flood.
 
-use crate::measure::{Endpoints, Field, UdpCounts};
+use crate::endpoints::{Endpoints, UdpCounts};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::socket::{recvmmsg, sendmmsg, setsockopt, sockopt, ControlMessage, MsgFlags};
 use nix::sys::socket::{MultiHeaders, SockaddrIn};
@@ -29,9 +29,18 @@ const RECEIVE_BUFFER: usize = 32 << 20;
 /// The receiver reads until nothing came for this long after the sender stopped.
 const DRAIN_IDLE: Duration = Duration::from_millis(200);
 
-/// One flood of `seconds`, client to server: delivered packets per second, the share the path
-/// lost, and underlay datagrams per delivered packet.
-pub fn run(ends: &Endpoints, seconds: u32) -> Result<Vec<(Field, f64)>> {
+/// What one flood measured.
+pub struct Flood {
+    /// Delivered packets per second, in thousands.
+    pub kpps: f64,
+    /// The share of sent datagrams the path lost.
+    pub loss_pct: f64,
+    /// Underlay datagrams per delivered packet.
+    pub datagrams_per_packet: f64,
+}
+
+/// One flood of `seconds`, client to server.
+pub fn run(ends: &Endpoints, seconds: u32) -> Result<Flood> {
     let to = SocketAddrV4::new(ends.server_ip, PORT);
     let receiver = ends.server.enter(|| receiver_socket(to))?;
     let sender = ends.client.enter(|| UdpSocket::bind("0.0.0.0:0"))?;
@@ -51,17 +60,11 @@ pub fn run(ends: &Endpoints, seconds: u32) -> Result<Vec<(Field, f64)>> {
     let underlay = counter.datagrams()? - underlay_before;
     let loss = UdpCounts::take(ends)?.path_loss_pct(&before)?;
     ensure!(delivered > 0, "none of {sent} flood datagrams arrived");
-    Ok(vec![
-        (
-            Field::Flood64Kpps,
-            delivered as f64 / duration.as_secs_f64() / 1e3,
-        ),
-        (Field::Flood64LossPct, loss),
-        (
-            Field::Flood64DatagramsPerPacket,
-            underlay as f64 / delivered as f64,
-        ),
-    ])
+    Ok(Flood {
+        kpps: delivered as f64 / duration.as_secs_f64() / 1e3,
+        loss_pct: loss,
+        datagrams_per_packet: underlay as f64 / delivered as f64,
+    })
 }
 
 fn receiver_socket(at: SocketAddrV4) -> Result<UdpSocket> {

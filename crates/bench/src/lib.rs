@@ -4,6 +4,7 @@
 //! and a PNG, each path relative to kernel VXLAN and to native. `--measure scale` measures the
 //! control plane at thousands of leases instead.
 
+pub mod endpoints;
 pub mod flood;
 pub mod measure;
 pub mod parse;

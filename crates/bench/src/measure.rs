@@ -1,10 +1,10 @@
 //! One measurement (iperf3 TCP, qperf latency, the 64-byte flood, CPU) between two endpoints
 //! of any path.
 
+pub use crate::endpoints::Endpoints;
 use crate::pin::Pinned;
 use crate::{flood, parse};
 use anyhow::{bail, Context, Result};
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 use twill_lab::{Netns, Proc};
 
@@ -176,7 +176,14 @@ impl Measurement {
                 let out = iperf(ends, timing, &["-R"])?;
                 Ok(vec![(Field::TcpRevGbps, parse::iperf_tcp_gbps(&out)?)])
             }
-            Measurement::Flood64 => flood::run(ends, timing.duration),
+            Measurement::Flood64 => {
+                let flood = flood::run(ends, timing.duration)?;
+                Ok(vec![
+                    (Field::Flood64Kpps, flood.kpps),
+                    (Field::Flood64LossPct, flood.loss_pct),
+                    (Field::Flood64DatagramsPerPacket, flood.datagrams_per_packet),
+                ])
+            }
             Measurement::Latency => {
                 let out = qperf_latency(ends, timing, &[])?;
                 Ok(vec![(Field::LatencyUs, out)])
@@ -202,35 +209,6 @@ fn qperf_latency(ends: &Endpoints, timing: &Timing, wrapper: &[&str]) -> Result<
     parse::qperf_latency_us(&out)
 }
 
-/// UDP datagrams the client's namespace sent, and those that reached the server's namespace:
-/// read by the application, or dropped because its socket was full.
-pub(crate) struct UdpCounts {
-    sent: u64,
-    reached: u64,
-}
-
-impl UdpCounts {
-    pub(crate) fn take(ends: &Endpoints) -> Result<UdpCounts> {
-        let client = ends.client.exec("cat", &["/proc/net/snmp"])?;
-        let server = ends.server.exec("cat", &["/proc/net/snmp"])?;
-        Ok(UdpCounts {
-            sent: parse::snmp_udp(&client, "OutDatagrams")?,
-            reached: parse::snmp_udp(&server, "InDatagrams")?
-                + parse::snmp_udp(&server, "RcvbufErrors")?,
-        })
-    }
-
-    /// The share of datagrams sent since `before` that never reached the server's namespace.
-    pub(crate) fn path_loss_pct(&self, before: &UdpCounts) -> Result<f64> {
-        let sent = self.sent.saturating_sub(before.sent);
-        if sent == 0 {
-            bail!("the client sent no UDP datagrams");
-        }
-        let reached = self.reached.saturating_sub(before.reached);
-        Ok((100.0 * (1.0 - reached as f64 / sent as f64)).max(0.0))
-    }
-}
-
 /// Run length of each iperf3/qperf client in seconds; `warmup` is iperf3's `-O`.
 #[derive(Debug, Clone, Copy)]
 pub struct Timing {
@@ -242,17 +220,6 @@ impl Timing {
     fn limit(&self) -> Duration {
         Duration::from_secs(u64::from(self.duration + self.warmup)) + SLACK
     }
-}
-
-/// Where the clients run and whom they talk to.
-pub struct Endpoints<'a> {
-    pub client: &'a Netns,
-    pub server: &'a Netns,
-    pub server_ip: Ipv4Addr,
-    /// The namespace and the device where the underlay reaches the server's host.
-    pub underlay: (&'a Netns, &'a str),
-    /// The path's long-running processes (daemons, servers), for the pinned run.
-    pub processes: Vec<u32>,
 }
 
 /// The iperf3 and qperf servers of one path; killed on drop.
