@@ -258,6 +258,12 @@ fn corrupt_leases_in_etcd_never_touch_the_kernel() -> Result<()> {
             "not json".to_string(),
             "invalid lease value",
         ),
+        // A flanneld udp node in a vxlan network: not a peer, and listed with the reason.
+        (
+            key("10.5.206.0-24"),
+            r#"{"PublicIP":"10.200.0.66","PublicIPv6":null}"#.to_string(),
+            "backend type udp is not this node's vxlan",
+        ),
     ];
     for (key, value, _) in &bogus {
         c.etcd.etcdctl(&["put", key, value])?;

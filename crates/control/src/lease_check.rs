@@ -10,6 +10,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use twill_dataplane::engine::wireguard::PublicKey;
 
 /// Why a peer lease was refused.
@@ -35,6 +36,12 @@ pub enum Rejection {
     WireguardData(String),
     /// A wireguard lease with this node's own PublicKey: we cannot be our own peer.
     OwnKey(PublicKey),
+    /// A lease of another backend type than this node runs (flannel's udp writes none): the
+    /// two cannot carry each other's traffic, as in flanneld, which skips such leases.
+    BackendType {
+        got: String,
+        want: String,
+    },
     /// A wireguard lease whose PublicKey another lease, created before it, already has. A key
     /// names one WireGuard peer, so only one lease can have it: the first (see [`first_made`]).
     DuplicateKey {
@@ -61,6 +68,11 @@ impl fmt::Display for Rejection {
             Rejection::UnusablePublicIp(ip) => write!(f, "its PublicIP {ip} is not a host address"),
             Rejection::VtepMac(why) | Rejection::WireguardData(why) => write!(f, "{why}"),
             Rejection::OwnKey(key) => write!(f, "its PublicKey \"{key}\" is this node's own"),
+            Rejection::BackendType { got, want } => write!(
+                f,
+                "its backend type {got} is not this node's {want}: they cannot carry each \
+                 other's traffic"
+            ),
             Rejection::DuplicateKey { key, first } => write!(
                 f,
                 "its PublicKey \"{key}\" is already the key of the lease {first}, made before \
@@ -79,6 +91,8 @@ pub struct LeaseRules {
     pub own_public_ip: Ipv4Addr,
     /// This node's WireGuard key, when it runs the wireguard backend.
     pub own_key: Option<PublicKey>,
+    /// This node's BackendType (`None` for flannel's udp); a peer's must be the same.
+    pub backend_type: Option<Arc<str>>,
 }
 
 impl LeaseRules {
@@ -91,6 +105,7 @@ impl LeaseRules {
             own_subnet: own.subnet,
             own_public_ip: own.public_ip,
             own_key: wireguard_key(own),
+            backend_type: own.backend_type.clone(),
         }
     }
 
@@ -115,6 +130,13 @@ impl LeaseRules {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
         check_public_ip(lease.public_ip, self.own_public_ip)?;
+        if lease.backend_type != self.backend_type {
+            let name = |t: &Option<Arc<str>>| t.as_deref().unwrap_or("udp").to_string();
+            return Err(Rejection::BackendType {
+                got: name(&lease.backend_type),
+                want: name(&self.backend_type),
+            });
+        }
         match lease.backend_type.as_deref() {
             Some(backend_type::VXLAN) => check_vtep_mac(lease).map(|()| None),
             Some(backend_type::WIREGUARD) => {
@@ -228,7 +250,41 @@ mod tests {
             own_subnet: net("10.5.1.0/24"),
             own_public_ip: Ipv4Addr::new(10, 200, 0, 1),
             own_key: Some(OWN_KEY.parse().unwrap()),
+            backend_type: None,
         }
+    }
+
+    /// The checks of `lease` on a node of its own backend type, for the tests of the other rules.
+    fn check(lease: &Lease) -> Result<(), Rejection> {
+        let rules = LeaseRules {
+            backend_type: lease.backend_type.clone(),
+            ..rules()
+        };
+        rules.check(lease)
+    }
+
+    #[test]
+    fn a_lease_of_another_backend_type_is_refused_naming_both() {
+        let vxlan = vxlan("10.5.2.0/24", json!("d6:60:f1:85:5a:fc"));
+        let got = rules().check(&vxlan).unwrap_err();
+        assert_eq!(
+            got,
+            Rejection::BackendType {
+                got: "vxlan".into(),
+                want: "udp".into()
+            }
+        );
+        assert!(
+            got.to_string()
+                .contains("backend type vxlan is not this node's udp"),
+            "{got}"
+        );
+        let on_vxlan = LeaseRules {
+            backend_type: Some("vxlan".into()),
+            ..rules()
+        };
+        assert!(on_vxlan.check(&udp("10.5.3.0/24", "10.200.0.3")).is_err());
+        assert_eq!(on_vxlan.check(&vxlan), Ok(()));
     }
 
     fn udp(subnet: &str, ip: &str) -> Lease {
@@ -254,13 +310,13 @@ mod tests {
 
     #[test]
     fn a_good_lease_passes() {
-        assert_eq!(rules().check(&udp("10.5.2.0/24", "10.200.0.2")), Ok(()));
+        assert_eq!(check(&udp("10.5.2.0/24", "10.200.0.2")), Ok(()));
         let good_mac = vxlan("10.5.2.0/24", json!("d6:60:f1:85:5a:fc"));
-        assert_eq!(rules().check(&good_mac), Ok(()));
+        assert_eq!(check(&good_mac), Ok(()));
         let good_key = wireguard("10.5.2.0/24", json!({"PublicKey": KEY, "Port": 51820}));
-        assert_eq!(rules().check(&good_key), Ok(()));
+        assert_eq!(check(&good_key), Ok(()));
         let no_port = wireguard("10.5.2.0/24", json!({ "PublicKey": KEY }));
-        assert_eq!(rules().check(&no_port), Ok(()));
+        assert_eq!(check(&no_port), Ok(()));
     }
 
     #[test]
@@ -336,7 +392,7 @@ mod tests {
             ),
         ];
         for (lease, want) in cases {
-            let got = rules().check(&lease).expect_err(want).to_string();
+            let got = check(&lease).expect_err(want).to_string();
             assert!(got.contains(want), "{lease:?}: got {got:?}, want {want:?}");
         }
     }

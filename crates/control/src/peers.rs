@@ -250,6 +250,7 @@ mod tests {
             own_subnet: "10.5.1.0/24".parse().unwrap(),
             own_public_ip: "10.200.0.1".parse().unwrap(),
             own_key: None,
+            backend_type: None,
         };
         Peers::new(rules, LeaseNamer::default())
     }
@@ -338,6 +339,7 @@ mod key_tests {
             own_subnet: "10.5.1.0/24".parse().unwrap(),
             own_public_ip: "10.200.0.1".parse().unwrap(),
             own_key: None,
+            backend_type: Some("wireguard".into()),
         };
         Peers::new(rules, LeaseNamer::default())
     }
@@ -421,8 +423,26 @@ mod key_tests {
             subnet: "10.5.8.0/24".parse().unwrap(),
             ..udp.clone()
         };
-        peers.admit(LeaseEvent::Added(udp));
-        assert!(peers.admit(LeaseEvent::Added(twin)).is_some());
-        assert_eq!(peers.accepted().count(), 3);
+        // On a udp node, two leases without keys never clash over one.
+        let mut udp_peers = Peers::new(
+            LeaseRules {
+                backend_type: None,
+                ..peers.rules.clone()
+            },
+            LeaseNamer::default(),
+        );
+        udp_peers.admit(LeaseEvent::Added(udp));
+        assert!(udp_peers.admit(LeaseEvent::Added(twin)).is_some());
+        assert_eq!(udp_peers.accepted().count(), 2);
+        // On this wireguard node, they are of another backend type.
+        let refused = peers.admit(LeaseEvent::Added(Lease::new(
+            "10.5.7.0/24".parse().unwrap(),
+            LeaseAttrs::udp("10.200.0.7".parse().unwrap()),
+        )));
+        assert_eq!(refused, None);
+        assert!(matches!(
+            peers.refused().next().map(|r| &r.reason),
+            Some(Rejection::BackendType { .. })
+        ));
     }
 }

@@ -10,7 +10,7 @@ use std::net::Ipv4Addr;
 
 use anyhow::Context;
 use ipnet::Ipv4Net;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::netlink::{FdbEntry, Link, Neighbour, Netlink, Route, Write};
 use super::Backend;
@@ -225,22 +225,10 @@ impl<P: PeerPlan> KernelBackend<P> {
         }
     }
 
-    /// Whether `lease` is a peer this backend programs. flanneld skips leases of another
-    /// BackendType with a warning; reconcile runs periodically, so it only logs at debug.
-    fn is_peer(&self, lease: &Lease, quiet: bool) -> bool {
-        if lease.subnet == self.own_subnet {
-            return false;
-        }
-        if lease.backend_type.as_deref() == Some(P::BACKEND_TYPE) {
-            return true;
-        }
-        let (subnet, found) = (lease.subnet, lease.backend_type.as_deref().unwrap_or("udp"));
-        if quiet {
-            debug!(%subnet, backend_type = found, "ignoring non-{} lease", P::BACKEND_TYPE);
-        } else {
-            warn!(%subnet, backend_type = found, "ignoring non-{} lease", P::BACKEND_TYPE);
-        }
-        false
+    /// Whether `lease` is a peer this backend programs: any but our own subnet. Leases of
+    /// another backend type never arrive: the lease gate refuses them.
+    fn is_peer(&self, lease: &Lease) -> bool {
+        lease.subnet != self.own_subnet
     }
 
     /// The changes that make `peer` present, leaving out what `have` already holds.
@@ -278,7 +266,7 @@ impl<P: PeerPlan> KernelBackend<P> {
     }
 
     fn desired(&self, leases: &[Lease]) -> Vec<(Ipv4Net, PeerState)> {
-        let peers = leases.iter().filter(|l| self.is_peer(l, true));
+        let peers = leases.iter().filter(|l| self.is_peer(l));
         let planned = peers.map(|l| (l.subnet, self.plan.peer_state(l)));
         let usable = planned.filter_map(|(subnet, state)| match state {
             Ok(state) => Some((subnet, state)),
@@ -331,7 +319,7 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        if !self.is_peer(lease, false) {
+        if !self.is_peer(lease) {
             return Ok(());
         }
         let peer = self.plan.peer_state(lease)?;
@@ -341,7 +329,7 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        if !self.is_peer(lease, false) {
+        if !self.is_peer(lease) {
             return Ok(());
         }
         let peer = self.plan.peer_state(lease)?;

@@ -145,20 +145,6 @@ impl Userspace {
         }
     }
 
-    fn accepts(&self, lease: &Lease) -> bool {
-        let ours = self.backend_type();
-        if lease.backend_type.as_deref() == ours {
-            return true;
-        }
-        tracing::info!(
-            subnet = %lease.subnet,
-            "ignoring lease with backend type {:?}; this node runs {:?}",
-            lease.backend_type.as_deref().unwrap_or("udp"),
-            ours.unwrap_or("udp")
-        );
-        false
-    }
-
     fn spec(&self, lease: &Lease) -> PeerSpec {
         let fields = lease.backend_data.as_ref().and_then(BackendData::fields);
         let field = |name: &str| fields.as_ref()?.get(name)?.as_u64();
@@ -188,12 +174,8 @@ impl Backend for Userspace {
         Some(&self.engine)
     }
 
-    /// A lease of another backend type replaces no peer: the subnet's old peer (if any) goes.
+    /// Only leases of this backend's type arrive here: the lease gate refuses the others.
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        if !self.accepts(lease) {
-            self.table.remove_peer(lease.subnet);
-            return Ok(());
-        }
         let set = self.table.set_peer(self.spec(lease));
         set.with_context(|| format!("peer {} left out", lease.subnet))
     }
@@ -204,8 +186,7 @@ impl Backend for Userspace {
     }
 
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
-        let peers = leases.iter().filter(|l| self.accepts(l));
-        let specs: Vec<PeerSpec> = peers.map(|l| self.spec(l)).collect();
+        let specs: Vec<PeerSpec> = leases.iter().map(|l| self.spec(l)).collect();
         self.table.set_peers(&specs);
         Ok(())
     }

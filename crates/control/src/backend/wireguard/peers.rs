@@ -2,7 +2,7 @@
 //! already refuses a wireguard lease whose data is unusable; a lease of another backend type
 //! is skipped here, with one warning, repeated only when that lease changes.
 
-use crate::lease::{backend_type, Lease};
+use crate::lease::Lease;
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 use std::net::SocketAddrV4;
@@ -101,13 +101,6 @@ impl PeerBook {
 
 /// A lease as a WireGuard peer: its subnet, `PublicIP:Port` and `PublicKey`.
 fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
-    let kind = lease.backend_type.as_deref();
-    if kind != Some(backend_type::WIREGUARD) {
-        return Err(format!(
-            "backend type {:?}, but this node runs wireguard",
-            kind.unwrap_or("udp")
-        ));
-    }
     let (public_key, port) = lease.wireguard_data()?;
     Ok(WgPeerSpec {
         subnet: lease.subnet,
@@ -186,9 +179,6 @@ mod tests {
         ] {
             assert_eq!(book.add(&lease("10.5.4.0/24", data)), Change::Unchanged);
         }
-        let mut vxlan = good("10.5.5.0/24");
-        vxlan.backend_type = Some("vxlan".into());
-        assert_eq!(book.add(&vxlan), Change::Unchanged);
         assert!(book.specs().is_empty());
     }
 
