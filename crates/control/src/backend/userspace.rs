@@ -53,7 +53,8 @@ impl UserspaceSetup {
                 kind.default_port()
             );
         }
-        let mtu = tun_mtu(options.mtu, &node.iface, kind.overhead())?;
+        let (iface, overhead) = (&node.iface, Overhead::same(kind.overhead()));
+        let mtu = tun_mtu(options.mtu, iface.mtu, &mtu_source(iface), overhead)?;
         let engine = EngineConfig {
             kind,
             subnet: Ipv4Net::default(),
@@ -80,30 +81,56 @@ impl UserspaceSetup {
 /// The smallest MTU every IPv4 host must take (RFC 791).
 const MIN_MTU: u32 = 576;
 
-/// `--mtu`, or the largest the underlay carries after `overhead`; refused outside
-/// 576..=that largest.
+/// What a backend adds to each packet: by default (the device MTU it picks) and at the least
+/// (the largest `--mtu` that still fits). They differ for WireGuard, whose default keeps
+/// flannel's 80 bytes (room for an IPv6 underlay) though 60 suffice over IPv4.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Overhead {
+    pub default: usize,
+    pub least: usize,
+}
+
+impl Overhead {
+    pub fn same(bytes: usize) -> Overhead {
+        Overhead {
+            default: bytes,
+            least: bytes,
+        }
+    }
+}
+
+/// `--mtu`, or the underlay's MTU less the default overhead; refused outside 576..=what the
+/// underlay carries after the least overhead. `source` says where the underlay's MTU comes from
+/// (`eth0 has MTU 1500`, `Backend.MTU is 1400`), for the one-line error.
 pub(crate) fn tun_mtu(
     wanted: Option<u16>,
-    iface: &Interface,
-    overhead: usize,
+    underlay: u32,
+    source: &str,
+    overhead: Overhead,
 ) -> anyhow::Result<u16> {
-    let largest = iface
-        .mtu
-        .saturating_sub(overhead as u32)
-        .min(u32::from(u16::MAX));
-    let mtu = wanted.map_or(largest, u32::from);
+    let after = |bytes: usize| {
+        underlay
+            .saturating_sub(bytes as u32)
+            .min(u32::from(u16::MAX))
+    };
+    let largest = after(overhead.least);
+    let mtu = wanted.map_or(after(overhead.default), u32::from);
     if mtu < MIN_MTU || mtu > largest {
         let given = match wanted {
             Some(m) => format!("--mtu {m}"),
             None => format!("the default MTU {mtu}"),
         };
         bail!(
-            "{given} does not fit: it must be between {MIN_MTU} and {largest} ({} has MTU {} and this backend adds {overhead} bytes)",
-            iface.name,
-            iface.mtu
+            "{given} does not fit: it must be between {MIN_MTU} and {largest} ({source} and this backend adds {} bytes)",
+            overhead.least
         );
     }
     Ok(mtu as u16)
+}
+
+/// Where the interface's MTU comes from, for [`tun_mtu`]'s error.
+pub(crate) fn mtu_source(iface: &Interface) -> String {
+    format!("{} has MTU {}", iface.name, iface.mtu)
 }
 
 impl Setup for UserspaceSetup {
@@ -206,9 +233,28 @@ mod tests {
 
     #[test]
     fn mtu_defaults_to_what_the_underlay_carries() {
-        assert_eq!(tun_mtu(None, &eth0(1500), 28).unwrap(), 1472);
-        assert_eq!(tun_mtu(Some(1400), &eth0(1500), 42).unwrap(), 1400);
-        assert_eq!(tun_mtu(None, &eth0(70000), 28).unwrap(), u16::MAX);
+        let fit = |wanted, mtu, bytes| {
+            tun_mtu(wanted, mtu, &mtu_source(&eth0(mtu)), Overhead::same(bytes))
+        };
+        assert_eq!(fit(None, 1500, 28).unwrap(), 1472);
+        assert_eq!(fit(Some(1400), 1500, 42).unwrap(), 1400);
+        assert_eq!(fit(None, 70000, 28).unwrap(), u16::MAX);
+        // WireGuard: flannel's default leaves 80 bytes, but up to 60 less fits over IPv4.
+        let wg = Overhead {
+            default: 80,
+            least: 60,
+        };
+        assert_eq!(tun_mtu(None, 1500, "eth0 has MTU 1500", wg).unwrap(), 1420);
+        assert_eq!(
+            tun_mtu(Some(1440), 1500, "eth0 has MTU 1500", wg).unwrap(),
+            1440
+        );
+        let err = tun_mtu(Some(1441), 1400, "Backend.MTU is 1400", wg);
+        let err = err.unwrap_err().to_string();
+        assert!(
+            err.contains("between 576 and 1340 (Backend.MTU is 1400"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -224,7 +270,9 @@ mod tests {
             (Some(67), 1500, "--mtu 67 does not fit"),
             (None, 600, "the default MTU 572 does not fit"),
         ] {
-            let err = tun_mtu(wanted, &eth0(mtu), 28).unwrap_err().to_string();
+            let source = mtu_source(&eth0(mtu));
+            let err = tun_mtu(wanted, mtu, &source, Overhead::same(28));
+            let err = err.unwrap_err().to_string();
             assert!(err.contains(want), "{err}");
             assert!(err.contains("eth0 has MTU"), "{err}");
             assert!(!err.contains('\n'), "{err}");

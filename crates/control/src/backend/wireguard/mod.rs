@@ -11,9 +11,9 @@ mod peers;
 
 pub use config::WireguardConfig;
 
-use super::userspace::tun_mtu;
+use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
-use crate::host::{self, Interface};
+use crate::host;
 use crate::lease::{backend_type, Lease, LeaseAttrs};
 use crate::node::Node;
 use ipnet::Ipv4Net;
@@ -89,14 +89,19 @@ impl WireguardSetup {
 }
 
 /// flannel's device MTU, which is also the containers' (FLANNEL_MTU): the underlay's (the
-/// config's `MTU`, else the interface's) less flannel's 80 bytes ([`wireguard::OVERHEAD`]); `--mtu` overrides it, within
-/// what the underlay carries.
+/// config's `MTU`, else the interface's) less flannel's 80 bytes ([`wireguard::OVERHEAD`]).
+/// `--mtu` overrides it up to what WireGuard over IPv4 leaves (IPv4, UDP and WireGuard's own
+/// 32 bytes: 60), which the error names along with where the underlay's MTU comes from.
 fn device_mtu(node: &Node, config: &WireguardConfig) -> anyhow::Result<u32> {
-    let underlay = Interface {
-        mtu: config.mtu.unwrap_or(node.iface.mtu),
-        ..node.iface.clone()
+    let (underlay, source) = match config.mtu {
+        Some(mtu) => (mtu, format!("Backend.MTU is {mtu}")),
+        None => (node.iface.mtu, mtu_source(&node.iface)),
     };
-    let mtu = tun_mtu(node.options.mtu, &underlay, wireguard::OVERHEAD)?;
+    let overhead = Overhead {
+        default: wireguard::OVERHEAD,
+        least: 20 + 8 + wireguard::DATA_OVERHEAD,
+    };
+    let mtu = tun_mtu(node.options.mtu, underlay, &source, overhead)?;
     Ok(u32::from(mtu))
 }
 
