@@ -130,12 +130,11 @@ impl LeaseRules {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
         check_public_ip(lease.public_ip, self.own_public_ip)?;
-        if lease.backend_type != self.backend_type {
-            let name = |t: &Option<Arc<str>>| t.as_deref().unwrap_or("udp").to_string();
-            return Err(Rejection::BackendType {
-                got: name(&lease.backend_type),
-                want: name(&self.backend_type),
-            });
+        // flannel's udp backend writes no type; a lease that names it "udp" means the same.
+        let name = |t: &Option<Arc<str>>| t.as_deref().unwrap_or("udp").to_string();
+        let (got, want) = (name(&lease.backend_type), name(&self.backend_type));
+        if got != want {
+            return Err(Rejection::BackendType { got, want });
         }
         match lease.backend_type.as_deref() {
             Some(backend_type::VXLAN) => check_vtep_mac(lease).map(|()| None),
@@ -285,6 +284,9 @@ mod tests {
         };
         assert!(on_vxlan.check(&udp("10.5.3.0/24", "10.200.0.3")).is_err());
         assert_eq!(on_vxlan.check(&vxlan), Ok(()));
+        let mut named_udp = udp("10.5.4.0/24", "10.200.0.4");
+        named_udp.backend_type = Some("udp".into());
+        assert_eq!(rules().check(&named_udp), Ok(()));
     }
 
     fn udp(subnet: &str, ip: &str) -> Lease {
