@@ -200,20 +200,6 @@ fn restart_after_crash_converges_to_exactly_the_leases() {
 }
 
 #[test]
-fn leases_of_other_backend_types_are_skipped() {
-    let h = hosts("vx-skip");
-    let host_gw = lease("10.5.5.0/24", "10.200.0.5", Some("host-gw"));
-    let udp = lease("10.5.6.0/24", "10.200.0.6", None);
-    let leases = vec![h.lease_a.clone(), host_gw.clone(), udp.clone()];
-    on_node(&h.a, &h.lease_a, false, async move |be| {
-        be.add_peer(&host_gw).await?;
-        be.add_peer(&udp).await?;
-        be.reconcile(&leases).await
-    });
-    assert_eq!(h.a.tunnel_state("flannel.1"), Vec::<String>::new());
-}
-
-#[test]
 fn direct_routing_gives_same_segment_peers_a_plain_route() {
     let h = hosts("vx-direct");
     let far = vxlan_lease("10.5.3.0/24", "192.168.9.3", "aa:bb:cc:00:00:03");
