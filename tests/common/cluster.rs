@@ -80,13 +80,7 @@ impl Cluster {
     }
 
     pub fn peer_subnets(&self, host: usize) -> Result<Vec<String>> {
-        let s = status(&self.lab.host(host).ns)?;
-        Ok(s["peers"]
-            .as_array()
-            .context("peers")?
-            .iter()
-            .filter_map(|p| p["subnet"].as_str().map(str::to_string))
-            .collect())
+        peer_subnets(&self.lab.host(host).ns)
     }
 
     /// Start a node that must refuse to run, and return the last line it printed.

@@ -130,13 +130,7 @@ impl KubeCluster {
     }
 
     pub fn peer_subnets(&self, host: usize) -> Result<Vec<String>> {
-        let s = status(&self.lab.host(host).ns)?;
-        Ok(s["peers"]
-            .as_array()
-            .context("peers")?
-            .iter()
-            .filter_map(|p| p["subnet"].as_str().map(str::to_string))
-            .collect())
+        peer_subnets(&self.lab.host(host).ns)
     }
 
     /// `rejected_leases` of a node's status, as (key, reason) pairs.

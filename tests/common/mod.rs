@@ -59,6 +59,17 @@ pub fn status(ns: &Netns) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(&out)?)
 }
 
+/// The subnets of the peers in `twill status` on a host.
+pub fn peer_subnets(ns: &Netns) -> Result<Vec<String>> {
+    let s = status(ns)?;
+    Ok(s["peers"]
+        .as_array()
+        .context("peers")?
+        .iter()
+        .filter_map(|p| p["subnet"].as_str().map(str::to_string))
+        .collect())
+}
+
 /// A drop counter from `twill status`.
 pub fn drops(ns: &Netns, reason: &str) -> Result<u64> {
     let s = status(ns)?;
