@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use twill_bench::measure::{Measurement, Timing};
 use twill_bench::paths::{PathKind, PathLab, Twill};
 use twill_bench::run::{measure, prepare, Options, Prepared, Progress};
-use twill_bench::scale::{self, ScaleBackend, ScaleOptions};
+use twill_bench::scale::{self, ScaleBackend, ScaleOptions, ScaleRegistry};
 use twill_bench::{plot, report};
 
 /// Throughput, packet rate, latency and CPU of twill against the kernel's paths, container to
@@ -24,12 +24,21 @@ struct Cli {
     paths: Vec<PathKind>,
     /// Measurements to make, comma-separated [default: all but scale]; not with --quick, which
     /// checks that every number is there. `scale` is the control plane at thousands of leases
-    /// (--scale-leases), with its own table; it runs after any path measurements.
+    /// (--scale-registries, --scale-leases, --scale-nodes), with its own table; it runs after
+    /// any path measurements.
     #[arg(long, value_delimiter = ',', conflicts_with = "quick")]
     measure: Vec<Measurement>,
+    /// scale: where the leases live, comma-separated: etcd (--scale-leases), kube (Nodes of a
+    /// real kube-apiserver, `twill run --kube-subnet-mgr`; --scale-nodes; needs the parts
+    /// scripts/kube-parts builds).
+    #[arg(long, value_delimiter = ',', default_value = "etcd,kube")]
+    scale_registries: Vec<ScaleRegistry>,
     /// scale: the numbers of synthetic leases in etcd, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1000,5000,60000")]
     scale_leases: Vec<u32>,
+    /// scale: the numbers of synthetic Nodes in the kube-apiserver, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "5000")]
+    scale_nodes: Vec<u32>,
     /// scale: the backends, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "udp,vxlan")]
     scale_backends: Vec<ScaleBackend>,
@@ -118,9 +127,12 @@ fn run(cli: Cli) -> Result<bool> {
     }
     if !scale.is_empty() {
         println!(
-            "\ncontrol-plane scale: one twill per backend against K synthetic leases in a real etcd; \
-             prop: put in etcd -> userspace table entry or kernel route+neighbour+fdb; rm: delete -> gone; \
-             idle: one periodic reconcile with nothing to change, and the window around it\n"
+            "\ncontrol-plane scale: one twill per backend against K synthetic leases in a real etcd, \
+             or K synthetic Nodes in a real kube-apiserver (kube: twill run --kube-subnet-mgr); \
+             prop: put in etcd or Node created -> userspace table entry or kernel route+neighbour+fdb; \
+             write: the put or create alone; rm: delete -> gone; idle: one periodic reconcile with nothing to change, and the window \
+             around it (etcd rpm: all etcd RPCs; api rpm: API requests on Nodes); apisrv: \
+             kube-apiserver's RSS; fill: writing the K leases or Nodes\n"
         );
         print!("{}", scale::report::table(&scale));
     }
@@ -149,7 +161,9 @@ fn scale_options(cli: &Cli) -> Option<ScaleOptions> {
     cli.measure
         .contains(&Measurement::Scale)
         .then(|| ScaleOptions {
+            registries: cli.scale_registries.clone(),
             leases: cli.scale_leases.clone(),
+            nodes: cli.scale_nodes.clone(),
             backends: cli.scale_backends.clone(),
             samples: cli.scale_samples.max(1),
         })

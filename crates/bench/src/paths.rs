@@ -108,18 +108,50 @@ impl Twill {
         subnet_file: &Path,
         env: &[(&str, &str)],
     ) -> Result<Proc> {
+        self.spawn_with(host, &["--etcd-endpoints", etcd], subnet_file, env)
+    }
+
+    /// `twill run --kube-subnet-mgr` on `host` as Node `node_name`, reaching the API server
+    /// through `kubeconfig`, with the network config `net_conf`; otherwise as [`Twill::spawn`].
+    pub fn spawn_kube(
+        &self,
+        host: &Host,
+        kubeconfig: &Path,
+        net_conf: &Path,
+        node_name: &str,
+        subnet_file: &Path,
+    ) -> Result<Proc> {
+        let (kubeconfig, net_conf) = (kubeconfig.to_string_lossy(), net_conf.to_string_lossy());
+        let registry = [
+            "--kube-subnet-mgr",
+            "--kubeconfig-file",
+            &kubeconfig,
+            "--net-config-path",
+            &net_conf,
+        ];
+        let env = [("NODE_NAME", node_name)];
+        self.spawn_with(host, &registry, subnet_file, &env)
+    }
+
+    /// `twill run` with `registry`'s flags (where the leases come from) and the common ones.
+    fn spawn_with(
+        &self,
+        host: &Host,
+        registry: &[&str],
+        subnet_file: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
         let file = subnet_file.to_string_lossy();
-        let mut args = vec![
-            "run",
-            "--etcd-endpoints",
-            etcd,
+        let mut args = vec!["run"];
+        args.extend_from_slice(registry);
+        args.extend([
             "--iface",
             &host.iface,
             "--subnet-file",
             &file,
             "--status-addr",
             TWILL_STATUS,
-        ];
+        ]);
         args.extend(self.args.iter().map(String::as_str));
         let env: Vec<_> = [("NO_COLOR", "1")]
             .into_iter()

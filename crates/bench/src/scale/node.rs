@@ -2,27 +2,26 @@
 //! memory from `/proc`, and etcd's count of the RPCs it served. Everything runs on a thread
 //! inside the lab host's namespace, where both twill and etcd listen on loopback.
 
-use crate::paths::{still_running, Twill, TWILL_STATUS};
+use crate::paths::{still_running, TWILL_STATUS};
 use anyhow::{ensure, Context, Result};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
-use twill_lab::{Host, Proc};
+use twill_lab::Proc;
 
 /// /proc/<pid>/stat counts CPU time in USER_HZ ticks, 100 per second on Linux.
 const TICKS_PER_SECOND: f64 = 100.0;
 
-/// `twill run` on the lab host, against the lab's etcd.
+/// `twill run` on the lab host, against the lab's etcd or API server.
 pub struct Node {
     proc: Proc,
 }
 
 impl Node {
-    pub fn start(host: &Host, twill: &Twill, etcd: &str, subnet_file: &Path) -> Result<Node> {
-        let proc = twill.spawn(host, etcd, subnet_file, &[])?;
-        Ok(Node { proc })
+    /// The daemon `proc`, just spawned (see [`crate::paths::Twill`]).
+    pub fn new(proc: Proc) -> Node {
+        Node { proc }
     }
 
     /// The node's `/metrics`; Err while it does not answer yet.
@@ -53,29 +52,7 @@ impl Node {
 
     /// CPU time and memory of the twill process so far.
     pub fn usage(&self) -> Result<Usage> {
-        let pid = self.proc.pid();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .context("/proc/<pid>/stat")?
-            .1
-            .split_whitespace()
-            .collect();
-        let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i - 3).context("stat")?.parse()?) };
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let kib = |name: &str| -> Result<f64> {
-            let line = status.lines().find(|l| l.starts_with(name));
-            let value = line.and_then(|l| l.split_whitespace().nth(1));
-            Ok(value
-                .with_context(|| format!("{name} in /proc/{pid}/status"))?
-                .parse()?)
-        };
-        Ok(Usage {
-            cpu: Duration::from_secs_f64((ticks(14)? + ticks(15)?) / TICKS_PER_SECOND),
-            rss_mb: kib("VmRSS:")? / 1024.0,
-            peak_mb: kib("VmHWM:")? / 1024.0,
-        })
+        usage(self.proc.pid())
     }
 
     pub fn stop(mut self) -> Result<()> {
@@ -92,6 +69,32 @@ pub struct Usage {
     pub rss_mb: f64,
     /// The most it was ever resident (VmHWM).
     pub peak_mb: f64,
+}
+
+/// CPU time and memory of process `pid` so far, from `/proc`.
+pub fn usage(pid: u32) -> Result<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .context("/proc/<pid>/stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| -> Result<f64> { Ok(fields.get(i - 3).context("stat")?.parse()?) };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |name: &str| -> Result<f64> {
+        let line = status.lines().find(|l| l.starts_with(name));
+        let value = line.and_then(|l| l.split_whitespace().nth(1));
+        Ok(value
+            .with_context(|| format!("{name} in /proc/{pid}/status"))?
+            .parse()?)
+    };
+    Ok(Usage {
+        cpu: Duration::from_secs_f64((ticks(14)? + ticks(15)?) / TICKS_PER_SECOND),
+        rss_mb: kib("VmRSS:")? / 1024.0,
+        peak_mb: kib("VmHWM:")? / 1024.0,
+    })
 }
 
 /// Prometheus text, by series name (labels included) and value.
@@ -119,6 +122,17 @@ impl Metrics {
         let series = self.0.iter();
         let matching = series.filter(|(k, _)| *k == name || k.starts_with(&labelled));
         matching.map(|(_, v)| v).sum()
+    }
+
+    /// The sum over the series of the metric `name` whose labels include `label` (`key="value"`).
+    pub fn sum_labelled(&self, name: &str, label: &str) -> f64 {
+        let labelled = format!("{name}{{");
+        let series = self.0.iter().filter(|(k, _)| {
+            k.strip_prefix(&labelled)
+                .and_then(|labels| labels.strip_suffix('}'))
+                .is_some_and(|labels| labels.split(',').any(|l| l == label))
+        });
+        series.map(|(_, v)| v).sum()
     }
 }
 
@@ -155,5 +169,7 @@ mod tests {
         assert_eq!(m.get("c"), 0.25);
         assert_eq!(m.get("missing"), 0.0);
         assert_eq!(m.sum("b"), 7.0);
+        assert_eq!(m.sum_labelled("b", "x=\"2\""), 5.0);
+        assert_eq!(m.sum_labelled("b", "x=\"3\""), 0.0);
     }
 }

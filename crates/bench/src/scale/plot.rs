@@ -1,7 +1,7 @@
-//! The scale panels of `--plot`: per K, a bar per backend.
+//! The scale panels of `--plot`: per K, a bar per backend (and registry, when both ran).
 
 use super::report::{ScaleField, ScaleResult};
-use super::ScaleBackend;
+use super::{ScaleBackend, ScaleRegistry};
 use crate::plot::{grouped_bars, Series};
 use anyhow::Result;
 use plotters::coord::Shift;
@@ -21,7 +21,7 @@ const PANELS: [Panel; 4] = [
         factor: 1e-3,
     },
     Panel {
-        title: "new lease in etcd -> table or kernel, ms",
+        title: "new lease in the registry -> table or kernel, ms",
         fields: &[
             ("p50", ScaleField::PropagationP50Ms),
             ("p99", ScaleField::PropagationP99Ms),
@@ -41,16 +41,26 @@ const PANELS: [Panel; 4] = [
 ];
 
 /// The four panels side by side in `area`: K on the x axis, one series per backend (and per
-/// percentile).
+/// registry when there are several, and per percentile).
 pub fn draw_panels(
     area: &DrawingArea<BitMapBackend, Shift>,
     results: &[ScaleResult],
 ) -> Result<()> {
     let mut ks: Vec<u32> = results.iter().map(|r| r.leases).collect();
+    ks.sort();
     ks.dedup();
-    let mut backends: Vec<ScaleBackend> = results.iter().map(|r| r.backend).collect();
+    let mut backends: Vec<(ScaleRegistry, ScaleBackend)> =
+        results.iter().map(|r| (r.registry, r.backend)).collect();
     backends.sort();
     backends.dedup();
+    let first = backends.first().map(|&(registry, _)| registry);
+    let several = backends
+        .iter()
+        .any(|&(registry, _)| Some(registry) != first);
+    let label = |(registry, backend): (ScaleRegistry, ScaleBackend)| match several {
+        true => format!("{} {}", registry.name(), backend.name()),
+        false => backend.name().to_string(),
+    };
     let categories: Vec<String> = ks.iter().map(|k| format!("K = {k}")).collect();
     for (area, panel) in area.split_evenly((1, PANELS.len())).iter().zip(&PANELS) {
         let series: Vec<Series> = backends
@@ -61,14 +71,16 @@ pub fn draw_panels(
                     .iter()
                     .map(move |&(what, field)| (b, what, field))
             })
-            .map(|(backend, what, field)| Series {
-                name: format!("{} {what}", backend.name()).trim_end().to_string(),
+            .map(|((registry, backend), what, field)| Series {
+                name: format!("{} {what}", label((registry, backend)))
+                    .trim_end()
+                    .to_string(),
                 values: ks
                     .iter()
                     .map(|&k| {
-                        let r = results
-                            .iter()
-                            .find(|r| r.leases == k && r.backend == backend);
+                        let r = results.iter().find(|r| {
+                            r.leases == k && r.registry == registry && r.backend == backend
+                        });
                         Some(r?.value(field)? * panel.factor)
                     })
                     .collect(),

@@ -1,6 +1,6 @@
-//! Results of `--measure scale`: one per (backend, K), as a table and as JSON objects.
+//! Results of `--measure scale`: one per (registry, backend, K), as a table and as JSON objects.
 
-use super::ScaleBackend;
+use super::{ScaleBackend, ScaleRegistry};
 use crate::report::render;
 use crate::stats::percentile;
 use serde_json::{Map, Value};
@@ -15,6 +15,9 @@ pub enum ScaleField {
     CpuPct,
     PropagationP50Ms,
     PropagationP99Ms,
+    /// The registry write alone (etcd put, Node create) until it returned, inside the
+    /// propagation time: what the rest of it is the node's (and the watch's) share.
+    WriteP50Ms,
     RemovalP50Ms,
     RemovalP99Ms,
     /// Wall time of a periodic reconcile with nothing to change.
@@ -29,16 +32,26 @@ pub enum ScaleField {
     RssPeakMb,
     /// twill's CPU over the idle window, % of one core.
     IdleCpuPct,
-    /// RPCs etcd served per minute during the idle window.
+    /// RPCs etcd served per minute during the idle window (etcd).
     EtcdRpm,
+    /// Requests on Nodes the API server served per minute during the idle window (kube).
+    ApiRpm,
+    /// kube-apiserver's resident memory at the end, holding K Nodes (kube).
+    ApiserverRssMb,
+    /// The most kube-apiserver was ever resident (kube).
+    ApiserverPeakMb,
+    /// Writing the K leases (etcd: transactions of 128 puts, 8 in flight; kube: Node creates,
+    /// 32 in flight).
+    FillMs,
 }
 
 impl ScaleField {
-    pub const ALL: [ScaleField; 13] = [
+    pub const ALL: [ScaleField; 18] = [
         ScaleField::StartMs,
         ScaleField::CpuPct,
         ScaleField::PropagationP50Ms,
         ScaleField::PropagationP99Ms,
+        ScaleField::WriteP50Ms,
         ScaleField::RemovalP50Ms,
         ScaleField::RemovalP99Ms,
         ScaleField::ReconcileIdleMs,
@@ -48,6 +61,10 @@ impl ScaleField {
         ScaleField::RssPeakMb,
         ScaleField::IdleCpuPct,
         ScaleField::EtcdRpm,
+        ScaleField::ApiRpm,
+        ScaleField::ApiserverRssMb,
+        ScaleField::ApiserverPeakMb,
+        ScaleField::FillMs,
     ];
 
     pub fn key(self) -> &'static str {
@@ -56,6 +73,7 @@ impl ScaleField {
             ScaleField::CpuPct => "cpu_pct",
             ScaleField::PropagationP50Ms => "propagation_p50_ms",
             ScaleField::PropagationP99Ms => "propagation_p99_ms",
+            ScaleField::WriteP50Ms => "write_p50_ms",
             ScaleField::RemovalP50Ms => "removal_p50_ms",
             ScaleField::RemovalP99Ms => "removal_p99_ms",
             ScaleField::ReconcileIdleMs => "reconcile_idle_ms",
@@ -65,6 +83,21 @@ impl ScaleField {
             ScaleField::RssPeakMb => "rss_peak_mb",
             ScaleField::IdleCpuPct => "idle_cpu_pct",
             ScaleField::EtcdRpm => "etcd_rpm",
+            ScaleField::ApiRpm => "api_rpm",
+            ScaleField::ApiserverRssMb => "apiserver_rss_mb",
+            ScaleField::ApiserverPeakMb => "apiserver_peak_mb",
+            ScaleField::FillMs => "fill_ms",
+        }
+    }
+
+    /// The registry the field means something in; None for all.
+    pub fn registry(self) -> Option<ScaleRegistry> {
+        match self {
+            ScaleField::EtcdRpm => Some(ScaleRegistry::Etcd),
+            ScaleField::ApiRpm | ScaleField::ApiserverRssMb | ScaleField::ApiserverPeakMb => {
+                Some(ScaleRegistry::Kube)
+            }
+            _ => None,
         }
     }
 
@@ -75,6 +108,7 @@ impl ScaleField {
             ScaleField::CpuPct => ("start cpu %", 0),
             ScaleField::PropagationP50Ms => ("prop p50 ms", 1),
             ScaleField::PropagationP99Ms => ("prop p99 ms", 1),
+            ScaleField::WriteP50Ms => ("write p50 ms", 1),
             ScaleField::RemovalP50Ms => ("rm p50 ms", 1),
             ScaleField::RemovalP99Ms => ("rm p99 ms", 1),
             ScaleField::ReconcileIdleMs => ("idle rec. ms", 0),
@@ -84,13 +118,18 @@ impl ScaleField {
             ScaleField::RssPeakMb => ("peak MB", 1),
             ScaleField::IdleCpuPct => ("idle cpu %", 2),
             ScaleField::EtcdRpm => ("etcd rpm", 1),
+            ScaleField::ApiRpm => ("api rpm", 1),
+            ScaleField::ApiserverRssMb => ("apisrv MB", 0),
+            ScaleField::ApiserverPeakMb => ("apisrv peak", 0),
+            ScaleField::FillMs => ("fill ms", 0),
         }
     }
 }
 
-/// One backend at one K.
+/// One backend at one K of one registry.
 #[derive(Debug, Clone)]
 pub struct ScaleResult {
+    pub registry: ScaleRegistry,
     pub backend: ScaleBackend,
     pub leases: u32,
     /// Why the run failed, if it did.
@@ -99,8 +138,10 @@ pub struct ScaleResult {
 }
 
 impl ScaleResult {
+    /// A result of etcd (see [`ScaleResult::in_registry`]).
     pub fn new(backend: ScaleBackend, leases: u32) -> ScaleResult {
         ScaleResult {
+            registry: ScaleRegistry::Etcd,
             backend,
             leases,
             note: String::new(),
@@ -113,6 +154,11 @@ impl ScaleResult {
             note: why,
             ..ScaleResult::new(backend, leases)
         }
+    }
+
+    /// The same result, of `registry`.
+    pub fn in_registry(self, registry: ScaleRegistry) -> ScaleResult {
+        ScaleResult { registry, ..self }
     }
 
     pub fn set(&mut self, field: ScaleField, value: f64) {
@@ -132,35 +178,60 @@ impl ScaleResult {
     }
 }
 
-/// The table: one row per (backend, K), then the notes of failed runs.
+/// The fields shown: all but those of a registry no result is of.
+fn shown(results: &[ScaleResult]) -> Vec<ScaleField> {
+    let measured = |registry| results.iter().any(|r| r.registry == registry);
+    let fields = ScaleField::ALL.into_iter();
+    fields
+        .filter(|f| f.registry().is_none_or(measured))
+        .collect()
+}
+
+/// The table: one row per (registry, backend, K), then the notes of failed runs.
 pub fn table(results: &[ScaleResult]) -> String {
-    let mut header = vec!["backend".to_string(), "leases".to_string()];
-    header.extend(ScaleField::ALL.iter().map(|f| f.column().0.to_string()));
-    let rows: Vec<Vec<String>> = results.iter().map(row).collect();
+    let fields = shown(results);
+    let mut header = vec![
+        "backend".to_string(),
+        "registry".to_string(),
+        "leases".to_string(),
+    ];
+    header.extend(fields.iter().map(|f| f.column().0.to_string()));
+    let rows: Vec<Vec<String>> = results.iter().map(|r| row(r, &fields)).collect();
     let mut out = render(&header, &rows);
     for r in results.iter().filter(|r| !r.note.is_empty()) {
-        out += &format!("note: {} at {}: {}\n", r.backend.name(), r.leases, r.note);
+        out += &format!(
+            "note: {} {} at {}: {}\n",
+            r.registry.name(),
+            r.backend.name(),
+            r.leases,
+            r.note
+        );
     }
     out
 }
 
-fn row(r: &ScaleResult) -> Vec<String> {
-    let mut cells = vec![r.backend.name().to_string(), r.leases.to_string()];
+fn row(r: &ScaleResult, fields: &[ScaleField]) -> Vec<String> {
+    let mut cells = vec![
+        r.backend.name().to_string(),
+        r.registry.name().to_string(),
+        r.leases.to_string(),
+    ];
     cells.extend(
-        ScaleField::ALL
+        fields
             .iter()
             .map(|&f| crate::report::cell(r.value(f), f.column().1)),
     );
     cells
 }
 
-/// One JSON object per (backend, K); missing values are null.
+/// One JSON object per (registry, backend, K); missing values are null.
 pub fn json(results: &[ScaleResult]) -> Vec<Value> {
     results
         .iter()
         .map(|r| {
             let mut obj = Map::new();
             obj.insert("measure".into(), "scale".into());
+            obj.insert("registry".into(), r.registry.name().into());
             obj.insert("backend".into(), r.backend.name().into());
             obj.insert("scale_leases".into(), r.leases.into());
             obj.insert("note".into(), r.note.clone().into());
@@ -205,7 +276,37 @@ mod tests {
         assert_eq!(doc[0]["propagation_p99_ms"], 99.0);
         assert!(doc[1]["start_ms"].is_null());
         let text = table(&[r, failed]);
-        assert!(text.contains("vxlan   |   5000 |     1235"), "{text}");
-        assert!(text.contains("note: udp at 5000: no etcd"), "{text}");
+        assert!(
+            text.contains("vxlan   |     etcd |   5000 |     1235"),
+            "{text}"
+        );
+        assert!(text.contains("note: etcd udp at 5000: no etcd"), "{text}");
+        assert!(
+            text.contains("etcd rpm") && !text.contains("api rpm"),
+            "{text}"
+        );
+        assert_eq!(doc[0]["registry"], "etcd");
+    }
+
+    #[test]
+    fn kube_rows_name_their_registry_and_bring_the_api_server_columns() {
+        let mut kube = ScaleResult::new(ScaleBackend::Udp, 5000).in_registry(ScaleRegistry::Kube);
+        kube.set(ScaleField::ApiserverRssMb, 612.4);
+        kube.set(ScaleField::FillMs, 61234.0);
+        let etcd = ScaleResult::new(ScaleBackend::Udp, 5000);
+        let text = table(&[etcd, kube.clone()]);
+        assert!(
+            text.contains("etcd rpm") && text.contains("api rpm"),
+            "{text}"
+        );
+        assert!(text.contains("udp     |     kube |   5000 |"), "{text}");
+        assert!(text.contains("612") && text.contains("61234"), "{text}");
+        let only_kube = table(std::slice::from_ref(&kube));
+        assert!(!only_kube.contains("etcd rpm"), "{only_kube}");
+        let doc = json(&[kube]);
+        assert_eq!(doc[0]["registry"], "kube");
+        assert_eq!(doc[0]["apiserver_rss_mb"], 612.4);
+        assert_eq!(doc[0]["fill_ms"], 61234.0);
+        assert!(doc[0]["etcd_rpm"].is_null());
     }
 }
