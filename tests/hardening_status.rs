@@ -54,24 +54,6 @@ fn open_files(pid: u32) -> Result<usize> {
     Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
 }
 
-/// An HTTP/1.1 GET from inside `ns` that gives up after `bound` (connect included): the
-/// status line and body, or an error.
-fn get_within(ns: &Netns, addr: &str, path: &str, bound: Duration) -> Result<String> {
-    let socket: SocketAddr = addr.parse()?;
-    ns.enter(|| {
-        let mut stream = TcpStream::connect_timeout(&socket, bound)?;
-        stream.set_read_timeout(Some(bound))?;
-        stream.set_write_timeout(Some(bound))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        Ok(response)
-    })
-}
-
 #[test]
 fn the_healthz_port_serves_healthz_alone() -> Result<()> {
     twill_lab::require_root()?;
@@ -263,7 +245,7 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
     // /healthz answers at once: the probe's connection displaces an idle one.
     let started = Instant::now();
     eventually_within("/healthz during the flood", Duration::from_secs(15), || {
-        let answer = get_within(ns, STATUS_ADDR, "/healthz", Duration::from_secs(2));
+        let answer = http_get_within(ns, STATUS_ADDR, "/healthz", Duration::from_secs(2));
         Ok(answer.is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
     })?;
     let healthz_took = started.elapsed();

@@ -8,7 +8,7 @@ mod common;
 use anyhow::{Context, Result};
 use common::cluster::*;
 use common::kube::{net_conf, KubeCluster};
-use common::wireguard::{self as wg, OTHER_PSK, PSK};
+use common::wireguard::{self as wg, PSK};
 use common::*;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
@@ -120,17 +120,7 @@ fn failing_start_with_key_file(c: &Cluster, file: &str) -> Result<String> {
 
 #[test]
 fn a_preshared_key_that_differs_between_nodes_is_said_once_per_peer() -> Result<()> {
-    let mut c = cluster("hwpsk", 2, &wg::config(PSK, ""))?;
-    let first = wg::start(&c, 0)?;
-    c.etcd.etcdctl(&[
-        "put",
-        &format!("{PREFIX}/config"),
-        &wg::config(OTHER_PSK, ""),
-    ])?;
-    let _second = wg::start(&c, 1)?;
-    c.add_container(0)?;
-    c.add_container(1)?;
-    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    let (c, [first, _second]) = wg::mismatched_psk("hwpsk")?;
     let peer = c.subnet(1)?.to_string();
     let target = c.container(1).ip.to_string();
     // One ping starts node 0's handshake; boringtun retries it every 5 s on its own.

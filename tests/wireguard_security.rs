@@ -5,8 +5,7 @@
 mod common;
 
 use anyhow::{Context, Result};
-use common::cluster::*;
-use common::wireguard::{self as wg, OTHER_PSK, PSK};
+use common::wireguard::{self as wg, PSK};
 use common::*;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -41,17 +40,7 @@ fn a_wrong_key_in_a_lease_carries_nothing_and_is_counted() -> Result<()> {
 
 #[test]
 fn a_wrong_preshared_key_carries_nothing_and_is_counted() -> Result<()> {
-    let mut c = cluster("swpsk", 2, &wg::config(PSK, ""))?;
-    let _first = wg::start(&c, 0)?;
-    c.etcd.etcdctl(&[
-        "put",
-        &format!("{PREFIX}/config"),
-        &wg::config(OTHER_PSK, ""),
-    ])?;
-    let _second = wg::start(&c, 1)?;
-    c.add_container(0)?;
-    c.add_container(1)?;
-    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    let (c, _nodes) = wg::mismatched_psk("swpsk")?;
     for (from, to) in [(0, 1), (1, 0)] {
         let target = c.container(to).ip.to_string();
         let out = c

@@ -177,9 +177,16 @@ fn send(addr: SocketAddr, bytes: usize) -> Result<String> {
 
 /// A plain HTTP/1.1 GET from inside a namespace; returns the whole response.
 pub fn http_get(ns: &Netns, addr: &str, path: &str) -> Result<String> {
+    http_get_within(ns, addr, path, Duration::from_secs(5))
+}
+
+/// [`http_get`] that gives up after `bound`, connect included.
+pub fn http_get_within(ns: &Netns, addr: &str, path: &str, bound: Duration) -> Result<String> {
+    let socket: SocketAddr = addr.parse()?;
     ns.enter(|| {
-        let mut stream = TcpStream::connect(addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut stream = TcpStream::connect_timeout(&socket, bound)?;
+        stream.set_read_timeout(Some(bound))?;
+        stream.set_write_timeout(Some(bound))?;
         write!(
             stream,
             "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"

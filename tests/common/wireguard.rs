@@ -1,7 +1,7 @@
 //! What the WireGuard tests share: the network config, a key file per host, the lease a node
 //! must write, two connected nodes and the status server's metrics.
 
-use super::cluster::{cluster, Cluster};
+use super::cluster::{cluster, Cluster, PREFIX};
 use super::*;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -106,4 +106,19 @@ pub fn rejected(ns: &Netns) -> Result<Vec<(String, String)>> {
             (text("subnet"), text("reason"))
         })
         .collect())
+}
+
+/// Two wireguard nodes with a container each whose network configs hold different
+/// pre-shared keys: node 0 started with [`PSK`], node 1 after the config changed to
+/// [`OTHER_PSK`]. Node 0 knows node 1 as a peer.
+pub fn mismatched_psk(tag: &str) -> Result<(Cluster, [Proc; 2])> {
+    let mut c = cluster(tag, 2, &config(PSK, ""))?;
+    let first = start(&c, 0)?;
+    c.etcd
+        .etcdctl(&["put", &format!("{PREFIX}/config"), &config(OTHER_PSK, "")])?;
+    let second = start(&c, 1)?;
+    c.add_container(0)?;
+    c.add_container(1)?;
+    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    Ok((c, [first, second]))
 }
