@@ -5,10 +5,10 @@
 //! annotations, written exactly as flanneld v0.28.9 writes them (`backend-type` is empty for
 //! udp, `backend-data` is the JSON text `null` for backends without data).
 
+use super::node_view::NodeView;
 use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
 use anyhow::bail;
 use ipnet::Ipv4Net;
-use k8s_openapi::api::core::v1::Node;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -55,23 +55,18 @@ impl Annotations {
     }
 
     /// Reads a Node as a lease.
-    pub fn node_lease(&self, node: &Node) -> NodeLease {
-        let annotations = node.metadata.annotations.as_ref();
-        let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
-        if get(&self.subnet_kube_managed) != Some("true") {
+    pub fn node_lease(&self, node: &NodeView) -> NodeLease {
+        if node.annotation(&self.subnet_kube_managed) != Some("true") {
             return NodeLease::NotFlannel;
         }
-        match self.read_lease(node, &get) {
+        match self.read_lease(node) {
             Ok(lease) => NodeLease::Lease(lease),
             Err(why) => NodeLease::Unreadable(format!("{why:#}")),
         }
     }
 
-    fn read_lease<'a>(
-        &self,
-        node: &Node,
-        get: &impl Fn(&str) -> Option<&'a str>,
-    ) -> anyhow::Result<Lease> {
+    fn read_lease(&self, node: &NodeView) -> anyhow::Result<Lease> {
+        let get = |key: &str| node.annotation(key);
         let subnet = pod_cidr(node)?;
         let ip_text = get(&self.public_ip).unwrap_or_default();
         let Ok(public_ip) = ip_text.parse::<Ipv4Addr>() else {
@@ -98,12 +93,10 @@ impl Annotations {
 
     /// The annotations this node must carry for `attrs`, as flanneld writes them; an operator's
     /// `public-ip-overwrite` on the Node wins over our own address.
-    pub fn own(&self, attrs: &LeaseAttrs, node: &Node) -> BTreeMap<String, String> {
-        let current = node.metadata.annotations.as_ref();
-        let overwrite = current
-            .and_then(|a| a.get(&self.public_ip_overwrite))
-            .filter(|ip| !ip.is_empty());
-        let public_ip = overwrite.cloned().unwrap_or(attrs.public_ip.to_string());
+    pub fn own(&self, attrs: &LeaseAttrs, node: &NodeView) -> BTreeMap<String, String> {
+        let overwrite = node.annotation(&self.public_ip_overwrite);
+        let overwrite = overwrite.filter(|ip| !ip.is_empty()).map(str::to_string);
+        let public_ip = overwrite.unwrap_or(attrs.public_ip.to_string());
         let data = attrs
             .backend_data
             .as_ref()
@@ -120,35 +113,24 @@ impl Annotations {
     }
 
     /// Those of `wanted` that the Node does not already carry with the same value.
-    pub fn missing(wanted: BTreeMap<String, String>, node: &Node) -> BTreeMap<String, String> {
-        let current = node.metadata.annotations.as_ref();
+    pub fn missing(wanted: BTreeMap<String, String>, node: &NodeView) -> BTreeMap<String, String> {
         wanted
             .into_iter()
-            .filter(|(k, v)| current.and_then(|a| a.get(k)) != Some(v))
+            .filter(|(k, v)| node.annotation(k) != Some(v.as_str()))
             .collect()
     }
 }
 
 /// A Node lease's creation order: the Node's creationTimestamp, ties broken by its name. The API
 /// server sets both once, so every node reads the same order.
-fn created(node: &Node) -> Created {
-    let meta = &node.metadata;
-    let at = meta
-        .creation_timestamp
-        .as_ref()
-        .map_or(0, |t| t.0.as_second());
-    Created::named(at, meta.name.as_deref().unwrap_or_default())
+fn created(node: &NodeView) -> Created {
+    Created::named(node.created_second(), node.name())
 }
 
 /// The Node's IPv4 pod CIDR: the first IPv4 entry of `spec.podCIDRs`, else `spec.podCIDR`.
 /// `None` while the controller manager has not assigned one.
-pub fn assigned_pod_cidr(node: &Node) -> anyhow::Result<Option<Ipv4Net>> {
-    let Some(spec) = &node.spec else {
-        return Ok(None);
-    };
-    let listed = spec.pod_cidrs.iter().flatten().map(String::as_str);
-    let all: Vec<&str> = listed.chain(spec.pod_cidr.as_deref()).collect();
-    let Some(first) = all.iter().find(|c| !c.contains(':')) else {
+pub fn assigned_pod_cidr(node: &NodeView) -> anyhow::Result<Option<Ipv4Net>> {
+    let Some(first) = node.pod_cidrs().find(|c| !c.contains(':')) else {
         return Ok(None);
     };
     let Ok(cidr) = first.parse::<Ipv4Net>() else {
@@ -160,7 +142,7 @@ pub fn assigned_pod_cidr(node: &Node) -> anyhow::Result<Option<Ipv4Net>> {
     Ok(Some(cidr))
 }
 
-fn pod_cidr(node: &Node) -> anyhow::Result<Ipv4Net> {
+fn pod_cidr(node: &NodeView) -> anyhow::Result<Ipv4Net> {
     match assigned_pod_cidr(node)? {
         Some(cidr) => Ok(cidr),
         None => bail!("it has no IPv4 podCIDR"),
@@ -196,27 +178,25 @@ fn normalise(prefix: &str) -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::node_view::PodCidrs;
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
 
-    fn node(cidr: Option<&str>, annotations: &[(&str, &str)]) -> Node {
+    fn node(cidr: Option<&str>, annotations: &[(&str, &str)]) -> NodeView {
         let annotations = annotations
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()));
-        Node {
+        NodeView {
             metadata: ObjectMeta {
                 name: Some("n1".into()),
                 annotations: Some(annotations.collect()),
                 ..Default::default()
             },
-            spec: Some(NodeSpec {
+            spec: Some(PodCidrs {
                 pod_cidr: cidr.map(str::to_string),
                 pod_cidrs: cidr.map(|c| vec![c.to_string()]),
-                ..Default::default()
             }),
-            status: None,
         }
     }
 

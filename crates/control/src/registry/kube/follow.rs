@@ -5,13 +5,13 @@
 
 use super::annotations::NodeLease;
 use super::client::{chain, Failure};
+use super::node_view::NodeView;
 use super::own_node::{OwnChange, OwnNode};
 use crate::lease::Lease;
 use crate::registry::{node_key, LeaseEvent, NodeNames};
 use anyhow::anyhow;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::Api;
 use std::collections::HashMap;
@@ -19,7 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-type Nodes = BoxStream<'static, Result<Event<Node>, watcher::Error>>;
+type Nodes = BoxStream<'static, Result<Event<NodeView>, watcher::Error>>;
 
 /// What this node knows of another Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,11 +34,19 @@ pub(super) struct Follower {
     names: Arc<NodeNames>,
     /// Every other Node that is a lease or claims to be one, by name.
     peers: HashMap<String, Peer>,
-    /// Nodes of a list in progress (between the watcher's Init and InitDone).
-    listing: Option<Vec<Node>>,
+    /// A list in progress (between the watcher's Init and InitDone).
+    listing: Option<Listing>,
     /// A whole list has been sent as a snapshot.
     listed: bool,
     tx: mpsc::Sender<LeaseEvent>,
+}
+
+/// A list in progress, read Node by Node as the pages arrive, so that only what each Node is
+/// to the network is kept until the list is whole.
+#[derive(Default)]
+struct Listing {
+    peers: HashMap<String, Peer>,
+    own: Option<NodeView>,
 }
 
 /// The consumer went away: stop following.
@@ -64,8 +72,12 @@ impl Follower {
 
     /// Lists the Nodes and sends the first snapshot; returns the watch that follows, to run
     /// in the background. A refused list (401, 403) fails here, at start, in one line.
-    pub async fn list(mut self, nodes: Api<Node>) -> anyhow::Result<impl Future<Output = ()>> {
-        let mut stream: Nodes = watcher(nodes, watcher::Config::default()).boxed();
+    /// Lists are served from the API server's watch cache (resourceVersion 0), as client-go's
+    /// informers, and so flanneld, list: a quorum read of every Node from etcd costs the API
+    /// server several times more, and the watch that follows brings any newer change.
+    pub async fn list(mut self, nodes: Api<NodeView>) -> anyhow::Result<impl Future<Output = ()>> {
+        let config = watcher::Config::default().any_semantic();
+        let mut stream: Nodes = watcher(nodes, config).boxed();
         let mut backoff = self.own.timing.backoff();
         while !self.listed {
             match stream.try_next().await {
@@ -122,13 +134,13 @@ impl Follower {
         }
     }
 
-    async fn on(&mut self, event: Event<Node>) -> Result<(), Gone> {
+    async fn on(&mut self, event: Event<NodeView>) -> Result<(), Gone> {
         match event {
-            Event::Init => self.listing = Some(Vec::new()),
-            Event::InitApply(node) => self.listing.get_or_insert_with(Vec::new).push(node),
+            Event::Init => self.listing = Some(Listing::default()),
+            Event::InitApply(node) => self.listed(node),
             Event::InitDone => {
-                let nodes = self.listing.take().unwrap_or_default();
-                self.resync(nodes).await?;
+                let listing = self.listing.take().unwrap_or_default();
+                self.resync(listing).await?;
                 self.listed = true;
             }
             Event::Apply(node) => self.apply(node).await?,
@@ -137,19 +149,26 @@ impl Follower {
         Ok(())
     }
 
+    /// One Node of a list in progress.
+    fn listed(&mut self, node: NodeView) {
+        let peer = (node.name() != self.own.name).then(|| self.peer(&node));
+        let listing = self.listing.get_or_insert_with(Listing::default);
+        match peer {
+            None => listing.own = Some(node),
+            Some(Some(peer)) => {
+                listing.peers.insert(node.name().to_string(), peer);
+            }
+            Some(None) => {}
+        }
+    }
+
     /// A complete list: every peer is replaced, and unreadable Nodes that are gone or
     /// readable again are cleared.
-    async fn resync(&mut self, nodes: Vec<Node>) -> Result<(), Gone> {
-        let mut peers = HashMap::new();
-        for node in nodes {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            if name == self.own.name {
-                self.own_changed(&node).await?;
-            } else if let Some(peer) = self.peer(&node) {
-                peers.insert(name, peer);
-            }
+    async fn resync(&mut self, listing: Listing) -> Result<(), Gone> {
+        if let Some(own) = &listing.own {
+            self.own_changed(own).await?;
         }
-        let old = std::mem::replace(&mut self.peers, peers);
+        let old = std::mem::replace(&mut self.peers, listing.peers);
         for (name, old) in &old {
             if matches!(old, Peer::Unreadable(_)) && !self.is_unreadable(name) {
                 self.send(unreadable(name, None)).await?;
@@ -176,8 +195,8 @@ impl Follower {
     }
 
     /// One Node added or changed.
-    async fn apply(&mut self, node: Node) -> Result<(), Gone> {
-        let name = node.metadata.name.clone().unwrap_or_default();
+    async fn apply(&mut self, node: NodeView) -> Result<(), Gone> {
+        let name = node.name().to_string();
         if name == self.own.name {
             return self.own_changed(&node).await;
         }
@@ -201,8 +220,8 @@ impl Follower {
         }
     }
 
-    async fn delete(&mut self, node: &Node) -> Result<(), Gone> {
-        let name = node.metadata.name.clone().unwrap_or_default();
+    async fn delete(&mut self, node: &NodeView) -> Result<(), Gone> {
+        let name = node.name().to_string();
         if name == self.own.name {
             tracing::warn!(
                 "this node's Node object {name} was deleted; twill keeps forwarding with its \
@@ -244,7 +263,7 @@ impl Follower {
 
     /// Our own Node changed: re-publish our annotations if someone changed them, and stop if
     /// our podCIDR is no longer our lease.
-    async fn own_changed(&mut self, node: &Node) -> Result<(), Gone> {
+    async fn own_changed(&mut self, node: &NodeView) -> Result<(), Gone> {
         match self.own.change(node, &self.lease) {
             OwnChange::None => Ok(()),
             OwnChange::Annotate(missing) => {
@@ -261,7 +280,7 @@ impl Follower {
         }
     }
 
-    fn peer(&self, node: &Node) -> Option<Peer> {
+    fn peer(&self, node: &NodeView) -> Option<Peer> {
         match self.own.annotations.node_lease(node) {
             NodeLease::NotFlannel => None,
             NodeLease::Lease(lease) => Some(Peer::Lease(lease)),

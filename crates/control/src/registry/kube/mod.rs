@@ -6,6 +6,7 @@
 mod annotations;
 mod client;
 mod follow;
+mod node_view;
 mod own_node;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
@@ -15,8 +16,9 @@ use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{anyhow, Context};
 use client::Failure;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
+use node_view::NodeView;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,7 +198,7 @@ impl Registry for KubeRegistry {
     /// Waits for the Node's podCIDR, publishes this node's annotations and marks its network
     /// available, then lists the Nodes; the watch that follows runs in the background.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<NodeView> = Api::all(self.client.clone());
         let own = own_node::OwnNode {
             nodes: nodes.clone(),
             name: self.node_name.clone(),

@@ -2,11 +2,11 @@
 //! other nodes read about us.
 
 use super::annotations::{assigned_pod_cidr, Annotations};
+use super::node_view::NodeView;
 use super::{retry, KubeTiming};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::bail;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::Api;
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ use std::time::Duration;
 const WAIT_POLL_MAX: Duration = Duration::from_secs(2);
 
 pub(super) struct OwnNode {
-    pub nodes: Api<Node>,
+    pub nodes: Api<NodeView>,
     pub name: String,
     pub annotations: Annotations,
     pub attrs: LeaseAttrs,
@@ -50,7 +50,7 @@ impl OwnNode {
         Ok(Lease::new(subnet, self.attrs.clone()))
     }
 
-    async fn wait_for_pod_cidr(&self) -> anyhow::Result<(Node, ipnet::Ipv4Net)> {
+    async fn wait_for_pod_cidr(&self) -> anyhow::Result<(NodeView, ipnet::Ipv4Net)> {
         let resource = format!("nodes/{}", self.name);
         let mut said = None;
         let mut poll = super::Backoff::new(self.timing.backoff_min, WAIT_POLL_MAX);
@@ -115,7 +115,7 @@ impl OwnNode {
     }
 
     /// Compares a new version of our Node with our lease.
-    pub fn change(&self, node: &Node, lease: &Lease) -> OwnChange {
+    pub fn change(&self, node: &NodeView, lease: &Lease) -> OwnChange {
         match assigned_pod_cidr(node) {
             Ok(Some(cidr)) if cidr == lease.subnet => {}
             Ok(cidr) => {
