@@ -29,21 +29,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-/// Circles that stood when this check was written. Each is being removed; delete its entry when
-/// it is gone (the check says so). A circle found in the code passes only if all its files lie in
-/// one entry, so a new circle anywhere, or one that grows, fails. Never add an entry.
-const KNOWN_CIRCLES: &[&[&str]] = &[
-    // paths.rs <-> wireguard_go.rs: MTU, start one way; NETWORK, UNDERLAY_MTU, pairs, subnet the
-    // other. Being removed.
-    &[
-        "crates/bench/src/paths.rs",
-        "crates/bench/src/wireguard_go.rs",
-    ],
-    // plot.rs <-> scale/plot.rs: draw_panels one way; Series, grouped_bars the other. Being
-    // removed.
-    &["crates/bench/src/plot.rs", "crates/bench/src/scale/plot.rs"],
-];
-
 #[test]
 fn no_import_circles() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -71,7 +56,6 @@ fn no_import_circles() {
     }
     assert!(files_read > 50, "only {files_read} files read: wrong root?");
 
-    let verdict = judge(&circles, KNOWN_CIRCLES);
     let mut report = format!(
         "{} circle(s) in {files_read} files of {} crates:\n",
         circles.len(),
@@ -81,10 +65,11 @@ fn no_import_circles() {
         report += &circle.to_string();
     }
     assert!(
-        verdict.new.is_empty() && verdict.stale.is_empty(),
-        "{report}\n{verdict}"
+        circles.is_empty(),
+        "{report}\nBreak each circle: move what both sides use down, into a module of its own, \
+         instead of importing back up."
     );
-    // Shown with --nocapture, or when the test fails.
+    // Shown with --nocapture.
     println!("{report}");
 }
 
@@ -791,56 +776,6 @@ fn strongly_connected(successors: &[Vec<usize>]) -> Vec<Vec<usize>> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Found circles against the known ones.
-
-#[derive(Debug, Default)]
-struct Verdict {
-    /// Found circles that lie in no known one.
-    new: Vec<Vec<String>>,
-    /// Known circles of which nothing is left.
-    stale: Vec<Vec<String>>,
-}
-
-fn judge(circles: &[Circle], known: &[&[&str]]) -> Verdict {
-    let within =
-        |circle: &Circle, entry: &[&str]| circle.files.iter().all(|f| entry.contains(&f.as_str()));
-    Verdict {
-        new: circles
-            .iter()
-            .filter(|c| !known.iter().any(|entry| within(c, entry)))
-            .map(|c| c.files.clone())
-            .collect(),
-        stale: known
-            .iter()
-            .filter(|entry| !circles.iter().any(|c| within(c, entry)))
-            .map(|entry| entry.iter().map(|f| f.to_string()).collect())
-            .collect(),
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for files in &self.new {
-            writeln!(
-                f,
-                "NEW circle (not in KNOWN_CIRCLES): {}. Break it: move what both sides use down, \
-                 into a module of its own, instead of importing back up.",
-                files.join(", ")
-            )?;
-        }
-        for files in &self.stale {
-            writeln!(
-                f,
-                "GONE: {} no longer forms a circle. Delete its entry from KNOWN_CIRCLES in \
-                 tests/import_circles.rs, so that it cannot come back.",
-                files.join(", ")
-            )?;
-        }
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // The tricky parts, checked on small made-up crates.
 
 /// `(from, to, names)` of the edges among `files` (paths under src), by path.
@@ -1089,24 +1024,6 @@ fn a_binary_beside_the_library_is_a_crate_of_its_own() {
         ("a.rs", "use crate::f; pub struct X;"),
     ]);
     assert!(edges.is_empty(), "{edges:?}");
-}
-
-#[test]
-fn known_circles_pass_while_they_shrink_and_must_be_deleted_when_gone() {
-    let circle = |files: &[&str]| Circle {
-        files: files.iter().map(|f| f.to_string()).collect(),
-        ties: Vec::new(),
-    };
-    let known: &[&[&str]] = &[&["a", "b", "c"], &["d", "e"]];
-    let verdict = judge(&[circle(&["a", "b", "c"]), circle(&["d", "e"])], known);
-    assert!(verdict.new.is_empty() && verdict.stale.is_empty());
-    // Part of a known circle is left: still passes.
-    let verdict = judge(&[circle(&["a", "c"]), circle(&["d", "e"])], known);
-    assert!(verdict.new.is_empty() && verdict.stale.is_empty());
-    // A known circle grows, another one appears, one is gone.
-    let verdict = judge(&[circle(&["a", "b", "c", "f"]), circle(&["g", "h"])], known);
-    assert_eq!(verdict.new, vec![vec!["a", "b", "c", "f"], vec!["g", "h"]]);
-    assert_eq!(verdict.stale, vec![vec!["a", "b", "c"], vec!["d", "e"]]);
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! and a PNG, each path relative to kernel VXLAN and to native. `--measure scale` measures the
 //! control plane at thousands of leases instead.
 
+mod addressing;
+mod bars;
 pub mod endpoints;
 pub mod flood;
 pub mod measure;

@@ -1,6 +1,7 @@
 //! The compared paths. Each gets its own two-host lab, set up the way that path runs for real:
 //! kernel paths with the `ip` commands flannel's backends amount to, twill with its own binary.
 
+use crate::addressing::{pairs, subnet, NETWORK, UNDERLAY_MTU};
 use crate::measure::{Endpoints, Servers};
 use crate::parse;
 use crate::wireguard_go;
@@ -11,8 +12,6 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 use twill_lab::{Etcd, Host, Ipv4Net, Lab, LabSpec, Proc, WireguardGo};
 
-pub(crate) const NETWORK: &str = "10.5.0.0/16";
-pub(crate) const UNDERLAY_MTU: u32 = 1500;
 const VXLAN_DEV: &str = "flannel.1";
 /// flannel: iface MTU - 50 (outer IPv4 + UDP + VXLAN + inner Ethernet).
 const VXLAN_MTU: u32 = UNDERLAY_MTU - 50;
@@ -257,11 +256,6 @@ impl PathLab {
     }
 }
 
-/// Container subnet of host `i`.
-pub(crate) fn subnet(i: usize) -> Ipv4Net {
-    Ipv4Net::new([10, 5, i as u8 + 1, 0].into(), 24).expect("/24 is a valid prefix")
-}
-
 /// Host to host for native (no containers); container to container otherwise. No processes
 /// yet: [`PathLab::endpoints`] adds them.
 fn endpoints(lab: &Lab) -> Endpoints<'_> {
@@ -286,11 +280,6 @@ fn endpoints(lab: &Lab) -> Endpoints<'_> {
             processes: Vec::new(),
         },
     }
-}
-
-/// Host `i` and the other host (`peer`), whose container subnet is `subnet(1 - i)`.
-pub(crate) fn pairs(lab: &Lab) -> [(usize, &Host, &Host); 2] {
-    [(0, lab.host(0), lab.host(1)), (1, lab.host(1), lab.host(0))]
 }
 
 /// flannel's host-gw backend: a plain route to the peer's subnet via its underlay address.

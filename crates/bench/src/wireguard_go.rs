@@ -3,7 +3,7 @@
 //! as /32, the network routed into the device, the other host as peer). Unavailable, with the
 //! reason, where wireguard-go or wg is not installed.
 
-use crate::paths::{pairs, subnet, NETWORK, UNDERLAY_MTU};
+use crate::addressing::{pairs, subnet, NETWORK, UNDERLAY_MTU};
 use anyhow::{Context, Result};
 use std::path::Path;
 use twill_lab::wireguard_go::{generate_key, installed};

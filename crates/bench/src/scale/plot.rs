@@ -2,7 +2,7 @@
 
 use super::report::{ScaleField, ScaleResult};
 use super::{ScaleBackend, ScaleRegistry};
-use crate::plot::{grouped_bars, Series};
+use crate::bars::{grouped_bars, Series};
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
