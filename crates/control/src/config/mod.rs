@@ -3,8 +3,14 @@
 //! Parsing follows flannel's `ParseConfig` + `CheckNetworkConfig` so that every config a flanneld
 //! accepts is accepted here with the same defaults, and an invalid one is refused with a single
 //! line that names the offending field (the operator reads it in a log, not in a debugger).
+//! The IPv6 half (`EnableIPv6`, `IPv6Network`, ...) is read and checked in [`ipv6`].
+
+mod ipv6;
+
+pub use ipv6::Ipv6Config;
 
 use ipnet::Ipv4Net;
+use ipv6::Ipv6Fields;
 use serde_json::{Map, Value};
 use std::net::Ipv4Addr;
 
@@ -22,6 +28,8 @@ pub struct Config {
     pub subnet_min: Ipv4Addr,
     /// Network address of the highest subnet that may be leased.
     pub subnet_max: Ipv4Addr,
+    /// The IPv6 network, when `EnableIPv6` is true (a dual-stack network).
+    pub ipv6: Option<Ipv6Config>,
     pub backend: BackendConfig,
 }
 
@@ -79,6 +87,12 @@ impl Config {
             ),
         ]
         .into_iter()
+        .chain(
+            Ipv6Config::shown(self.ipv6.as_ref())
+                .into_iter()
+                .zip(Ipv6Config::shown(now.ipv6.as_ref()))
+                .map(|((name, old), (_, new))| (name, old, new)),
+        )
         .filter(|(_, old, new)| old != new)
         .map(|(name, old, new)| format!("{name} {old} -> {new}"))
         .collect();
@@ -119,14 +133,37 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 }
 
 impl Config {
-    /// Parses and validates the JSON stored at `<prefix>/config`.
+    /// Parses and validates the JSON stored at `<prefix>/config`, and refuses a network this
+    /// twill cannot run: one with IPv6 ([`Config::from_json`] reads those).
     pub fn parse(json: &str) -> Result<Config, ConfigError> {
+        let config = Config::from_json(json)?;
+        if let Some(v6) = &config.ipv6 {
+            return invalid(format!(
+                "EnableIPv6 is true: IPv6Network {} (IPv6SubnetLen /{}) is valid, but twill cannot \
+                 run a dual-stack network yet: no backend carries IPv6 (IPv6 routes, vxlan's \
+                 flannel-v6 device, IPv6 in the udp, twill-batch and wireguard engines); set \
+                 EnableIPv6 to false or run flanneld",
+                v6.network, v6.subnet_len
+            ));
+        }
+        Ok(config)
+    }
+
+    /// Parses and validates a config as flanneld does (`ParseConfig` + `CheckNetworkConfig`),
+    /// dual-stack included. An IPv6-only network (`EnableIPv4` false) is checked, then refused:
+    /// twill's leases need an IPv4 subnet.
+    pub fn from_json(json: &str) -> Result<Config, ConfigError> {
         let value: Value =
             serde_json::from_str(json).map_err(|e| ConfigError(format!("not valid JSON ({e})")))?;
         let Value::Object(obj) = value else {
             return invalid("expected a JSON object");
         };
-        check_ip_families(&obj)?;
+        let enable_ipv4 = bool_field(&obj, "EnableIPv4")?.unwrap_or(true);
+        let enable_ipv6 = bool_field(&obj, "EnableIPv6")?.unwrap_or(false);
+        let ipv6_fields = Ipv6Fields::read(&obj)?;
+        if !enable_ipv4 {
+            return refuse_ipv6_only(enable_ipv6.then(|| ipv6_fields.validate()).transpose()?);
+        }
         let network = parse_network(field(&obj, "Network"))?;
         let subnet_len = parse_subnet_len(field(&obj, "SubnetLen"), network)?;
         let subnet_min = parse_bound(&obj, "SubnetMin", network, subnet_len)?
@@ -138,12 +175,14 @@ impl Config {
                 "SubnetMin {subnet_min} is above SubnetMax {subnet_max}"
             ));
         }
+        let ipv6 = enable_ipv6.then(|| ipv6_fields.validate()).transpose()?;
         let backend = BackendConfig::parse(field(&obj, "Backend"))?;
         Ok(Config {
             network,
             subnet_len,
             subnet_min,
             subnet_max,
+            ipv6,
             backend,
         })
     }
@@ -238,16 +277,17 @@ pub(crate) fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a V
     })
 }
 
-/// twill leases IPv4 subnets only; a config that asks for something else is refused rather than
-/// half-served.
-fn check_ip_families(obj: &Map<String, Value>) -> Result<(), ConfigError> {
-    if bool_field(obj, "EnableIPv4")? == Some(false) {
-        return invalid("EnableIPv4 is false, but twill only supports IPv4 networks");
+/// `EnableIPv4` false: flanneld runs an IPv6-only network (its `ipv6` when valid), twill not yet.
+fn refuse_ipv6_only(ipv6: Option<Ipv6Config>) -> Result<Config, ConfigError> {
+    match ipv6 {
+        None => invalid("EnableIPv4 and EnableIPv6 are both false: the network has no addresses"),
+        Some(v6) => invalid(format!(
+            "EnableIPv4 is false: the IPv6-only network {} is valid, but twill cannot run it: \
+             its leases, backends and engines need an IPv4 Network; set EnableIPv4 to true \
+             with a Network",
+            v6.network
+        )),
     }
-    if bool_field(obj, "EnableIPv6")? == Some(true) {
-        return invalid("EnableIPv6 is true, but twill does not support IPv6 networks");
-    }
-    Ok(())
 }
 
 fn parse_network(value: Option<&Value>) -> Result<Ipv4Net, ConfigError> {
