@@ -423,9 +423,12 @@ pub(crate) mod tests {
     pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
         Lease {
             subnet: subnet.parse().unwrap(),
+            ipv6_subnet: None,
             public_ip: public_ip.parse().unwrap(),
+            public_ipv6: None,
             backend_type: backend_type.map(Into::into),
             backend_data: None,
+            backend_v6_data: None,
             created: Default::default(),
         }
     }

@@ -122,10 +122,13 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
     }
     Ok(Lease {
         subnet,
+        ipv6_subnet: None,
         public_ip,
+        public_ipv6: None,
         backend_type: (backend_type != DEFAULT_BACKEND).then(|| backend_type.as_str().into()),
         backend_data: (!backend_data.is_empty())
             .then(|| serde_json::Value::from(backend_data).into()),
+        backend_v6_data: None,
         created: Default::default(),
     })
 }

@@ -175,9 +175,12 @@ pub fn config(direct_routing: bool) -> KernelConfig {
 pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
     Lease {
         subnet: subnet.parse::<Ipv4Net>().unwrap(),
+        ipv6_subnet: None,
         public_ip: public_ip.parse().unwrap(),
+        public_ipv6: None,
         backend_type: backend_type.map(Into::into),
         backend_data: None,
+        backend_v6_data: None,
         created: Default::default(),
     }
 }

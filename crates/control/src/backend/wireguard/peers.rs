@@ -120,8 +120,10 @@ mod tests {
     fn lease(subnet: &str, data: Value) -> Lease {
         let attrs = LeaseAttrs {
             public_ip: "10.200.0.2".parse().unwrap(),
+            public_ipv6: None,
             backend_type: Some("wireguard".into()),
             backend_data: Some(data.into()),
+            backend_v6_data: None,
         };
         Lease::new(subnet.parse().unwrap(), attrs)
     }

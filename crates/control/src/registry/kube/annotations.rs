@@ -85,8 +85,10 @@ impl Annotations {
         };
         let attrs = LeaseAttrs {
             public_ip,
+            public_ipv6: None,
             backend_type: backend_type.map(Arc::from),
             backend_data,
+            backend_v6_data: None,
         };
         Ok(Lease::new(subnet, attrs).with_created(created(node)))
     }

@@ -1,14 +1,22 @@
 //! Lease keys and values, exactly as flanneld writes them.
 //!
 //! A twill lease must be indistinguishable from a flanneld one: the same key
-//! (`<prefix>/subnets/10.5.8.0-24`) and the same JSON, byte for byte, field order included
-//! (flanneld marshals its Go `LeaseAttrs` struct: PublicIP, PublicIPv6, BackendType, BackendData).
+//! (`<prefix>/subnets/10.5.8.0-24`, see [`key`]) and the same JSON, byte for byte, field order
+//! included (flanneld marshals its Go `LeaseAttrs` struct: PublicIP, PublicIPv6, BackendType,
+//! BackendData, BackendV6Data).
+//!
+//! A dual-stack lease is one lease: its IPv6 subnet rides in the key beside the IPv4 one, its
+//! `PublicIPv6` and `BackendV6Data` in the JSON beside `PublicIP` and `BackendData`.
 
-use ipnet::Ipv4Net;
-use serde::{Deserialize, Serialize};
+mod key;
+mod wire;
+
+pub use key::{lease_key, parse_lease_key, parse_subnet_key, subnet_key, subnets_prefix, KeyError};
+
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::value::RawValue;
 use serde_json::Value;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use twill_dataplane::engine::wireguard::PublicKey;
 
@@ -34,11 +42,17 @@ pub mod backend_type {
 #[derive(Debug, Clone, Eq)]
 pub struct Lease {
     pub subnet: Ipv4Net,
+    /// A dual-stack lease's IPv6 subnet, from the key's part after `&`.
+    pub ipv6_subnet: Option<Ipv6Net>,
     pub public_ip: Ipv4Addr,
+    /// `PublicIPv6`: the node's IPv6 underlay address, on a node that has one.
+    pub public_ipv6: Option<Ipv6Addr>,
     /// `None` for flannel's udp backend, which writes no BackendType.
     pub backend_type: Option<Arc<str>>,
     /// Backend-specific data (e.g. vxlan's `{"VNI":1,"VtepMAC":"…"}`).
     pub backend_data: Option<BackendData>,
+    /// `BackendV6Data`: the backend's data for IPv6 (e.g. vxlan's `flannel-v6` device's MAC).
+    pub backend_v6_data: Option<BackendData>,
     /// When the registry created it, relative to the other leases.
     pub created: Created,
 }
@@ -46,9 +60,8 @@ pub struct Lease {
 impl PartialEq for Lease {
     fn eq(&self, other: &Lease) -> bool {
         self.subnet == other.subnet
-            && self.public_ip == other.public_ip
-            && self.backend_type == other.backend_type
-            && self.backend_data == other.backend_data
+            && self.ipv6_subnet == other.ipv6_subnet
+            && self.attrs() == other.attrs()
     }
 }
 
@@ -88,8 +101,10 @@ impl Created {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseAttrs {
     pub public_ip: Ipv4Addr,
+    pub public_ipv6: Option<Ipv6Addr>,
     pub backend_type: Option<Arc<str>>,
     pub backend_data: Option<BackendData>,
+    pub backend_v6_data: Option<BackendData>,
 }
 
 /// A lease's BackendData as the JSON text it was written with; fields are parsed when asked
@@ -130,38 +145,10 @@ impl From<Value> for BackendData {
 /// Why a key or value could not be read as a lease.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
-    #[error("not a subnet lease key: {0:?}")]
-    Key(String),
+    #[error(transparent)]
+    Key(#[from] KeyError),
     #[error("invalid lease value: {0}")]
     Value(#[from] serde_json::Error),
-}
-
-/// The wire form of [`LeaseAttrs`]: field names, order and null/omit rules of flannel's Go
-/// struct (`PublicIPv6 *ip.IP6` is always written, as `null` for IPv4-only nodes;
-/// `BackendType`/`BackendData` are `omitempty`).
-#[derive(Serialize, Deserialize)]
-struct Wire {
-    #[serde(rename = "PublicIP")]
-    public_ip: Ipv4Addr,
-    /// Read but ignored: twill is IPv4-only. Kept as a value so any flannel dual-stack lease parses.
-    #[serde(rename = "PublicIPv6", default, serialize_with = "always_null")]
-    public_ipv6: Value,
-    #[serde(
-        rename = "BackendType",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    backend_type: Option<String>,
-    #[serde(
-        rename = "BackendData",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    backend_data: Option<Box<RawValue>>,
-}
-
-fn always_null<S: serde::Serializer>(_: &Value, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_none()
 }
 
 impl LeaseAttrs {
@@ -202,41 +189,20 @@ impl LeaseAttrs {
     ) -> Self {
         LeaseAttrs {
             public_ip,
+            public_ipv6: None,
             backend_type: backend_type.map(Arc::from),
             backend_data,
+            backend_v6_data: None,
         }
     }
 
-    /// The etcd value, exactly as flanneld would write it for the same attributes.
-    pub fn to_json(&self) -> String {
-        let wire = Wire {
-            public_ip: self.public_ip,
-            public_ipv6: Value::Null,
-            // Go's omitempty drops an empty string, so an empty type is no type.
-            backend_type: self
-                .backend_type
-                .as_deref()
-                .filter(|t| !t.is_empty())
-                .map(str::to_string),
-            backend_data: self.backend_data.as_ref().map(BackendData::raw),
-        };
-        serde_json::to_string(&wire).expect("lease attributes always serialise")
-    }
-
-    /// Reads an etcd value written by flanneld or twill; unknown fields are ignored.
-    pub fn from_json(json: &str) -> Result<Self, LeaseError> {
-        let wire: Wire = serde_json::from_str(json)?;
-        Ok(LeaseAttrs {
-            public_ip: wire.public_ip,
-            backend_type: wire
-                .backend_type
-                .filter(|t| !t.is_empty())
-                .map(|t| Arc::from(t.as_str())),
-            backend_data: wire
-                .backend_data
-                .filter(|d| d.get() != "null")
-                .map(|d| BackendData(Arc::from(d.get()))),
-        })
+    /// The same attributes with a dual-stack node's IPv6 address and IPv6 backend data.
+    pub fn with_ipv6(self, public_ipv6: Ipv6Addr, backend_v6_data: Option<BackendData>) -> Self {
+        LeaseAttrs {
+            public_ipv6: Some(public_ipv6),
+            backend_v6_data,
+            ..self
+        }
     }
 }
 
@@ -244,10 +210,21 @@ impl Lease {
     pub fn new(subnet: Ipv4Net, attrs: LeaseAttrs) -> Self {
         Lease {
             subnet,
+            ipv6_subnet: None,
             public_ip: attrs.public_ip,
+            public_ipv6: attrs.public_ipv6,
             backend_type: attrs.backend_type,
             backend_data: attrs.backend_data,
+            backend_v6_data: attrs.backend_v6_data,
             created: Created::default(),
+        }
+    }
+
+    /// The same lease with an IPv6 subnet: a dual-stack lease.
+    pub fn with_ipv6_subnet(self, ipv6_subnet: Ipv6Net) -> Lease {
+        Lease {
+            ipv6_subnet: Some(ipv6_subnet),
+            ..self
         }
     }
 
@@ -259,14 +236,17 @@ impl Lease {
     pub fn attrs(&self) -> LeaseAttrs {
         LeaseAttrs {
             public_ip: self.public_ip,
+            public_ipv6: self.public_ipv6,
             backend_type: self.backend_type.clone(),
             backend_data: self.backend_data.clone(),
+            backend_v6_data: self.backend_v6_data.clone(),
         }
     }
 
-    /// The etcd key under `prefix` (e.g. `/coreos.com/network/subnets/10.5.8.0-24`).
+    /// The etcd key under `prefix` (e.g. `/coreos.com/network/subnets/10.5.8.0-24`, or
+    /// `…/10.5.8.0-24&fd10:0:0:8::-64` for a dual-stack lease).
     pub fn key(&self, prefix: &str) -> String {
-        subnet_key(prefix, self.subnet)
+        lease_key(prefix, self.subnet, self.ipv6_subnet)
     }
 
     /// The etcd value; see [`LeaseAttrs::to_json`].
@@ -301,42 +281,12 @@ impl Lease {
 
     /// Rebuilds a lease from an etcd key and value.
     pub fn from_kv(prefix: &str, key: &str, value: &str) -> Result<Self, LeaseError> {
-        Ok(Lease::new(
-            parse_subnet_key(prefix, key)?,
-            LeaseAttrs::from_json(value)?,
-        ))
+        let (subnet, ipv6_subnet) = parse_lease_key(prefix, key)?;
+        Ok(Lease {
+            ipv6_subnet,
+            ..Lease::new(subnet, LeaseAttrs::from_json(value)?)
+        })
     }
-}
-
-/// `<prefix>/subnets/` — every lease lives below it.
-pub fn subnets_prefix(prefix: &str) -> String {
-    format!("{}/subnets/", prefix.trim_end_matches('/'))
-}
-
-/// The etcd key of `subnet` under `prefix`: network address, dash, prefix length.
-pub fn subnet_key(prefix: &str, subnet: Ipv4Net) -> String {
-    format!(
-        "{}{}-{}",
-        subnets_prefix(prefix),
-        subnet.network(),
-        subnet.prefix_len()
-    )
-}
-
-/// Parses a lease key. A dual-stack flannel key (`10.5.8.0-24&fc00::-64`) yields its IPv4 part.
-pub fn parse_subnet_key(prefix: &str, key: &str) -> Result<Ipv4Net, LeaseError> {
-    let bad = || LeaseError::Key(key.to_string());
-    let name = key.strip_prefix(&subnets_prefix(prefix)).ok_or_else(bad)?;
-    let v4 = name.split('&').next().unwrap_or_default();
-    let (addr, len) = v4.split_once('-').ok_or_else(bad)?;
-    let addr: Ipv4Addr = addr.parse().map_err(|_| bad())?;
-    let len: u8 = len.parse().map_err(|_| bad())?;
-    let subnet = Ipv4Net::new(addr, len).map_err(|_| bad())?;
-    // A key with host bits set is not one flannel writes; refusing it avoids two keys per subnet.
-    if subnet.trunc() != subnet {
-        return Err(bad());
-    }
-    Ok(subnet)
 }
 
 #[cfg(test)]
@@ -350,87 +300,50 @@ mod tests {
     }
 
     #[test]
-    fn key_format_and_parse() {
-        let key = subnet_key(PREFIX, net("10.5.8.0/24"));
-        assert_eq!(key, "/coreos.com/network/subnets/10.5.8.0-24");
-        assert_eq!(parse_subnet_key(PREFIX, &key).unwrap(), net("10.5.8.0/24"));
+    fn a_dual_stack_lease_is_one_key_and_round_trips() {
+        let attrs = LeaseAttrs::host_gw("10.200.0.1".parse().unwrap())
+            .with_ipv6("fd00:200::1".parse().unwrap(), None);
+        let lease = Lease::new(net("10.5.1.0/24"), attrs)
+            .with_ipv6_subnet("fd10:0:0:1::/64".parse().unwrap());
+        let key = lease.key(PREFIX);
         assert_eq!(
-            subnet_key("/p/", net("10.5.8.0/24")),
-            "/p/subnets/10.5.8.0-24"
+            key,
+            "/coreos.com/network/subnets/10.5.1.0-24&fd10:0:0:1::-64"
+        );
+        let back = Lease::from_kv(PREFIX, &key, &lease.to_json()).unwrap();
+        assert_eq!(back, lease);
+        assert_ne!(
+            back,
+            Lease {
+                ipv6_subnet: None,
+                ..lease.clone()
+            }
+        );
+        assert_ne!(
+            back,
+            Lease {
+                public_ipv6: None,
+                ..lease
+            }
         );
     }
 
     #[test]
-    fn dual_stack_key_yields_ipv4_part() {
-        let key = "/coreos.com/network/subnets/10.5.8.0-24&fc00::-64";
-        assert_eq!(parse_subnet_key(PREFIX, key).unwrap(), net("10.5.8.0/24"));
-    }
-
-    #[test]
-    fn bad_keys_are_refused() {
-        for key in [
-            "/coreos.com/network/config",
-            "/other/subnets/10.5.8.0-24",
-            "/coreos.com/network/subnets/10.5.8.0",
-            "/coreos.com/network/subnets/10.5.8.0-33",
-            "/coreos.com/network/subnets/10.5.8.1-24",
-            "/coreos.com/network/subnets/x-24",
-        ] {
-            assert!(parse_subnet_key(PREFIX, key).is_err(), "{key}");
-        }
-    }
-
-    #[test]
-    fn exact_json_per_backend() {
-        let ip: Ipv4Addr = "10.200.0.1".parse().unwrap();
-        let cases = [
-            (
-                LeaseAttrs::udp(ip),
-                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#,
-            ),
-            (
-                LeaseAttrs::vxlan(ip, 1, "d6:60:f1:85:5a:fc"),
-                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"d6:60:f1:85:5a:fc"}}"#,
-            ),
-            (
-                LeaseAttrs::host_gw(ip),
-                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"host-gw"}"#,
-            ),
-            (
-                LeaseAttrs::ipip(ip),
-                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"ipip"}"#,
-            ),
-            (
-                LeaseAttrs::twill_batch(ip),
-                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"twill-batch"}"#,
-            ),
-            (
-                LeaseAttrs::wireguard(ip, "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=", 51820),
-                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"wireguard","BackendData":{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=","Port":51820}}"#,
-            ),
-        ];
-        for (attrs, want) in cases {
-            assert_eq!(attrs.to_json(), want);
-            assert_eq!(LeaseAttrs::from_json(want).unwrap(), attrs);
-        }
-    }
-
-    #[test]
-    fn reads_values_of_other_flannel_versions() {
-        let old = r#"{"PublicIP":"10.200.0.2"}"#;
-        assert_eq!(
-            LeaseAttrs::from_json(old).unwrap(),
-            LeaseAttrs::udp("10.200.0.2".parse().unwrap())
-        );
-        let dual = r#"{"PublicIP":"10.200.0.2","PublicIPv6":"fc00::2","BackendType":"vxlan",
-            "BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"},"BackendV6Data":{"VNI":1}}"#;
-        let attrs = LeaseAttrs::from_json(dual).unwrap();
-        let data = attrs.backend_data.unwrap();
-        assert_eq!(data.get("VtepMAC").unwrap(), "aa:bb:cc:dd:ee:ff");
-        assert_eq!(data.json(), r#"{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}"#);
-        let null = r#"{"PublicIP":"10.200.0.2","BackendData":null}"#;
-        assert_eq!(LeaseAttrs::from_json(null).unwrap().backend_data, None);
-        assert!(LeaseAttrs::from_json(r#"{"PublicIPv6":null}"#).is_err());
+    fn an_ipv4_lease_has_no_ipv6_side() {
+        let key = "/coreos.com/network/subnets/10.5.8.0-24";
+        let lease = Lease::from_kv(
+            PREFIX,
+            key,
+            r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#,
+        )
+        .unwrap();
+        assert_eq!((lease.ipv6_subnet, lease.public_ipv6), (None, None));
+        assert_eq!(lease.backend_v6_data, None);
+        assert_eq!(lease.key(PREFIX), key);
+        let err = Lease::from_kv(PREFIX, "/coreos.com/network/subnets/10.5.8.0-24&x-64", "{}")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("not a subnet lease key: "), "{err}");
     }
 
     #[test]
