@@ -10,9 +10,9 @@
 //! key) the next one in line becomes the peer with that very event.
 
 use crate::lease::Lease;
-use crate::lease_check::{self, LeaseRules, Rejection};
+use crate::lease_check::{self, AcceptedPeers, LeaseRules, Rejection};
 use crate::registry::{LeaseEvent, LeaseNamer};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, HashMap};
 use twill_dataplane::engine::wireguard::PublicKey;
 
@@ -35,6 +35,30 @@ pub struct Peers {
     unreadable: BTreeMap<String, String>,
     /// The subnet of the accepted lease that has each WireGuard key.
     keys: HashMap<PublicKey, Ipv4Net>,
+    /// On a dual-stack node, the subnet of the accepted lease that has each IPv6 subnet, so a
+    /// lease's IPv6 overlap check is O(log K) too.
+    ipv6: BTreeMap<Ipv6Net, Ipv4Net>,
+}
+
+/// The accepted leases as the overlap checks see them.
+struct Accepted<'a> {
+    leases: &'a BTreeMap<Ipv4Net, Lease>,
+    ipv6: &'a BTreeMap<Ipv6Net, Ipv4Net>,
+}
+
+impl AcceptedPeers for Accepted<'_> {
+    fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net> {
+        self.leases.overlapping(subnet)
+    }
+
+    /// Accepted IPv6 subnets never overlap each other, so only the nearest one on each side
+    /// can overlap `subnet`.
+    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: Ipv4Net) -> Option<(Ipv6Net, Ipv4Net)> {
+        let below = self.ipv6.range(..=subnet).rev().find(|(_, s)| **s != own);
+        let above = self.ipv6.range(subnet..).find(|(_, s)| **s != own);
+        let mut near = below.into_iter().chain(above).map(|(v6, s)| (*v6, *s));
+        near.find(|(other, _)| lease_check::overlaps_v6(subnet, *other))
+    }
 }
 
 /// The subnets one event changed, each with its accepted lease before the event.
@@ -50,6 +74,7 @@ impl Peers {
             refused: BTreeMap::new(),
             unreadable: BTreeMap::new(),
             keys: HashMap::new(),
+            ipv6: BTreeMap::new(),
         }
     }
 
@@ -82,6 +107,7 @@ impl Peers {
         let mut refused = std::mem::take(&mut self.refused);
         self.accepted.clear();
         self.keys.clear();
+        self.ipv6.clear();
         all.sort_by(lease_check::by_creation);
         for lease in all {
             let known = refused.remove(&lease.subnet);
@@ -114,7 +140,11 @@ impl Peers {
     /// Accepts or refuses `lease`, whose subnet holds no accepted lease now. Of two leases with
     /// one key the first made wins, even over one accepted already.
     fn judge(&mut self, lease: Lease, known: Option<&Refused>, touched: &mut Touched) {
-        let key = match lease_check::admit_keyed(&self.rules, &self.accepted, &lease) {
+        let accepted = Accepted {
+            leases: &self.accepted,
+            ipv6: &self.ipv6,
+        };
+        let key = match lease_check::admit_keyed(&self.rules, &accepted, &lease) {
             Ok(key) => key,
             Err(reason) => return self.refuse(lease, reason, known),
         };
@@ -153,6 +183,9 @@ impl Peers {
         if let Some(key) = key {
             self.keys.insert(key, lease.subnet);
         }
+        if let Some(v6) = lease.ipv6_subnet.filter(|_| self.rules.ipv6.is_some()) {
+            self.ipv6.insert(v6, lease.subnet);
+        }
         self.accepted.insert(lease.subnet, lease);
     }
 
@@ -160,6 +193,11 @@ impl Peers {
     fn unaccept(&mut self, subnet: Ipv4Net, touched: &mut Touched) -> Option<PublicKey> {
         touched.note(subnet, &self.accepted);
         let lease = self.accepted.remove(&subnet)?;
+        if let Some(v6) = lease.ipv6_subnet {
+            if self.ipv6.get(&v6) == Some(&subnet) {
+                self.ipv6.remove(&v6);
+            }
+        }
         let key = lease_check::wireguard_key(&lease)?;
         if self.keys.get(&key) != Some(&subnet) {
             return None;
@@ -251,6 +289,7 @@ mod tests {
             own_public_ip: "10.200.0.1".parse().unwrap(),
             own_key: None,
             backend_type: None,
+            ipv6: None,
         };
         Peers::new(rules, LeaseNamer::default())
     }
@@ -318,6 +357,64 @@ mod tests {
 }
 
 #[cfg(test)]
+mod ipv6_tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::lease::LeaseAttrs;
+
+    /// A dual-stack udp lease at 10.5.<third>.0/24 with the IPv6 subnet `v6`.
+    fn lease(third: u8, v6: &str) -> Lease {
+        let ip = format!("10.200.0.{third}").parse().unwrap();
+        Lease::new(
+            format!("10.5.{third}.0/24").parse().unwrap(),
+            LeaseAttrs::udp(ip),
+        )
+        .with_ipv6_subnet(v6.parse().unwrap())
+    }
+
+    fn peers() -> Peers {
+        let config = Config::from_json(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48"}"#,
+        )
+        .unwrap();
+        let rules = LeaseRules::new(&config, &lease(1, "fd10:0:0:1::/64"));
+        Peers::new(rules, LeaseNamer::default())
+    }
+
+    #[test]
+    fn an_ipv6_subnet_is_one_peers_until_it_goes() {
+        let mut peers = peers();
+        let first = lease(2, "fd10:0:0:2::/64");
+        let copy = lease(3, "fd10:0:0:2::/64");
+        assert!(peers.admit(LeaseEvent::Added(first.clone())).is_some());
+        assert_eq!(peers.admit(LeaseEvent::Added(copy.clone())), None);
+        let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
+        assert_eq!(
+            refused,
+            ["its IPv6 subnet overlaps fd10:0:0:2::/64, the IPv6 subnet of the peer lease 10.5.2.0/24"]
+        );
+        // The holder renews with the same IPv6 subnet: still its own.
+        let renewed = Lease {
+            public_ip: "10.200.0.22".parse().unwrap(),
+            ..first.clone()
+        };
+        assert!(peers.admit(LeaseEvent::Added(renewed.clone())).is_some());
+        assert_eq!(peers.admit(LeaseEvent::Added(copy.clone())), None);
+        peers.admit(LeaseEvent::Removed(renewed));
+        assert_eq!(
+            peers.admit(LeaseEvent::Added(copy.clone())),
+            Some(LeaseEvent::Added(copy.clone()))
+        );
+        // A snapshot starts the index afresh: the first made keeps the subnet.
+        let all = vec![first.clone(), copy];
+        assert_eq!(
+            peers.admit(LeaseEvent::Snapshot(all)),
+            Some(LeaseEvent::Snapshot(vec![first]))
+        );
+    }
+}
+
+#[cfg(test)]
 mod key_tests {
     use super::*;
     use crate::lease::{Created, LeaseAttrs};
@@ -340,6 +437,7 @@ mod key_tests {
             own_public_ip: "10.200.0.1".parse().unwrap(),
             own_key: None,
             backend_type: Some("wireguard".into()),
+            ipv6: None,
         };
         Peers::new(rules, LeaseNamer::default())
     }

@@ -4,12 +4,16 @@
 
 use crate::backend::netlink::MacAddr;
 use crate::config::Config;
+mod ipv6;
+
+pub use ipv6::{overlaps_v6, Ipv6Rules};
+
 use crate::lease::{backend_type, Lease};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use twill_dataplane::engine::wireguard::PublicKey;
 
@@ -48,6 +52,26 @@ pub enum Rejection {
         key: PublicKey,
         first: Ipv4Net,
     },
+    /// Its IPv6 subnet's prefix length is not the config's `IPv6SubnetLen`.
+    Ipv6PrefixLength {
+        got: u8,
+        want: u8,
+    },
+    OutsideIpv6Network(Ipv6Net),
+    /// Its IPv6 subnet claims (part of) this node's own.
+    OverlapsOwnIpv6(Ipv6Net),
+    /// Its IPv6 subnet overlaps `subnet`, the IPv6 subnet of the peer lease `peer`.
+    OverlapsPeerIpv6 {
+        subnet: Ipv6Net,
+        peer: Ipv4Net,
+    },
+    /// Its PublicIPv6 is this node's: traffic for it would loop back to us.
+    OwnPublicIpv6(Ipv6Addr),
+    /// Its PublicIPv6 cannot be another host's address; `why` says what it is instead.
+    UnusablePublicIpv6 {
+        ip: Ipv6Addr,
+        why: &'static str,
+    },
 }
 
 impl fmt::Display for Rejection {
@@ -78,6 +102,28 @@ impl fmt::Display for Rejection {
                 "its PublicKey \"{key}\" is already the key of the lease {first}, made before \
                  it: a WireGuard key can be only one peer"
             ),
+            Rejection::Ipv6PrefixLength { got, want } => write!(
+                f,
+                "its IPv6 subnet's prefix length /{got} differs from the network's \
+                 IPv6SubnetLen /{want}"
+            ),
+            Rejection::OutsideIpv6Network(network) => {
+                write!(f, "its IPv6 subnet lies outside the IPv6Network {network}")
+            }
+            Rejection::OverlapsOwnIpv6(own) => {
+                write!(
+                    f,
+                    "its IPv6 subnet overlaps this node's own IPv6 subnet {own}"
+                )
+            }
+            Rejection::OverlapsPeerIpv6 { subnet, peer } => write!(
+                f,
+                "its IPv6 subnet overlaps {subnet}, the IPv6 subnet of the peer lease {peer}"
+            ),
+            Rejection::OwnPublicIpv6(ip) => write!(f, "its PublicIPv6 {ip} is this node's own"),
+            Rejection::UnusablePublicIpv6 { ip, why } => {
+                write!(f, "its PublicIPv6 {ip} is {why}, not a host's address")
+            }
         }
     }
 }
@@ -93,6 +139,9 @@ pub struct LeaseRules {
     pub own_key: Option<PublicKey>,
     /// This node's BackendType (`None` for flannel's udp); a peer's must be the same.
     pub backend_type: Option<Arc<str>>,
+    /// The rules for leases' IPv6 side, on a dual-stack node; an IPv4-only node ignores it, as
+    /// flanneld does.
+    pub ipv6: Option<Ipv6Rules>,
 }
 
 impl LeaseRules {
@@ -106,6 +155,7 @@ impl LeaseRules {
             own_public_ip: own.public_ip,
             own_key: wireguard_key(own),
             backend_type: own.backend_type.clone(),
+            ipv6: config.ipv6.as_ref().map(|v6| Ipv6Rules::new(v6, own)),
         }
     }
 
@@ -130,6 +180,9 @@ impl LeaseRules {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
         check_public_ip(lease.public_ip, self.own_public_ip)?;
+        if let Some(v6) = &self.ipv6 {
+            v6.check(lease)?;
+        }
         // flannel's udp backend writes no type; a lease that names it "udp" means the same.
         let name = |t: &Option<Arc<str>>| t.as_deref().unwrap_or("udp").to_string();
         let (got, want) = (name(&lease.backend_type), name(&self.backend_type));
@@ -170,11 +223,39 @@ pub fn first_made(a: &Lease, b: &Lease) -> bool {
     by_creation(a, b) == Ordering::Less
 }
 
-/// Admits `lease` into `peers` (keyed by subnet) if it passes the rules and overlaps no other
-/// peer; a lease for a subnet already in `peers` replaces it. O(log K).
+/// The accepted peers a lease must not overlap. A lease for a subnet that is already a peer
+/// replaces that peer, so the peer at the lease's own (IPv4) subnet is never in the way.
+pub trait AcceptedPeers {
+    /// The IPv4 subnet of a peer, other than the one at `subnet`, that overlaps `subnet`.
+    fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net>;
+    /// The IPv6 subnet, and the peer's IPv4 subnet, of a peer other than the one at `own` whose
+    /// IPv6 subnet overlaps `subnet`.
+    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: Ipv4Net) -> Option<(Ipv6Net, Ipv4Net)>;
+}
+
+/// Leases keyed by subnet: O(log K) for IPv4, a walk over all for IPv6, which suits the few
+/// leases of `--peer` flags; [`crate::peers::Peers`] keeps an index of IPv6 subnets instead.
+impl AcceptedPeers for BTreeMap<Ipv4Net, Lease> {
+    fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net> {
+        let below = self.range(..subnet).next_back();
+        let above = self.range(subnet..).find(|(s, _)| **s != subnet);
+        let mut near = below.into_iter().chain(above).map(|(s, _)| *s);
+        near.find(|other| overlaps(subnet, *other))
+    }
+
+    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: Ipv4Net) -> Option<(Ipv6Net, Ipv4Net)> {
+        self.values()
+            .filter(|peer| peer.subnet != own)
+            .filter_map(|peer| Some((peer.ipv6_subnet?, peer.subnet)))
+            .find(|(other, _)| overlaps_v6(subnet, *other))
+    }
+}
+
+/// Admits `lease` among `peers` if it passes the rules and overlaps no other peer; a lease for
+/// a subnet already in `peers` replaces it.
 pub fn admit(
     rules: &LeaseRules,
-    peers: &BTreeMap<Ipv4Net, Lease>,
+    peers: &impl AcceptedPeers,
     lease: &Lease,
 ) -> Result<(), Rejection> {
     admit_keyed(rules, peers, lease).map(drop)
@@ -184,16 +265,17 @@ pub fn admit(
 /// peer has it.
 pub fn admit_keyed(
     rules: &LeaseRules,
-    peers: &BTreeMap<Ipv4Net, Lease>,
+    peers: &impl AcceptedPeers,
     lease: &Lease,
 ) -> Result<Option<PublicKey>, Rejection> {
     let key = rules.check_keyed(lease)?;
-    let subnet = lease.subnet;
-    let below = peers.range(..subnet).next_back();
-    let above = peers.range(subnet..).find(|(s, _)| **s != subnet);
-    for (other, _) in below.into_iter().chain(above) {
-        if overlaps(subnet, *other) {
-            return Err(Rejection::OverlapsPeer(*other));
+    if let Some(other) = peers.overlapping(lease.subnet) {
+        return Err(Rejection::OverlapsPeer(other));
+    }
+    let ipv6_subnet = lease.ipv6_subnet.filter(|_| rules.ipv6.is_some());
+    if let Some(subnet) = ipv6_subnet {
+        if let Some((subnet, peer)) = peers.overlapping_ipv6(subnet, lease.subnet) {
+            return Err(Rejection::OverlapsPeerIpv6 { subnet, peer });
         }
     }
     Ok(key)
@@ -250,6 +332,7 @@ mod tests {
             own_public_ip: Ipv4Addr::new(10, 200, 0, 1),
             own_key: Some(OWN_KEY.parse().unwrap()),
             backend_type: None,
+            ipv6: None,
         }
     }
 

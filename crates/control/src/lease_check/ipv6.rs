@@ -1,0 +1,221 @@
+//! The lease checks of a dual-stack node for a lease's IPv6 side: the IPv6 subnet has the
+//! config's `IPv6SubnetLen`, lies inside `IPv6Network` and is not ours, and `PublicIPv6` can
+//! be another host's address. The overlap with other peers' IPv6 subnets is checked with the
+//! IPv4 one, in [`super::admit_keyed`].
+
+use super::Rejection;
+use crate::config::Ipv6Config;
+use crate::lease::Lease;
+use ipnet::Ipv6Net;
+use std::net::Ipv6Addr;
+
+/// What the IPv6 side of a peer lease must satisfy on a dual-stack node. A lease without an
+/// IPv6 subnet is an IPv4-only peer, which flanneld accepts too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv6Rules {
+    pub network: Ipv6Net,
+    pub subnet_len: u8,
+    pub own_subnet: Option<Ipv6Net>,
+    pub own_public_ip: Option<Ipv6Addr>,
+}
+
+impl Ipv6Rules {
+    pub(super) fn new(config: &Ipv6Config, own: &Lease) -> Ipv6Rules {
+        Ipv6Rules {
+            network: config.network,
+            subnet_len: config.subnet_len,
+            own_subnet: own.ipv6_subnet,
+            own_public_ip: own.public_ipv6,
+        }
+    }
+
+    /// The checks of a lease's IPv6 subnet and PublicIPv6 on their own.
+    pub(super) fn check(&self, lease: &Lease) -> Result<(), Rejection> {
+        if let Some(subnet) = lease.ipv6_subnet {
+            if subnet.prefix_len() != self.subnet_len {
+                return Err(Rejection::Ipv6PrefixLength {
+                    got: subnet.prefix_len(),
+                    want: self.subnet_len,
+                });
+            }
+            if !self.network.contains(&subnet) {
+                return Err(Rejection::OutsideIpv6Network(self.network));
+            }
+            if let Some(own) = self.own_subnet.filter(|own| overlaps_v6(subnet, *own)) {
+                return Err(Rejection::OverlapsOwnIpv6(own));
+            }
+        }
+        match lease.public_ipv6 {
+            Some(ip) => check_public_ipv6(ip, self.own_public_ip),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether two IPv6 subnets share an address.
+pub fn overlaps_v6(a: Ipv6Net, b: Ipv6Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// A PublicIPv6 is where a peer's IPv6 underlay traffic goes: it must name another host.
+fn check_public_ipv6(ip: Ipv6Addr, own: Option<Ipv6Addr>) -> Result<(), Rejection> {
+    if Some(ip) == own {
+        return Err(Rejection::OwnPublicIpv6(ip));
+    }
+    let why = if ip.is_unspecified() {
+        "unspecified"
+    } else if ip.is_loopback() {
+        "loopback"
+    } else if ip.is_multicast() {
+        "multicast"
+    } else if ip.is_unicast_link_local() {
+        "link-local"
+    } else if ip.to_ipv4_mapped().is_some() {
+        "an IPv4-mapped address"
+    } else {
+        return Ok(());
+    };
+    Err(Rejection::UnusablePublicIpv6 { ip, why })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::lease::{Lease, LeaseAttrs};
+    use crate::lease_check::{admit, LeaseRules, Rejection};
+    use std::collections::BTreeMap;
+
+    /// A dual-stack host-gw node at 10.5.1.0/24 + fd10:0:0:1::/64.
+    fn rules() -> LeaseRules {
+        let config = Config::from_json(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48"}"#,
+        )
+        .unwrap();
+        let own = lease(1, "fd10:0:0:1::/64", Some("fd00::1"));
+        LeaseRules::new(&config, &own)
+    }
+
+    /// A host-gw lease at 10.5.<third>.0/24 with the IPv6 subnet and PublicIPv6 given.
+    fn lease(third: u8, v6: &str, public_ipv6: Option<&str>) -> Lease {
+        let ip = format!("10.200.0.{third}").parse().unwrap();
+        let mut attrs = LeaseAttrs::host_gw(ip);
+        attrs.public_ipv6 = public_ipv6.map(|a| a.parse().unwrap());
+        Lease::new(format!("10.5.{third}.0/24").parse().unwrap(), attrs)
+            .with_ipv6_subnet(v6.parse().unwrap())
+    }
+
+    #[test]
+    fn rules_of_a_dual_stack_node_come_from_its_config_and_lease() {
+        let v6 = rules().ipv6.unwrap();
+        assert_eq!(v6.network, "fd10::/48".parse().unwrap());
+        assert_eq!(v6.subnet_len, 64);
+        assert_eq!(v6.own_subnet, Some("fd10:0:0:1::/64".parse().unwrap()));
+        assert_eq!(v6.own_public_ip, Some("fd00::1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_good_dual_stack_lease_and_an_ipv4_only_peer_pass() {
+        assert_eq!(
+            rules().check(&lease(2, "fd10:0:0:2::/64", Some("fd00::2"))),
+            Ok(())
+        );
+        assert_eq!(rules().check(&lease(2, "fd10:0:0:2::/64", None)), Ok(()));
+        let v4_only = Lease::new(
+            "10.5.3.0/24".parse().unwrap(),
+            LeaseAttrs::host_gw("10.200.0.3".parse().unwrap()),
+        );
+        assert_eq!(rules().check(&v4_only), Ok(()));
+        assert_eq!(
+            rules()
+                .check(&lease(4, "2001:db8:0:ff::/64", Some("2001:db8::4")))
+                .map_err(|e| e.to_string()),
+            Err("its IPv6 subnet lies outside the IPv6Network fd10::/48".into())
+        );
+    }
+
+    #[test]
+    fn each_bad_ipv6_side_gets_its_reason() {
+        let cases = [
+            (
+                lease(2, "fd10:0:0:2::/65", None),
+                "its IPv6 subnet's prefix length /65 differs from the network's IPv6SubnetLen /64",
+            ),
+            (
+                lease(2, "fd10:0:0:2::/56", None),
+                "prefix length /56 differs",
+            ),
+            (
+                lease(2, "fd11:0:0:2::/64", None),
+                "its IPv6 subnet lies outside the IPv6Network fd10::/48",
+            ),
+            (
+                lease(2, "fd10:0:0:1::/64", None),
+                "its IPv6 subnet overlaps this node's own IPv6 subnet fd10:0:0:1::/64",
+            ),
+            (
+                lease(2, "fd10:0:0:2::/64", Some("fd00::1")),
+                "its PublicIPv6 fd00::1 is this node's own",
+            ),
+            (
+                lease(2, "fd10:0:0:2::/64", Some("fe80::2")),
+                "its PublicIPv6 fe80::2 is link-local, not a host's address",
+            ),
+            (
+                lease(2, "fd10:0:0:2::/64", Some("ff02::1")),
+                "ff02::1 is multicast",
+            ),
+            (lease(2, "fd10:0:0:2::/64", Some("::")), ":: is unspecified"),
+            (lease(2, "fd10:0:0:2::/64", Some("::1")), "::1 is loopback"),
+            (
+                lease(2, "fd10:0:0:2::/64", Some("::ffff:10.200.0.2")),
+                "is an IPv4-mapped address",
+            ),
+        ];
+        for (lease, want) in cases {
+            let got = rules().check(&lease).expect_err(want).to_string();
+            assert!(got.contains(want), "{lease:?}: got {got:?}, want {want:?}");
+        }
+    }
+
+    #[test]
+    fn an_ipv4_only_node_leaves_a_leases_ipv6_side_alone_as_flanneld_does() {
+        let v4_only = LeaseRules {
+            ipv6: None,
+            ..rules()
+        };
+        let odd = lease(2, "fd99::/120", Some("fe80::2"));
+        assert_eq!(v4_only.check(&odd), Ok(()));
+        let mut peers = BTreeMap::new();
+        peers.insert(odd.subnet, odd.clone());
+        assert_eq!(
+            admit(&v4_only, &peers, &lease(3, "fd99::/120", None)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_lease_whose_ipv6_subnet_another_peer_has_is_refused_and_an_update_is_not() {
+        let rules = rules();
+        let first = lease(2, "fd10:0:0:2::/64", Some("fd00::2"));
+        let mut peers = BTreeMap::new();
+        peers.insert(first.subnet, first.clone());
+        let update = lease(2, "fd10:0:0:2::/64", Some("fd00::22"));
+        assert_eq!(admit(&rules, &peers, &update), Ok(()));
+        let copy = lease(3, "fd10:0:0:2::/64", Some("fd00::3"));
+        assert_eq!(
+            admit(&rules, &peers, &copy),
+            Err(Rejection::OverlapsPeerIpv6 {
+                subnet: "fd10:0:0:2::/64".parse().unwrap(),
+                peer: "10.5.2.0/24".parse().unwrap()
+            })
+        );
+        assert_eq!(
+            admit(&rules, &peers, &copy).unwrap_err().to_string(),
+            "its IPv6 subnet overlaps fd10:0:0:2::/64, the IPv6 subnet of the peer lease 10.5.2.0/24"
+        );
+        assert_eq!(
+            admit(&rules, &peers, &lease(3, "fd10:0:0:3::/64", None)),
+            Ok(())
+        );
+    }
+}
