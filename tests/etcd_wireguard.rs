@@ -1,7 +1,8 @@
 //! twill nodes with flannel's wireguard backend through a real etcd. This kernel has no
 //! WireGuard, so the userspace engine carries the traffic: ping and sha256-checked TCP both
 //! ways, flannel's lease byte for byte, the key file kept across restarts, a new key re-keying
-//! the peers, and no key material in logs, status or metrics.
+//! the peers, no key material in logs, status or metrics, and one peer's lease events leaving
+//! the other peers' sessions alone.
 
 mod common;
 
@@ -9,7 +10,11 @@ use anyhow::Result;
 use common::cluster::*;
 use common::wireguard::{self as wg, PSK};
 use common::*;
+use std::net::Ipv4Addr;
 use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+use twill_dataplane::engine::wireguard::PrivateKey;
+use twill_lab::Ipv4Net;
 
 #[test]
 fn two_nodes_carry_ping_and_tcp_both_ways_over_userspace_wireguard() -> Result<()> {
@@ -144,6 +149,95 @@ fn an_unsupported_wireguard_mode_is_one_clear_line_naming_the_field() -> Result<
     assert!(
         last.contains("Backend.Mode \"auto\" is not supported"),
         "{last}"
+    );
+    Ok(())
+}
+
+/// A lease added, changed (new key, new port) and removed for a third peer must leave the
+/// session between the two real nodes as it is: host 0's underlay sees no handshake
+/// initiation between them through it all, while each event for the third peer shows in the
+/// initiations node 0 sends it.
+#[test]
+fn a_lease_event_for_one_peer_leaves_the_other_peers_session_alone() -> Result<()> {
+    let w = wg::connected("ewgevent", &wg::config(PSK, ""))?;
+    let c = &w.c;
+    let (h0, h1) = (c.lab.host(0).underlay_ip, c.lab.host(1).underlay_ip);
+    let taken = [c.subnet(0)?, c.subnet(1)?];
+    let third: Ipv4Net = (200..=250)
+        .map(|n| format!("10.5.{n}.0/24").parse())
+        .find(|s| s.as_ref().is_ok_and(|s| !taken.contains(s)))
+        .expect("a free /24")?;
+    // The third node's PublicIP is a second address of host 1's, so that both nodes take it
+    // as a peer; nothing listens there.
+    let third_ip = Ipv4Addr::new(10, 200, 0, 77);
+    c.lab
+        .host(1)
+        .ns
+        .ip(&["addr", "add", &format!("{third_ip}/24"), "dev", "eth0"])?;
+    let (key, lease_at) = (c.lease_key(third), |port: u16| {
+        let public_key = PrivateKey::generate().public_key().to_string();
+        wg::lease_value(third_ip, &public_key, port)
+    });
+    let behind_third = Ipv4Net::new(third.network(), 24)?
+        .hosts()
+        .nth(1)
+        .expect("a host");
+    // WireGuard's message type 1: a handshake initiation. A node that lost its session to the
+    // other would send one at its next packet.
+    let mut initiations = w
+        .ns(0)
+        .spawn("tcpdump", &["-i", "eth0", "-n", "-l", "udp and udp[8] = 1"])?;
+    std::thread::sleep(Duration::from_millis(500));
+    // Node 0 seals a packet for the third peer with what its lease says: an initiation to
+    // its `port`.
+    let third_is_at = |port: u16| -> Result<()> {
+        let to = format!("{third_ip}.{port}: UDP");
+        eventually_within(
+            "an initiation to the third peer",
+            Duration::from_secs(20),
+            || {
+                c.container(0)
+                    .ns
+                    .sh(&format!("ping -c 1 -W 1 {behind_third} || true"))?;
+                Ok(initiations.stdout().contains(&to))
+            },
+        )
+    };
+    let known_to_both = |known: bool| -> Result<()> {
+        eventually_within("the third lease", Duration::from_secs(20), || {
+            let (a, b) = (c.peer_subnets(0)?, c.peer_subnets(1)?);
+            let name = third.to_string();
+            Ok(a.contains(&name) == known && b.contains(&name) == known)
+        })
+    };
+
+    c.etcd.etcdctl(&["put", &key, &lease_at(51999)])?;
+    known_to_both(true)?;
+    anyhow::ensure!(w.try_ping(0, 2)?.contains("2 received"));
+    third_is_at(51999)?;
+    c.etcd.etcdctl(&["put", &key, &lease_at(51998)])?;
+    third_is_at(51998)?;
+    c.etcd.etcdctl(&["del", &key])?;
+    known_to_both(false)?;
+
+    for from in [0, 1] {
+        let out = w.try_ping(from, 3)?;
+        anyhow::ensure!(out.contains("3 received"), "{out}");
+    }
+    tcp_transfer_intact(c.container(0), c.container(1), 4 << 20)?;
+    initiations.stop()?;
+    let seen = initiations.stdout();
+    let between_nodes = [
+        format!("{h0}.{} > {h1}.{}:", wg::PORT, wg::PORT),
+        format!("{h1}.{} > {h0}.{}:", wg::PORT, wg::PORT),
+    ];
+    let renewed: Vec<&str> = seen
+        .lines()
+        .filter(|l| between_nodes.iter().any(|b| l.contains(b.as_str())))
+        .collect();
+    assert!(
+        renewed.is_empty(),
+        "the nodes' session was renewed:\n{seen}"
     );
     Ok(())
 }

@@ -16,6 +16,7 @@ use super::{Backend, Setup};
 use crate::host;
 use crate::lease::{backend_type, Lease, LeaseAttrs};
 use crate::node::Node;
+use anyhow::Context;
 use ipnet::Ipv4Net;
 use kernel::KernelDevice;
 use peers::{Change, PeerBook};
@@ -176,11 +177,16 @@ impl Wireguard {
         applied
     }
 
+    /// One peer changes, on either path: O(log K) in the engine, and one netlink message to
+    /// the kernel's device.
     async fn apply_to_path(&mut self, change: Change) -> anyhow::Result<()> {
         match (&mut self.path, change) {
             (_, Change::Unchanged) => Ok(()),
-            (Path::Userspace(engine), _) => {
-                engine.set_peers(&self.book.specs());
+            (Path::Userspace(engine), Change::Set { new, .. }) => engine
+                .set_peer(&new)
+                .with_context(|| format!("peer {} left out", new.subnet)),
+            (Path::Userspace(engine), Change::Removed(old)) => {
+                engine.remove_peer(old.subnet);
                 Ok(())
             }
             (Path::Kernel(device), Change::Set { old, new }) => {

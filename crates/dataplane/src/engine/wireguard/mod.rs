@@ -10,6 +10,8 @@ mod flood;
 pub mod keys;
 mod open;
 pub mod pair;
+mod peer_map;
+mod peering;
 mod peers;
 mod recv;
 mod send;
@@ -17,13 +19,15 @@ mod timers;
 
 pub use keys::{KeyError, PresharedKey, PrivateKey, PublicKey};
 pub use open::{Crypto, Opened};
-pub use peers::{PeerMap, Sealed, TunnelParams, WgPeer, WgPeerSpec, WgPeers};
+pub use peer_map::{KeyTaken, PeerMap, WgPeers};
+pub use peering::{Peering, Refused};
+pub use peers::{Sealed, TunnelParams, WgPeer, WgPeerSpec};
 pub use send::{DATA_OVERHEAD, HANDSHAKE_INIT_LEN};
 
 use super::directions::Direction;
 use super::{Engine, Shared};
 use crate::io::{Tun, TunConfig};
-use crate::table::PeerSpec;
+use ipnet::Ipv4Net;
 use std::io;
 use std::net::SocketAddrV4;
 use std::sync::Arc;
@@ -46,7 +50,7 @@ pub struct WgEngineConfig {
 /// A running WireGuard engine. Dropping it stops its threads and removes the TUN.
 pub struct WireGuard {
     engine: Engine,
-    peers: Arc<WgPeers>,
+    peering: Peering,
 }
 
 impl WireGuard {
@@ -63,33 +67,28 @@ impl WireGuard {
             };
             directions(tun, &wg)
         })?;
-        Ok(WireGuard { engine, peers })
+        let peering = Peering::new(peers, engine.table().clone());
+        Ok(WireGuard { engine, peering })
     }
 
-    /// Replace the peers: the WireGuard state (a peer whose key changed is re-keyed) and the
-    /// routing table the engine's counters hang on.
+    /// Make the peers exactly `specs`: the WireGuard state (a peer whose key changed is
+    /// re-keyed) and the routing table the engine's counters hang on. O(K), for a reconcile.
     pub fn set_peers(&self, specs: &[WgPeerSpec]) {
-        self.peers.set(specs);
-        let routes: Vec<PeerSpec> = specs.iter().map(route).collect();
-        self.engine.table().set_peers(&routes);
+        self.peering.set_all(specs);
+    }
+
+    /// Add or update the peer of one lease, touching no other. O(log K).
+    pub fn set_peer(&self, spec: &WgPeerSpec) -> Result<(), Refused> {
+        self.peering.set(spec)
+    }
+
+    /// Remove the peer of one lease. O(log K).
+    pub fn remove_peer(&self, subnet: Ipv4Net) {
+        self.peering.remove(subnet);
     }
 
     pub fn engine(&self) -> &Engine {
         &self.engine
-    }
-}
-
-/// A peer's entry in the routing table, which finds it by subnet for sending and holds its
-/// counters. The table keeps one peer per endpoint, for the engines that tell peers apart by
-/// the address a datagram comes from; WireGuard tells them apart by key, and two nodes behind
-/// one NAT publish one `PublicIP:Port`. So the entry's endpoint names the subnet instead
-/// (`10.5.2.0:0`, port 0 being no one's): where datagrams go is the peer's own business
-/// ([`WgPeer::endpoint`], which follows roaming).
-fn route(spec: &WgPeerSpec) -> PeerSpec {
-    PeerSpec {
-        subnet: spec.subnet,
-        endpoint: SocketAddrV4::new(spec.subnet.network(), 0),
-        version: 0,
     }
 }
 

@@ -4,7 +4,8 @@
 //! No I/O here: the engine's receive direction, the fuzz target and the benchmarks all drive it.
 
 use super::flood::{Gate, Verdict};
-use super::peers::{PeerMap, TunnelParams, WgPeer};
+use super::peer_map::PeerMap;
+use super::peers::{TunnelParams, WgPeer};
 use super::PublicKey;
 use crate::engine::check_from;
 use crate::stats::DropReason;

@@ -3,7 +3,8 @@
 //! benchmarks and the protocol tests below use it.
 
 use super::open::{Crypto, Opened};
-use super::peers::{Sealed, TunnelParams, WgPeerSpec, WgPeers};
+use super::peer_map::WgPeers;
+use super::peers::{Sealed, TunnelParams, WgPeerSpec};
 use super::{PresharedKey, PrivateKey, DEFAULT_PORT};
 use crate::wire::ipv4::{Ipv4Repr, PROTO_UDP};
 use anyhow::bail;

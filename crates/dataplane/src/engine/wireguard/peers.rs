@@ -1,19 +1,13 @@
-//! The WireGuard peers: one per lease, each with its own tunnel (boringtun's `Tunn`), found by
-//! subnet (sending), by the index in a message's receiver field, or by public key (a handshake
-//! initiation names its sender only by key). Replaced whole when leases change; a peer whose
-//! subnet and key stay keeps its tunnel, sessions and index.
-//!
-//! A tunnel is made on first use, so a network of 60,000 leases holds tunnels only for the
-//! peers this node talks to.
+//! One WireGuard peer: what its lease says, where datagrams for it go (roaming), and its
+//! tunnel (boringtun's `Tunn`), made on first use, so a network of 60,000 leases holds tunnels
+//! only for the peers this node talks to. [`super::peer_map`] finds peers and changes them.
 
 use super::keys::{PresharedKey, PrivateKey, PublicKey};
 use crate::log_limit::LogLimit;
-use arc_swap::{ArcSwap, Guard};
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519;
 use ipnet::Ipv4Net;
-use rustc_hash::FxHashMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,8 +16,6 @@ use std::time::Duration;
 /// Packets boringtun keeps for a peer while its handshake runs; it drops more without a word,
 /// so twill counts them (`no_session`).
 const MAX_STAGED: usize = 256;
-/// boringtun keeps the low 8 bits of a session index for the session; the rest name the peer.
-const INDEX_BITS: u32 = 24;
 /// Handshake responses from a peer that fail to authenticate in a row before the log says
 /// so: one can be a forgery, two (the second a retry 5 s later) are the peer's.
 const FAILED_RESPONSES_TO_WARN: u32 = 2;
@@ -106,7 +98,7 @@ pub enum Tick {
 }
 
 impl WgPeer {
-    fn new(spec: &WgPeerSpec, index: u32) -> WgPeer {
+    pub(super) fn new(spec: &WgPeerSpec, index: u32) -> WgPeer {
         let endpoint = encode(spec.endpoint);
         WgPeer {
             subnet: spec.subnet,
@@ -122,6 +114,20 @@ impl WgPeer {
 
     pub fn endpoint(&self) -> SocketAddrV4 {
         decode(self.endpoint.load(Relaxed))
+    }
+
+    /// The peer's part of a message's receiver index (boringtun's: peer, session).
+    pub(super) fn index(&self) -> u32 {
+        self.index
+    }
+
+    /// Its lease names `endpoint`: send there from now on if that moved it, else keep sending
+    /// where it roamed to.
+    pub(super) fn follow_lease(&self, endpoint: SocketAddrV4) {
+        let leased = encode(endpoint);
+        if self.leased.swap(leased, Relaxed) != leased {
+            self.endpoint.store(leased, Relaxed);
+        }
     }
 
     /// Roaming: send to where this peer's last authenticated datagram came from. Returns
@@ -259,196 +265,25 @@ fn decode(bits: u64) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from((bits >> 16) as u32), bits as u16)
 }
 
-/// One generation of peers, with the three ways to find one.
-#[derive(Default)]
-pub struct PeerMap {
-    by_subnet: FxHashMap<Ipv4Net, Arc<WgPeer>>,
-    by_index: FxHashMap<u32, Arc<WgPeer>>,
-    by_key: FxHashMap<PublicKey, Arc<WgPeer>>,
-}
-
-impl PeerMap {
-    pub fn by_subnet(&self, subnet: Ipv4Net) -> Option<&WgPeer> {
-        self.by_subnet.get(&subnet).map(|p| &**p)
-    }
-
-    /// The peer a message's receiver index names (boringtun's session index: peer, session).
-    pub fn by_receiver(&self, receiver: u32) -> Option<&WgPeer> {
-        self.by_index.get(&(receiver >> 8)).map(|p| &**p)
-    }
-
-    pub fn by_key(&self, key: &PublicKey) -> Option<&WgPeer> {
-        self.by_key.get(key).map(|p| &**p)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &WgPeer> {
-        self.by_subnet.values().map(|p| &**p)
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_subnet.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_subnet.is_empty()
-    }
-
-    fn insert(&mut self, peer: Arc<WgPeer>) {
-        self.by_index.insert(peer.index, peer.clone());
-        self.by_key.insert(peer.public_key, peer.clone());
-        self.by_subnet.insert(peer.subnet, peer);
-    }
-}
-
-/// The peers an engine reads and the control plane replaces.
-pub struct WgPeers {
-    map: ArcSwap<PeerMap>,
-    next_index: AtomicU32,
-}
-
-impl Default for WgPeers {
-    fn default() -> Self {
-        let mut seed = [0u8; 4];
-        // A predictable start is harmless (indices travel in clear); random only spreads them.
-        let _ = getrandom::fill(&mut seed);
-        WgPeers {
-            map: ArcSwap::default(),
-            next_index: AtomicU32::new(u32::from_le_bytes(seed)),
-        }
-    }
-}
-
-impl WgPeers {
-    pub fn load(&self) -> Guard<Arc<PeerMap>> {
-        self.map.load()
-    }
-
-    /// Replace the peers. A peer whose subnet and key stay keeps its tunnel; one whose lease
-    /// changed its key gets a new one, so the next packet starts a handshake with the new key.
-    /// Of two specs with one subnet or one key, the first wins.
-    pub fn set(&self, specs: &[WgPeerSpec]) {
-        let old = self.map.load();
-        let mut next = PeerMap::default();
-        for spec in specs {
-            let taken = next.by_subnet.contains_key(&spec.subnet)
-                || next.by_key.contains_key(&spec.public_key);
-            if taken {
-                continue;
-            }
-            let peer = match old.by_subnet.get(&spec.subnet) {
-                Some(p) if p.public_key == spec.public_key => {
-                    let leased = encode(spec.endpoint);
-                    if p.leased.swap(leased, Relaxed) != leased {
-                        p.endpoint.store(leased, Relaxed);
-                    }
-                    p.clone()
-                }
-                _ => Arc::new(WgPeer::new(spec, self.free_index(&old, &next))),
-            };
-            next.insert(peer);
-        }
-        self.map.store(Arc::new(next));
-    }
-
-    /// A peer index in use by neither generation, so a message in flight for a peer that just
-    /// left can not reach a new one.
-    fn free_index(&self, old: &PeerMap, next: &PeerMap) -> u32 {
-        loop {
-            let index = self.next_index.fetch_add(1, Relaxed) & ((1 << INDEX_BITS) - 1);
-            if !old.by_index.contains_key(&index) && !next.by_index.contains_key(&index) {
-                return index;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec(subnet: &str, port: u16, key: u8) -> WgPeerSpec {
-        WgPeerSpec {
-            subnet: subnet.parse().unwrap(),
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, key), port),
-            public_key: PublicKey([key; 32]),
-        }
-    }
-
-    fn params() -> TunnelParams {
-        TunnelParams {
+    #[test]
+    fn packets_beyond_the_handshake_queue_are_dropped_and_counted() {
+        let params = TunnelParams {
             private_key: PrivateKey::generate(),
             preshared_key: None,
             keepalive: None,
-        }
-    }
-
-    #[test]
-    fn peers_are_found_by_subnet_index_and_key() {
-        let peers = WgPeers::default();
-        let a = spec("10.5.1.0/24", 51820, 1);
-        peers.set(&[a, spec("10.5.2.0/24", 51820, 2)]);
-        let map = peers.load();
-        let found = map.by_subnet(a.subnet).unwrap();
-        assert_eq!(found.endpoint(), a.endpoint);
-        let receiver = (found.index << 8) | 3;
-        assert_eq!(map.by_receiver(receiver).unwrap().subnet, a.subnet);
-        assert_eq!(map.by_key(&a.public_key).unwrap().subnet, a.subnet);
-        assert_eq!(map.len(), 2);
-    }
-
-    #[test]
-    fn a_peer_keeps_its_tunnel_until_its_key_changes() {
-        let (peers, params) = (WgPeers::default(), params());
-        let a = spec("10.5.1.0/24", 51820, 1);
-        peers.set(&[a]);
-        let mut buf = [0u8; 256];
-        let sealed = peers
-            .load()
-            .by_subnet(a.subnet)
-            .unwrap()
-            .seal(&params, &[0; 20], &mut buf);
-        assert!(matches!(sealed, Sealed::Handshake(148)), "{sealed:?}");
-        let moved = WgPeerSpec {
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 9), 51820),
-            ..a
         };
-        peers.set(&[moved]);
-        let peer = peers
-            .load()
-            .by_subnet(a.subnet)
-            .map(|p| (p.has_tunnel(), p.endpoint()));
-        assert_eq!(peer, Some((true, moved.endpoint)));
-        peers.set(&[WgPeerSpec {
-            public_key: PublicKey([7; 32]),
-            ..moved
-        }]);
-        assert!(!peers.load().by_subnet(a.subnet).unwrap().has_tunnel());
-    }
-
-    #[test]
-    fn roaming_moves_the_endpoint_until_the_lease_moves_it() {
-        let peers = WgPeers::default();
-        let a = spec("10.5.1.0/24", 51820, 1);
-        peers.set(&[a]);
-        let roamed = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40000);
-        let map = peers.load();
-        let peer = map.by_subnet(a.subnet).unwrap();
-        assert!(peer.roam(roamed));
-        assert!(!peer.roam(roamed));
-        peers.set(&[a]);
-        assert_eq!(
-            peer.endpoint(),
-            roamed,
-            "an unchanged lease keeps the roamed endpoint"
+        let peer = WgPeer::new(
+            &WgPeerSpec {
+                subnet: "10.5.1.0/24".parse().unwrap(),
+                endpoint: "10.200.0.1:51820".parse().unwrap(),
+                public_key: PublicKey([1; 32]),
+            },
+            1,
         );
-    }
-
-    #[test]
-    fn packets_beyond_the_handshake_queue_are_dropped_and_counted() {
-        let (peers, params) = (WgPeers::default(), params());
-        peers.set(&[spec("10.5.1.0/24", 51820, 1)]);
-        let map = peers.load();
-        let peer = map.iter().next().unwrap();
         let mut buf = [0u8; 256];
         let results: Vec<Sealed> = (0..MAX_STAGED + 2)
             .map(|_| peer.seal(&params, &[0; 20], &mut buf))
@@ -456,17 +291,5 @@ mod tests {
         assert!(matches!(results[0], Sealed::Handshake(_)));
         assert!(results[1..MAX_STAGED].iter().all(|r| *r == Sealed::Staged));
         assert_eq!(&results[MAX_STAGED..], [Sealed::Dropped, Sealed::Dropped]);
-    }
-
-    #[test]
-    fn duplicate_subnets_or_keys_keep_the_first() {
-        let peers = WgPeers::default();
-        let a = spec("10.5.1.0/24", 51820, 1);
-        let same_key = WgPeerSpec {
-            subnet: "10.5.9.0/24".parse().unwrap(),
-            ..a
-        };
-        peers.set(&[a, same_key, spec("10.5.1.0/24", 1, 2)]);
-        assert_eq!(peers.load().len(), 1);
     }
 }

@@ -4,7 +4,8 @@
 //! Unlike the flannel-udp engine, the TTL is left alone: the kernel's WireGuard device does not
 //! touch it either, and flannel's wireguard backend is that device.
 
-use super::peers::{PeerMap, Sealed, WgPeer};
+use super::peer_map::PeerMap;
+use super::peers::{Sealed, WgPeer};
 use super::Wg;
 use crate::engine::train::{Counts, Train};
 use crate::engine::{flush_tun, next_tun_batch, routed, send_failed, Shared};
