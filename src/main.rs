@@ -5,13 +5,14 @@ use anyhow::Context;
 use clap::builder::TypedValueParser;
 use clap::{ArgAction, Args, Parser, Subcommand};
 use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use twill_control::config::{Config, DEFAULT_BACKEND};
 use twill_control::daemon::{self, NodeOptions};
 use twill_control::lease::backend_type;
+use twill_control::lease_check;
 use twill_control::registry::kube::{self, KubeOptions, KubeRegistry, KubeTiming, NodeIdentity};
 use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
@@ -67,6 +68,10 @@ struct RunArgs {
     /// Address other nodes reach this one at.
     #[arg(long)]
     public_ip: Option<Ipv4Addr>,
+    /// IPv6 address other nodes reach this one at, on a dual-stack network (flanneld's
+    /// --public-ipv6).
+    #[arg(long, value_name = "IPV6", value_parser = parse_public_ipv6)]
+    public_ipv6: Option<Ipv6Addr>,
     /// Static registry: the whole container network.
     #[arg(long, value_name = "CIDR")]
     network: Option<Ipv4Net>,
@@ -291,6 +296,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
     NodeOptions {
         iface: args.iface.clone(),
         public_ip: args.public_ip,
+        public_ipv6: args.public_ipv6,
         subnet_file: args.subnet_file.clone(),
         tun_name: args.tun_name.clone(),
         mtu: args.mtu,
@@ -315,6 +321,19 @@ fn node_options(args: &RunArgs) -> NodeOptions {
 /// `--status-addr` serves everything; flannel's `--healthz-ip`:`--healthz-port`, which listens
 /// on every address by default, only `/healthz`. The same address given to both is served once,
 /// with everything: the operator put the status there on purpose.
+/// `--public-ipv6`: an IPv6 address another host can reach, as a lease's PublicIPv6 must be.
+fn parse_public_ipv6(text: &str) -> Result<Ipv6Addr, String> {
+    let ip: Ipv6Addr = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not an IPv6 address"))?;
+    match lease_check::unusable_ipv6(ip) {
+        Some(why) => Err(format!(
+            "{ip} is {why}: other nodes cannot reach this one at it"
+        )),
+        None => Ok(ip),
+    }
+}
+
 fn status_addrs(args: &RunArgs) -> Vec<StatusAddr> {
     let mut addrs = vec![StatusAddr::Status(args.status_addr)];
     let healthz = SocketAddr::from((args.healthz_ip, args.healthz_port));

@@ -276,3 +276,23 @@ fn kube_mode_flag_errors_are_named() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn an_unusable_public_ipv6_names_the_flag_and_what_it_is() -> Result<()> {
+    let lab = lab("cli-ipv6")?;
+    for (value, expected) in [
+        (
+            "fe80::1",
+            "fe80::1 is link-local: other nodes cannot reach this one at it",
+        ),
+        ("ff02::1", "ff02::1 is multicast"),
+        ("::", ":: is unspecified"),
+        ("::1", "::1 is loopback"),
+        ("10.200.0.1", "\"10.200.0.1\" is not an IPv6 address"),
+    ] {
+        let flag = format!("--public-ipv6={value}");
+        assert_fails_with(&lab, &[&flag], expected)?;
+        assert_fails_with(&lab, &[&flag], "--public-ipv6")?;
+    }
+    Ok(())
+}

@@ -225,6 +225,7 @@ fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
     let options = NodeOptions {
         iface: Some("eth0".into()),
         public_ip: None,
+        public_ipv6: None,
         subnet_file: c.subnet_file(1),
         tun_name: "twill0".into(),
         mtu: None,

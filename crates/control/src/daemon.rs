@@ -23,7 +23,7 @@ pub use crate::node::NodeOptions;
 use crate::peers::Peers;
 use crate::registry::{LeaseEvent, Registry};
 use crate::status;
-use crate::subnet_env::SubnetEnv;
+use crate::subnet_env::{Ipv6Env, SubnetEnv};
 use crate::traffic;
 use anyhow::{bail, Context};
 use std::future::Future;
@@ -139,9 +139,18 @@ fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> 
         subnet: lease.subnet,
         mtu,
         ipmasq: node.options.traffic.ip_masq,
+        ipv6: ipv6_env(node, lease),
     }
     .write(path)
     .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// subnet.env's IPv6 lines, on a dual-stack node whose lease has its IPv6 subnet.
+fn ipv6_env(node: &Node, lease: &Lease) -> Option<Ipv6Env> {
+    Some(Ipv6Env {
+        network: node.config.ipv6.as_ref()?.network,
+        subnet: lease.ipv6_subnet?,
+    })
 }
 
 /// How often the backend's state is compared with the leases and repaired, besides at start:

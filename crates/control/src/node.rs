@@ -5,7 +5,7 @@ use crate::config::Config;
 use crate::host::{self, Interface};
 use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +17,8 @@ pub struct NodeOptions {
     pub iface: Option<String>,
     /// The address peers reach us at; the interface's first IPv4 address when absent.
     pub public_ip: Option<Ipv4Addr>,
+    /// `--public-ipv6`: the IPv6 address peers reach us at, on a dual-stack network.
+    pub public_ipv6: Option<Ipv6Addr>,
     pub subnet_file: PathBuf,
     pub tun_name: String,
     /// TUN MTU; the interface MTU minus the encapsulation overhead when absent.
@@ -60,6 +62,12 @@ impl Node {
             (None, None) => host::default_route_interface()?,
         };
         let public_ip = options.public_ip.unwrap_or(iface.address);
+        if let (Some(ip), None) = (options.public_ipv6, &config.ipv6) {
+            // flanneld ignores it too; said once, so the operator knows it has no effect.
+            tracing::warn!(
+                "--public-ipv6 {ip} is ignored: the network config does not enable IPv6"
+            );
+        }
         Ok(Node {
             status: Arc::new(NodeStatus::new(options.metrics_per_peer)),
             options,

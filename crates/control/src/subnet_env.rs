@@ -6,10 +6,10 @@
 //! keeps a node's subnet stable (flannel #205).
 
 use anyhow::{bail, Context};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use std::fs;
 use std::io::{ErrorKind, Write};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
@@ -28,22 +28,42 @@ pub struct SubnetEnv {
     pub mtu: u32,
     /// `FLANNEL_IPMASQ`: whether the daemon masquerades traffic leaving the network.
     pub ipmasq: bool,
+    /// A dual-stack node's `FLANNEL_IPV6_NETWORK` and `FLANNEL_IPV6_SUBNET`.
+    pub ipv6: Option<Ipv6Env>,
+}
+
+/// The IPv6 variables of subnet.env, as flanneld writes them when `EnableIPv6` is true.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv6Env {
+    /// `FLANNEL_IPV6_NETWORK`: the whole IPv6 container network.
+    pub network: Ipv6Net,
+    /// This node's IPv6 subnet, written as its first host address (`fd10:0:0:8::1/64`).
+    pub subnet: Ipv6Net,
 }
 
 impl SubnetEnv {
-    /// The file's text, line for line what flanneld writes for an IPv4 network.
+    /// The file's text, line for line what flanneld writes: the IPv4 lines, the IPv6 ones on
+    /// a dual-stack node, then MTU and masquerading.
     pub fn render(&self) -> String {
-        format!(
-            "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\nFLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n",
+        let mut text = format!(
+            "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\n",
             self.network,
             first_host(self.subnet),
             self.subnet.prefix_len(),
-            self.mtu,
-            self.ipmasq
-        )
+        );
+        if let Some(v6) = &self.ipv6 {
+            text += &format!(
+                "FLANNEL_IPV6_NETWORK={}\nFLANNEL_IPV6_SUBNET={}/{}\n",
+                v6.network,
+                first_host_v6(v6.subnet),
+                v6.subnet.prefix_len()
+            );
+        }
+        text + &format!("FLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n", self.mtu, self.ipmasq)
     }
 
-    /// Parses the file's text. Unknown variables (e.g. flannel's IPv6 ones) are ignored.
+    /// Parses the file's text. Unknown variables are ignored; the IPv6 ones are read when
+    /// `FLANNEL_IPV6_SUBNET` is there.
     pub fn parse(text: &str) -> anyhow::Result<SubnetEnv> {
         let vars = Vars::parse(text);
         Ok(SubnetEnv {
@@ -51,6 +71,7 @@ impl SubnetEnv {
             subnet: subnet_of(&vars)?.context("FLANNEL_SUBNET is missing")?,
             mtu: vars.value("FLANNEL_MTU")?,
             ipmasq: vars.value("FLANNEL_IPMASQ")?,
+            ipv6: ipv6_of(&vars)?,
         })
     }
 
@@ -94,6 +115,21 @@ fn read_text(path: &Path) -> anyhow::Result<Option<String>> {
 
 fn first_host(subnet: Ipv4Net) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(subnet.network()) + 1)
+}
+
+fn first_host_v6(subnet: Ipv6Net) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(subnet.network()) + 1)
+}
+
+fn ipv6_of(vars: &Vars) -> anyhow::Result<Option<Ipv6Env>> {
+    if vars.get("FLANNEL_IPV6_SUBNET").is_none() {
+        return Ok(None);
+    }
+    let subnet: Ipv6Net = vars.value("FLANNEL_IPV6_SUBNET")?;
+    Ok(Some(Ipv6Env {
+        network: vars.value("FLANNEL_IPV6_NETWORK")?,
+        subnet: subnet.trunc(),
+    }))
 }
 
 fn subnet_of(vars: &Vars) -> anyhow::Result<Option<Ipv4Net>> {
@@ -181,6 +217,52 @@ mod tests {
             subnet: "10.5.8.0/24".parse().unwrap(),
             mtu: 1472,
             ipmasq: false,
+            ipv6: None,
+        }
+    }
+
+    fn dual_stack() -> SubnetEnv {
+        SubnetEnv {
+            ipv6: Some(Ipv6Env {
+                network: "fd10::/48".parse().unwrap(),
+                subnet: "fd10:0:0:8::/64".parse().unwrap(),
+            }),
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn renders_flannels_dual_stack_format() {
+        let want = "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.8.1/24\n\
+                    FLANNEL_IPV6_NETWORK=fd10::/48\nFLANNEL_IPV6_SUBNET=fd10:0:0:8::1/64\n\
+                    FLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n";
+        assert_eq!(dual_stack().render(), want);
+        assert_eq!(SubnetEnv::parse(want).unwrap(), dual_stack());
+    }
+
+    #[test]
+    fn bad_ipv6_variables_are_named() {
+        let base = "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.8.1/24\nFLANNEL_MTU=1450\n\
+                    FLANNEL_IPMASQ=true\n";
+        let cases = [
+            (
+                "FLANNEL_IPV6_SUBNET=fd10:0:0:8::1/64\n",
+                "FLANNEL_IPV6_NETWORK is missing",
+            ),
+            (
+                "FLANNEL_IPV6_NETWORK=fd10::/48\nFLANNEL_IPV6_SUBNET=10.5.8.1/24\n",
+                "FLANNEL_IPV6_SUBNET has an invalid value \"10.5.8.1/24\"",
+            ),
+            (
+                "FLANNEL_IPV6_NETWORK=banana\nFLANNEL_IPV6_SUBNET=fd10:0:0:8::1/64\n",
+                "FLANNEL_IPV6_NETWORK has an invalid value \"banana\"",
+            ),
+        ];
+        for (lines, want) in cases {
+            let err = SubnetEnv::parse(&format!("{base}{lines}"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(err, want);
         }
     }
 

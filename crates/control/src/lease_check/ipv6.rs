@@ -62,20 +62,29 @@ fn check_public_ipv6(ip: Ipv6Addr, own: Option<Ipv6Addr>) -> Result<(), Rejectio
     if Some(ip) == own {
         return Err(Rejection::OwnPublicIpv6(ip));
     }
-    let why = if ip.is_unspecified() {
-        "unspecified"
+    match unusable_ipv6(ip) {
+        Some(why) => Err(Rejection::UnusablePublicIpv6 { ip, why }),
+        None => Ok(()),
+    }
+}
+
+/// What `ip` is, if it cannot be the address other hosts reach a node at (a PublicIPv6, or
+/// `--public-ipv6`): unspecified, loopback, multicast, link-local (no scope says which link)
+/// or IPv4-mapped.
+pub fn unusable_ipv6(ip: Ipv6Addr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        Some("unspecified")
     } else if ip.is_loopback() {
-        "loopback"
+        Some("loopback")
     } else if ip.is_multicast() {
-        "multicast"
+        Some("multicast")
     } else if ip.is_unicast_link_local() {
-        "link-local"
+        Some("link-local")
     } else if ip.to_ipv4_mapped().is_some() {
-        "an IPv4-mapped address"
+        Some("an IPv4-mapped address")
     } else {
-        return Ok(());
-    };
-    Err(Rejection::UnusablePublicIpv6 { ip, why })
+        None
+    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use crate::backend::netlink::MacAddr;
 use crate::config::Config;
 mod ipv6;
 
-pub use ipv6::{overlaps_v6, Ipv6Rules};
+pub use ipv6::{overlaps_v6, unusable_ipv6, Ipv6Rules};
 
 use crate::lease::{backend_type, Lease};
 use ipnet::{Ipv4Net, Ipv6Net};
