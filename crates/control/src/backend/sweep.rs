@@ -229,6 +229,7 @@ mod tests {
             gateway: via.map(|v| v.parse::<Ipv4Addr>().unwrap()),
             oif: 3,
             onlink,
+            nhid: None,
         }
     }
 

@@ -15,27 +15,30 @@ use ipnet::Ipv4Net;
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::neighbour::NeighbourMessage;
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::AddressFamily;
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 mod message;
+mod nexthop;
+mod nexthop_list;
 mod state;
 mod watch;
 mod write;
 pub(crate) use message::parse_link;
 use message::*;
 pub use message::{ipip_link_message, route_message, vxlan_link_message};
+use nexthop::RtnlMessage;
 pub use state::*;
 pub use watch::{Notice, Watch};
-pub use write::Write;
+pub use write::{Write, NEXTHOP_PROTOCOL};
 
 /// Connections to the kernel's routing netlink, serviced by tasks on the current tokio runtime:
 /// one for reads and device set-up, one that sends per-peer changes in batches ([`Write`]).
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
-    batches: ConnectionHandle<RouteNetlinkMessage>,
+    batches: ConnectionHandle<RtnlMessage>,
     /// Requests that change kernel state, for status: an idle reconcile must make none.
     writes: Arc<AtomicU64>,
 }
