@@ -35,13 +35,13 @@ impl Netlink {
     ) -> io::Result<Vec<ListedNexthop>> {
         let mut request = NetlinkMessage::from(RtnlMessage::GetNexthop(body));
         request.header.flags = NLM_F_REQUEST | flags;
-        let answers = self
+        let mut answers = self
             .batches
             .request(request, SocketAddr::new(0, 0))
             .map_err(io::Error::other)?;
-        let answers: Vec<_> = answers.collect().await;
-        let mut listed = Vec::with_capacity(answers.len());
-        for answer in answers {
+        // Parsed as they come: a dump of 60,000 nexthops is never held as messages at once.
+        let mut listed = Vec::new();
+        while let Some(answer) = answers.next().await {
             match answer.payload {
                 NetlinkPayload::InnerMessage(RtnlMessage::NewNexthop(msg)) => {
                     listed.extend(parse_nexthop(&msg));
