@@ -2,7 +2,7 @@
 //! twill-dataplane.
 
 use anyhow::Context;
-use clap::builder::TypedValueParser;
+use clap::builder::{FalseyValueParser, TypedValueParser};
 use clap::{ArgAction, Args, Parser, Subcommand};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -137,6 +137,11 @@ struct RunArgs {
     /// The address of --healthz-port (every address by default, as in flannel).
     #[arg(long, default_value = "0.0.0.0")]
     healthz_ip: Ipv4Addr,
+    /// vxlan, host-gw, ipip: give each peer a gateway route, as flanneld does, instead of a
+    /// route through a nexthop object of its own (the default where the kernel has them,
+    /// Linux 5.3+: linear instead of quadratic in the number of peers).
+    #[arg(long, env = "TWILL_NO_NEXTHOP_OBJECTS", value_parser = FalseyValueParser::new())]
+    no_nexthop_objects: bool,
 }
 
 /// flanneld's etcd flags; `--etcd-endpoints` switches from the static registry to etcd.
@@ -315,6 +320,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
             .filter(|&us| us > 0)
             .map(Duration::from_micros),
         metrics_per_peer: args.metrics_per_peer,
+        nexthop_objects: !args.no_nexthop_objects,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The kernel hand-off driven by the daemon and a real etcd: vxlan and host-gw nodes program
 //! flannel's state and carry traffic; ipip fails clearly on a kernel without it; a node killed
-//! with -9 and restarted ends with exactly the right state.
+//! with -9 and restarted ends with exactly the right state. The vxlan and host-gw tests run in
+//! both route modes: through nexthop objects (the default) and flanneld's gateway routes.
 
 mod common;
 
@@ -13,8 +14,20 @@ const HOST_GW: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"
 
 #[test]
 fn vxlan_nodes_program_flannels_state_and_carry_traffic() -> Result<()> {
-    let mut c = cluster("kvx", 2, VXLAN)?;
-    let _nodes = [c.start(0)?, c.start(1)?];
+    vxlan_nodes("kvx", RouteMode::Nexthops)
+}
+
+#[test]
+fn vxlan_nodes_with_gateway_routes_program_flannels_state_and_carry_traffic() -> Result<()> {
+    vxlan_nodes("kvxgw", RouteMode::GatewayRoutes)
+}
+
+fn vxlan_nodes(tag: &str, mode: RouteMode) -> Result<()> {
+    let mut c = cluster(tag, 2, VXLAN)?;
+    let _nodes = [
+        c.start_with_env(0, mode.env())?,
+        c.start_with_env(1, mode.env())?,
+    ];
     let (s0, s1) = (c.subnet(0)?, c.subnet(1)?);
     let value = c
         .etcd
@@ -47,6 +60,7 @@ fn vxlan_nodes_program_flannels_state_and_carry_traffic() -> Result<()> {
         routes.contains(&format!("via {remote_net} dev flannel.1 onlink")),
         "{routes}"
     );
+    assert!(mode.shows_in(&routes), "{mode:?}: {routes}");
     let env = std::fs::read_to_string(c.subnet_file(0))?;
     assert!(env.contains("FLANNEL_MTU=1450"), "{env}");
     assert_ne!(s0, s1);
@@ -55,11 +69,24 @@ fn vxlan_nodes_program_flannels_state_and_carry_traffic() -> Result<()> {
 
 #[test]
 fn host_gw_nodes_route_via_each_other_and_carry_traffic() -> Result<()> {
-    let mut c = cluster("khgw", 2, HOST_GW)?;
-    let _nodes = [c.start(0)?, c.start(1)?];
+    host_gw_nodes("khgw", RouteMode::Nexthops)
+}
+
+#[test]
+fn host_gw_nodes_with_gateway_routes_route_via_each_other_and_carry_traffic() -> Result<()> {
+    host_gw_nodes("khgwgw", RouteMode::GatewayRoutes)
+}
+
+fn host_gw_nodes(tag: &str, mode: RouteMode) -> Result<()> {
+    let mut c = cluster(tag, 2, HOST_GW)?;
+    let _nodes = [
+        c.start_with_env(0, mode.env())?,
+        c.start_with_env(1, mode.env())?,
+    ];
     let s1 = c.subnet(1)?;
     let routes = c.lab.host(0).ns.ip(&["route", "show", &s1.to_string()])?;
     assert!(routes.contains("via 10.200.0.2 dev eth0"), "{routes}");
+    assert!(mode.shows_in(&routes), "{mode:?}: {routes}");
     c.traffic_between_two_nodes()
 }
 
@@ -91,8 +118,23 @@ fn ipip_on_this_kernel_fails_with_a_clear_message() -> Result<()> {
 
 #[test]
 fn a_node_killed_with_9_and_restarted_ends_with_exactly_the_right_state() -> Result<()> {
-    let c = cluster("kcrash", 3, VXLAN)?;
-    let mut nodes = [c.start(0)?, c.start(1)?, c.start(2)?];
+    killed_and_restarted("kcrash", RouteMode::Nexthops)
+}
+
+#[test]
+fn a_node_with_gateway_routes_killed_with_9_and_restarted_ends_with_exactly_the_right_state(
+) -> Result<()> {
+    killed_and_restarted("kcrashgw", RouteMode::GatewayRoutes)
+}
+
+fn killed_and_restarted(tag: &str, mode: RouteMode) -> Result<()> {
+    let c = cluster(tag, 3, VXLAN)?;
+    let env = mode.env();
+    let mut nodes = [
+        c.start_with_env(0, env)?,
+        c.start_with_env(1, env)?,
+        c.start_with_env(2, env)?,
+    ];
     let (s1, s2) = (c.subnet(1)?, c.subnet(2)?);
     eventually("both peers programmed", || {
         let routes = c
@@ -106,7 +148,7 @@ fn a_node_killed_with_9_and_restarted_ends_with_exactly_the_right_state() -> Res
     // While node 0 is down, node 2 leaves for good: its state on node 0 is now stale.
     nodes[2].stop()?;
     c.etcd.etcdctl(&["del", &c.lease_key(s2)])?;
-    let _restarted = c.start(0)?;
+    let _restarted = c.start_with_env(0, env)?;
     let host0 = &c.lab.host(0).ns;
     eventually("stale peer removed", || {
         let routes = host0.ip(&["route", "show", "dev", "flannel.1"])?;
@@ -115,6 +157,11 @@ fn a_node_killed_with_9_and_restarted_ends_with_exactly_the_right_state() -> Res
     let routes = host0.ip(&["route", "show", "dev", "flannel.1"])?;
     assert_eq!(routes.lines().count(), 1, "{routes}");
     assert!(routes.contains(&s1.to_string()), "{routes}");
+    assert!(mode.shows_in(&routes), "{mode:?}: {routes}");
+    // Exactly the one peer's nexthop object of twill's, or none.
+    let nexthops = host0.ip(&["nexthop", "show", "protocol", "116"])?;
+    let want = usize::from(mode == RouteMode::Nexthops);
+    assert_eq!(nexthops.lines().count(), want, "{nexthops}");
     let neigh = host0.ip(&["neigh", "show", "dev", "flannel.1", "nud", "permanent"])?;
     assert_eq!(neigh.lines().count(), 1, "{neigh}");
     let fdb = host0.exec("bridge", &["fdb", "show", "dev", "flannel.1"])?;

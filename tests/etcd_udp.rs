@@ -237,6 +237,7 @@ fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
         status_addrs: Vec::new(),
         batch_delay: None,
         metrics_per_peer: false,
+        nexthop_objects: true,
     };
     let etcd = &mut c.etcd;
     let outcome = c.lab.host(1).ns.enter(|| {

@@ -8,6 +8,30 @@ use twill_lab::{Etcd, Ipv4Net, Lab, LabSpec, Proc};
 pub const PREFIX: &str = "/coreos.com/network";
 pub const UDP_CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#;
 
+/// How a kernel backend (vxlan, host-gw) writes its peers' routes, as the environment of
+/// `twill run` sets it: the kernel-state tests run in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteMode {
+    /// Each peer's route through a nexthop object of its own: the default.
+    Nexthops,
+    /// flanneld's gateway routes (`--no-nexthop-objects`).
+    GatewayRoutes,
+}
+
+impl RouteMode {
+    pub fn env(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            RouteMode::Nexthops => &[],
+            RouteMode::GatewayRoutes => &[("TWILL_NO_NEXTHOP_OBJECTS", "1")],
+        }
+    }
+
+    /// Whether `ip route` output of a peer's route shows this mode (`nhid` or not).
+    pub fn shows_in(self, routes: &str) -> bool {
+        routes.contains(" nhid ") == (self == RouteMode::Nexthops)
+    }
+}
+
 /// A lab whose first host also runs etcd on its underlay address.
 pub struct Cluster {
     pub lab: Lab,

@@ -148,6 +148,7 @@ pub async fn route_network_via(
         gateway: None,
         oif,
         onlink: false,
+        nhid: None,
     };
     netlink
         .write_one(Write::ReplaceRoute(route))

@@ -40,6 +40,9 @@ pub struct NodeOptions {
     pub batch_delay: Option<Duration>,
     /// `/metrics` also writes four series per peer (off: their number grows with the network).
     pub metrics_per_peer: bool,
+    /// vxlan, host-gw, ipip: each peer's route through a nexthop object of its own, where the
+    /// kernel has them (off: `--no-nexthop-objects`).
+    pub nexthop_objects: bool,
 }
 
 /// A node with its options resolved against the host and the network config.

@@ -3,12 +3,12 @@
 
 mod kernel_common;
 
-use kernel_common::{config, Netns};
+use kernel_common::{Mode, Netns};
 use twill_control::backend::ipip::IpipDevice;
 
 #[test]
 fn missing_ipip_module_gives_one_clear_line() {
-    let a = Netns::new("ipip");
+    let a = Netns::new("ipip", Mode::Nexthops);
     a.sh("ip link add eth0 type veth peer name eth1 && ip addr add 10.200.0.1/24 dev eth0");
     let (has_ipip, _) =
         a.try_sh("ip link add probe0 type ipip local 10.200.0.1 && ip link del probe0");
@@ -16,7 +16,8 @@ fn missing_ipip_module_gives_one_clear_line() {
         eprintln!("this kernel has ipip; the missing-module error cannot be shown here");
         return;
     }
-    let err = a.block_on(|| async { IpipDevice::ensure(&config(false)).await.err() });
+    let config = a.config(false);
+    let err = a.block_on(move || async move { IpipDevice::ensure(&config).await.err() });
     let msg = format!(
         "{:#}",
         err.expect("creating flannel.ipip must fail on this kernel")

@@ -2,8 +2,9 @@
 
 mod kernel_common;
 
-use kernel_common::{config, lease, lines, two_hosts, Netns};
+use kernel_common::{lease, lines, two_hosts, Mode, Netns};
 use serde_json::json;
+use twill_control::backend::kernel::KernelConfig;
 use twill_control::backend::vxlan::{VxlanBackend, VxlanConfig, VxlanDevice};
 use twill_control::backend::{Backend, Setup};
 use twill_control::lease::Lease;
@@ -19,16 +20,17 @@ fn vxlan_lease(subnet: &str, public_ip: &str, mac: &str) -> Lease {
 
 /// Creates or reuses flannel.1 and returns its VtepMAC, as a node does before taking its lease.
 fn vtep_mac(ns: &Netns) -> String {
-    ns.block_on(|| async {
-        let dev = VxlanDevice::ensure(&config(false), VxlanConfig::default())
+    let config = ns.config(false);
+    ns.block_on(move || async move {
+        let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
             .await
             .unwrap();
         dev.mac().to_string()
     })
 }
 
-async fn start(own: &Lease, direct_routing: bool) -> VxlanBackend {
-    let dev = VxlanDevice::ensure(&config(direct_routing), VxlanConfig::default())
+async fn start(own: &Lease, config: KernelConfig) -> VxlanBackend {
+    let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
         .await
         .unwrap();
     dev.attach(own).await.unwrap()
@@ -39,9 +41,9 @@ fn on_node<F>(ns: &Netns, own: &Lease, direct_routing: bool, work: F)
 where
     F: AsyncFnOnce(&mut VxlanBackend) -> anyhow::Result<()> + Send + 'static,
 {
-    let own = own.clone();
+    let (own, config) = (own.clone(), ns.config(direct_routing));
     ns.block_on(move || async move {
-        let mut backend = start(&own, direct_routing).await;
+        let mut backend = start(&own, config).await;
         work(&mut backend).await.unwrap();
     });
 }
@@ -53,8 +55,8 @@ struct Hosts {
     lease_b: Lease,
 }
 
-fn hosts(test: &str) -> Hosts {
-    let (a, b) = two_hosts(test);
+fn hosts(test: &str, mode: Mode) -> Hosts {
+    let (a, b) = two_hosts(test, mode);
     let lease_a = vxlan_lease(A_SUBNET, "10.200.0.1", &vtep_mac(&a));
     let lease_b = vxlan_lease(B_SUBNET, "10.200.0.2", &vtep_mac(&b));
     Hosts {
@@ -79,9 +81,16 @@ fn peer_lines(subnet_addr: &str, subnet: &str, mac: &str, public_ip: &str) -> [S
     ]
 }
 
-#[test]
-fn two_hosts_get_flannels_state_and_ping_over_vxlan() {
-    let h = hosts("vx-ping");
+in_both_modes!(
+    two_hosts_get_flannels_state_and_ping_over_vxlan,
+    reconcile_removes_stale_peers_keeps_foreign_routes_and_is_idempotent,
+    restart_after_crash_converges_to_exactly_the_leases,
+    direct_routing_gives_same_segment_peers_a_plain_route,
+    remove_peer_deletes_its_route_fdb_entry_and_neighbour,
+);
+
+fn two_hosts_get_flannels_state_and_ping_over_vxlan(mode: Mode) {
+    let h = hosts("vx-ping", mode);
     let (la, lb) = (h.lease_a.clone(), h.lease_b.clone());
     on_node(&h.a, &h.lease_a, false, async move |be| {
         be.add_peer(&lb).await
@@ -128,9 +137,8 @@ fn two_hosts_get_flannels_state_and_ping_over_vxlan() {
     assert!(h.b.ping("-I 10.5.2.1 10.5.1.1"), "and back");
 }
 
-#[test]
-fn reconcile_removes_stale_peers_keeps_foreign_routes_and_is_idempotent() {
-    let h = hosts("vx-reconcile");
+fn reconcile_removes_stale_peers_keeps_foreign_routes_and_is_idempotent(mode: Mode) {
+    let h = hosts("vx-reconcile", mode);
     let stale = vxlan_lease("10.5.3.0/24", "10.200.0.3", "aa:bb:cc:00:00:03");
     let (lb, st) = (h.lease_b.clone(), stale.clone());
     on_node(&h.a, &h.lease_a, false, async move |be| {
@@ -169,9 +177,8 @@ fn reconcile_removes_stale_peers_keeps_foreign_routes_and_is_idempotent() {
     );
 }
 
-#[test]
-fn restart_after_crash_converges_to_exactly_the_leases() {
-    let h = hosts("vx-crash");
+fn restart_after_crash_converges_to_exactly_the_leases(mode: Mode) {
+    let h = hosts("vx-crash", mode);
     let left = vxlan_lease("10.5.3.0/24", "10.200.0.3", "aa:bb:cc:00:00:03");
     let (lb, c) = (h.lease_b.clone(), left.clone());
     on_node(&h.a, &h.lease_a, false, async move |be| {
@@ -199,9 +206,8 @@ fn restart_after_crash_converges_to_exactly_the_leases() {
     assert_eq!(h.a.tunnel_state("flannel.1"), expected);
 }
 
-#[test]
-fn direct_routing_gives_same_segment_peers_a_plain_route() {
-    let h = hosts("vx-direct");
+fn direct_routing_gives_same_segment_peers_a_plain_route(mode: Mode) {
+    let h = hosts("vx-direct", mode);
     let far = vxlan_lease("10.5.3.0/24", "192.168.9.3", "aa:bb:cc:00:00:03");
     let (lb, la, f) = (h.lease_b.clone(), h.lease_a.clone(), far.clone());
     on_node(&h.a, &h.lease_a, true, async move |be| {
@@ -228,7 +234,7 @@ fn direct_routing_gives_same_segment_peers_a_plain_route() {
 
 #[test]
 fn existing_device_is_reused_when_it_matches_and_recreated_when_not() {
-    let a = Netns::new("vx-reuse");
+    let a = Netns::new("vx-reuse", Mode::Nexthops);
     a.sh("ip link add eth0 type veth peer name eth1 && ip addr add 10.200.0.1/24 dev eth0");
     a.sh("ip link set eth0 up && ip link set eth1 up");
     let first = vtep_mac(&a);
@@ -241,9 +247,8 @@ fn existing_device_is_reused_when_it_matches_and_recreated_when_not() {
     assert!(link.contains("dstport 8472"), "not recreated: {link}");
 }
 
-#[test]
-fn remove_peer_deletes_its_route_fdb_entry_and_neighbour() {
-    let h = hosts("vx-remove");
+fn remove_peer_deletes_its_route_fdb_entry_and_neighbour(mode: Mode) {
+    let h = hosts("vx-remove", mode);
     let other = vxlan_lease("10.5.3.0/24", "10.200.0.3", "aa:bb:cc:00:00:03");
     let (lb, o) = (h.lease_b.clone(), other.clone());
     on_node(&h.a, &h.lease_a, false, async move |be| {

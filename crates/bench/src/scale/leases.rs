@@ -80,6 +80,9 @@ impl Synthetic {
                 r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{}"}}}}"#,
                 self.vtep_mac()
             ),
+            ScaleBackend::HostGw => {
+                format!(r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"host-gw"}}"#)
+            }
         }
     }
 }

@@ -27,6 +27,7 @@ use twill_lab::{Etcd, Host, Lab, LabSpec, Proc};
 pub enum ScaleBackend {
     Udp,
     Vxlan,
+    HostGw,
 }
 
 impl ScaleBackend {
@@ -34,6 +35,7 @@ impl ScaleBackend {
         match self {
             ScaleBackend::Udp => "udp",
             ScaleBackend::Vxlan => "vxlan",
+            ScaleBackend::HostGw => "host-gw",
         }
     }
 }
@@ -264,6 +266,9 @@ impl Run<'_> {
             ScaleRegistry::Etcd => "filling etcd",
             ScaleRegistry::Kube => "creating Nodes",
         });
+        if self.backend == ScaleBackend::HostGw {
+            kernel::reach_synthetic_peers(self.host)?;
+        }
         let filling = Instant::now();
         store.fill(self.backend, self.k)?;
         let mut result = ScaleResult::new(self.backend, self.k);
@@ -323,7 +328,7 @@ impl Run<'_> {
                 );
                 Ok(())
             }
-            ScaleBackend::Vxlan => kernel::check_programmed(self.host, self.k as usize),
+            backend => kernel::check_programmed(self.host, backend, self.k as usize),
         }
     }
 
@@ -386,7 +391,7 @@ impl Run<'_> {
             ScaleField::ReconcileIdleWrites,
             m.get("twill_reconcile_last_writes"),
         );
-        if let Probe::Kernel(monitor) = probe {
+        if let Probe::Kernel(monitor, _) = probe {
             result.set(ScaleField::KernelEventsIdle, monitor.drain() as f64);
         }
         Ok(())
@@ -410,6 +415,7 @@ impl Run<'_> {
             }
         }
         let _ = self.host.ns.ip(&["link", "del", kernel::VXLAN_DEV]);
+        kernel::unreach_synthetic_peers(self.host);
         Ok(())
     }
 }
@@ -418,14 +424,14 @@ impl Run<'_> {
 /// it, polled) or in the kernel (`ip monitor`).
 enum Probe {
     Table,
-    Kernel(kernel::Monitor),
+    Kernel(kernel::Monitor, ScaleBackend),
 }
 
 impl Probe {
     fn new(backend: ScaleBackend, host: &Host) -> Result<Probe> {
         Ok(match backend {
             ScaleBackend::Udp => Probe::Table,
-            ScaleBackend::Vxlan => Probe::Kernel(kernel::Monitor::start(host)?),
+            backend => Probe::Kernel(kernel::Monitor::start(host)?, backend),
         })
     }
 
@@ -439,8 +445,8 @@ impl Probe {
                 node.wait("the table change", PROBE_LIMIT, every, has)?;
                 Ok(Instant::now())
             }
-            Probe::Kernel(monitor) => {
-                monitor.wait_for(&kernel::peer_lines(lease, gone), PROBE_LIMIT)
+            Probe::Kernel(monitor, backend) => {
+                monitor.wait_for(&kernel::peer_lines(*backend, lease, gone), PROBE_LIMIT)
             }
         }
     }

@@ -52,6 +52,7 @@ pub fn node(lease: Synthetic, backend: ScaleBackend) -> Node {
             "vxlan".to_string(),
             format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, lease.vtep_mac()),
         ),
+        ScaleBackend::HostGw => ("host-gw".to_string(), "null".to_string()),
     };
     let key = |name: &str| format!("{PREFIX}/{name}");
     let annotations = BTreeMap::from([

@@ -123,6 +123,7 @@ impl DeviceGuard {
             gateway: None,
             oif: link.index,
             onlink: false,
+            nhid: None,
         };
         let routes = self.nl.boot_routes().await.context("listing routes")?;
         if !routes.contains(&route) {

@@ -2,7 +2,8 @@
 //! Only works when every host shares one L2 segment; a peer elsewhere is refused by the kernel
 //! ("nexthop has invalid gateway"), reported, and retried by the next reconcile.
 
-use super::kernel::{connect, KernelBackend, KernelConfig, Owned, PeerPlan, PeerState, Uplink};
+use super::kernel::{connect, KernelBackend, KernelConfig, Ours, PeerPlan, PeerState, Uplink};
+use super::peer_state::Owned;
 use super::Setup;
 use crate::lease::{Lease, LeaseAttrs};
 use std::net::Ipv4Addr;
@@ -43,13 +44,12 @@ impl Setup for HostGwSetup {
             l2_link: None,
         };
         let mtu = uplink.mtu;
-        Ok(KernelBackend::new(
-            nl,
-            HostGwPlan { uplink },
-            lease,
+        let ours = Ours {
+            subnet: lease.subnet,
             owned,
-            mtu,
-        ))
+            nexthops: config.nexthops(&nl).await,
+        };
+        Ok(KernelBackend::new(nl, HostGwPlan { uplink }, ours, mtu))
     }
 }
 
@@ -68,6 +68,7 @@ mod tests {
             gateway: Some(l.public_ip),
             oif: uplink().index,
             onlink: false,
+            nhid: None,
         };
         assert_eq!(state, PeerState::route_only(route));
     }

@@ -78,6 +78,7 @@ impl PeerPlan for IpipPlan {
             gateway: Some(lease.public_ip),
             oif: self.0.dev,
             onlink: true,
+            nhid: None,
         };
         let direct = self.0.direct(lease);
         Ok(PeerState::route_only(direct.unwrap_or(tunnelled)))
@@ -163,6 +164,7 @@ mod tests {
             gateway: Some(l.public_ip),
             oif: 7,
             onlink: true,
+            nhid: None,
         };
         assert_eq!(
             plan(false).peer_state(&l).unwrap(),

@@ -12,7 +12,10 @@ use anyhow::Context;
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
 
-use super::netlink::{FdbEntry, Link, Neighbour, Netlink, Route, Write};
+use super::netlink::{Link, Netlink, Route, Write};
+use super::nexthops::{self, NexthopTable, Nexthops};
+pub use super::peer_state::PeerState;
+use super::peer_state::{Owned, Snapshot};
 use super::Backend;
 use crate::lease::Lease;
 use crate::node::Node;
@@ -27,6 +30,9 @@ pub struct KernelConfig {
     /// vxlan and ipip: peers on the iface's own subnet get a plain route via their PublicIP
     /// instead of the tunnel. host-gw always routes that way and ignores this.
     pub direct_routing: bool,
+    /// Each peer's route through a nexthop object of its own, where the kernel has them;
+    /// off (`--no-nexthop-objects`): gateway routes, as flanneld writes them.
+    pub nexthop_objects: bool,
 }
 
 impl KernelConfig {
@@ -35,7 +41,13 @@ impl KernelConfig {
             iface: node.iface.name.clone(),
             network: node.config.network,
             direct_routing: node.config.backend.direct_routing,
+            nexthop_objects: node.options.nexthop_objects,
         }
+    }
+
+    /// How this node's kernel takes peers' routes, asked once at start.
+    pub(crate) async fn nexthops(&self, nl: &Netlink) -> Nexthops {
+        Nexthops::probe(nl, self.network, self.nexthop_objects).await
     }
 }
 
@@ -76,6 +88,7 @@ impl Uplink {
             gateway: Some(lease.public_ip),
             oif: self.index,
             onlink: false,
+            nhid: None,
         }
     }
 }
@@ -138,13 +151,13 @@ impl Tunnel {
             uplink: self.uplink,
             direct_routing: self.config.direct_routing,
         });
-        Ok(KernelBackend::new(
-            self.nl,
-            plan,
-            lease,
+        let nexthops = self.config.nexthops(&self.nl).await;
+        let ours = Ours {
+            subnet: lease.subnet,
             owned,
-            self.link.mtu,
-        ))
+            nexthops,
+        };
+        Ok(KernelBackend::new(self.nl, plan, ours, self.link.mtu))
     }
 }
 
@@ -164,28 +177,6 @@ impl TunnelRoutes {
     }
 }
 
-/// Kernel state for one peer. Installed in field order (neighbour, fdb, route: flannel's order,
-/// so the kernel never resolves the route's gateway before its neighbour entry exists) and
-/// removed in reverse.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerState {
-    /// Permanent ARP entry on the backend's device.
-    pub neighbour: Option<Neighbour>,
-    /// VXLAN forwarding entry on the backend's device.
-    pub fdb: Option<FdbEntry>,
-    pub route: Route,
-}
-
-impl PeerState {
-    pub fn route_only(route: Route) -> PeerState {
-        PeerState {
-            neighbour: None,
-            fdb: None,
-            route,
-        }
-    }
-}
-
 /// The part that differs between kernel backends: what one peer needs.
 pub trait PeerPlan {
     /// Only leases with this `BackendType` are programmed.
@@ -195,14 +186,12 @@ pub trait PeerPlan {
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState>;
 }
 
-/// The kernel state a backend owns, and so may delete when no lease wants it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Owned {
-    pub network: Ipv4Net,
-    /// Routes inside `network` on these links.
-    pub route_links: Vec<u32>,
-    /// Permanent neighbours and fdb entries on this link (the backend's own tunnel device).
-    pub l2_link: Option<u32>,
+/// What a kernel backend holds as its own: our subnet, the kernel state it may delete, and
+/// how its peers' routes go.
+pub(crate) struct Ours {
+    pub subnet: Ipv4Net,
+    pub owned: Owned,
+    pub nexthops: Nexthops,
 }
 
 /// A kernel backend: a [`PeerPlan`] plus the shared add / remove / reconcile mechanics.
@@ -211,16 +200,18 @@ pub struct KernelBackend<P> {
     plan: P,
     own_subnet: Ipv4Net,
     owned: Owned,
+    nexthops: Nexthops,
     mtu: u32,
 }
 
 impl<P: PeerPlan> KernelBackend<P> {
-    pub(crate) fn new(nl: Netlink, plan: P, own: &Lease, owned: Owned, mtu: u32) -> Self {
+    pub(crate) fn new(nl: Netlink, plan: P, ours: Ours, mtu: u32) -> Self {
         KernelBackend {
             nl,
             plan,
-            own_subnet: own.subnet,
-            owned,
+            own_subnet: ours.subnet,
+            owned: ours.owned,
+            nexthops: ours.nexthops,
             mtu,
         }
     }
@@ -229,6 +220,13 @@ impl<P: PeerPlan> KernelBackend<P> {
     /// another backend type never arrive: the lease gate refuses them.
     fn is_peer(&self, lease: &Lease) -> bool {
         lease.subnet != self.own_subnet
+    }
+
+    /// What `lease` needs, its route through its own nexthop where it can have one.
+    fn peer_state(&mut self, lease: &Lease, have: &NexthopTable) -> anyhow::Result<PeerState> {
+        let state = self.plan.peer_state(lease)?;
+        let nexthop = self.nexthops.through(lease.subnet, &state.route, have);
+        Ok(state.through(nexthop))
     }
 
     /// The changes that make `peer` present, leaving out what `have` already holds.
@@ -240,15 +238,32 @@ impl<P: PeerPlan> KernelBackend<P> {
             let fdb = peer.fdb.filter(|f| !have.fdb.contains(f));
             writes.extend(fdb.map(|f| Write::ReplaceFdb(dev, f)));
         }
+        let nexthop = peer
+            .nexthop
+            .and_then(|nh| nexthops::install(nh, &have.nexthops));
+        writes.extend(nexthop);
         if !have.routes.contains(&peer.route) {
             writes.push(Write::ReplaceRoute(peer.route));
         }
         writes
     }
 
-    /// The changes that remove `peer`, in the reverse order of installing.
-    fn uninstall(&self, peer: &PeerState) -> Vec<Write> {
-        let mut writes = vec![Write::DeleteRoute(peer.route)];
+    /// The changes that remove `peer`, in the reverse order of installing: its route in
+    /// either form (through its nexthop, or with its own gateway: an earlier run may have
+    /// used the other), and its nexthop if twill holds it (`have`).
+    fn uninstall(&self, peer: &PeerState, have: &NexthopTable) -> Vec<Write> {
+        let gateway_route = Route {
+            nhid: None,
+            ..peer.route
+        };
+        let mut writes = vec![Write::DeleteRoute(gateway_route)];
+        for &id in have.ours.keys() {
+            let route = Route {
+                nhid: Some(id),
+                ..peer.route
+            };
+            writes.extend([Write::DeleteRoute(route), Write::DeleteNexthop(id)]);
+        }
         if let Some(dev) = self.owned.l2_link {
             writes.extend(peer.fdb.map(|f| Write::DeleteFdb(dev, f)));
             writes.extend(peer.neighbour.map(|n| Write::DeleteNeighbour(dev, n.ip)));
@@ -265,28 +280,35 @@ impl<P: PeerPlan> KernelBackend<P> {
         Ok(())
     }
 
-    fn desired(&self, leases: &[Lease]) -> Vec<(Ipv4Net, PeerState)> {
-        let peers = leases.iter().filter(|l| self.is_peer(l));
-        let planned = peers.map(|l| (l.subnet, self.plan.peer_state(l)));
-        let usable = planned.filter_map(|(subnet, state)| match state {
-            Ok(state) => Some((subnet, state)),
-            Err(e) => {
-                warn!(%subnet, "skipping peer: {e:#}");
-                None
+    fn desired(&mut self, leases: &[Lease], have: &NexthopTable) -> Vec<(Ipv4Net, PeerState)> {
+        let mut desired = Vec::with_capacity(leases.len());
+        let own = self.own_subnet;
+        for lease in leases.iter().filter(|l| l.subnet != own) {
+            let subnet = lease.subnet;
+            match self.peer_state(lease, have) {
+                Ok(state) => desired.push((subnet, state)),
+                Err(e) => warn!(%subnet, "skipping peer: {e:#}"),
             }
-        });
-        usable.collect()
+        }
+        desired
     }
 
     /// Deletes what we own but no peer wants. Runs after installing, so a route that moved
     /// (same subnet, new gateway or device) was already replaced in place: no gap in traffic,
     /// and the delete of its old form is a no-op.
     async fn remove_unwanted(&self, have: &Snapshot, want: &Snapshot) -> anyhow::Result<()> {
-        let mut writes: Vec<Write> = have
-            .routes
-            .difference(&want.routes)
-            .map(|r| Write::DeleteRoute(*r))
-            .collect();
+        // A route through a nexthop is deleted by its id: one whose nexthop moved (same id)
+        // was just changed in place and must stay.
+        let through = want.routes.iter().filter_map(|r| r.nhid.zip(Some(r.dst)));
+        let through: HashSet<_> = through.collect();
+        let moved = |r: &Route| r.nhid.is_some_and(|id| through.contains(&(id, r.dst)));
+        let stale_routes = have.routes.difference(&want.routes).filter(|r| !moved(r));
+        let mut writes: Vec<Write> = stale_routes.map(|r| Write::DeleteRoute(*r)).collect();
+        let stale_nexthops = have
+            .nexthops
+            .keys()
+            .filter(|id| !want.nexthops.contains_key(id));
+        writes.extend(stale_nexthops.map(|id| Write::DeleteNexthop(*id)));
         if let Some(dev) = self.owned.l2_link {
             let fdb = have.fdb.difference(&want.fdb);
             writes.extend(fdb.map(|f| Write::DeleteFdb(dev, *f)));
@@ -322,9 +344,14 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         if !self.is_peer(lease) {
             return Ok(());
         }
-        let peer = self.plan.peer_state(lease)?;
+        let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
+        let peer = self.peer_state(lease, &held)?;
         info!(subnet = %lease.subnet, public_ip = %lease.public_ip, "adding peer");
-        let result = self.apply(&self.install(&peer, &Snapshot::default())).await;
+        let have = Snapshot {
+            nexthops: held.ours,
+            ..Snapshot::default()
+        };
+        let result = self.apply(&self.install(&peer, &have)).await;
         result.with_context(|| format!("programming peer {}", lease.subnet))
     }
 
@@ -333,14 +360,17 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
             return Ok(());
         }
         let peer = self.plan.peer_state(lease)?;
+        let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
         info!(subnet = %lease.subnet, "removing peer");
-        let result = self.apply(&self.uninstall(&peer)).await;
+        let result = self.apply(&self.uninstall(&peer, &held)).await;
         result.with_context(|| format!("removing peer {}", lease.subnet))
     }
 
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
-        let desired = self.desired(leases);
-        let have = Snapshot::read(&self.nl, &self.owned).await?;
+        let listed = self.nexthops.list(&self.nl).await;
+        let listed = listed.context("listing nexthops")?;
+        let desired = self.desired(leases, &listed);
+        let have = Snapshot::read(&self.nl, &self.owned, listed.ours).await?;
         let (mut owners, mut writes) = (Vec::new(), Vec::new());
         for (subnet, peer) in &desired {
             for write in self.install(peer, &have) {
@@ -365,54 +395,6 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
             anyhow::bail!("reconcile could not program peers {subnets:?}");
         }
         Ok(())
-    }
-}
-
-/// Owned kernel state, read back from the kernel or computed from leases.
-#[derive(Debug, Default)]
-struct Snapshot {
-    routes: HashSet<Route>,
-    neighbours: HashSet<Neighbour>,
-    fdb: HashSet<FdbEntry>,
-}
-
-impl Snapshot {
-    async fn read(nl: &Netlink, owned: &Owned) -> anyhow::Result<Snapshot> {
-        let routes = nl.boot_routes().await.context("listing routes")?;
-        let mut snap = Snapshot {
-            routes: routes.into_iter().filter(|r| owned.owns_route(r)).collect(),
-            ..Snapshot::default()
-        };
-        if let Some(dev) = owned.l2_link {
-            let neighbours = nl
-                .permanent_neighbours(dev)
-                .await
-                .context("listing neighbours")?;
-            snap.neighbours = neighbours.into_iter().collect();
-            snap.fdb = nl
-                .fdb(dev)
-                .await
-                .context("listing fdb")?
-                .into_iter()
-                .collect();
-        }
-        Ok(snap)
-    }
-
-    fn of<'a>(peers: impl Iterator<Item = &'a PeerState>) -> Snapshot {
-        let mut snap = Snapshot::default();
-        for p in peers {
-            snap.routes.insert(p.route);
-            snap.neighbours.extend(p.neighbour);
-            snap.fdb.extend(p.fdb);
-        }
-        snap
-    }
-}
-
-impl Owned {
-    fn owns_route(&self, route: &Route) -> bool {
-        self.route_links.contains(&route.oif) && self.network.contains(&route.dst)
     }
 }
 
@@ -458,29 +440,10 @@ pub(crate) mod tests {
             gateway: Some(near.public_ip),
             oif: 2,
             onlink: false,
+            nhid: None,
         };
         assert_eq!(routes(true).direct(&near), Some(expected));
         assert_eq!(routes(true).direct(&far), None);
         assert_eq!(routes(false).direct(&near), None);
-    }
-
-    #[test]
-    fn owns_only_routes_inside_the_network_on_its_links() {
-        let owned = Owned {
-            network: "10.5.0.0/16".parse().unwrap(),
-            route_links: vec![4, 2],
-            l2_link: Some(4),
-        };
-        let route = |dst: &str, oif| Route {
-            dst: dst.parse().unwrap(),
-            gateway: None,
-            oif,
-            onlink: false,
-        };
-        assert!(owned.owns_route(&route("10.5.3.0/24", 4)));
-        assert!(owned.owns_route(&route("10.5.3.0/24", 2)));
-        assert!(!owned.owns_route(&route("10.5.3.0/24", 9)));
-        assert!(!owned.owns_route(&route("10.6.3.0/24", 4)));
-        assert!(!owned.owns_route(&route("10.0.0.0/8", 4)));
     }
 }

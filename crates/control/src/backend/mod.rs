@@ -10,6 +10,8 @@ pub mod host_gw;
 pub mod ipip;
 pub mod kernel;
 pub mod netlink;
+mod nexthops;
+mod peer_state;
 pub mod sweep;
 pub mod upkeep;
 pub mod vxlan;

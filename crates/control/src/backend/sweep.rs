@@ -19,6 +19,10 @@
 //! peer sends it in the clear, and a route through it could come back. TUNs are never
 //! deleted: one exists only while a process holds it, and that process's device is not ours;
 //! its routes are still swept.
+//!
+//! Nexthop objects: twill's own (see `nexthops`), when the running backend is not one of the
+//! kernel backends, whose reconcile owns them: with the routes through them gone, nothing
+//! uses them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -29,6 +33,7 @@ use netlink_packet_route::link::InfoKind;
 use tracing::warn;
 
 use super::netlink::{Link, LinkKind, Netlink, Route, Write};
+use super::nexthops::is_twills;
 
 /// flanneld's udp TUN; twill's is `--tun-name`.
 const FLANNEL_UDP_TUN: &str = "flannel0";
@@ -76,6 +81,8 @@ pub struct Scope {
     pub backend: String,
     /// Devices whose routes the running backend programs and reconciles itself.
     pub keep: Vec<String>,
+    /// The running backend reconciles twill's nexthop objects itself.
+    pub nexthops_kept: bool,
 }
 
 impl Scope {
@@ -158,7 +165,38 @@ impl Sweep {
                 names.insert(link.index, link.name);
             }
         }
-        self.remove_routes(&names).await
+        self.remove_routes(&names).await?;
+        self.remove_nexthops().await
+    }
+
+    /// twill's nexthop objects, unless the running backend keeps them; none on a kernel
+    /// without nexthop objects.
+    async fn remove_nexthops(&self) -> anyhow::Result<()> {
+        if self.scope.nexthops_kept {
+            return Ok(());
+        }
+        let Ok(listed) = self.nl.nexthops().await else {
+            return Ok(());
+        };
+        let writes: Vec<Write> = listed
+            .iter()
+            .filter(|nh| is_twills(nh))
+            .map(|nh| Write::DeleteNexthop(nh.id))
+            .collect();
+        let results = self.nl.write(&writes).await;
+        let failed = results.into_iter().find_map(Result::err);
+        if let Some(e) = failed {
+            anyhow::bail!("removing twill's nexthop objects: {e}");
+        }
+        if !writes.is_empty() {
+            warn!(
+                "removed {} nexthop objects an earlier run of a kernel backend made; this node \
+                 runs {}",
+                writes.len(),
+                self.scope.backend
+            );
+        }
+        Ok(())
     }
 
     /// Whether the device holds an address inside our network: made for it, not another's.
@@ -220,6 +258,7 @@ mod tests {
             tun_name: "twill0".into(),
             backend: "wireguard".into(),
             keep: keep.iter().map(|k| k.to_string()).collect(),
+            nexthops_kept: false,
         }
     }
 
@@ -229,6 +268,7 @@ mod tests {
             gateway: via.map(|v| v.parse::<Ipv4Addr>().unwrap()),
             oif: 3,
             onlink,
+            nhid: None,
         }
     }
 

@@ -112,6 +112,8 @@ impl Upkeep {
             tun_name: node.options.tun_name.clone(),
             backend: node.config.backend.backend_type.clone(),
             keep: layout.keep,
+            // One route per peer: a kernel backend, whose reconcile owns twill's nexthops.
+            nexthops_kept: !layout.network_route,
         };
         let (guard, watch) = match layout.device {
             Some(name) => {

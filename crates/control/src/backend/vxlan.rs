@@ -139,11 +139,13 @@ impl PeerPlan for VxlanPlan {
                 mac,
                 dst: lease.public_ip,
             }),
+            nexthop: None,
             route: Route {
                 dst: lease.subnet,
                 gateway: Some(gateway),
                 oif: self.0.dev,
                 onlink: true,
+                nhid: None,
             },
         })
     }
@@ -266,6 +268,7 @@ mod tests {
             gateway: Some(net_addr),
             oif: 7,
             onlink: true,
+            nhid: None,
         };
         assert_eq!(state.route, route);
     }

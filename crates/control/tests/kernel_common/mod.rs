@@ -28,26 +28,66 @@ const COMMAND_TIMEOUT_SECS: u32 = 20;
 
 pub const NETWORK: &str = "10.5.0.0/16";
 
-/// A network namespace that is deleted when dropped.
+/// How a node writes its peers' routes: through nexthop objects of their own (the default),
+/// or as gateway routes (`--no-nexthop-objects`, and kernels without nexthop objects). Every
+/// test runs in both ([`in_both_modes`]) and expects the same state, with `nhid` set aside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Nexthops,
+    GatewayRoutes,
+}
+
+/// Runs each named test function (`fn name(mode: Mode)`) once per [`Mode`], as
+/// `nexthop_objects::name` and `gateway_routes::name`.
+#[macro_export]
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod nexthop_objects {
+            $(#[test]
+            fn $name() {
+                super::$name(super::kernel_common::Mode::Nexthops)
+            })*
+        }
+        mod gateway_routes {
+            $(#[test]
+            fn $name() {
+                super::$name(super::kernel_common::Mode::GatewayRoutes)
+            })*
+        }
+    };
+}
+
+/// A network namespace that is deleted when dropped, and the mode its nodes run in.
 pub struct Netns {
     name: String,
+    mode: Mode,
 }
 
 impl Netns {
     /// `test` keeps names readable; the pid and a counter keep them unique across parallel tests
     /// and concurrent test processes.
-    pub fn new(test: &str) -> Netns {
+    pub fn new(test: &str, mode: Mode) -> Netns {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("twk-{}-{test}-{n}", std::process::id());
         run_ok(&format!("ip netns add {name}"));
-        let ns = Netns { name };
+        let ns = Netns { name, mode };
         ns.sh("ip link set lo up");
         ns
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// What a node in this namespace is configured with.
+    pub fn config(&self, direct_routing: bool) -> KernelConfig {
+        KernelConfig {
+            iface: "eth0".into(),
+            network: NETWORK.parse().unwrap(),
+            direct_routing,
+            nexthop_objects: self.mode == Mode::Nexthops,
+        }
     }
 
     /// Runs a shell command inside the namespace and returns its stdout; panics on failure.
@@ -87,7 +127,7 @@ impl Netns {
 
     /// Every IPv4 route inside [`NETWORK`], sorted: all the state host-gw owns.
     pub fn network_routes(&self) -> Vec<String> {
-        sorted_lines(&[self.sh(&format!("ip -4 route show root {NETWORK}"))])
+        sorted_lines(&[self.routes()])
     }
 
     /// The state a tunnel backend owns, sorted: neighbours and fdb entries on its device `dev`,
@@ -95,8 +135,55 @@ impl Netns {
     pub fn tunnel_state(&self, dev: &str) -> Vec<String> {
         let neigh = self.sh(&format!("ip neigh show dev {dev}"));
         let fdb = self.sh(&format!("bridge fdb show dev {dev}"));
+        sorted_lines(&[neigh, fdb, self.routes()])
+    }
+
+    /// The routes inside [`NETWORK`] as flannel's gateway routes, once checked against the
+    /// mode: with nexthop objects, each of twill's (proto boot) goes through a nexthop of
+    /// twill's with the same gateway and device, and twill holds no other nexthop; without,
+    /// none does, and twill holds no nexthop at all.
+    fn routes(&self) -> String {
         let routes = self.sh(&format!("ip -4 route show root {NETWORK}"));
-        sorted_lines(&[neigh, fdb, routes])
+        let twills = self.sh("ip nexthop show protocol 116");
+        // `id <id> via <gateway> dev <dev> [onlink]`, as a route through it shows it.
+        let nexthops: Vec<String> = twills
+            .lines()
+            .map(|l| l.replace(" scope link", "").replace(" proto 116", ""))
+            .map(|l| l.trim().to_string())
+            .collect();
+        let mut through = Vec::new();
+        let mut plain = Vec::new();
+        for line in routes.lines().filter(|l| !l.trim().is_empty()) {
+            match line.split_once(" nhid ") {
+                Some((dst, rest)) => {
+                    let (id, via) = rest.split_once(' ').expect("nhid <id> via ...");
+                    let nexthop = format!("id {id} {}", via.trim());
+                    assert!(
+                        nexthops.contains(&nexthop),
+                        "{line}: no nexthop of twill's `{nexthop}` in\n{twills}"
+                    );
+                    through.push(format!("{dst} {via}"));
+                }
+                None => plain.push(line.to_string()),
+            }
+        }
+        let boot = plain.iter().filter(|l| !l.contains(" proto "));
+        match self.mode {
+            Mode::Nexthops => {
+                let gateway_routes: Vec<_> = boot.filter(|l| l.contains(" via ")).collect();
+                assert!(
+                    gateway_routes.is_empty(),
+                    "not through a nexthop: {gateway_routes:?}"
+                );
+                assert_eq!(twills.lines().count(), through.len(), "{twills}");
+            }
+            Mode::GatewayRoutes => {
+                assert!(through.is_empty(), "through nexthops: {through:?}");
+                assert_eq!(twills, "", "twill's nexthops left");
+            }
+        }
+        through.extend(plain);
+        through.join("\n")
     }
 
     pub fn ping(&self, args: &str) -> bool {
@@ -153,8 +240,8 @@ fn run_ok(cmd: &str) -> String {
 }
 
 /// Two hosts on one L2 segment: `eth0` with 10.200.0.1/24 and 10.200.0.2/24.
-pub fn two_hosts(test: &str) -> (Netns, Netns) {
-    let (a, b) = (Netns::new(test), Netns::new(test));
+pub fn two_hosts(test: &str, mode: Mode) -> (Netns, Netns) {
+    let (a, b) = (Netns::new(test, mode), Netns::new(test, mode));
     let (na, nb) = (a.name(), b.name());
     run_ok(&format!(
         "ip link add eth0 netns {na} type veth peer name eth0 netns {nb}"
@@ -162,14 +249,6 @@ pub fn two_hosts(test: &str) -> (Netns, Netns) {
     a.sh("ip addr add 10.200.0.1/24 dev eth0 && ip link set eth0 up");
     b.sh("ip addr add 10.200.0.2/24 dev eth0 && ip link set eth0 up");
     (a, b)
-}
-
-pub fn config(direct_routing: bool) -> KernelConfig {
-    KernelConfig {
-        iface: "eth0".into(),
-        network: NETWORK.parse().unwrap(),
-        direct_routing,
-    }
 }
 
 pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {

@@ -20,6 +20,7 @@ use netlink_packet_route::AddressFamily;
 use rtnetlink::packet_core::Nla;
 use rtnetlink::{LinkIpIp, LinkVxlan, RouteMessageBuilder};
 
+use super::nexthop::{NexthopAttribute, NexthopMessage, RTNH_F_ONLINK};
 use super::state::*;
 
 /// The message that creates a VXLAN device the way flanneld does.
@@ -50,12 +51,19 @@ pub fn ipip_link_message(name: &str, p: &IpipParams, mtu: u32) -> LinkMessage {
     b.mtu(mtu).build()
 }
 
-/// The message that installs `route` as flanneld does (proto boot, scope universe).
+/// The message that installs `route` as flanneld does (proto boot, scope universe); through
+/// its nexthop object, when it has one, as `ip route add <dst> nhid <id>` does.
 pub fn route_message(route: &Route) -> RouteMessage {
-    let mut b = RouteMessageBuilder::<Ipv4Addr>::new()
+    let b = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(route.dst.network(), route.dst.prefix_len())
-        .output_interface(route.oif)
         .protocol(RouteProtocol::Boot);
+    if let Some(id) = route.nhid {
+        // The kernel refuses a gateway or device beside a nexthop id: they are the nexthop's.
+        let mut msg = b.build();
+        msg.attributes.push(RouteAttribute::NhId(id));
+        return msg;
+    }
+    let mut b = b.output_interface(route.oif);
     if let Some(gw) = route.gateway {
         b = b.gateway(gw);
     } else {
@@ -65,6 +73,37 @@ pub fn route_message(route: &Route) -> RouteMessage {
         b = b.onlink();
     }
     b.build()
+}
+
+/// The message that makes `nh`, tagged with `protocol` as its maker.
+pub(super) fn nexthop_message(nh: &Nexthop, protocol: u8) -> NexthopMessage {
+    NexthopMessage::gateway(nh.id, nh.gateway, nh.oif, nh.onlink, protocol)
+}
+
+/// A listed nexthop; `None` without an id (no kernel lists one so).
+pub(super) fn parse_nexthop(msg: &NexthopMessage) -> Option<ListedNexthop> {
+    let (mut id, mut gateway, mut oif) = (None, None, None);
+    for attr in &msg.attributes {
+        match attr {
+            NexthopAttribute::Id(v) => id = Some(*v),
+            NexthopAttribute::Gateway(ip) => gateway = Some(*ip),
+            NexthopAttribute::Oif(v) => oif = Some(*v),
+            NexthopAttribute::Other(_) => {}
+        }
+    }
+    let id = id?;
+    let inet = msg.header.family == libc::AF_INET as u8;
+    let single = gateway.zip(oif).filter(|_| inet);
+    Some(ListedNexthop {
+        id,
+        protocol: msg.header.protocol,
+        gateway: single.map(|(gateway, oif)| Nexthop {
+            id,
+            gateway,
+            oif,
+            onlink: msg.header.flags & RTNH_F_ONLINK != 0,
+        }),
+    })
 }
 
 pub(crate) fn parse_link(msg: LinkMessage) -> Link {
@@ -186,19 +225,26 @@ pub(super) fn parse_boot_route(msg: &RouteMessage) -> Option<Route> {
     let mut dst = Ipv4Addr::UNSPECIFIED;
     let mut gateway = None;
     let mut oif = None;
+    let mut nhid = None;
     for attr in &msg.attributes {
         match attr {
             RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
             RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
             RouteAttribute::Oif(index) => oif = Some(*index),
+            RouteAttribute::NhId(id) => nhid = Some(*id),
             _ => {}
         }
     }
+    // Through a nexthop object, the kernel lists its gateway and device too, unless
+    // net.ipv4.nexthop_compat_mode is 0: then the device is unknown here (0) until the
+    // nexthop's is filled in from the nexthop list.
+    let oif = oif.or(nhid.map(|_| 0))?;
     Some(Route {
         dst: Ipv4Net::new(dst, h.destination_prefix_length).ok()?,
         gateway,
-        oif: oif?,
+        oif,
         onlink: h.flags.contains(RouteFlags::Onlink),
+        nhid,
     })
 }
 
@@ -303,10 +349,92 @@ mod tests {
             gateway: Some(Ipv4Addr::new(10, 5, 2, 0)),
             oif: 4,
             onlink: true,
+            nhid: None,
         };
         let msg = route_message(&route);
         assert_eq!(parse_boot_route(&msg), Some(route));
         assert_eq!(msg.header.scope, RouteScope::Universe);
+    }
+
+    #[test]
+    fn a_route_through_a_nexthop_is_what_ip_route_add_nhid_sends() {
+        use rtnetlink::packet_core::{
+            NetlinkMessage, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST,
+        };
+        // `ip route add 10.5.2.0/24 nhid 1946157058`, captured as the nexthop messages were
+        // (see nexthop.rs); twill only gives the route a gateway and device to read back.
+        let ip = [
+            0x2c, 0x00, 0x00, 0x00, 0x18, 0x00, 0x05, 0x06, 0x60, 0xa9, 0x07, 0x6b, 0x00, 0x00,
+            0x00, 0x00, 0x02, 0x18, 0x00, 0x00, 0xfe, 0x03, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00,
+            0x08, 0x00, 0x01, 0x00, 0x0a, 0x05, 0x02, 0x00, 0x08, 0x00, 0x1e, 0x00, 0x02, 0x00,
+            0x00, 0x74,
+        ];
+        let route = Route {
+            dst: "10.5.2.0/24".parse().unwrap(),
+            gateway: Some(Ipv4Addr::new(10, 5, 2, 0)),
+            oif: 5,
+            onlink: true,
+            nhid: Some(1946157058),
+        };
+        let payload = netlink_packet_route::RouteNetlinkMessage::NewRoute(route_message(&route));
+        let mut msg = NetlinkMessage::from(payload);
+        msg.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE;
+        msg.header.sequence_number = 0x6b07_a960;
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        assert_eq!(buf, ip);
+    }
+
+    #[test]
+    fn a_route_through_a_nexthop_parses_with_or_without_compat_fields() {
+        let route = Route {
+            dst: "10.5.2.0/24".parse().unwrap(),
+            gateway: None,
+            oif: 0,
+            onlink: false,
+            nhid: Some(9),
+        };
+        // As sent (and as listed with nexthop_compat_mode 0): the id alone.
+        assert_eq!(parse_boot_route(&route_message(&route)), Some(route));
+        let mut listed = route_message(&route);
+        listed.attributes.push(RouteAttribute::Oif(5));
+        listed
+            .attributes
+            .push(RouteAttribute::Gateway(RouteAddress::Inet(Ipv4Addr::new(
+                10, 5, 2, 0,
+            ))));
+        listed.header.flags = RouteFlags::Onlink;
+        let parsed = parse_boot_route(&listed).unwrap();
+        assert_eq!((parsed.oif, parsed.onlink, parsed.nhid), (5, true, Some(9)));
+    }
+
+    #[test]
+    fn listed_nexthops_say_whether_they_are_one_ipv4_gateway() {
+        let nh = Nexthop {
+            id: 7,
+            gateway: Ipv4Addr::new(10, 5, 2, 0),
+            oif: 5,
+            onlink: true,
+        };
+        let msg = nexthop_message(&nh, 116);
+        let listed = parse_nexthop(&msg).unwrap();
+        let want = ListedNexthop {
+            id: 7,
+            protocol: 116,
+            gateway: Some(nh),
+        };
+        assert_eq!(listed, want);
+        let mut group = msg.clone();
+        group
+            .attributes
+            .retain(|a| matches!(a, NexthopAttribute::Id(_)));
+        let group = parse_nexthop(&group).unwrap();
+        assert_eq!((group.id, group.gateway), (7, None));
+        let mut v6 = msg;
+        v6.header.family = libc::AF_INET6 as u8;
+        assert_eq!(parse_nexthop(&v6).unwrap().gateway, None);
+        assert_eq!(parse_nexthop(&NexthopMessage::default()), None);
     }
 
     #[test]

@@ -15,27 +15,30 @@ use ipnet::Ipv4Net;
 use netlink_packet_route::address::AddressMessage;
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::neighbour::NeighbourMessage;
-use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::AddressFamily;
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 mod message;
+mod nexthop;
+mod nexthop_list;
 mod state;
 mod watch;
 mod write;
 pub(crate) use message::parse_link;
 use message::*;
 pub use message::{ipip_link_message, route_message, vxlan_link_message};
+use nexthop::RtnlMessage;
 pub use state::*;
 pub use watch::{Notice, Watch};
-pub use write::Write;
+pub use write::{Write, NEXTHOP_PROTOCOL};
 
 /// Connections to the kernel's routing netlink, serviced by tasks on the current tokio runtime:
 /// one for reads and device set-up, one that sends per-peer changes in batches ([`Write`]).
 #[derive(Clone)]
 pub struct Netlink {
     handle: Handle,
-    batches: ConnectionHandle<RouteNetlinkMessage>,
+    batches: ConnectionHandle<RtnlMessage>,
     /// Requests that change kernel state, for status: an idle reconcile must make none.
     writes: Arc<AtomicU64>,
 }
@@ -161,35 +164,30 @@ impl Netlink {
     /// backend cleaning up cannot touch them.
     pub async fn boot_routes(&self) -> io::Result<Vec<Route>> {
         let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let msgs = collect(self.handle.route().get(filter).execute()).await?;
-        Ok(msgs.iter().filter_map(parse_boot_route).collect())
+        parse_each(self.handle.route().get(filter).execute(), parse_boot_route).await
     }
 
     /// Permanent IPv4 neighbour entries on `index`.
     pub async fn permanent_neighbours(&self, index: u32) -> io::Result<Vec<Neighbour>> {
-        let msgs = self.neighbour_messages(AddressFamily::Inet, index).await?;
-        Ok(msgs.iter().filter_map(parse_neighbour).collect())
+        self.neighbours_on(AddressFamily::Inet, index, parse_neighbour)
+            .await
     }
 
     /// Permanent fdb entries with an IPv4 destination on `index` (`bridge fdb show dev`).
     pub async fn fdb(&self, index: u32) -> io::Result<Vec<FdbEntry>> {
-        let msgs = self
-            .neighbour_messages(AddressFamily::Bridge, index)
-            .await?;
-        Ok(msgs.iter().filter_map(parse_fdb).collect())
+        self.neighbours_on(AddressFamily::Bridge, index, parse_fdb)
+            .await
     }
 
-    async fn neighbour_messages(
+    async fn neighbours_on<T>(
         &self,
         family: AddressFamily,
         index: u32,
-    ) -> io::Result<Vec<NeighbourMessage>> {
+        parse: impl Fn(&NeighbourMessage) -> Option<T>,
+    ) -> io::Result<Vec<T>> {
         let req = self.handle.neighbours().get().set_address_family(family);
-        let msgs = collect(req.execute()).await?;
-        Ok(msgs
-            .into_iter()
-            .filter(|m| m.header.ifindex == index)
-            .collect())
+        let on_index = |m: &NeighbourMessage| (m.header.ifindex == index).then(|| parse(m))?;
+        parse_each(req.execute(), on_index).await
     }
 }
 
@@ -210,4 +208,18 @@ fn tolerate(result: io::Result<()>, errnos: &[i32]) -> io::Result<()> {
 
 async fn collect<T>(stream: impl Stream<Item = Result<T, rtnetlink::Error>>) -> io::Result<Vec<T>> {
     stream.try_collect().await.map_err(io_error)
+}
+
+/// A dump parsed message by message as it arrives: tens of thousands of routes or neighbours
+/// are never held as messages all at once.
+async fn parse_each<M, T>(
+    stream: impl Stream<Item = Result<M, rtnetlink::Error>>,
+    parse: impl Fn(&M) -> Option<T>,
+) -> io::Result<Vec<T>> {
+    let mut stream = std::pin::pin!(stream);
+    let mut parsed = Vec::new();
+    while let Some(msg) = stream.try_next().await.map_err(io_error)? {
+        parsed.extend(parse(&msg));
+    }
+    Ok(parsed)
 }

@@ -104,6 +104,28 @@ pub struct Route {
     pub gateway: Option<Ipv4Addr>,
     pub oif: u32,
     pub onlink: bool,
+    /// The nexthop object the route goes through (`nhid`); then `gateway`, `oif` and `onlink`
+    /// are that nexthop's, and only the id is written.
+    pub nhid: Option<u32>,
+}
+
+/// A nexthop object with one IPv4 gateway (`ip nexthop add id <id> via <gateway> dev <oif>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Nexthop {
+    pub id: u32,
+    pub gateway: Ipv4Addr,
+    pub oif: u32,
+    pub onlink: bool,
+}
+
+/// A nexthop object as the kernel lists it: whoever made it said so in its protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedNexthop {
+    pub id: u32,
+    pub protocol: u8,
+    /// What it is, if one IPv4 gateway on a device; `None` for any other kind (a group, a
+    /// blackhole, IPv6), which twill never makes.
+    pub gateway: Option<Nexthop>,
 }
 
 /// An IPv4 neighbour (ARP) entry.

@@ -5,7 +5,9 @@
 //! trips instead of one per entry. The acks come back in order, one per message, which is how
 //! each change gets its own result.
 
-use super::{route_message, FdbEntry, Neighbour, Netlink, Route};
+use super::message::nexthop_message;
+use super::nexthop::{NexthopMessage, RtnlMessage};
+use super::{route_message, FdbEntry, Neighbour, Netlink, Nexthop, Route};
 use futures::StreamExt;
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
@@ -13,7 +15,8 @@ use netlink_packet_route::neighbour::{
 use netlink_packet_route::route::{RouteScope, RouteType};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::packet_core::{
-    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST,
+    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE,
+    NLM_F_REQUEST,
 };
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{protocols::NETLINK_ROUTE, AsyncSocket, SocketAddr};
@@ -39,7 +42,17 @@ pub enum Write {
     /// `bridge fdb replace <mac> dev <index> dst <dst> self permanent`.
     ReplaceFdb(u32, FdbEntry),
     DeleteFdb(u32, FdbEntry),
+    /// A nexthop object of twill's, made only where its id is free: another's is never
+    /// replaced, even one made since twill last looked.
+    CreateNexthop(Nexthop),
+    /// A nexthop object twill made before, changed in place.
+    ReplaceNexthop(Nexthop),
+    DeleteNexthop(u32),
 }
+
+/// The protocol twill's nexthop objects carry (an unassigned RTPROT_* value, 't'): with
+/// their id range, how twill tells its own from another daemon's or an administrator's.
+pub const NEXTHOP_PROTOCOL: u8 = 0x74;
 
 impl fmt::Display for Write {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -50,44 +63,56 @@ impl fmt::Display for Write {
             Write::DeleteNeighbour(_, ip) => write!(f, "deleting neighbour {ip}"),
             Write::ReplaceFdb(_, e) => write!(f, "adding fdb entry {} dst {}", e.mac, e.dst),
             Write::DeleteFdb(_, e) => write!(f, "deleting fdb entry {} dst {}", e.mac, e.dst),
+            Write::CreateNexthop(n) | Write::ReplaceNexthop(n) => {
+                write!(f, "adding nexthop {} via {}", n.id, n.gateway)
+            }
+            Write::DeleteNexthop(id) => write!(f, "deleting nexthop {id}"),
         }
     }
 }
 
 impl Write {
-    fn message(&self) -> NetlinkMessage<RouteNetlinkMessage> {
-        let (payload, replace) = match *self {
+    fn message(&self) -> NetlinkMessage<RtnlMessage> {
+        const REPLACE: u16 = NLM_F_CREATE | NLM_F_REPLACE;
+        let (payload, flags): (RtnlMessage, u16) = match *self {
             Write::ReplaceRoute(route) => {
-                (RouteNetlinkMessage::NewRoute(route_message(&route)), true)
+                let msg = RouteNetlinkMessage::NewRoute(route_message(&route));
+                (msg.into(), REPLACE)
             }
             Write::DeleteRoute(route) => {
                 let mut msg = route_message(&route);
                 // NoWhere matches any scope, as `ip route del` does.
                 msg.header.scope = RouteScope::NoWhere;
-                (RouteNetlinkMessage::DelRoute(msg), false)
+                (RouteNetlinkMessage::DelRoute(msg).into(), 0)
             }
             Write::ReplaceNeighbour(dev, n) => {
                 let msg = neighbour(AddressFamily::Inet, dev, n.ip, Some(n.mac.0));
-                (RouteNetlinkMessage::NewNeighbour(msg), true)
+                (RouteNetlinkMessage::NewNeighbour(msg).into(), REPLACE)
             }
             Write::DeleteNeighbour(dev, ip) => {
                 let msg = neighbour(AddressFamily::Inet, dev, ip, None);
-                (RouteNetlinkMessage::DelNeighbour(msg), false)
+                (RouteNetlinkMessage::DelNeighbour(msg).into(), 0)
             }
             Write::ReplaceFdb(dev, e) => {
                 let msg = neighbour(AddressFamily::Bridge, dev, e.dst, Some(e.mac.0));
-                (RouteNetlinkMessage::NewNeighbour(msg), true)
+                (RouteNetlinkMessage::NewNeighbour(msg).into(), REPLACE)
             }
             Write::DeleteFdb(dev, e) => {
                 let msg = neighbour(AddressFamily::Bridge, dev, e.dst, Some(e.mac.0));
-                (RouteNetlinkMessage::DelNeighbour(msg), false)
+                (RouteNetlinkMessage::DelNeighbour(msg).into(), 0)
             }
+            Write::CreateNexthop(nh) => {
+                let msg = nexthop_message(&nh, NEXTHOP_PROTOCOL);
+                (RtnlMessage::NewNexthop(msg), NLM_F_CREATE | NLM_F_EXCL)
+            }
+            Write::ReplaceNexthop(nh) => {
+                let msg = nexthop_message(&nh, NEXTHOP_PROTOCOL);
+                (RtnlMessage::NewNexthop(msg), REPLACE)
+            }
+            Write::DeleteNexthop(id) => (RtnlMessage::DelNexthop(NexthopMessage::id(id)), 0),
         };
         let mut message = NetlinkMessage::from(payload);
-        message.header.flags = NLM_F_REQUEST | NLM_F_ACK;
-        if replace {
-            message.header.flags |= NLM_F_CREATE | NLM_F_REPLACE;
-        }
+        message.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
         message
     }
 
@@ -96,6 +121,7 @@ impl Write {
         match self {
             Write::DeleteRoute(_) => &[libc::ESRCH, libc::ENOENT],
             Write::DeleteNeighbour(..) | Write::DeleteFdb(..) => &[libc::ENOENT, libc::ESRCH],
+            Write::DeleteNexthop(_) => &[libc::ENOENT],
             _ => &[],
         }
     }
@@ -130,7 +156,7 @@ fn neighbour(
 /// of a batch gets its answer, and the receive buffer holds a whole batch of them.
 pub(super) fn connect(
     runtime: &tokio::runtime::Handle,
-) -> io::Result<ConnectionHandle<RouteNetlinkMessage>> {
+) -> io::Result<ConnectionHandle<RtnlMessage>> {
     let (mut connection, handle, _) = rtnetlink::proto::new_connection(NETLINK_ROUTE)?;
     connection.set_forward_ack(true);
     connection
