@@ -1,0 +1,127 @@
+use super::*;
+use crate::lease::{Created, LeaseAttrs};
+
+const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+const OTHER: &str = "KCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4/QEFCQ0RFRkc=";
+
+/// A wireguard lease at `10.5.<third>.0/24` with `key`, made at etcd revision `made`.
+fn wg(third: u8, key: &str, made: i64) -> Lease {
+    let subnet = format!("10.5.{third}.0/24").parse().unwrap();
+    let ip = format!("10.200.0.{third}").parse().unwrap();
+    Lease::new(subnet, LeaseAttrs::wireguard(ip, key, 51820)).with_created(Created::at(made))
+}
+
+fn peers() -> Peers {
+    let rules = LeaseRules {
+        network: "10.5.0.0/16".parse().unwrap(),
+        subnet_len: 24,
+        own_subnet: "10.5.1.0/24".parse().unwrap(),
+        own_public_ip: "10.200.0.1".parse().unwrap(),
+        own_key: None,
+        backend_type: Some("wireguard".into()),
+        ipv6: None,
+    };
+    Peers::new(rules, LeaseNamer::default())
+}
+
+fn subnets<'a>(leases: impl Iterator<Item = &'a Lease>) -> Vec<String> {
+    leases.map(|l| l.subnet.to_string()).collect()
+}
+
+fn refusal(peers: &Peers) -> Vec<(String, String)> {
+    let refused = peers.refused();
+    refused
+        .map(|r| (r.lease.subnet.to_string(), r.reason.to_string()))
+        .collect()
+}
+
+#[test]
+fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() {
+    let (real, copy) = (wg(3, KEY, 5), wg(0, KEY, 9));
+    let mut peers = peers();
+    let event = peers.admit(LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+    let why = format!(
+        "its PublicKey \"{KEY}\" is already the key of the lease 10.5.3.0/24, made before it: \
+         a WireGuard key can be only one peer"
+    );
+    assert_eq!(refusal(&peers), [("10.5.0.0/24".into(), why.clone())]);
+
+    // The same, lease by lease, in either order.
+    let mut in_order = self::peers();
+    assert!(in_order.admit(LeaseEvent::Added(real.clone())).is_some());
+    assert_eq!(in_order.admit(LeaseEvent::Added(copy.clone())), None);
+    let mut reversed = self::peers();
+    reversed.admit(LeaseEvent::Added(copy.clone()));
+    let event = reversed.admit(LeaseEvent::Added(real.clone()));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+    for p in [&in_order, &reversed] {
+        assert_eq!(subnets(p.accepted()), ["10.5.3.0/24"]);
+        assert_eq!(refusal(p), [("10.5.0.0/24".into(), why.clone())]);
+    }
+}
+
+#[test]
+fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
+    let (first, second, third) = (wg(3, KEY, 5), wg(4, KEY, 7), wg(2, KEY, 9));
+    let mut peers = peers();
+    peers.admit(LeaseEvent::Snapshot(vec![
+        third.clone(),
+        second.clone(),
+        first.clone(),
+    ]));
+    let event = peers.admit(LeaseEvent::Removed(first.clone()));
+    let swap = Some(LeaseEvent::Snapshot(vec![second.clone()]));
+    assert_eq!(event, swap, "one event: the old peer out, the next one in");
+    let left = refusal(&peers);
+    assert_eq!(left.len(), 1);
+    assert!(
+        left[0].1.contains("key of the lease 10.5.4.0/24"),
+        "{left:?}"
+    );
+
+    let rekeyed = wg(4, OTHER, 7);
+    let event = peers.admit(LeaseEvent::Added(rekeyed.clone()));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![third, rekeyed])));
+    assert!(peers.refused().next().is_none());
+}
+
+#[test]
+fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
+    let mut peers = peers();
+    let real = wg(3, KEY, 5);
+    peers.admit(LeaseEvent::Added(real.clone()));
+    let mut moved = real.clone();
+    moved.public_ip = "10.200.0.33".parse().unwrap();
+    let event = peers.admit(LeaseEvent::Added(moved.clone()));
+    assert_eq!(event, Some(LeaseEvent::Added(moved)));
+    let udp = Lease::new(
+        "10.5.9.0/24".parse().unwrap(),
+        LeaseAttrs::udp("10.200.0.9".parse().unwrap()),
+    );
+    let twin = Lease {
+        subnet: "10.5.8.0/24".parse().unwrap(),
+        ..udp.clone()
+    };
+    // On a udp node, two leases without keys never clash over one.
+    let mut udp_peers = Peers::new(
+        LeaseRules {
+            backend_type: None,
+            ..peers.rules.clone()
+        },
+        LeaseNamer::default(),
+    );
+    udp_peers.admit(LeaseEvent::Added(udp));
+    assert!(udp_peers.admit(LeaseEvent::Added(twin)).is_some());
+    assert_eq!(udp_peers.accepted().count(), 2);
+    // On this wireguard node, they are of another backend type.
+    let refused = peers.admit(LeaseEvent::Added(Lease::new(
+        "10.5.7.0/24".parse().unwrap(),
+        LeaseAttrs::udp("10.200.0.7".parse().unwrap()),
+    )));
+    assert_eq!(refused, None);
+    assert!(matches!(
+        peers.refused().next().map(|r| &r.reason),
+        Some(Rejection::BackendType { .. })
+    ));
+}
