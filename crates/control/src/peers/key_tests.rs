@@ -12,16 +12,7 @@ fn wg(third: u8, key: &str, made: i64) -> Lease {
 }
 
 fn peers() -> Peers {
-    let rules = LeaseRules {
-        network: "10.5.0.0/16".parse().unwrap(),
-        subnet_len: 24,
-        own_subnet: "10.5.1.0/24".parse().unwrap(),
-        own_public_ip: "10.200.0.1".parse().unwrap(),
-        own_key: None,
-        backend_type: Some("wireguard".into()),
-        ipv6: None,
-    };
-    Peers::new(rules, LeaseNamer::default())
+    super::tests::peers_on(Some("wireguard"))
 }
 
 fn subnets<'a>(leases: impl Iterator<Item = &'a Lease>) -> Vec<String> {

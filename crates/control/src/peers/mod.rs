@@ -282,13 +282,18 @@ mod tests {
     }
 
     fn peers() -> Peers {
+        peers_on(None)
+    }
+
+    /// A node of 10.5.0.0/16 with the lease 10.5.1.0/24, running `backend_type`.
+    pub(super) fn peers_on(backend_type: Option<&str>) -> Peers {
         let rules = LeaseRules {
             network: "10.5.0.0/16".parse().unwrap(),
             subnet_len: 24,
             own_subnet: "10.5.1.0/24".parse().unwrap(),
             own_public_ip: "10.200.0.1".parse().unwrap(),
             own_key: None,
-            backend_type: None,
+            backend_type: backend_type.map(Into::into),
             ipv6: None,
         };
         Peers::new(rules, LeaseNamer::default())

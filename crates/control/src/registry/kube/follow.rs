@@ -153,14 +153,11 @@ impl Follower {
 
     /// One Node of a list in progress.
     fn listed(&mut self, node: NodeView) {
-        let peer = (node.name() != self.own.name).then(|| self.peer(&node));
-        let listing = self.listing.get_or_insert_with(Listing::default);
-        match peer {
-            None => listing.own = Some(node),
-            Some(Some(peer)) => {
-                listing.peers.insert(node.name().to_string(), peer);
-            }
-            Some(None) => {}
+        if node.name() == self.own.name {
+            self.listing.get_or_insert_with(Listing::default).own = Some(node);
+        } else if let Some(peer) = self.peer(&node) {
+            let listing = self.listing.get_or_insert_with(Listing::default);
+            listing.peers.insert(node.name().to_string(), peer);
         }
     }
 

@@ -24,7 +24,6 @@ pub struct NodeView {
 
 /// `spec.podCIDR` and `spec.podCIDRs`.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct PodCidrs {
     #[serde(default, rename = "podCIDR")]
     pub pod_cidr: Option<String>,
