@@ -167,14 +167,15 @@ fn traffic_survives_an_etcd_outage_and_the_watch_resyncs() -> Result<()> {
     std::thread::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed()));
     c.etcd.start()?;
     // A lease written after etcd returns must reach the node through the re-established watch.
-    let key = format!("{PREFIX}/subnets/10.5.200.0-24");
+    let unheld = c.unheld_subnet()?;
+    let key = c.lease_key(unheld);
     c.etcd.etcdctl(&[
         "put",
         &key,
         r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#,
     ])?;
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !c.peer_subnets(0)?.contains(&"10.5.200.0/24".to_string()) {
+    while !c.peer_subnets(0)?.contains(&unheld.to_string()) {
         assert!(Instant::now() < deadline, "watch did not resync");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -194,14 +195,15 @@ fn a_compaction_under_the_watch_is_recovered() -> Result<()> {
     let rev: serde_json::Value = serde_json::from_str(&rev)?;
     let rev = rev["header"]["revision"].as_u64().context("revision")?;
     c.etcd.etcdctl(&["compact", &rev.to_string()])?;
-    let key = format!("{PREFIX}/subnets/10.5.201.0-24");
+    let unheld = c.unheld_subnet()?;
+    let key = c.lease_key(unheld);
     c.etcd.etcdctl(&[
         "put",
         &key,
         r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#,
     ])?;
     eventually("lease seen after compaction", || {
-        Ok(c.peer_subnets(0)?.contains(&"10.5.201.0/24".to_string()))
+        Ok(c.peer_subnets(0)?.contains(&unheld.to_string()))
     })
 }
 

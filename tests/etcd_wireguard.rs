@@ -114,13 +114,14 @@ fn the_key_file_is_kept_across_restarts_and_a_new_key_rekeys_the_peers() -> Resu
 #[test]
 fn a_lease_with_a_malformed_public_key_is_refused_with_one_warning() -> Result<()> {
     let w = wg::connected("ewgbadk", &wg::config(PSK, ""))?;
-    let key = format!("{PREFIX}/subnets/10.5.99.0-24");
+    let unheld = w.c.unheld_subnet()?;
+    let key = w.c.lease_key(unheld);
     let bad = wg::lease_value("10.200.0.9".parse()?, "c2hvcnQ=", wg::PORT);
     w.c.etcd.etcdctl(&["put", &key, &bad])?;
     eventually("the lease refused", || {
         Ok(status(w.ns(0))?["rejected_leases"]
             .to_string()
-            .contains("10.5.99.0/24"))
+            .contains(&unheld.to_string()))
     })?;
     let s = status(w.ns(0))?;
     let reason = s["rejected_leases"][0]["reason"]

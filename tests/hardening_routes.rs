@@ -37,8 +37,12 @@ const CYCLE: [&str; 21] = [
     "host-gw",
 ];
 
+/// The nodes draw their subnets below 10.5.200.0, where the routes planted as other backends'
+/// leftovers lie: a node holding one of those would make it its own.
 fn config(backend: &str) -> String {
-    format!(r#"{{"Network":"10.5.0.0/16","Backend":{{"Type":"{backend}"}}}}"#)
+    format!(
+        r#"{{"Network":"10.5.0.0/16","SubnetMax":"10.5.199.0","Backend":{{"Type":"{backend}"}}}}"#
+    )
 }
 
 /// Each host's wireguard key in its own file (the hosts share one filesystem).

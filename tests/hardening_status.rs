@@ -263,12 +263,12 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
 
     // ...and so does the lease watch.
     let lease = r#"{"PublicIP":"10.200.0.77","PublicIPv6":null,"BackendType":"udp"}"#;
-    c.etcd
-        .etcdctl(&["put", &format!("{PREFIX}/subnets/10.5.77.0-24"), lease])?;
+    let unheld = c.unheld_subnet()?;
+    c.etcd.etcdctl(&["put", &c.lease_key(unheld), lease])?;
     eventually_within(
         "the new peer in twill status",
         Duration::from_secs(10),
-        || Ok(c.peer_subnets(0)?.contains(&"10.5.77.0/24".to_string())),
+        || Ok(c.peer_subnets(0)?.contains(&unheld.to_string())),
     )?;
 
     // Every idle or half-sent connection is closed by the server: displaced, or after the

@@ -67,17 +67,17 @@ fn an_all_zero_public_key_is_refused_naming_it() -> Result<()> {
     let w = wg::connected("hwzero", &wg::config(PSK, ""))?;
     let zero = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
     let bad = wg::lease_value("10.200.0.9".parse()?, zero, wg::PORT);
-    w.c.etcd
-        .etcdctl(&["put", &format!("{PREFIX}/subnets/10.5.99.0-24"), &bad])?;
+    let unheld = w.c.unheld_subnet()?;
+    w.c.etcd.etcdctl(&["put", &w.c.lease_key(unheld), &bad])?;
     let want = format!(
         "its PublicKey \"{zero}\" is not a WireGuard key: all zero or another point of small \
          order, with which no handshake is secret"
     );
     eventually("the zero key refused", || {
-        Ok(wg::rejected(w.ns(0))? == [("10.5.99.0/24".to_string(), want.clone())])
+        Ok(wg::rejected(w.ns(0))? == [(unheld.to_string(), want.clone())])
     })?;
     let peers = w.c.peer_subnets(0)?;
-    anyhow::ensure!(!peers.contains(&"10.5.99.0/24".to_string()), "{peers:?}");
+    anyhow::ensure!(!peers.contains(&unheld.to_string()), "{peers:?}");
     Ok(())
 }
 

@@ -197,7 +197,10 @@ fn chunk(sender: ipnet::Ipv4Net, gso_type: u8) -> Vec<u8> {
     wire
 }
 
-const VXLAN: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
+/// The nodes draw their subnets below 10.5.200.0, where the bogus leases are written: a bogus
+/// lease on a node's own key would take its lease over.
+const VXLAN: &str =
+    r#"{"Network":"10.5.0.0/16","SubnetMax":"10.5.199.0","Backend":{"Type":"vxlan"}}"#;
 
 /// Leases that a buggy or hostile node could write, put next to two real vxlan nodes.
 #[test]

@@ -93,6 +93,23 @@ impl Cluster {
         )
     }
 
+    /// A /24 of the 10.5.0.0/16 network that no lease in etcd holds, for a lease a test writes
+    /// itself: the nodes draw their subnets at random, so a fixed one is now and then a node's
+    /// own, and the test's write then takes that node's lease over.
+    pub fn unheld_subnet(&self) -> Result<Ipv4Net> {
+        let held = self.etcd.etcdctl(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("{PREFIX}/subnets/"),
+        ])?;
+        (1..=254u8)
+            .rev()
+            .filter_map(|i| Ipv4Net::new(std::net::Ipv4Addr::new(10, 5, i, 0), 24).ok())
+            .find(|s| !held.lines().any(|key| key == self.lease_key(*s)))
+            .context("every subnet of 10.5.0.0/16 is held")
+    }
+
     pub fn add_container(&mut self, host: usize) -> Result<()> {
         let subnet = self.subnet(host)?;
         self.lab.host_mut(host).add_container(subnet)?;

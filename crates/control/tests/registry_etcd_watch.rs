@@ -12,7 +12,9 @@ use tokio::sync::mpsc::Receiver;
 use twill_control::lease::{Lease, LeaseAttrs};
 use twill_control::registry::{EtcdOptions, EtcdRegistry, LeaseEvent, Registry};
 
-const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
+/// The nodes draw their subnets below 10.5.200.0, where the tests write leases of their own.
+const CONFIG: &str =
+    r#"{"Network":"10.5.0.0/16","SubnetMax":"10.5.199.0","Backend":{"Type":"vxlan"}}"#;
 const SECOND: Duration = Duration::from_secs(1);
 
 fn ip(last: u8) -> Ipv4Addr {
@@ -143,7 +145,7 @@ async fn a_changed_config_is_reported_once_and_again_when_it_is_back() {
     etcd.put_config(CONFIG).await;
     let (_, mut events) = start(&etcd, 1).await;
     snapshot(next_event(&mut events, 5 * SECOND).await);
-    let changed = CONFIG.replace("10.5.0.0/16", "10.6.0.0/16");
+    let changed = CONFIG.replace("10.5.", "10.6.");
     let mut client = etcd.client().await;
     let key = format!("{PREFIX}/config");
     client

@@ -2,6 +2,7 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +23,9 @@ pub struct Proc {
     child: Child,
     command: String,
     logs: TempDir,
+    /// The test saw the process end (it stopped, killed or waited for it); an end it did not
+    /// see is a crash worth showing the logs of.
+    exit_seen: bool,
 }
 
 impl Proc {
@@ -40,6 +44,7 @@ impl Proc {
             child,
             command,
             logs,
+            exit_seen: false,
         })
     }
 
@@ -48,7 +53,14 @@ impl Proc {
     }
 
     pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        matches!(self.try_wait(), Ok(None))
+    }
+
+    /// The exit status if the process has ended, noting that the test saw it end.
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        let status = self.child.try_wait()?;
+        self.exit_seen |= status.is_some();
+        Ok(status)
     }
 
     /// SIGTERM, wait up to 5 s, then SIGKILL.
@@ -58,6 +70,7 @@ impl Proc {
 
     /// SIGKILL and reap, for crash tests.
     pub fn kill9(&mut self) {
+        self.exit_seen = true;
         // Both fail only when the child is already gone, which is the goal anyway.
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -67,7 +80,7 @@ impl Proc {
     pub fn wait_timeout(&mut self, d: Duration) -> Result<Option<ExitStatus>> {
         let deadline = Instant::now() + d;
         loop {
-            if let Some(status) = self.child.try_wait()? {
+            if let Some(status) = self.try_wait()? {
                 return Ok(Some(status));
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -109,9 +122,10 @@ impl Proc {
 
     fn terminate(&mut self, grace: Duration) -> Result<ExitStatus> {
         // Only signal an unreaped child: a reaped pid may already belong to someone else.
-        if let Some(status) = self.child.try_wait()? {
+        if let Some(status) = self.try_wait()? {
             return Ok(status);
         }
+        self.exit_seen = true;
         signal(self.pid(), Signal::SIGTERM);
         if let Some(status) = self.wait_timeout(grace)? {
             return Ok(status);
@@ -123,13 +137,19 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        // A test that fails by returning an error does not panic; a process that died under it
+        // is still the first thing to look at. SIGKILL is how a namespace dropped before its
+        // processes ends them, not a death of their own.
+        let died = !self.exit_seen
+            && matches!(self.child.try_wait(), Ok(Some(status)) if status.signal() != Some(9));
         if let Err(e) = self.terminate(Duration::from_secs(2)) {
             tracing::warn!("cannot stop `{}`: {e:#}", self.command);
         }
         // The logs vanish with the temp dir; a failing test is when they are wanted.
-        if std::thread::panicking() {
+        if died || std::thread::panicking() {
+            let how = if died { " (it ended on its own)" } else { "" };
             eprintln!(
-                "--- stderr of `{}` ---\n{}",
+                "--- stderr of `{}`{how} ---\n{}",
                 self.command,
                 tail(&self.stderr())
             );
