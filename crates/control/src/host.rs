@@ -144,7 +144,7 @@ pub async fn route_network_via(
     dev: &str,
 ) -> anyhow::Result<()> {
     let route = Route {
-        dst: network,
+        dst: network.into(),
         gateway: None,
         oif,
         onlink: false,

@@ -98,7 +98,10 @@ impl DeviceGuard {
     async fn restore_address(&self, link: &Link) -> anyhow::Result<()> {
         let addrs = self.nl.ipv4_addresses(link.index).await?;
         if !addrs.contains(&self.spec.address) {
-            let added = self.nl.add_address(link.index, self.spec.address).await;
+            let added = self
+                .nl
+                .add_address(link.index, self.spec.address.into())
+                .await;
             added.with_context(|| format!("adding {} to {}", self.spec.address, link.name))?;
             info!(device = %link.name, address = %self.spec.address, "restored the address");
         }
@@ -119,7 +122,7 @@ impl DeviceGuard {
             return Ok(());
         };
         let route = Route {
-            dst: network,
+            dst: network.into(),
             gateway: None,
             oif: link.index,
             onlink: false,

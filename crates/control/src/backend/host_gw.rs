@@ -1,19 +1,22 @@
-//! flannel's `host-gw` backend: no device, one route per peer via its PublicIP on the iface.
+//! flannel's `host-gw` backend: no device, one route per peer via its PublicIP on the iface,
+//! and on a dual-stack node a second one for its IPv6 subnet via its PublicIPv6.
 //! Only works when every host shares one L2 segment; a peer elsewhere is refused by the kernel
 //! ("nexthop has invalid gateway"), reported, and retried by the next reconcile.
 
 use super::kernel::{connect, KernelBackend, KernelConfig, Ours, PeerPlan, PeerState, Uplink};
-use super::peer_state::Owned;
+use super::peer_state::{L2Links, Owned};
 use super::Setup;
 use crate::lease::{Lease, LeaseAttrs};
 use std::net::Ipv4Addr;
 
 pub type HostGwBackend = KernelBackend<HostGwPlan>;
 
-/// What a host-gw peer needs: `<subnet> via <PublicIP> dev <iface>`.
+/// What a host-gw peer needs: `<subnet> via <PublicIP> dev <iface>`, and on a dual-stack node
+/// `<IPv6 subnet> via <PublicIPv6> dev <iface>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostGwPlan {
     uplink: Uplink,
+    dual_stack: bool,
 }
 
 impl PeerPlan for HostGwPlan {
@@ -21,6 +24,11 @@ impl PeerPlan for HostGwPlan {
 
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
         Ok(PeerState::route_only(self.uplink.route_via(lease)))
+    }
+
+    fn peer_state_v6(&self, lease: &Lease) -> anyhow::Result<Option<PeerState>> {
+        let route = self.uplink.route_via6(lease).filter(|_| self.dual_stack);
+        Ok(route.map(PeerState::route_only))
     }
 }
 
@@ -31,7 +39,11 @@ impl Setup for HostGwSetup {
     type Backend = HostGwBackend;
 
     fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        LeaseAttrs::host_gw(public_ip)
+        let attrs = LeaseAttrs::host_gw(public_ip);
+        match self.0.ipv6 {
+            Some(v6) => attrs.with_ipv6(v6.public_ip, None),
+            None => attrs,
+        }
     }
 
     /// `direct_routing` is ignored: host-gw routes directly by definition.
@@ -39,9 +51,9 @@ impl Setup for HostGwSetup {
         let config = self.0;
         let (nl, uplink) = connect(&config.iface).await?;
         let owned = Owned {
-            network: config.network,
+            networks: config.networks(),
             route_links: vec![uplink.index],
-            l2_link: None,
+            l2: L2Links::default(),
         };
         let mtu = uplink.mtu;
         let ours = Ours {
@@ -49,27 +61,60 @@ impl Setup for HostGwSetup {
             owned,
             nexthops: config.nexthops(&nl).await,
         };
-        Ok(KernelBackend::new(nl, HostGwPlan { uplink }, ours, mtu))
+        let plan = HostGwPlan {
+            uplink,
+            dual_stack: config.ipv6.is_some(),
+        };
+        Ok(KernelBackend::new(nl, plan, ours, mtu))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::kernel::tests::{lease, uplink};
+    use crate::backend::kernel::tests::{dual_stack, lease, uplink};
     use crate::backend::netlink::Route;
+
+    fn plan(dual_stack: bool) -> HostGwPlan {
+        HostGwPlan {
+            uplink: uplink(),
+            dual_stack,
+        }
+    }
 
     #[test]
     fn peer_gets_a_route_via_its_public_ip_on_the_iface() {
         let l = lease("10.5.2.0/24", "10.200.0.2", Some("host-gw"));
-        let state = HostGwPlan { uplink: uplink() }.peer_state(&l).unwrap();
+        let state = plan(false).peer_state(&l).unwrap();
         let route = Route {
-            dst: l.subnet,
-            gateway: Some(l.public_ip),
+            dst: l.subnet.into(),
+            gateway: Some(l.public_ip.into()),
             oif: uplink().index,
             onlink: false,
             nhid: None,
         };
         assert_eq!(state, PeerState::route_only(route));
+    }
+
+    #[test]
+    fn a_dual_stack_peer_gets_an_ipv6_route_via_its_public_ipv6() {
+        let l = lease("10.5.2.0/24", "10.200.0.2", Some("host-gw"));
+        let l = dual_stack(l, "fd10:0:0:2::/64", "fd00:200::2");
+        let route = Route {
+            dst: "fd10:0:0:2::/64".parse().unwrap(),
+            gateway: Some("fd00:200::2".parse().unwrap()),
+            oif: uplink().index,
+            onlink: false,
+            nhid: None,
+        };
+        let state = plan(true).peer_state_v6(&l).unwrap();
+        assert_eq!(state, Some(PeerState::route_only(route)));
+        assert_eq!(
+            plan(false).peer_state_v6(&l).unwrap(),
+            None,
+            "an IPv4-only node"
+        );
+        let v4_only = lease("10.5.3.0/24", "10.200.0.3", Some("host-gw"));
+        assert_eq!(plan(true).peer_state_v6(&v4_only).unwrap(), None);
     }
 }

@@ -45,6 +45,7 @@ impl IpipDevice {
         let tunnel = Tunnel {
             nl,
             link,
+            link6: None,
             uplink,
             config: config.clone(),
         };
@@ -74,8 +75,8 @@ impl PeerPlan for IpipPlan {
 
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
         let tunnelled = Route {
-            dst: lease.subnet,
-            gateway: Some(lease.public_ip),
+            dst: lease.subnet.into(),
+            gateway: Some(lease.public_ip.into()),
             oif: self.0.dev,
             onlink: true,
             nhid: None,
@@ -160,8 +161,8 @@ mod tests {
     fn peer_gets_an_onlink_route_via_its_public_ip() {
         let l = lease("10.5.2.0/24", "10.200.0.2", Some("ipip"));
         let route = Route {
-            dst: l.subnet,
-            gateway: Some(l.public_ip),
+            dst: l.subnet.into(),
+            gateway: Some(l.public_ip.into()),
             oif: 7,
             onlink: true,
             nhid: None,

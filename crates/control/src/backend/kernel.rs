@@ -6,16 +6,16 @@
 //! memory, which is what makes it correct after a crash or a `kill -9`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use anyhow::Context;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{info, warn};
 
 use super::netlink::{Link, Netlink, Route, Write};
 use super::nexthops::{self, NexthopTable, Nexthops};
 pub use super::peer_state::PeerState;
-use super::peer_state::{Owned, Snapshot};
+use super::peer_state::{L2Links, Owned, Snapshot};
 use super::Backend;
 use crate::lease::Lease;
 use crate::node::Node;
@@ -33,16 +33,38 @@ pub struct KernelConfig {
     /// Each peer's route through a nexthop object of its own, where the kernel has them;
     /// off (`--no-nexthop-objects`): gateway routes, as flanneld writes them.
     pub nexthop_objects: bool,
+    /// On a dual-stack network: its IPv6 half.
+    pub ipv6: Option<Ipv6Side>,
+}
+
+/// A dual-stack node's IPv6 half, as the kernel backends need it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ipv6Side {
+    /// `IPv6Network`: IPv6 routes are only ever removed inside it.
+    pub network: Ipv6Net,
+    /// This node's PublicIPv6: where peers send its IPv6 side, vxlan's IPv6 tunnel endpoint.
+    pub public_ip: Ipv6Addr,
 }
 
 impl KernelConfig {
     pub fn of(node: &Node) -> KernelConfig {
+        let ipv6 = node.config.ipv6.as_ref().zip(node.options.public_ipv6);
         KernelConfig {
             iface: node.iface.name.clone(),
             network: node.config.network,
             direct_routing: node.config.backend.direct_routing,
             nexthop_objects: node.options.nexthop_objects,
+            ipv6: ipv6.map(|(config, public_ip)| Ipv6Side {
+                network: config.network,
+                public_ip,
+            }),
         }
+    }
+
+    /// The networks whose routes the backend owns: `Network`, and `IPv6Network` if dual-stack.
+    pub(crate) fn networks(&self) -> Vec<IpNet> {
+        let v6 = self.ipv6.map(|side| IpNet::V6(side.network));
+        std::iter::once(IpNet::V4(self.network)).chain(v6).collect()
     }
 
     /// How this node's kernel takes peers' routes, asked once at start.
@@ -57,6 +79,8 @@ pub(crate) struct Uplink {
     pub index: u32,
     /// First IPv4 address with its prefix, as flanneld picks it.
     pub addr: Ipv4Net,
+    /// First IPv6 address that is not link-local, if the interface has one.
+    pub addr6: Option<Ipv6Net>,
     pub mtu: u32,
 }
 
@@ -74,18 +98,30 @@ impl Uplink {
         let addrs = nl.ipv4_addresses(link.index).await?;
         let addr = addrs.first().copied();
         let addr = addr.with_context(|| format!("interface {name} has no IPv4 address"))?;
+        let addrs6 = nl.ipv6_addresses(link.index).await?;
         Ok(Uplink {
             index: link.index,
             addr,
+            addr6: addrs6.into_iter().find(|a| !is_link_local(a.addr())),
             mtu: link.mtu,
         })
     }
 
     /// `<subnet> via <PublicIP> dev <iface>`: host-gw's route, and DirectRouting's.
     pub fn route_via(&self, lease: &Lease) -> Route {
+        self.route(lease.subnet.into(), lease.public_ip.into())
+    }
+
+    /// `<IPv6 subnet> via <PublicIPv6> dev <iface>`, for a lease with an IPv6 side.
+    pub fn route_via6(&self, lease: &Lease) -> Option<Route> {
+        let (subnet, public_ip) = lease.ipv6_side()?;
+        Some(self.route(subnet.into(), public_ip.into()))
+    }
+
+    fn route(&self, dst: IpNet, gateway: IpAddr) -> Route {
         Route {
-            dst: lease.subnet,
-            gateway: Some(lease.public_ip),
+            dst,
+            gateway: Some(gateway),
             oif: self.index,
             onlink: false,
             nhid: None,
@@ -93,11 +129,31 @@ impl Uplink {
     }
 }
 
-/// Leaves `addr` as the device's only IPv4 address: a changed lease must not leave the old
-/// /32 behind. Only ever called on our own tunnel devices.
-async fn ensure_only_address(nl: &Netlink, index: u32, addr: Ipv4Net) -> anyhow::Result<()> {
-    let existing = nl.ipv4_addresses(index).await?;
-    for old in existing.iter().filter(|&&a| a != addr) {
+/// fe80::/10: every IPv6 interface has one; it is no address to be reached at from elsewhere.
+fn is_link_local(ip: Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// Leaves `addr` as the device's only address of its family (IPv6: besides the link-local one
+/// the kernel gives every device): a changed lease must not leave the old one behind. Only
+/// ever called on our own tunnel devices.
+async fn ensure_only_address(nl: &Netlink, index: u32, addr: IpNet) -> anyhow::Result<()> {
+    let existing: Vec<IpNet> = match addr {
+        IpNet::V4(_) => nl
+            .ipv4_addresses(index)
+            .await?
+            .into_iter()
+            .map(IpNet::V4)
+            .collect(),
+        IpNet::V6(_) => nl
+            .ipv6_addresses(index)
+            .await?
+            .into_iter()
+            .map(IpNet::V6)
+            .collect(),
+    };
+    let stale = existing.iter().filter(|a| **a != addr);
+    for old in stale.filter(|a| !matches!(a, IpNet::V6(v6) if is_link_local(v6.addr()))) {
         nl.delete_address(index, *old).await?;
     }
     if !existing.contains(&addr) {
@@ -117,37 +173,49 @@ pub(crate) async fn ensure_mtu(nl: &Netlink, mut link: Link, mtu: u32) -> anyhow
     Ok(link)
 }
 
-/// A backend's tunnel device (`flannel.<VNI>`, `flannel.ipip`), made before our lease exists.
+/// A backend's tunnel device (`flannel.<VNI>`, `flannel.ipip`), made before our lease exists;
+/// on a dual-stack vxlan node also its IPv6 device (`flannel-v6.<VNI>`).
 pub(crate) struct Tunnel {
     pub nl: Netlink,
     pub link: Link,
+    pub link6: Option<Link>,
     pub uplink: Uplink,
     pub config: KernelConfig,
 }
 
 impl Tunnel {
     /// Gives the device our lease's network address as a /32 (a source address for host to
-    /// container traffic that creates no subnet route), brings it up, and returns the backend.
+    /// container traffic that creates no subnet route), and the IPv6 device our IPv6 subnet's
+    /// as a /128, brings them up, and returns the backend.
     pub async fn attach<P: PeerPlan>(
         self,
         lease: &Lease,
         plan: impl FnOnce(TunnelRoutes) -> P,
     ) -> anyhow::Result<KernelBackend<P>> {
-        let (index, name) = (self.link.index, &self.link.name);
         let addr = Ipv4Net::new(lease.subnet.network(), 32)?;
-        let configured = ensure_only_address(&self.nl, index, addr).await;
-        configured.with_context(|| format!("setting the address of {name}"))?;
-        self.nl
-            .set_up(index)
-            .await
-            .with_context(|| format!("setting {name} up"))?;
+        self.configure(&self.link, addr.into()).await?;
+        if let Some(link6) = &self.link6 {
+            let subnet = lease.ipv6_subnet.with_context(|| {
+                format!("{} is made, but our lease has no IPv6 subnet", link6.name)
+            })?;
+            self.configure(link6, Ipv6Net::new(subnet.network(), 128)?.into())
+                .await?;
+        }
+        let index6 = self.link6.as_ref().map(|l| l.index);
         let owned = Owned {
-            network: self.config.network,
-            route_links: vec![index, self.uplink.index],
-            l2_link: Some(index),
+            networks: self.config.networks(),
+            route_links: [self.link.index, self.uplink.index]
+                .into_iter()
+                .chain(index6)
+                .collect(),
+            l2: L2Links {
+                v4: Some(self.link.index),
+                v6: index6,
+            },
         };
         let plan = plan(TunnelRoutes {
-            dev: index,
+            dev: self.link.index,
+            dev6: index6,
             uplink: self.uplink,
             direct_routing: self.config.direct_routing,
         });
@@ -157,7 +225,20 @@ impl Tunnel {
             owned,
             nexthops,
         };
-        Ok(KernelBackend::new(self.nl, plan, ours, self.link.mtu))
+        // Containers get one MTU for both families: the smaller device's.
+        let mtu = self
+            .link6
+            .iter()
+            .fold(self.link.mtu, |mtu, l| mtu.min(l.mtu));
+        Ok(KernelBackend::new(self.nl, plan, ours, mtu))
+    }
+
+    /// `addr` as the device's only address of its family, and the device up.
+    async fn configure(&self, link: &Link, addr: IpNet) -> anyhow::Result<()> {
+        let configured = ensure_only_address(&self.nl, link.index, addr).await;
+        configured.with_context(|| format!("setting the address of {}", link.name))?;
+        let up = self.nl.set_up(link.index).await;
+        up.with_context(|| format!("setting {} up", link.name))
     }
 }
 
@@ -166,6 +247,8 @@ impl Tunnel {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TunnelRoutes {
     pub dev: u32,
+    /// The IPv6 device, on a dual-stack node.
+    pub dev6: Option<u32>,
     pub uplink: Uplink,
     pub direct_routing: bool,
 }
@@ -174,6 +257,13 @@ impl TunnelRoutes {
     pub fn direct(&self, lease: &Lease) -> Option<Route> {
         let same_segment = self.uplink.addr.contains(&lease.public_ip);
         (self.direct_routing && same_segment).then(|| self.uplink.route_via(lease))
+    }
+
+    /// [`TunnelRoutes::direct`] for the lease's IPv6 side: a peer on the iface's IPv6 subnet.
+    pub fn direct6(&self, lease: &Lease) -> Option<Route> {
+        let (_, public_ipv6) = lease.ipv6_side()?;
+        let near = self.uplink.addr6.is_some_and(|a| a.contains(&public_ipv6));
+        (self.direct_routing && near).then(|| self.uplink.route_via6(lease))?
     }
 }
 
@@ -184,6 +274,12 @@ pub trait PeerPlan {
 
     /// Fails when the lease lacks what this backend needs (e.g. a vxlan lease without VtepMAC).
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState>;
+
+    /// What the lease's IPv6 side needs, on a dual-stack node; `None` where this node or the
+    /// lease has no IPv6 side, or the backend carries no IPv6.
+    fn peer_state_v6(&self, _lease: &Lease) -> anyhow::Result<Option<PeerState>> {
+        Ok(None)
+    }
 }
 
 /// What a kernel backend holds as its own: our subnet, the kernel state it may delete, and
@@ -222,22 +318,37 @@ impl<P: PeerPlan> KernelBackend<P> {
         lease.subnet != self.own_subnet
     }
 
-    /// What `lease` needs, its route through its own nexthop where it can have one.
-    fn peer_state(&mut self, lease: &Lease, have: &NexthopTable) -> anyhow::Result<PeerState> {
+    /// What `lease` needs: its IPv4 side, the route through its own nexthop where it can
+    /// have one, and on a dual-stack node its IPv6 side (gateway routes: twill's nexthop ids
+    /// number IPv4 subnets).
+    fn peer_states(
+        &mut self,
+        lease: &Lease,
+        have: &NexthopTable,
+    ) -> anyhow::Result<Vec<PeerState>> {
         let state = self.plan.peer_state(lease)?;
         let nexthop = self.nexthops.through(lease.subnet, &state.route, have);
-        Ok(state.through(nexthop))
+        let v6 = self.plan.peer_state_v6(lease)?;
+        Ok(std::iter::once(state.through(nexthop)).chain(v6).collect())
+    }
+
+    /// Both sides of a peer as planned, without nexthops: what removing it must find.
+    fn planned(&self, lease: &Lease) -> anyhow::Result<Vec<PeerState>> {
+        let v6 = self.plan.peer_state_v6(lease)?;
+        Ok(std::iter::once(self.plan.peer_state(lease)?)
+            .chain(v6)
+            .collect())
     }
 
     /// The changes that make `peer` present, leaving out what `have` already holds.
     fn install(&self, peer: &PeerState, have: &Snapshot) -> Vec<Write> {
         let mut writes = Vec::new();
-        if let Some(dev) = self.owned.l2_link {
-            let neighbour = peer.neighbour.filter(|n| !have.neighbours.contains(n));
-            writes.extend(neighbour.map(|n| Write::ReplaceNeighbour(dev, n)));
-            let fdb = peer.fdb.filter(|f| !have.fdb.contains(f));
-            writes.extend(fdb.map(|f| Write::ReplaceFdb(dev, f)));
-        }
+        let l2 = self.owned.l2;
+        let neighbour = peer.neighbour.filter(|n| !have.neighbours.contains(n));
+        let neighbour = neighbour.and_then(|n| Some(Write::ReplaceNeighbour(l2.for_ip(n.ip)?, n)));
+        writes.extend(neighbour);
+        let fdb = peer.fdb.filter(|f| !have.fdb.contains(f));
+        writes.extend(fdb.and_then(|f| Some(Write::ReplaceFdb(l2.for_ip(f.dst)?, f))));
         let nexthop = peer
             .nexthop
             .and_then(|nh| nexthops::install(nh, &have.nexthops));
@@ -257,17 +368,21 @@ impl<P: PeerPlan> KernelBackend<P> {
             ..peer.route
         };
         let mut writes = vec![Write::DeleteRoute(gateway_route)];
-        for &id in have.ours.keys() {
+        let nexthops = have.ours.keys().filter(|_| !peer.is_ipv6());
+        for &id in nexthops {
             let route = Route {
                 nhid: Some(id),
                 ..peer.route
             };
             writes.extend([Write::DeleteRoute(route), Write::DeleteNexthop(id)]);
         }
-        if let Some(dev) = self.owned.l2_link {
-            writes.extend(peer.fdb.map(|f| Write::DeleteFdb(dev, f)));
-            writes.extend(peer.neighbour.map(|n| Write::DeleteNeighbour(dev, n.ip)));
-        }
+        let l2 = self.owned.l2;
+        let fdb = peer
+            .fdb
+            .and_then(|f| Some(Write::DeleteFdb(l2.for_ip(f.dst)?, f)));
+        writes.extend(fdb);
+        let neighbour = peer.neighbour;
+        writes.extend(neighbour.and_then(|n| Some(Write::DeleteNeighbour(l2.for_ip(n.ip)?, n.ip))));
         writes
     }
 
@@ -285,8 +400,8 @@ impl<P: PeerPlan> KernelBackend<P> {
         let own = self.own_subnet;
         for lease in leases.iter().filter(|l| l.subnet != own) {
             let subnet = lease.subnet;
-            match self.peer_state(lease, have) {
-                Ok(state) => desired.push((subnet, state)),
+            match self.peer_states(lease, have) {
+                Ok(states) => desired.extend(states.into_iter().map(|s| (subnet, s))),
                 Err(e) => warn!(%subnet, "skipping peer: {e:#}"),
             }
         }
@@ -309,17 +424,16 @@ impl<P: PeerPlan> KernelBackend<P> {
             .keys()
             .filter(|id| !want.nexthops.contains_key(id));
         writes.extend(stale_nexthops.map(|id| Write::DeleteNexthop(*id)));
-        if let Some(dev) = self.owned.l2_link {
-            let fdb = have.fdb.difference(&want.fdb);
-            writes.extend(fdb.map(|f| Write::DeleteFdb(dev, *f)));
-            // Keyed by IP only: an entry whose MAC changed was just replaced and must stay.
-            let wanted_ips: HashSet<Ipv4Addr> = want.neighbours.iter().map(|n| n.ip).collect();
-            let stale = have
-                .neighbours
-                .iter()
-                .filter(|n| !wanted_ips.contains(&n.ip));
-            writes.extend(stale.map(|n| Write::DeleteNeighbour(dev, n.ip)));
-        }
+        let l2 = self.owned.l2;
+        let fdb = have.fdb.difference(&want.fdb);
+        writes.extend(fdb.filter_map(|f| Some(Write::DeleteFdb(l2.for_ip(f.dst)?, *f))));
+        // Keyed by IP only: an entry whose MAC changed was just replaced and must stay.
+        let wanted_ips: HashSet<IpAddr> = want.neighbours.iter().map(|n| n.ip).collect();
+        let stale = have
+            .neighbours
+            .iter()
+            .filter(|n| !wanted_ips.contains(&n.ip));
+        writes.extend(stale.filter_map(|n| Some(Write::DeleteNeighbour(l2.for_ip(n.ip)?, n.ip))));
         for write in &writes {
             info!("stale: {write}");
         }
@@ -345,13 +459,14 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
             return Ok(());
         }
         let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
-        let peer = self.peer_state(lease, &held)?;
+        let peer = self.peer_states(lease, &held)?;
         info!(subnet = %lease.subnet, public_ip = %lease.public_ip, "adding peer");
         let have = Snapshot {
             nexthops: held.ours,
             ..Snapshot::default()
         };
-        let result = self.apply(&self.install(&peer, &have)).await;
+        let writes: Vec<Write> = peer.iter().flat_map(|p| self.install(p, &have)).collect();
+        let result = self.apply(&writes).await;
         result.with_context(|| format!("programming peer {}", lease.subnet))
     }
 
@@ -359,10 +474,11 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         if !self.is_peer(lease) {
             return Ok(());
         }
-        let peer = self.plan.peer_state(lease)?;
+        let peer = self.planned(lease)?;
         let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
         info!(subnet = %lease.subnet, "removing peer");
-        let result = self.apply(&self.uninstall(&peer, &held)).await;
+        let writes: Vec<Write> = peer.iter().flat_map(|p| self.uninstall(p, &held)).collect();
+        let result = self.apply(&writes).await;
         result.with_context(|| format!("removing peer {}", lease.subnet))
     }
 
@@ -419,6 +535,7 @@ pub(crate) mod tests {
         Uplink {
             index: 2,
             addr: "10.200.0.1/24".parse().unwrap(),
+            addr6: Some("fd00:200::1/64".parse().unwrap()),
             mtu: 1500,
         }
     }
@@ -426,8 +543,17 @@ pub(crate) mod tests {
     pub fn routes(direct_routing: bool) -> TunnelRoutes {
         TunnelRoutes {
             dev: 7,
+            dev6: Some(8),
             uplink: uplink(),
             direct_routing,
+        }
+    }
+
+    /// `lease` with an IPv6 side.
+    pub fn dual_stack(lease: Lease, subnet6: &str, public_ipv6: &str) -> Lease {
+        Lease {
+            public_ipv6: Some(public_ipv6.parse().unwrap()),
+            ..lease.with_ipv6_subnet(subnet6.parse().unwrap())
         }
     }
 
@@ -436,8 +562,8 @@ pub(crate) mod tests {
         let near = lease("10.5.2.0/24", "10.200.0.2", Some("vxlan"));
         let far = lease("10.5.3.0/24", "192.168.9.3", Some("vxlan"));
         let expected = Route {
-            dst: near.subnet,
-            gateway: Some(near.public_ip),
+            dst: near.subnet.into(),
+            gateway: Some(near.public_ip.into()),
             oif: 2,
             onlink: false,
             nhid: None,

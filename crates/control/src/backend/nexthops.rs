@@ -14,6 +14,7 @@
 //! adopts the ids it made before, and the reconcile deletes those no lease wants.
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 
 use ipnet::Ipv4Net;
 use tracing::{info, warn};
@@ -126,7 +127,9 @@ impl Nexthops {
         route: &super::netlink::Route,
         have: &NexthopTable,
     ) -> Option<Nexthop> {
-        let gateway = route.gateway.filter(|_| self.enabled)?;
+        let Some(IpAddr::V4(gateway)) = route.gateway.filter(|_| self.enabled) else {
+            return None;
+        };
         let id = self.id(subnet)?;
         if have.foreign.contains(&id) {
             if self.collisions.insert(id) {
@@ -186,8 +189,8 @@ mod tests {
     fn route(dst: &str) -> Route {
         let dst: Ipv4Net = dst.parse().unwrap();
         Route {
-            dst,
-            gateway: Some(dst.network()),
+            dst: dst.into(),
+            gateway: Some(dst.network().into()),
             oif: 7,
             onlink: true,
             nhid: None,
@@ -241,8 +244,9 @@ mod tests {
     #[test]
     fn a_peer_goes_through_its_nexthop_unless_off_or_the_id_is_taken() {
         let r = route("10.5.2.0/24");
+        let subnet: Ipv4Net = "10.5.2.0/24".parse().unwrap();
         let empty = NexthopTable::default();
-        let nh = nexthops(true).through(r.dst, &r, &empty).unwrap();
+        let nh = nexthops(true).through(subnet, &r, &empty).unwrap();
         let want = Nexthop {
             id: 0x7400_0002,
             gateway: Ipv4Addr::new(10, 5, 2, 0),
@@ -250,13 +254,13 @@ mod tests {
             onlink: true,
         };
         assert_eq!(nh, want);
-        assert_eq!(nexthops(false).through(r.dst, &r, &empty), None);
+        assert_eq!(nexthops(false).through(subnet, &r, &empty), None);
         let taken = NexthopTable::of([listed(0x7400_0002, 0)]);
         let mut n = nexthops(true);
-        assert_eq!(n.through(r.dst, &r, &taken), None);
+        assert_eq!(n.through(subnet, &r, &taken), None);
         assert!(n.collisions.contains(&0x7400_0002), "logged once");
         let no_gateway = Route { gateway: None, ..r };
-        assert_eq!(nexthops(true).through(r.dst, &no_gateway, &empty), None);
+        assert_eq!(nexthops(true).through(subnet, &no_gateway, &empty), None);
     }
 
     #[test]

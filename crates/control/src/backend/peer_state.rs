@@ -3,8 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::net::IpAddr;
+
 use anyhow::Context;
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 
 use super::netlink::{FdbEntry, Neighbour, Netlink, Nexthop, Route};
 
@@ -13,9 +15,9 @@ use super::netlink::{FdbEntry, Neighbour, Netlink, Nexthop, Route};
 /// entry exists) and removed in reverse.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerState {
-    /// Permanent ARP entry on the backend's device.
+    /// Permanent ARP (IPv4) or NDP (IPv6) entry on the backend's device of its family.
     pub neighbour: Option<Neighbour>,
-    /// VXLAN forwarding entry on the backend's device.
+    /// VXLAN forwarding entry on the backend's device of the route's family.
     pub fdb: Option<FdbEntry>,
     /// The nexthop object the route goes through; set by the kernel backend, not the plan.
     pub nexthop: Option<Nexthop>,
@@ -32,6 +34,12 @@ impl PeerState {
         }
     }
 
+    /// Whether this is a peer's IPv6 side (its route, neighbour and fdb entry go with the
+    /// backend's IPv6 device).
+    pub fn is_ipv6(&self) -> bool {
+        self.route.dst.addr().is_ipv6()
+    }
+
     /// The same state with its route through `nexthop` (`None`: the gateway route as it is).
     pub(crate) fn through(mut self, nexthop: Option<Nexthop>) -> PeerState {
         if let Some(nh) = nexthop {
@@ -45,16 +53,42 @@ impl PeerState {
 /// The kernel state a backend owns, and so may delete when no lease wants it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Owned {
-    pub network: Ipv4Net,
-    /// Routes inside `network` on these links.
+    /// The flannel `Network`, and on a dual-stack node its `IPv6Network`.
+    pub networks: Vec<IpNet>,
+    /// Routes inside `networks` on these links.
     pub route_links: Vec<u32>,
-    /// Permanent neighbours and fdb entries on this link (the backend's own tunnel device).
-    pub l2_link: Option<u32>,
+    /// The backend's own tunnel devices, whose permanent neighbours and fdb entries it owns.
+    pub l2: L2Links,
 }
 
 impl Owned {
     fn owns_route(&self, route: &Route) -> bool {
-        self.route_links.contains(&route.oif) && self.network.contains(&route.dst)
+        self.route_links.contains(&route.oif)
+            && self.networks.iter().any(|n| n.contains(&route.dst))
+    }
+}
+
+/// A tunnel backend's devices by the family they carry: vxlan's `flannel.<VNI>` (IPv4) and
+/// `flannel-v6.<VNI>` (IPv6, on a dual-stack node). An entry of one family lives only on the
+/// device of that family, so the family of its address names its device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct L2Links {
+    pub v4: Option<u32>,
+    pub v6: Option<u32>,
+}
+
+impl L2Links {
+    /// The device that holds entries for `ip`'s family.
+    pub fn for_ip(&self, ip: IpAddr) -> Option<u32> {
+        match ip {
+            IpAddr::V4(_) => self.v4,
+            IpAddr::V6(_) => self.v6,
+        }
+    }
+
+    fn each(&self) -> impl Iterator<Item = (u32, bool)> {
+        let v4 = self.v4.map(|dev| (dev, false));
+        v4.into_iter().chain(self.v6.map(|dev| (dev, true)))
     }
 }
 
@@ -82,18 +116,14 @@ impl Snapshot {
             nexthops,
             ..Snapshot::default()
         };
-        if let Some(dev) = owned.l2_link {
-            let neighbours = nl
-                .permanent_neighbours(dev)
-                .await
-                .context("listing neighbours")?;
-            snap.neighbours = neighbours.into_iter().collect();
-            snap.fdb = nl
-                .fdb(dev)
-                .await
-                .context("listing fdb")?
-                .into_iter()
-                .collect();
+        for (dev, ipv6) in owned.l2.each() {
+            // Only entries of the device's own family are its: any other is not twill's.
+            let neighbours = nl.permanent_neighbours(dev).await;
+            let neighbours = neighbours.context("listing neighbours")?.into_iter();
+            snap.neighbours
+                .extend(neighbours.filter(|n| n.ip.is_ipv6() == ipv6));
+            let fdb = nl.fdb(dev).await.context("listing fdb")?.into_iter();
+            snap.fdb.extend(fdb.filter(|f| f.dst.is_ipv6() == ipv6));
         }
         Ok(snap)
     }
@@ -115,7 +145,7 @@ impl Snapshot {
 fn with_nexthop(route: Route, nexthops: &HashMap<u32, Nexthop>) -> Route {
     match route.nhid.and_then(|id| nexthops.get(&id)) {
         Some(nh) => Route {
-            gateway: Some(nh.gateway),
+            gateway: Some(nh.gateway.into()),
             oif: nh.oif,
             onlink: nh.onlink,
             ..route
@@ -142,15 +172,20 @@ mod tests {
     #[test]
     fn owns_only_routes_inside_the_network_on_its_links() {
         let owned = Owned {
-            network: "10.5.0.0/16".parse().unwrap(),
+            networks: vec!["10.5.0.0/16".parse().unwrap(), "fd10::/56".parse().unwrap()],
             route_links: vec![4, 2],
-            l2_link: Some(4),
+            l2: L2Links {
+                v4: Some(4),
+                v6: None,
+            },
         };
         assert!(owned.owns_route(&route("10.5.3.0/24", 4)));
         assert!(owned.owns_route(&route("10.5.3.0/24", 2)));
         assert!(!owned.owns_route(&route("10.5.3.0/24", 9)));
         assert!(!owned.owns_route(&route("10.6.3.0/24", 4)));
         assert!(!owned.owns_route(&route("10.0.0.0/8", 4)));
+        assert!(owned.owns_route(&route("fd10:0:0:3::/64", 2)));
+        assert!(!owned.owns_route(&route("fd11:0:0:3::/64", 2)));
     }
 
     #[test]
@@ -162,7 +197,7 @@ mod tests {
             onlink: true,
         };
         let planned = PeerState::route_only(Route {
-            gateway: Some(nh.gateway),
+            gateway: Some(nh.gateway.into()),
             onlink: true,
             ..route("10.5.3.0/24", 4)
         })

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use anyhow::Context;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use netlink_packet_route::link::InfoKind;
 use tracing::warn;
 
@@ -88,7 +88,10 @@ pub struct Scope {
 impl Scope {
     /// The backend shape of `route` on the device `dev`, if it is one the sweep may remove.
     fn stale_shape(&self, route: &Route, dev: &str) -> Option<Shape> {
-        let dst = route.dst;
+        // IPv6 routes are not swept yet: only IPv4 backends' leftovers are known shapes.
+        let IpNet::V4(dst) = route.dst else {
+            return None;
+        };
         let swept = self.network.contains(&dst)
             && !self.own_subnet.contains(&dst)
             && !self.keep.iter().any(|k| k == dev);
@@ -108,7 +111,7 @@ impl Scope {
 }
 
 fn shape(route: &Route, dev: &str, scope: &Scope) -> Option<Shape> {
-    let whole_network = route.dst == scope.network && route.gateway.is_none();
+    let whole_network = route.dst == IpNet::V4(scope.network) && route.gateway.is_none();
     // A peer's route is for one subnet, never the whole network (an operator's may be).
     let one_subnet = route.dst.prefix_len() > scope.network.prefix_len();
     let via = route.gateway.filter(|_| one_subnet);
@@ -265,7 +268,7 @@ mod tests {
     fn route(dst: &str, via: Option<&str>, onlink: bool) -> Route {
         Route {
             dst: dst.parse().unwrap(),
-            gateway: via.map(|v| v.parse::<Ipv4Addr>().unwrap()),
+            gateway: via.map(|v| v.parse::<Ipv4Addr>().unwrap().into()),
             oif: 3,
             onlink,
             nhid: None,

@@ -1,5 +1,7 @@
 //! flannel's `vxlan` backend: the kernel's VXLAN device `flannel.<VNI>`, and per peer a permanent
-//! neighbour, an fdb entry and an onlink route.
+//! neighbour, an fdb entry and an onlink route. On a dual-stack node the same again for IPv6 on
+//! a second device, `flannel-v6.<VNI>`, tunnelling over the underlay's IPv6: its MAC goes in the
+//! lease's BackendV6Data, its entries point at the peers' PublicIPv6.
 //!
 //! The device comes first and the lease second, as in flanneld: the lease's BackendData carries
 //! the device's MAC (VtepMAC), so the device must exist before the lease is written.
@@ -18,12 +20,15 @@ use super::netlink::{
     KERNEL_VXLAN_PORT,
 };
 use super::Setup;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
-use std::net::Ipv4Addr;
+use ipnet::IpNet;
+use std::net::{IpAddr, Ipv4Addr};
 
 /// IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 const ENCAP_OVERHEAD: u32 = 50;
+/// IPv6 (40) + UDP (8) + VXLAN (8) + inner Ethernet (14): `flannel-v6.<VNI>` over IPv6.
+const ENCAP_OVERHEAD_V6: u32 = 70;
 
 /// The VXLAN part of flannel's `Backend` config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,40 +59,60 @@ impl Default for VxlanConfig {
 
 pub type VxlanBackend = KernelBackend<VxlanPlan>;
 
-/// `flannel.<VNI>`, created or reused, before our lease exists.
+/// `flannel.<VNI>` (and `flannel-v6.<VNI>` on a dual-stack node), created or reused, before
+/// our lease exists.
 pub struct VxlanDevice {
     tunnel: Tunnel,
     mac: MacAddr,
+    /// `flannel-v6.<VNI>`'s MAC, on a dual-stack node.
+    mac6: Option<MacAddr>,
     vni: u32,
 }
 
 impl VxlanDevice {
     /// Creates `flannel.<VNI>` on `config.iface`, or reuses an existing one whose settings
-    /// match (recreating it otherwise, as flanneld does).
+    /// match (recreating it otherwise, as flanneld does); on a dual-stack node `flannel-v6.<VNI>`
+    /// too, from our PublicIPv6.
     pub async fn ensure(config: &KernelConfig, vxlan: VxlanConfig) -> anyhow::Result<VxlanDevice> {
         let (nl, uplink) = connect(&config.iface).await?;
-        let want = VxlanParams {
-            vni: vxlan.vni,
-            local: Some(uplink.addr.addr()),
-            dev: Some(uplink.index),
-            port: vxlan.port,
-            learning: false,
+        let device = |name: String, local: IpAddr, overhead: u32| VxlanLink {
+            want: VxlanParams {
+                vni: vxlan.vni,
+                local: Some(local),
+                dev: Some(uplink.index),
+                port: vxlan.port,
+                learning: false,
+            },
+            name,
+            mtu: uplink.mtu.saturating_sub(overhead),
         };
-        let name = format!("flannel.{}", vxlan.vni);
-        let mtu = uplink.mtu.saturating_sub(ENCAP_OVERHEAD);
-        let link = ensure_link(&nl, &name, &want, mtu).await?;
-        let mac = link
-            .mac
-            .with_context(|| format!("{name} has no MAC address"))?;
+        let v4 = device(
+            format!("flannel.{}", vxlan.vni),
+            uplink.addr.addr().into(),
+            ENCAP_OVERHEAD,
+        );
+        let (link, mac) = v4.ensure(&nl).await?;
+        let (link6, mac6) = match config.ipv6 {
+            Some(v6) => {
+                let name = format!("flannel-v6.{}", vxlan.vni);
+                let v6 = device(name, v6.public_ip.into(), ENCAP_OVERHEAD_V6);
+                let (link6, mac6) = v6.ensure(&nl).await?;
+                refuse_router_advertisements(&link6.name);
+                (Some(link6), Some(mac6))
+            }
+            None => (None, None),
+        };
         let tunnel = Tunnel {
             nl,
             link,
+            link6,
             uplink,
             config: config.clone(),
         };
         Ok(VxlanDevice {
             tunnel,
             mac,
+            mac6,
             vni: vxlan.vni,
         })
     }
@@ -111,7 +136,13 @@ impl Setup for VxlanDevice {
     type Backend = VxlanBackend;
 
     fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        LeaseAttrs::vxlan(public_ip, self.vni, &self.mac.to_string())
+        let attrs = LeaseAttrs::vxlan(public_ip, self.vni, &self.mac.to_string());
+        match (self.tunnel.config.ipv6, self.mac6) {
+            (Some(v6), Some(mac6)) => {
+                attrs.with_ipv6(v6.public_ip, Some(backend_data(self.vni, mac6).into()))
+            }
+            _ => attrs,
+        }
     }
 
     /// Finishes the device for our lease (its /32 address, up) and returns the backend.
@@ -131,23 +162,48 @@ impl PeerPlan for VxlanPlan {
         if let Some(route) = self.0.direct(lease) {
             return Ok(PeerState::route_only(route));
         }
-        let mac = vtep_mac(lease)?;
-        let gateway = lease.subnet.network();
-        Ok(PeerState {
-            neighbour: Some(Neighbour { ip: gateway, mac }),
-            fdb: Some(FdbEntry {
-                mac,
-                dst: lease.public_ip,
-            }),
-            nexthop: None,
-            route: Route {
-                dst: lease.subnet,
-                gateway: Some(gateway),
-                oif: self.0.dev,
-                onlink: true,
-                nhid: None,
-            },
-        })
+        let mac = vtep_mac(lease.backend_data.as_ref(), "BackendData")?;
+        Ok(tunnelled(
+            lease.subnet.into(),
+            lease.public_ip.into(),
+            mac,
+            self.0.dev,
+        ))
+    }
+
+    /// The same over `flannel-v6.<VNI>`: the IPv6 subnet's network address behind the peer's
+    /// IPv6 VtepMAC, tunnelled to its PublicIPv6.
+    fn peer_state_v6(&self, lease: &Lease) -> anyhow::Result<Option<PeerState>> {
+        let (Some(dev6), Some((subnet, public_ip))) = (self.0.dev6, lease.ipv6_side()) else {
+            return Ok(None);
+        };
+        if let Some(route) = self.0.direct6(lease) {
+            return Ok(Some(PeerState::route_only(route)));
+        }
+        let mac = vtep_mac(lease.backend_v6_data.as_ref(), "BackendV6Data")?;
+        Ok(Some(tunnelled(subnet.into(), public_ip.into(), mac, dev6)))
+    }
+}
+
+/// A peer behind a vxlan device: `<subnet> via <subnet's network address> dev <dev> onlink`,
+/// that address's neighbour entry with the peer's VtepMAC, and the fdb entry that sends
+/// frames for that MAC to the peer's public address.
+fn tunnelled(subnet: IpNet, public_ip: IpAddr, mac: MacAddr, dev: u32) -> PeerState {
+    let gateway = subnet.network();
+    PeerState {
+        neighbour: Some(Neighbour { ip: gateway, mac }),
+        fdb: Some(FdbEntry {
+            mac,
+            dst: public_ip,
+        }),
+        nexthop: None,
+        route: Route {
+            dst: subnet,
+            gateway: Some(gateway),
+            oif: dev,
+            onlink: true,
+            nhid: None,
+        },
     }
 }
 
@@ -155,14 +211,40 @@ fn backend_data(vni: u32, mac: MacAddr) -> serde_json::Value {
     json!({ "VNI": vni, "VtepMAC": mac.to_string() })
 }
 
-fn vtep_mac(lease: &Lease) -> anyhow::Result<MacAddr> {
-    let data = lease.backend_data.as_ref();
+/// `VtepMAC` of a lease's BackendData or BackendV6Data (`field` names which, for the error).
+fn vtep_mac(data: Option<&BackendData>, field: &str) -> anyhow::Result<MacAddr> {
     let mac = data.and_then(|d| d.get("VtepMAC"));
-    let mac = mac.context("lease has no BackendData.VtepMAC")?;
+    let mac = mac.with_context(|| format!("lease has no {field}.VtepMAC"))?;
     let mac = mac
         .as_str()
-        .context("BackendData.VtepMAC is not a string")?;
+        .with_context(|| format!("{field}.VtepMAC is not a string"))?;
     mac.parse().map_err(anyhow::Error::msg)
+}
+
+/// A vxlan device to create or reuse.
+struct VxlanLink {
+    name: String,
+    want: VxlanParams,
+    mtu: u32,
+}
+
+impl VxlanLink {
+    async fn ensure(&self, nl: &Netlink) -> anyhow::Result<(Link, MacAddr)> {
+        let link = ensure_link(nl, &self.name, &self.want, self.mtu).await?;
+        let mac = link
+            .mac
+            .with_context(|| format!("{} has no MAC address", self.name))?;
+        Ok((link, mac))
+    }
+}
+
+/// flanneld sets accept_ra 0 on its IPv6 device: a router advertisement arriving through the
+/// tunnel must not give the host addresses or routes. A kernel without the knob has no RAs.
+fn refuse_router_advertisements(device: &str) {
+    let knob = format!("/proc/sys/net/ipv6/conf/{device}/accept_ra");
+    if let Err(e) = std::fs::write(&knob, "0") {
+        warn!("cannot turn off router advertisements on {device} ({knob}): {e}");
+    }
 }
 
 async fn ensure_link(
@@ -255,17 +337,23 @@ mod tests {
         let mac: MacAddr = "d6:60:f1:85:5a:fc".parse().unwrap();
         let state = plan(false).peer_state(&l).unwrap();
         let net_addr = Ipv4Addr::new(10, 5, 2, 0);
-        assert_eq!(state.neighbour, Some(Neighbour { ip: net_addr, mac }));
+        assert_eq!(
+            state.neighbour,
+            Some(Neighbour {
+                ip: net_addr.into(),
+                mac
+            })
+        );
         assert_eq!(
             state.fdb,
             Some(FdbEntry {
                 mac,
-                dst: l.public_ip
+                dst: l.public_ip.into()
             })
         );
         let route = Route {
-            dst: l.subnet,
-            gateway: Some(net_addr),
+            dst: l.subnet.into(),
+            gateway: Some(net_addr.into()),
             oif: 7,
             onlink: true,
             nhid: None,
@@ -294,7 +382,7 @@ mod tests {
     fn existing_device_is_reused_only_when_settings_match() {
         let want = VxlanParams {
             vni: 1,
-            local: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            local: Some(Ipv4Addr::new(10, 200, 0, 1).into()),
             dev: Some(2),
             port: 0,
             learning: false,

@@ -228,6 +228,13 @@ impl Lease {
         }
     }
 
+    /// A dual-stack lease's IPv6 side: its IPv6 subnet and the PublicIPv6 it is reached at.
+    /// `None` for a lease that has either without the other (the lease gate refuses those on
+    /// a dual-stack node).
+    pub fn ipv6_side(&self) -> Option<(Ipv6Net, Ipv6Addr)> {
+        self.ipv6_subnet.zip(self.public_ipv6)
+    }
+
     /// The same lease, created at `created`.
     pub fn with_created(self, created: Created) -> Lease {
         Lease { created, ..self }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use ipnet::Ipv4Net;
 use nix::sched::{setns, CloneFlags};
-use twill_control::backend::kernel::KernelConfig;
+use twill_control::backend::kernel::{Ipv6Side, KernelConfig};
 use twill_control::lease::Lease;
 
 /// Bounds every piece of backend work in a namespace.
@@ -27,6 +27,8 @@ const WORK_TIMEOUT: Duration = Duration::from_secs(30);
 const COMMAND_TIMEOUT_SECS: u32 = 20;
 
 pub const NETWORK: &str = "10.5.0.0/16";
+/// The IPv6Network of the dual-stack tests.
+pub const IPV6_NETWORK: &str = "fd10::/56";
 
 /// How a node writes its peers' routes: through nexthop objects of their own (the default),
 /// or as gateway routes (`--no-nexthop-objects`, and kernels without nexthop objects). Every
@@ -87,7 +89,28 @@ impl Netns {
             network: NETWORK.parse().unwrap(),
             direct_routing,
             nexthop_objects: self.mode == Mode::Nexthops,
+            ipv6: None,
         }
+    }
+
+    /// [`Netns::config`] on a dual-stack network, for the node at `public_ipv6`.
+    pub fn dual_stack_config(&self, direct_routing: bool, public_ipv6: &str) -> KernelConfig {
+        KernelConfig {
+            ipv6: Some(Ipv6Side {
+                network: IPV6_NETWORK.parse().unwrap(),
+                public_ip: public_ipv6.parse().unwrap(),
+            }),
+            ..self.config(direct_routing)
+        }
+    }
+
+    /// Every IPv6 route inside [`IPV6_NETWORK`] but the kernel's own (a device's address),
+    /// sorted and without the defaults iproute2 adds (metric 1024, pref medium).
+    pub fn ipv6_routes(&self) -> Vec<String> {
+        let routes = self.sh(&format!("ip -6 route show root {IPV6_NETWORK}"));
+        let ours = routes.lines().filter(|l| !l.contains("proto kernel"));
+        let ours = ours.map(|l| l.replace(" metric 1024", "").replace(" pref medium", ""));
+        sorted_lines(&[ours.collect::<Vec<_>>().join("\n")])
     }
 
     /// Runs a shell command inside the namespace and returns its stdout; panics on failure.
@@ -249,6 +272,22 @@ pub fn two_hosts(test: &str, mode: Mode) -> (Netns, Netns) {
     a.sh("ip addr add 10.200.0.1/24 dev eth0 && ip link set eth0 up");
     b.sh("ip addr add 10.200.0.2/24 dev eth0 && ip link set eth0 up");
     (a, b)
+}
+
+/// [`two_hosts`] whose `eth0` also has fd00:200::1/64 and fd00:200::2/64: an IPv6 underlay.
+pub fn two_dual_stack_hosts(test: &str, mode: Mode) -> (Netns, Netns) {
+    let (a, b) = two_hosts(test, mode);
+    a.sh("ip -6 addr add fd00:200::1/64 dev eth0 nodad");
+    b.sh("ip -6 addr add fd00:200::2/64 dev eth0 nodad");
+    (a, b)
+}
+
+/// `lease` with an IPv6 side: its IPv6 subnet and PublicIPv6.
+pub fn dual_stack(lease: Lease, ipv6_subnet: &str, public_ipv6: &str) -> Lease {
+    Lease {
+        public_ipv6: Some(public_ipv6.parse().unwrap()),
+        ..lease.with_ipv6_subnet(ipv6_subnet.parse().unwrap())
+    }
 }
 
 pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {

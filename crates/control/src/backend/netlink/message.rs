@@ -1,9 +1,9 @@
 //! Between the plain values of [`super::state`] and rtnetlink's messages: the messages twill
 //! sends, and the parts of the kernel's replies it reads.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
     InfoData, InfoIpTunnel, InfoKind, InfoTun, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
@@ -29,8 +29,10 @@ pub fn vxlan_link_message(name: &str, p: &VxlanParams, mtu: u32, mac: MacAddr) -
     if let Some(dev) = p.dev {
         b = b.dev(dev);
     }
-    if let Some(local) = p.local {
-        b = b.local(local);
+    match p.local {
+        Some(IpAddr::V4(local)) => b = b.local(local),
+        Some(IpAddr::V6(local)) => b = b.local6(local),
+        None => {}
     }
     // flanneld leaves the port out when it is 0 so the kernel picks its default.
     if p.port != 0 {
@@ -54,25 +56,35 @@ pub fn ipip_link_message(name: &str, p: &IpipParams, mtu: u32) -> LinkMessage {
 /// The message that installs `route` as flanneld does (proto boot, scope universe); through
 /// its nexthop object, when it has one, as `ip route add <dst> nhid <id>` does.
 pub fn route_message(route: &Route) -> RouteMessage {
-    let b = RouteMessageBuilder::<Ipv4Addr>::new()
-        .destination_prefix(route.dst.network(), route.dst.prefix_len())
-        .protocol(RouteProtocol::Boot);
+    let mut msg = RouteMessageBuilder::<IpAddr>::new()
+        .protocol(RouteProtocol::Boot)
+        .build();
+    let dst = route.dst.network();
+    msg.header.address_family = family_of(dst);
+    msg.header.destination_prefix_length = route.dst.prefix_len();
+    msg.attributes.push(RouteAttribute::Destination(dst.into()));
     if let Some(id) = route.nhid {
         // The kernel refuses a gateway or device beside a nexthop id: they are the nexthop's.
-        let mut msg = b.build();
         msg.attributes.push(RouteAttribute::NhId(id));
         return msg;
     }
-    let mut b = b.output_interface(route.oif);
-    if let Some(gw) = route.gateway {
-        b = b.gateway(gw);
-    } else {
-        b = b.scope(RouteScope::Link);
+    msg.attributes.push(RouteAttribute::Oif(route.oif));
+    match route.gateway {
+        Some(gw) => msg.attributes.push(RouteAttribute::Gateway(gw.into())),
+        None => msg.header.scope = RouteScope::Link,
     }
     if route.onlink {
-        b = b.onlink();
+        msg.header.flags.insert(RouteFlags::Onlink);
     }
-    b.build()
+    msg
+}
+
+/// The address family of `ip`: which routing and neighbour table an entry for it goes in.
+pub(super) fn family_of(ip: IpAddr) -> AddressFamily {
+    match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    }
 }
 
 /// The message that makes `nh`, tagged with `protocol` as its maker.
@@ -158,7 +170,12 @@ pub(super) fn parse_vxlan(data: Vec<InfoVxlan>) -> VxlanParams {
     for item in data {
         match item {
             InfoVxlan::Id(vni) => p.vni = vni,
-            InfoVxlan::Local(ip) => p.local = Some(ip).filter(|ip| !ip.is_unspecified()),
+            InfoVxlan::Local(ip) => {
+                p.local = Some(ip.into()).filter(|ip: &IpAddr| !ip.is_unspecified())
+            }
+            InfoVxlan::Local6(ip) => {
+                p.local = Some(ip.into()).filter(|ip: &IpAddr| !ip.is_unspecified())
+            }
             InfoVxlan::Link(dev) => p.dev = Some(dev).filter(|&dev| dev != 0),
             InfoVxlan::Port(port) => p.port = port,
             InfoVxlan::Learning(on) => p.learning = on,
@@ -213,23 +230,37 @@ pub(super) fn address_of(msg: &AddressMessage) -> Option<Ipv4Net> {
     Ipv4Net::new(local, msg.header.prefix_len).ok()
 }
 
+/// An IPv6 address of a link. IPv6 addresses carry IFA_ADDRESS only (no IFA_LOCAL).
+pub(super) fn ipv6_address_of(msg: &AddressMessage) -> Option<Ipv6Net> {
+    let ip = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(IpAddr::V6(ip)) => Some(*ip),
+        _ => None,
+    })?;
+    Ipv6Net::new(ip, msg.header.prefix_len).ok()
+}
+
 pub(super) fn parse_boot_route(msg: &RouteMessage) -> Option<Route> {
     let h = &msg.header;
-    let ours = h.address_family == AddressFamily::Inet
+    let ours = matches!(h.address_family, AddressFamily::Inet | AddressFamily::Inet6)
         && h.table == RouteHeader::RT_TABLE_MAIN
         && h.protocol == RouteProtocol::Boot
         && h.kind == RouteType::Unicast;
     if !ours {
         return None;
     }
-    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let mut dst = match h.address_family {
+        AddressFamily::Inet => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        _ => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
     let mut gateway = None;
     let mut oif = None;
     let mut nhid = None;
     for attr in &msg.attributes {
         match attr {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = *ip,
-            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some(*ip),
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = (*ip).into(),
+            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = (*ip).into(),
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gateway = Some((*ip).into()),
+            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gateway = Some((*ip).into()),
             RouteAttribute::Oif(index) => oif = Some(*index),
             RouteAttribute::NhId(id) => nhid = Some(*id),
             _ => {}
@@ -240,7 +271,7 @@ pub(super) fn parse_boot_route(msg: &RouteMessage) -> Option<Route> {
     // nexthop's is filled in from the nexthop list.
     let oif = oif.or(nhid.map(|_| 0))?;
     Some(Route {
-        dst: Ipv4Net::new(dst, h.destination_prefix_length).ok()?,
+        dst: IpNet::new(dst, h.destination_prefix_length).ok()?,
         gateway,
         oif,
         onlink: h.flags.contains(RouteFlags::Onlink),
@@ -248,23 +279,35 @@ pub(super) fn parse_boot_route(msg: &RouteMessage) -> Option<Route> {
     })
 }
 
-pub(super) fn neighbour_fields(msg: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<MacAddr>) {
+pub(super) fn neighbour_fields(msg: &NeighbourMessage) -> (Option<IpAddr>, Option<MacAddr>) {
     let mut ip = None;
     let mut mac = None;
     for attr in &msg.attributes {
         match attr {
-            NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(*a),
-            // In AF_BRIDGE (fdb) messages the parser can't know the address family of NDA_DST.
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some((*a).into()),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => ip = Some((*a).into()),
+            // In AF_BRIDGE (fdb) messages the parser can't know the address family of NDA_DST:
+            // its length says it.
             NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
-                ip = <[u8; 4]>::try_from(bytes.as_slice())
-                    .ok()
-                    .map(Ipv4Addr::from)
+                ip = untyped_address(bytes)
             }
             NeighbourAttribute::LinkLayerAddress(bytes) => mac = MacAddr::from_slice(bytes),
             _ => {}
         }
     }
     (ip, mac)
+}
+
+fn untyped_address(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes)
+            .ok()
+            .map(|b| Ipv4Addr::from(b).into()),
+        16 => <[u8; 16]>::try_from(bytes)
+            .ok()
+            .map(|b| Ipv6Addr::from(b).into()),
+        _ => None,
+    }
 }
 
 /// fdb entries report NUD_PERMANENT together with NUD_NOARP, so test the bit.
@@ -294,7 +337,7 @@ mod tests {
     fn vxlan_message_omits_port_zero_and_sets_nolearning() {
         let p = VxlanParams {
             vni: 1,
-            local: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            local: Some(Ipv4Addr::new(10, 200, 0, 1).into()),
             dev: Some(7),
             port: 0,
             learning: false,
@@ -346,7 +389,7 @@ mod tests {
     fn route_message_carries_onlink_gateway_and_proto_boot() {
         let route = Route {
             dst: "10.5.2.0/24".parse().unwrap(),
-            gateway: Some(Ipv4Addr::new(10, 5, 2, 0)),
+            gateway: Some(Ipv4Addr::new(10, 5, 2, 0).into()),
             oif: 4,
             onlink: true,
             nhid: None,
@@ -371,7 +414,7 @@ mod tests {
         ];
         let route = Route {
             dst: "10.5.2.0/24".parse().unwrap(),
-            gateway: Some(Ipv4Addr::new(10, 5, 2, 0)),
+            gateway: Some(Ipv4Addr::new(10, 5, 2, 0).into()),
             oif: 5,
             onlink: true,
             nhid: Some(1946157058),
@@ -449,7 +492,7 @@ mod tests {
         ];
         let entry = FdbEntry {
             mac: MacAddr([0xaa, 0xbb, 0xcc, 0, 0, 3]),
-            dst: Ipv4Addr::new(10, 200, 0, 3),
+            dst: Ipv4Addr::new(10, 200, 0, 3).into(),
         };
         assert_eq!(parse_fdb(&msg), Some(entry));
         msg.header.state = NeighbourState::Reachable;

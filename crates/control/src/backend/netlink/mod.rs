@@ -1,18 +1,18 @@
 //! A thin layer over rtnetlink for the kernel backends: links, addresses, routes, neighbours and
-//! VXLAN fdb entries, IPv4 only, as flanneld programs them.
+//! VXLAN fdb entries, of both address families, as flanneld programs them.
 //!
 //! Every call returns `io::Result` with the kernel's errno intact, so callers can tell "already
 //! there" or "module missing" apart from real failures. Adds use replace semantics and deletes of
 //! something already gone succeed, which keeps every operation idempotent.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use futures::{Stream, TryStreamExt};
-use ipnet::Ipv4Net;
-use netlink_packet_route::address::AddressMessage;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::AddressFamily;
@@ -135,18 +135,34 @@ impl Netlink {
         Ok(msgs.iter().filter_map(address_of).collect())
     }
 
-    pub async fn add_address(&self, index: u32, addr: Ipv4Net) -> io::Result<()> {
+    pub async fn ipv6_addresses(&self, index: u32) -> io::Result<Vec<Ipv6Net>> {
+        let msgs = self.address_messages(index).await?;
+        Ok(msgs.iter().filter_map(ipv6_address_of).collect())
+    }
+
+    /// Adds `addr`; an IPv6 one without duplicate address detection (`nodad`), as a tunnel
+    /// device's own /128 is unique by construction and must be usable at once.
+    pub async fn add_address(&self, index: u32, addr: IpNet) -> io::Result<()> {
         self.wrote();
-        let req = self
+        let mut req = self
             .handle
             .address()
-            .add(index, IpAddr::V4(addr.addr()), addr.prefix_len());
+            .add(index, addr.addr(), addr.prefix_len());
+        if addr.addr().is_ipv6() {
+            req.message_mut().attributes.push(AddressAttribute::Flags(
+                AddressFlags::Nodad | AddressFlags::Permanent,
+            ));
+        }
         req.replace().execute().await.map_err(io_error)
     }
 
-    pub async fn delete_address(&self, index: u32, addr: Ipv4Net) -> io::Result<()> {
+    pub async fn delete_address(&self, index: u32, addr: IpNet) -> io::Result<()> {
         let msgs = self.address_messages(index).await?;
-        for msg in msgs.into_iter().filter(|m| address_of(m) == Some(addr)) {
+        let of = |m: &AddressMessage| match addr {
+            IpNet::V4(_) => address_of(m).map(IpNet::V4),
+            IpNet::V6(_) => ipv6_address_of(m).map(IpNet::V6),
+        };
+        for msg in msgs.into_iter().filter(|m| of(m) == Some(addr)) {
             self.wrote();
             let deleted = self.handle.address().del(msg).execute().await;
             tolerate(deleted.map_err(io_error), &[libc::EADDRNOTAVAIL])?;
@@ -159,21 +175,30 @@ impl Netlink {
         collect(req.execute()).await
     }
 
-    /// IPv4 unicast routes of the main table installed as proto boot: the netlink default that
-    /// flanneld and twill write. Kernel, DHCP and routing-daemon routes never show up here, so a
-    /// backend cleaning up cannot touch them.
+    /// Unicast routes of the main table, IPv4 and IPv6, installed as proto boot: the netlink
+    /// default that flanneld and twill write. Kernel, DHCP and routing-daemon routes never show
+    /// up here, so a backend cleaning up cannot touch them.
     pub async fn boot_routes(&self) -> io::Result<Vec<Route>> {
-        let filter = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        parse_each(self.handle.route().get(filter).execute(), parse_boot_route).await
+        let v4 = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes =
+            parse_each(self.handle.route().get(v4).execute(), parse_boot_route).await?;
+        let v6 = RouteMessageBuilder::<Ipv6Addr>::new().build();
+        let v6 = parse_each(self.handle.route().get(v6).execute(), parse_boot_route).await?;
+        routes.extend(v6);
+        Ok(routes)
     }
 
-    /// Permanent IPv4 neighbour entries on `index`.
+    /// Permanent neighbour entries on `index`, ARP and NDP.
     pub async fn permanent_neighbours(&self, index: u32) -> io::Result<Vec<Neighbour>> {
-        self.neighbours_on(AddressFamily::Inet, index, parse_neighbour)
-            .await
+        let mut found = self
+            .neighbours_on(AddressFamily::Inet, index, parse_neighbour)
+            .await?;
+        let v6 = self.neighbours_on(AddressFamily::Inet6, index, parse_neighbour);
+        found.extend(v6.await?);
+        Ok(found)
     }
 
-    /// Permanent fdb entries with an IPv4 destination on `index` (`bridge fdb show dev`).
+    /// Permanent fdb entries with a destination address on `index` (`bridge fdb show dev`).
     pub async fn fdb(&self, index: u32) -> io::Result<Vec<FdbEntry>> {
         self.neighbours_on(AddressFamily::Bridge, index, parse_fdb)
             .await

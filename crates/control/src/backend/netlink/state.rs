@@ -1,11 +1,11 @@
 //! What the kernel backends read and write, as plain values: links, routes, neighbours and
-//! fdb entries, IPv4 only.
+//! fdb entries, of either address family (nexthop objects: IPv4 only).
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::str::FromStr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use netlink_packet_route::link::InfoKind;
 
 /// The port the kernel uses when a VXLAN device is created without one (flannel's "Port 0").
@@ -59,7 +59,9 @@ impl FromStr for MacAddr {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VxlanParams {
     pub vni: u32,
-    pub local: Option<Ipv4Addr>,
+    /// The underlay address tunnelled packets leave from: IPv4 for `flannel.<VNI>`, IPv6 for
+    /// `flannel-v6.<VNI>`.
+    pub local: Option<IpAddr>,
     /// Index of the underlay device (`dev <iface>`).
     pub dev: Option<u32>,
     /// 0 = not set, the kernel then uses [`KERNEL_VXLAN_PORT`].
@@ -97,11 +99,11 @@ pub struct Link {
     pub up: bool,
 }
 
-/// A unicast IPv4 route in the main table.
+/// A unicast route in the main table, IPv4 or IPv6 (the gateway of the destination's family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Route {
-    pub dst: Ipv4Net,
-    pub gateway: Option<Ipv4Addr>,
+    pub dst: IpNet,
+    pub gateway: Option<IpAddr>,
     pub oif: u32,
     pub onlink: bool,
     /// The nexthop object the route goes through (`nhid`); then `gateway`, `oif` and `onlink`
@@ -128,10 +130,10 @@ pub struct ListedNexthop {
     pub gateway: Option<Nexthop>,
 }
 
-/// An IPv4 neighbour (ARP) entry.
+/// A neighbour entry: ARP for IPv4, NDP for IPv6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Neighbour {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub mac: MacAddr,
 }
 
@@ -139,7 +141,7 @@ pub struct Neighbour {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FdbEntry {
     pub mac: MacAddr,
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! trips instead of one per entry. The acks come back in order, one per message, which is how
 //! each change gets its own result.
 
-use super::message::nexthop_message;
+use super::message::{family_of, nexthop_message};
 use super::nexthop::{NexthopMessage, RtnlMessage};
 use super::{route_message, FdbEntry, Neighbour, Netlink, Nexthop, Route};
 use futures::StreamExt;
@@ -22,7 +22,7 @@ use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{protocols::NETLINK_ROUTE, AsyncSocket, SocketAddr};
 use std::fmt;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// Messages per datagram: about 80 bytes each, and the acks of one batch (about 1 KB of
@@ -38,7 +38,7 @@ pub enum Write {
     DeleteRoute(Route),
     /// A permanent neighbour on the device of this index.
     ReplaceNeighbour(u32, Neighbour),
-    DeleteNeighbour(u32, Ipv4Addr),
+    DeleteNeighbour(u32, IpAddr),
     /// `bridge fdb replace <mac> dev <index> dst <dst> self permanent`.
     ReplaceFdb(u32, FdbEntry),
     DeleteFdb(u32, FdbEntry),
@@ -86,11 +86,11 @@ impl Write {
                 (RouteNetlinkMessage::DelRoute(msg).into(), 0)
             }
             Write::ReplaceNeighbour(dev, n) => {
-                let msg = neighbour(AddressFamily::Inet, dev, n.ip, Some(n.mac.0));
+                let msg = neighbour(family_of(n.ip), dev, n.ip, Some(n.mac.0));
                 (RouteNetlinkMessage::NewNeighbour(msg).into(), REPLACE)
             }
             Write::DeleteNeighbour(dev, ip) => {
-                let msg = neighbour(AddressFamily::Inet, dev, ip, None);
+                let msg = neighbour(family_of(ip), dev, ip, None);
                 (RouteNetlinkMessage::DelNeighbour(msg).into(), 0)
             }
             Write::ReplaceFdb(dev, e) => {
@@ -127,12 +127,12 @@ impl Write {
     }
 }
 
-/// A permanent neighbour (`Inet`) or fdb entry (`Bridge`, flagged `self`) on `dev`; `mac`
-/// only when adding or when it identifies the entry (fdb).
+/// A permanent neighbour (`Inet`, `Inet6`) or fdb entry (`Bridge`, flagged `self`) on `dev`;
+/// `mac` only when adding or when it identifies the entry (fdb).
 fn neighbour(
     family: AddressFamily,
     dev: u32,
-    ip: Ipv4Addr,
+    ip: IpAddr,
     mac: Option<[u8; 6]>,
 ) -> NeighbourMessage {
     let mut msg = NeighbourMessage::default();
@@ -147,8 +147,11 @@ fn neighbour(
         msg.attributes
             .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
     }
-    msg.attributes
-        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+    let dst = match ip {
+        IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+        IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+    };
+    msg.attributes.push(NeighbourAttribute::Destination(dst));
     msg
 }
 

@@ -74,7 +74,7 @@ impl KernelDevice {
     /// whole network through the device.
     pub async fn attach(&self, subnet: Ipv4Net, network: Ipv4Net) -> anyhow::Result<()> {
         let addr = Ipv4Net::new(subnet.network(), 32)?;
-        self.nl.add_address(self.index, addr).await?;
+        self.nl.add_address(self.index, addr.into()).await?;
         self.nl.set_up(self.index).await?;
         crate::host::route_network_via(&self.nl, network, self.index, &self.name).await
     }
