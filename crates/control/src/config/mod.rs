@@ -60,6 +60,9 @@ impl ConfigError {
     }
 }
 
+/// The backends that carry a dual-stack network's IPv6 side.
+const DUAL_STACK_BACKENDS: [&str; 2] = ["vxlan", "host-gw"];
+
 /// Backend fields whose values are secrets: a change to one is named, its value never shown.
 const SECRET_FIELDS: [&str; 1] = ["PSK"];
 
@@ -134,19 +137,22 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 
 impl Config {
     /// Parses and validates the JSON stored at `<prefix>/config`, and refuses a network this
-    /// twill cannot run: one with IPv6 ([`Config::from_json`] reads those).
+    /// twill cannot run: a dual-stack one on a backend that carries no IPv6 yet
+    /// ([`Config::from_json`] reads those).
     pub fn parse(json: &str) -> Result<Config, ConfigError> {
         let config = Config::from_json(json)?;
-        if let Some(v6) = &config.ipv6 {
-            return invalid(format!(
-                "EnableIPv6 is true: IPv6Network {} (IPv6SubnetLen /{}) is valid, but twill cannot \
-                 run a dual-stack network yet: no backend carries IPv6 (IPv6 routes, vxlan's \
-                 flannel-v6 device, IPv6 in the udp, twill-batch and wireguard engines); set \
-                 EnableIPv6 to false or run flanneld",
-                v6.network, v6.subnet_len
-            ));
+        let backend = config.backend.backend_type.as_str();
+        match &config.ipv6 {
+            Some(v6) if !DUAL_STACK_BACKENDS.contains(&backend) => invalid(format!(
+                "EnableIPv6 is true: IPv6Network {} (IPv6SubnetLen /{}) is valid, but twill's \
+                 {backend} backend carries no IPv6 yet (dual-stack runs on {}); set EnableIPv6 \
+                 to false, choose one of those, or run flanneld",
+                v6.network,
+                v6.subnet_len,
+                DUAL_STACK_BACKENDS.join(" and ")
+            )),
+            _ => Ok(config),
         }
-        Ok(config)
     }
 
     /// Parses and validates a config as flanneld does (`ParseConfig` + `CheckNetworkConfig`),
