@@ -7,10 +7,8 @@ pub mod kube;
 pub mod wireguard;
 
 use anyhow::{bail, Context, Result};
-use rand::{rngs::StdRng, RngCore, SeedableRng};
-use sha2::{Digest, Sha256};
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use twill_lab::{Container, Host, Lab, LabSpec, Netns, Proc};
@@ -101,78 +99,31 @@ pub fn eventually_within(
     }
 }
 
-/// `ping -c COUNT` from one container to an address; returns ping's output.
-pub fn ping(from: &Container, to: Ipv4Addr, count: u32) -> Result<String> {
+/// `ping -c COUNT` from one container to an address of either family; returns ping's output.
+pub fn ping(from: &Container, to: impl Into<IpAddr>, count: u32) -> Result<String> {
     let c = count.to_string();
+    let to = to.into().to_string();
     from.ns
-        .exec("ping", &["-c", &c, "-i", "0.2", "-W", "2", &to.to_string()])
+        .exec("ping", &["-c", &c, "-i", "0.2", "-W", "2", &to])
 }
 
 /// Send `bytes` of seeded random data over TCP from `from` to `to`, and return the sha256 of
 /// what was sent and of what arrived.
 pub fn tcp_transfer(from: &Container, to: &Container, bytes: usize) -> Result<(String, String)> {
-    let port = 5001;
-    let listen = SocketAddr::from((to.ip, port));
-    std::thread::scope(|s| {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let receiver = s.spawn(|| to.ns.enter(|| receive(listen, ready_tx)));
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .context("receiver never listened")??;
-        let sent = from.ns.enter(|| send(listen, bytes))?;
-        let received = receiver.join().expect("receiver thread")?;
-        Ok((sent, received))
-    })
+    twill_lab::tcp_transfer(&from.ns, &to.ns, to.ip.into(), bytes)
 }
 
 /// [`tcp_transfer`], failing unless the sha256 of what arrived equals that of what was sent.
 pub fn tcp_transfer_intact(from: &Container, to: &Container, bytes: usize) -> Result<()> {
-    let (sent, received) = tcp_transfer(from, to, bytes)?;
-    anyhow::ensure!(
-        sent == received,
-        "sha256 sent {sent} != received {received}"
-    );
-    Ok(())
+    twill_lab::tcp_transfer_intact(&from.ns, &to.ns, to.ip.into(), bytes)
 }
 
-fn receive(addr: SocketAddr, ready: std::sync::mpsc::Sender<Result<()>>) -> Result<String> {
-    let listener = match TcpListener::bind(addr) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = ready.send(Err(e.into()));
-            bail!("bind {addr}");
-        }
-    };
-    let _ = ready.send(Ok(()));
-    let (mut stream, _) = listener.accept()?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            return Ok(hex::encode(hasher.finalize()));
-        }
-        hasher.update(&buf[..n]);
-    }
-}
-
-fn send(addr: SocketAddr, bytes: usize) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
-    stream.set_write_timeout(Some(Duration::from_secs(30)))?;
-    let mut rng = StdRng::seed_from_u64(bytes as u64);
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(buf.len());
-        rng.fill_bytes(&mut buf[..n]);
-        stream.write_all(&buf[..n])?;
-        hasher.update(&buf[..n]);
-        left -= n;
-    }
-    stream.shutdown(std::net::Shutdown::Write)?;
-    Ok(hex::encode(hasher.finalize()))
+/// [`tcp_transfer_intact`] over IPv6, to the IPv6 address of `to`, a dual-stack container.
+pub fn tcp_transfer6_intact(from: &Container, to: &Container, bytes: usize) -> Result<()> {
+    let ip = to
+        .ipv6
+        .with_context(|| format!("container {} has no IPv6 address", to.ns.name()))?;
+    twill_lab::tcp_transfer_intact(&from.ns, &to.ns, ip.into(), bytes)
 }
 
 /// A plain HTTP/1.1 GET from inside a namespace; returns the whole response.

@@ -11,10 +11,11 @@ mod ports;
 mod proc;
 mod snmp;
 mod stale;
+mod tcp;
 pub mod wireguard_go;
 
 pub use etcd::Etcd;
-pub use ipnet::Ipv4Net;
+pub use ipnet::{Ipv4Net, Ipv6Net};
 // `self::`: the module, not the kube crate.
 pub use self::kube::{kube_part, KubeApiServer};
 pub use lab::{Container, Host, Lab, LabSpec};
@@ -23,7 +24,8 @@ pub use ports::{free_tcp_port, free_tcp_ports};
 pub use proc::Proc;
 pub use snmp::snmp_udp;
 pub use stale::cleanup_stale;
-pub use std::net::Ipv4Addr;
+pub use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+pub use tcp::{tcp_transfer, tcp_transfer_intact};
 pub use wireguard_go::WireguardGo;
 
 /// Namespaces, veths and setns all need CAP_SYS_ADMIN/CAP_NET_ADMIN; say so instead of letting

@@ -1,10 +1,12 @@
 use std::time::Duration;
-use twill_lab::{Ipv4Net, Lab, LabSpec, Netns};
+use twill_lab::{tcp_transfer_intact, IpAddr, Ipv4Net, Lab, LabSpec, Netns};
 
-fn ping(from: &Netns, to: impl ToString) -> anyhow::Result<String> {
+fn ping(from: &Netns, to: impl Into<IpAddr>) -> anyhow::Result<String> {
+    let to = to.into();
+    let family = if to.is_ipv6() { "-6" } else { "-4" };
     from.exec(
         "ping",
-        &["-c", "2", "-W", "1", "-i", "0.2", &to.to_string()],
+        &[family, "-c", "2", "-W", "1", "-i", "0.2", &to.to_string()],
     )
 }
 
@@ -32,9 +34,11 @@ fn two_hosts_reach_each_other_and_their_containers() {
         let c = lab.hosts[i].add_container(subnet.parse().unwrap()).unwrap();
         assert_eq!(c.gateway.to_string(), subnet.replace(".0/24", ".1"));
         assert_eq!(c.ip.to_string(), subnet.replace(".0/24", ".2"));
+        assert_eq!((c.ipv6, c.gateway6, c.subnet6), (None, None, None));
     }
     ping(&lab.host(0).ns, lab.host(1).underlay_ip).unwrap();
     ping(&lab.host(1).ns, lab.host(0).underlay_ip).unwrap();
+    assert!(lab.hosts.iter().all(|h| h.underlay_ipv6.is_none()));
     for host in &lab.hosts {
         let c = &host.containers()[0];
         ping(&c.ns, c.gateway).unwrap();
@@ -170,4 +174,99 @@ fn stale_namespaces_of_dead_pids_are_removed() {
     assert!(add.success());
     twill_lab::cleanup_stale().unwrap();
     assert!(!netns_list().contains(&name));
+}
+
+fn sysctl(ns: &Netns, name: &str) -> String {
+    ns.exec("sysctl", &["-n", name]).unwrap().trim().to_string()
+}
+
+#[test]
+fn hosts_on_an_ipv6_underlay_reach_each_other_over_ipv6() {
+    for hosts in [2, 3] {
+        let lab = lab(&format!("v6u{hosts}"), hosts)
+            .with_ipv6_underlay()
+            .unwrap();
+        for (i, a) in lab.hosts.iter().enumerate() {
+            let ip = a.underlay_ipv6.unwrap();
+            assert_eq!(ip.to_string(), format!("fd00:200::{}", i + 1));
+            let addr = a.ns.ip(&["-6", "addr", "show", "eth0"]).unwrap();
+            assert!(addr.contains(&format!("{ip}/64")), "{addr}");
+            assert_eq!(sysctl(&a.ns, "net.ipv6.conf.all.forwarding"), "1");
+            for b in lab.hosts.iter().filter(|b| b.underlay_ip != a.underlay_ip) {
+                ping(&a.ns, b.underlay_ipv6.unwrap()).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_dual_stack_container_reaches_its_host_over_both_families() {
+    let mut lab = lab("v6c", 2).with_ipv6_underlay().unwrap();
+    let host = lab.host_mut(0);
+    let c = host
+        .add_dual_stack_container(
+            "10.5.1.0/24".parse().unwrap(),
+            "fd00:5:1::/64".parse().unwrap(),
+        )
+        .unwrap();
+    assert_eq!(c.ipv6.unwrap().to_string(), "fd00:5:1::2");
+    assert_eq!(c.gateway6.unwrap().to_string(), "fd00:5:1::1");
+    assert_eq!(c.subnet6.unwrap().to_string(), "fd00:5:1::/64");
+    assert_eq!(c.ip.to_string(), "10.5.1.2");
+    let route = c.ns.ip(&["-6", "route", "show", "default"]).unwrap();
+    assert!(route.contains("via fd00:5:1::1 dev eth0"), "{route}");
+    ping(&c.ns, c.gateway6.unwrap()).unwrap();
+    ping(&c.ns, c.gateway).unwrap();
+    let host = lab.host(0);
+    let c = &host.containers()[0];
+    ping(&host.ns, c.ipv6.unwrap()).unwrap();
+    ping(&host.ns, c.ip).unwrap();
+    // Out of its /64 through the host: the host's underlay address sits on another iface.
+    ping(&c.ns, host.underlay_ipv6.unwrap()).unwrap();
+    let host_side = format!("net.ipv6.conf.{}.forwarding", c.host_iface);
+    assert_eq!(sysctl(&host.ns, &host_side), "1");
+}
+
+#[test]
+fn a_dual_stack_container_subnet6_too_small_is_refused() {
+    let mut lab = lab("v6small", 2);
+    let err = lab
+        .host_mut(0)
+        .add_dual_stack_container(
+            "10.5.1.0/24".parse().unwrap(),
+            "fd00:5:1::/127".parse().unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "container subnet6 fd00:5:1::/127 is too small");
+    assert!(lab.host(0).containers().is_empty());
+}
+
+/// Host routes written by the test stand in for what a dataplane would program: each host
+/// reaches the other's container /64 via the other's underlay IPv6 address.
+#[test]
+fn dual_stack_containers_on_two_hosts_exchange_tcp_over_ipv6() {
+    let mut lab = lab("v6tcp", 2).with_ipv6_underlay().unwrap();
+    for (i, (subnet, subnet6)) in [
+        ("10.5.1.0/24", "fd00:5:1::/64"),
+        ("10.5.2.0/24", "fd00:5:2::/64"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        lab.host_mut(i)
+            .add_dual_stack_container(subnet.parse().unwrap(), subnet6.parse().unwrap())
+            .unwrap();
+    }
+    for (a, b) in [(0, 1), (1, 0)] {
+        let (a, b) = (lab.host(a), lab.host(b));
+        let subnet6 = b.containers()[0].subnet6.unwrap().to_string();
+        let via = b.underlay_ipv6.unwrap().to_string();
+        a.ns.ip(&["-6", "route", "add", &subnet6, "via", &via])
+            .unwrap();
+    }
+    let (c0, c1) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
+    ping(&c0.ns, c1.ipv6.unwrap()).unwrap();
+    tcp_transfer_intact(&c0.ns, &c1.ns, c1.ipv6.unwrap().into(), 4 << 20).unwrap();
+    tcp_transfer_intact(&c1.ns, &c0.ns, c0.ipv6.unwrap().into(), 4 << 20).unwrap();
 }
