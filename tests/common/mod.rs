@@ -334,6 +334,9 @@ fn blast(addr: SocketAddr, payload: &[u8], max_packets: u64, max_time: Duration)
 }
 
 /// Bind a receiving socket with a read timeout and tell the sender whether it is ready.
+/// The test receivers' socket buffer: 8192 small datagrams at about 1 KB of kernel memory each.
+const RECEIVER_BUFFER: usize = 16 << 20;
+
 pub fn bind_receiver(
     addr: SocketAddr,
     timeout: Duration,
@@ -341,6 +344,11 @@ pub fn bind_receiver(
 ) -> Result<UdpSocket> {
     let bound = UdpSocket::bind(addr).and_then(|s| {
         s.set_read_timeout(Some(timeout))?;
+        // Room for a whole test's datagrams: a receiver starved of CPU on a loaded machine
+        // must not turn into loss the test would blame on twill.
+        // SO_RCVBUFFORCE (the tests run as root): rmem_max would cap a plain SO_RCVBUF.
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBufForce, &RECEIVER_BUFFER)
+            .map_err(std::io::Error::from)?;
         Ok(s)
     });
     match bound {
