@@ -1,12 +1,13 @@
-//! Facts about this host that the daemon needs before any backend runs: the underlay interface,
-//! our privileges, whether another process holds the TUN we would open, and the one route the
-//! userspace backends add.
+//! Facts about this host that the daemon needs before any backend runs: the underlay interface
+//! and its IPv6 address, our privileges, whether another process holds the TUN we would open,
+//! and the one route the userspace backends add.
 
 use crate::backend::netlink::{LinkKind, Netlink, Route, Write};
+use crate::lease_check::unusable_ipv6;
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 use nix::ifaddrs::getifaddrs;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// The underlay interface: its name, first IPv4 address and MTU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +84,50 @@ fn ipv4_addresses() -> anyhow::Result<Vec<(String, Ipv4Addr)>> {
             Some((a.interface_name, ip))
         })
         .collect())
+}
+
+/// The IPv6 address of interface `name` that other hosts reach it at, as flanneld's interface
+/// lookup picks one for a dual-stack network: permanent (configured) before autoconfigured,
+/// stable before temporary. Unlike flanneld it never picks a link-local address (a PublicIPv6
+/// names no link, so peers refuse it) and prefers one whose duplicate check is over; deprecated
+/// addresses and those that failed the duplicate check are skipped, as are loopback and
+/// IPv4-mapped ones. `None` when there is none (or the kernel has IPv6 off).
+pub fn ipv6_address(name: &str) -> anyhow::Result<Option<Ipv6Addr>> {
+    // This thread's network namespace: /proc/net is the main thread's, and a thread that
+    // entered a namespace (setns is per thread) would read another host's addresses.
+    const TABLE: &str = "/proc/thread-self/net/if_inet6";
+    match std::fs::read_to_string(TABLE) {
+        Ok(table) => Ok(ipv6_address_in(&table, name)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {TABLE}")),
+    }
+}
+
+/// [`ipv6_address`] from a `/proc/net/if_inet6` table: per line the address in 32 hex digits,
+/// the interface index, prefix length, scope and flags in hex, and the interface name.
+fn ipv6_address_in(table: &str, name: &str) -> Option<Ipv6Addr> {
+    const SKIPPED: u32 = libc::IFA_F_DEPRECATED | libc::IFA_F_DADFAILED;
+    let mut usable: Vec<(Ipv6Addr, u32)> = table
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (addr, flags, iface) = (f.first()?, f.get(4)?, f.get(5)?);
+            let addr = Ipv6Addr::from(u128::from_str_radix(addr, 16).ok()?);
+            let flags = u32::from_str_radix(flags, 16).ok()?;
+            (*iface == name).then_some((addr, flags))
+        })
+        .filter(|&(addr, flags)| flags & SKIPPED == 0 && unusable_ipv6(addr).is_none())
+        .collect();
+    // Stable: among equals, the kernel's order stands.
+    usable.sort_by_key(|&(_, flags)| {
+        let has = |flag: u32| flags & flag != 0;
+        (
+            has(libc::IFA_F_TENTATIVE),
+            !has(libc::IFA_F_PERMANENT),
+            has(libc::IFA_F_TEMPORARY),
+        )
+    });
+    usable.first().map(|&(addr, _)| addr)
 }
 
 fn mtu(name: &str) -> anyhow::Result<u32> {
@@ -171,5 +216,50 @@ mod tests {
         let none = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n\
             eth0\t0000C80A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n";
         assert_eq!(default_route_in(none), None);
+    }
+
+    /// Lines as the kernel writes them: address, index, prefix length, scope, flags, name.
+    const IF_INET6: &str = "\
+fe80000000000000a8bbccfffedd0001 02 40 20 80     eth0
+00000000000000000000000000000001 01 80 10 80       lo
+fd000000000000000000000000000009 03 40 00 80     eth1
+fd00020000000000a8bbccfffedd0001 02 40 00 00     eth0
+20010db8000000000000000000000002 02 40 00 01     eth0
+20010db8000000000000000000000003 02 40 00 a0     eth0
+20010db8000000000000000000000004 02 40 00 c0     eth0
+20010db8000000000000000000000005 02 40 00 88     eth0
+fd000200000000000000000000000002 02 40 00 80     eth0
+";
+
+    #[test]
+    fn the_ipv6_address_is_a_reachable_one_configured_before_autoconfigured() {
+        let got = |table: &str, name| ipv6_address_in(table, name).map(|a| a.to_string());
+        assert_eq!(
+            got(IF_INET6, "eth0").as_deref(),
+            Some("fd00:200::2"),
+            "permanent, not deprecated (a0), tentative (c0) or DAD-failed (88)"
+        );
+        assert_eq!(got(IF_INET6, "eth1").as_deref(), Some("fd00::9"));
+        assert_eq!(got(IF_INET6, "lo"), None, "loopback");
+        assert_eq!(got(IF_INET6, "eth9"), None);
+        let dynamic: String = IF_INET6
+            .lines()
+            .skip(3)
+            .take(2)
+            .map(|l| l.to_owned() + "\n")
+            .collect();
+        assert_eq!(
+            got(&dynamic, "eth0").as_deref(),
+            Some("fd00:200::a8bb:ccff:fedd:1"),
+            "autoconfigured before temporary"
+        );
+        let tentative: String = IF_INET6.lines().filter(|l| l.contains(" c0 ")).collect();
+        assert_eq!(
+            got(&tentative, "eth0").as_deref(),
+            Some("2001:db8::4"),
+            "tentative when there is nothing else"
+        );
+        let link_local: String = IF_INET6.lines().take(1).collect();
+        assert_eq!(got(&link_local, "eth0"), None, "link-local");
     }
 }

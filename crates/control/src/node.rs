@@ -53,6 +53,9 @@ pub struct Node {
     pub iface: Interface,
     /// The address peers reach us at (`--public-ip`, else the interface's address).
     pub public_ip: Ipv4Addr,
+    /// On a dual-stack network, the IPv6 address peers reach us at (`--public-ipv6`, else the
+    /// interface's, see [`host::ipv6_address`]); `None` when the config does not enable IPv6.
+    pub public_ipv6: Option<Ipv6Addr>,
     pub status: Arc<NodeStatus>,
 }
 
@@ -65,18 +68,45 @@ impl Node {
             (None, None) => host::default_route_interface()?,
         };
         let public_ip = options.public_ip.unwrap_or(iface.address);
-        if let (Some(ip), None) = (options.public_ipv6, &config.ipv6) {
-            // flanneld ignores it too; said once, so the operator knows it has no effect.
-            tracing::warn!(
-                "--public-ipv6 {ip} is ignored: the network config does not enable IPv6"
-            );
-        }
+        let public_ipv6 = public_ipv6(&options, &config, &iface)?;
         Ok(Node {
             status: Arc::new(NodeStatus::new(options.metrics_per_peer)),
             options,
             config,
             iface,
             public_ip,
+            public_ipv6,
         })
+    }
+}
+
+/// A dual-stack node's PublicIPv6: `--public-ipv6`, else the interface's IPv6 address, as
+/// flanneld's `--iface` gives both families.
+fn public_ipv6(
+    options: &NodeOptions,
+    config: &Config,
+    iface: &Interface,
+) -> anyhow::Result<Option<Ipv6Addr>> {
+    let Some(v6) = &config.ipv6 else {
+        if let Some(ip) = options.public_ipv6 {
+            // flanneld ignores it too; said once, so the operator knows it has no effect.
+            tracing::warn!(
+                "--public-ipv6 {ip} is ignored: the network config does not enable IPv6"
+            );
+        }
+        return Ok(None);
+    };
+    if let Some(ip) = options.public_ipv6 {
+        return Ok(Some(ip));
+    }
+    match host::ipv6_address(&iface.name)? {
+        Some(ip) => Ok(Some(ip)),
+        None => anyhow::bail!(
+            "the network config enables IPv6 (IPv6Network {}), but interface {} has no IPv6 \
+             address other hosts can reach (global or unique-local, not deprecated): add one \
+             or give --public-ipv6",
+            v6.network,
+            iface.name
+        ),
     }
 }

@@ -1,13 +1,15 @@
 //! Lease acquisition in flannel's order (pkg/subnet/etcd/local_manager.go, tryAcquireLease),
-//! except that a lost create race is retried instead of ending the daemon.
+//! dual-stack included, except that a lost create race is retried instead of ending the daemon.
 
 use super::store::{Listing, Store};
-use crate::config::Config;
+use super::subnets::Subnets;
+use super::taken::Taken;
+use crate::config::{Config, Ipv6Config};
 use crate::lease::{Lease, LeaseAttrs};
-use anyhow::bail;
-use ipnet::Ipv4Net;
+use anyhow::{anyhow, bail};
+use ipnet::Ipv6Net;
 use rand::Rng;
-use std::collections::BTreeSet;
+use std::net::Ipv6Addr;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -16,20 +18,28 @@ use tracing::{info, warn};
 const RACE_RETRIES: usize = 10;
 
 /// flannel picks at random among the first this many free subnets, which spreads concurrent
-/// joiners apart without scanning a huge network.
+/// joiners apart without scanning a huge network. IPv4 and IPv6 subnets are picked apart.
 const CANDIDATES: usize = 100;
 
 /// Acquires a lease for `attrs`:
 /// 1. the lease that already carries our public IP, if it fits the config (re-put, new TTL);
-/// 2. else `preferred` (the subnet from subnet.env, or the one we just lost) if it is free;
-/// 3. else a random free subnet among the first 100 between SubnetMin and SubnetMax.
+/// 2. else `preferred` (the subnets from subnet.env) if they fit the config and are free;
+/// 3. else a random free subnet among the first 100 between SubnetMin and SubnetMax, and on a
+///    dual-stack network one among the first 100 between IPv6SubnetMin and IPv6SubnetMax.
 pub(super) async fn acquire(
     store: &Store,
     config: &Config,
     attrs: &LeaseAttrs,
-    preferred: Option<Ipv4Net>,
+    preferred: Option<Subnets>,
     ttl: Duration,
 ) -> anyhow::Result<Lease> {
+    if let (Some(v6), None) = (&config.ipv6, attrs.public_ipv6) {
+        bail!(
+            "the network config enables IPv6 (IPv6Network {}), but this node's lease has no \
+             PublicIPv6: give --public-ipv6 or an IPv6 address on the interface",
+            v6.network
+        );
+    }
     for _ in 0..RACE_RETRIES {
         if let Some(lease) = try_acquire(store, config, attrs, preferred, ttl).await? {
             return Ok(lease);
@@ -43,7 +53,7 @@ async fn try_acquire(
     store: &Store,
     config: &Config,
     attrs: &LeaseAttrs,
-    preferred: Option<Ipv4Net>,
+    preferred: Option<Subnets>,
     ttl: Duration,
 ) -> anyhow::Result<Option<Lease>> {
     let listing = store.list().await?;
@@ -52,112 +62,199 @@ async fn try_acquire(
         .iter()
         .find(|l| l.lease.public_ip == attrs.public_ip)
     {
-        let subnet = found.lease.subnet;
-        if config.is_leasable(subnet) {
-            let lease = Lease::new(subnet, attrs.clone());
-            let reused = store.replace(&lease, found.mod_revision, ttl).await?;
-            log_outcome(reused, "reusing the lease of our public IP", &lease);
-            return Ok(reused.then_some(lease));
+        let held = Subnets::of(&found.lease);
+        match misfit(config, held) {
+            None => {
+                let lease = held.lease(attrs.clone());
+                let reused = store.replace(&lease, found.mod_revision, ttl).await?;
+                log_outcome(reused, "reusing the lease of our public IP", &lease);
+                return Ok(reused.then_some(lease));
+            }
+            Some(why) => {
+                warn!(
+                    "deleting lease {held} of our public IP {}: {why}",
+                    attrs.public_ip
+                );
+                store.delete(held).await?;
+            }
         }
-        warn!(
-            "deleting lease {subnet} of our public IP {}: it does not fit the network config",
-            attrs.public_ip
-        );
-        store.delete(subnet).await?;
     }
-    let subnet = choose_subnet(config, &listing, preferred)?;
-    let lease = Lease::new(subnet, attrs.clone());
+    let lease = choose_subnets(config, &listing, preferred)?.lease(attrs.clone());
     let created = store.create(&lease, ttl).await?;
     log_outcome(created, "acquired", &lease);
     Ok(created.then_some(lease))
 }
 
 fn log_outcome(won: bool, action: &str, lease: &Lease) {
+    let subnets = Subnets::of(lease);
     if won {
-        info!(
-            "{action} {} for public IP {}",
-            lease.subnet, lease.public_ip
-        );
+        info!("{action} {subnets} for public IP {}", lease.public_ip);
     } else {
-        info!(
-            "lost the race for {} to another node; retrying",
-            lease.subnet
-        );
+        info!("lost the race for {subnets} to another node; retrying");
     }
 }
 
-fn choose_subnet(
+/// Why a lease on `subnets` does not fit `config`, `None` if it does (flannel's
+/// `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`): the IPv4 subnet must be leasable,
+/// and the IPv6 subnet present on a dual-stack network, leasable there, and absent otherwise.
+fn misfit(config: &Config, subnets: Subnets) -> Option<String> {
+    if !config.is_leasable(subnets.v4) {
+        return Some(format!(
+            "{} is not a /{} between SubnetMin {} and SubnetMax {}",
+            subnets.v4, config.subnet_len, config.subnet_min, config.subnet_max
+        ));
+    }
+    match (&config.ipv6, subnets.v6) {
+        (None, None) => None,
+        (None, Some(v6)) => Some(format!(
+            "it has the IPv6 subnet {v6}, and the network config does not enable IPv6"
+        )),
+        (Some(c), None) => Some(format!(
+            "it has no IPv6 subnet, and the network config enables IPv6 (IPv6Network {})",
+            c.network
+        )),
+        (Some(c), Some(v6)) if !ipv6_leasable(c, v6) => Some(format!(
+            "{v6} is not a /{} between IPv6SubnetMin {} and IPv6SubnetMax {}",
+            c.subnet_len, c.subnet_min, c.subnet_max
+        )),
+        (Some(_), Some(_)) => None,
+    }
+}
+
+fn ipv6_leasable(config: &Ipv6Config, subnet: Ipv6Net) -> bool {
+    subnet.prefix_len() == config.subnet_len
+        && subnet.network() >= config.subnet_min
+        && subnet.network() <= config.subnet_max
+}
+
+/// Every leasable IPv6 subnet, lowest first.
+fn ipv6_subnets(config: &Ipv6Config) -> impl Iterator<Item = Ipv6Net> + '_ {
+    let step = 1u128 << (128 - u32::from(config.subnet_len));
+    let (min, max) = (u128::from(config.subnet_min), u128::from(config.subnet_max));
+    // Both bounds lie on a subnet boundary, so a step from below `max` lands at most on it.
+    std::iter::successors(Some(min), move |&ip| (ip < max).then(|| ip + step)).map(move |ip| {
+        Ipv6Net::new(Ipv6Addr::from(ip), config.subnet_len).expect("IPv6SubnetLen <= 126")
+    })
+}
+
+fn choose_subnets(
     config: &Config,
     listing: &Listing,
-    preferred: Option<Ipv4Net>,
-) -> anyhow::Result<Ipv4Net> {
-    let taken = Taken::new(listing.leases.iter().map(|l| l.lease.subnet));
+    preferred: Option<Subnets>,
+) -> anyhow::Result<Subnets> {
+    let leases = || listing.leases.iter().map(|l| &l.lease);
+    let taken_v4 = Taken::v4(leases().map(|l| l.subnet));
+    let taken_v6 = Taken::v6(leases().filter_map(|l| l.ipv6_subnet));
     if let Some(p) = preferred {
-        if config.is_leasable(p) && taken.is_free(p) {
-            return Ok(p);
+        let free = taken_v4.is_free_v4(p.v4) && p.v6.is_none_or(|v6| taken_v6.is_free_v6(v6));
+        match misfit(config, p) {
+            None if free => return Ok(p),
+            None => info!("previous subnet {p} is taken; picking another"),
+            Some(why) => info!(
+                "previous subnet {p} does not fit the network config ({why}); picking another"
+            ),
         }
-        info!("previous subnet {p} is taken or outside the network config; picking another");
     }
-    let free = config.subnets().filter(|s| taken.is_free(*s));
-    let free: Vec<Ipv4Net> = free.take(CANDIDATES).collect();
-    if free.is_empty() {
-        bail!(
+    let v4 = pick(config.subnets().filter(|s| taken_v4.is_free_v4(*s))).ok_or_else(|| {
+        anyhow!(
             "no free subnet left between SubnetMin {} and SubnetMax {} of network {}",
             config.subnet_min,
             config.subnet_max,
             config.network
-        );
-    }
-    Ok(free[rand::rng().random_range(0..free.len())])
+        )
+    })?;
+    let Some(c) = &config.ipv6 else {
+        return Ok(Subnets { v4, v6: None });
+    };
+    let v6 = pick(ipv6_subnets(c).filter(|s| taken_v6.is_free_v6(*s))).ok_or_else(|| {
+        anyhow!(
+            "no free IPv6 subnet left between IPv6SubnetMin {} and IPv6SubnetMax {} of \
+             IPv6Network {}",
+            c.subnet_min,
+            c.subnet_max,
+            c.network
+        )
+    })?;
+    Ok(Subnets { v4, v6: Some(v6) })
 }
 
-/// The subnets other leases hold, sorted, so that whether a subnet is free costs O(log K)
-/// lookups instead of a pass over every lease: a node joining a network of 60,000 leases looks
-/// past all of them for a free one.
-struct Taken(BTreeSet<(u32, u8)>);
-
-impl Taken {
-    fn new(subnets: impl Iterator<Item = Ipv4Net>) -> Taken {
-        Taken(
-            subnets
-                .map(|s| (u32::from(s.network()), s.prefix_len()))
-                .collect(),
-        )
-    }
-
-    /// Whether no taken subnet overlaps `subnet`: none lies inside it, and none contains it.
-    fn is_free(&self, subnet: Ipv4Net) -> bool {
-        let (first, last) = (u32::from(subnet.network()), u32::from(subnet.broadcast()));
-        let inside = self.0.range((first, 0)..=(last, 32)).next().is_some();
-        let around = (0..subnet.prefix_len()).any(|len| {
-            let outer = Ipv4Net::new(subnet.network(), len).map(|n| n.trunc());
-            outer.is_ok_and(|n| self.0.contains(&(u32::from(n.network()), len)))
-        });
-        !inside && !around
-    }
+/// One of the first [`CANDIDATES`] of `free`, at random; `None` if there is none.
+fn pick<T: Copy>(free: impl Iterator<Item = T>) -> Option<T> {
+    let free: Vec<T> = free.take(CANDIDATES).collect();
+    (!free.is_empty()).then(|| free[rand::rng().random_range(0..free.len())])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn net(s: &str) -> Ipv4Net {
-        s.parse().unwrap()
+    fn dual(v6: &str) -> Config {
+        let json = format!(r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,{v6}}}"#);
+        Config::from_json(&json).unwrap()
+    }
+
+    fn subnets(v4: &str, v6: Option<&str>) -> Subnets {
+        Subnets {
+            v4: v4.parse().unwrap(),
+            v6: v6.map(|s| s.parse().unwrap()),
+        }
     }
 
     #[test]
-    fn a_subnet_is_free_unless_a_lease_overlaps_it_either_way() {
-        let taken = Taken::new(
-            ["10.5.1.0/24", "10.6.0.0/16", "10.7.3.128/25"]
-                .into_iter()
-                .map(net),
+    fn ipv6_subnets_step_from_min_to_max() {
+        let config = dual(
+            r#""IPv6Network":"fd10::/48","IPv6SubnetMin":"fd10:0:0:fffd::","IPv6SubnetMax":"fd10:0:0:ffff::""#,
         );
-        assert!(!taken.is_free(net("10.5.1.0/24")), "the same subnet");
-        assert!(taken.is_free(net("10.5.2.0/24")));
-        assert!(taken.is_free(net("10.5.0.0/24")));
-        assert!(!taken.is_free(net("10.6.9.0/24")), "inside a taken /16");
-        assert!(!taken.is_free(net("10.7.3.0/24")), "holds a taken /25");
-        assert!(!taken.is_free(net("10.0.0.0/8")), "holds them all");
-        assert!(taken.is_free(net("10.7.4.0/24")));
+        let all: Vec<String> = ipv6_subnets(config.ipv6.as_ref().unwrap())
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(
+            all,
+            [
+                "fd10:0:0:fffd::/64",
+                "fd10:0:0:fffe::/64",
+                "fd10:0:0:ffff::/64"
+            ]
+        );
+        let top = dual(r#""IPv6Network":"ffff::/16","IPv6SubnetMin":"ffff:ffff:ffff:ffff::""#);
+        let last: Vec<Ipv6Net> = ipv6_subnets(top.ipv6.as_ref().unwrap()).collect();
+        assert_eq!(last, ["ffff:ffff:ffff:ffff::/64".parse().unwrap()]);
+    }
+
+    #[test]
+    fn a_lease_fits_a_dual_stack_config_only_with_a_leasable_ipv6_subnet() {
+        let config = dual(r#""IPv6Network":"fd10::/48","IPv6SubnetMin":"fd10:0:0:10::""#);
+        assert_eq!(
+            misfit(&config, subnets("10.5.1.0/24", Some("fd10:0:0:10::/64"))),
+            None
+        );
+        let cases = [
+            (
+                subnets("10.5.1.0/24", None),
+                "it has no IPv6 subnet, and the network config enables IPv6 (IPv6Network fd10::/48)",
+            ),
+            (
+                subnets("10.5.1.0/24", Some("fd10:0:0:f::/64")),
+                "fd10:0:0:f::/64 is not a /64 between IPv6SubnetMin fd10:0:0:10:: and \
+                 IPv6SubnetMax fd10:0:0:ffff::",
+            ),
+            (
+                subnets("10.5.1.0/24", Some("fd10:0:0:10::/56")),
+                "fd10:0:0:10::/56 is not a /64",
+            ),
+            (
+                subnets("10.6.1.0/24", Some("fd10:0:0:10::/64")),
+                "10.6.1.0/24 is not a /24 between SubnetMin 10.5.1.0 and SubnetMax 10.5.255.0",
+            ),
+        ];
+        for (s, want) in cases {
+            let why = misfit(&config, s).unwrap_or_else(|| panic!("{s} fits"));
+            assert!(why.starts_with(want), "{s}: {why}");
+        }
+        let v4 = Config::from_json(r#"{"Network":"10.5.0.0/16"}"#).unwrap();
+        assert_eq!(
+            misfit(&v4, subnets("10.5.1.0/24", Some("fd10::/64"))).unwrap(),
+            "it has the IPv6 subnet fd10::/64, and the network config does not enable IPv6"
+        );
     }
 }

@@ -5,13 +5,13 @@
 //! event about our key is handled after, never during, a renewal or re-acquisition.
 
 use super::store::{describe, key_text, Listing, Store};
-use super::Timing;
+use super::subnets::Subnets;
+use super::{ConfigParser, Timing};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::registry::{Backoff, LeaseEvent};
 use anyhow::{anyhow, Context};
 use etcd_client::{EventType, WatchResponse};
-use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 pub(super) struct Keeper {
     store: Store,
     config: Config,
+    parse_config: ConfigParser,
     attrs: LeaseAttrs,
     timing: Timing,
     own: Lease,
@@ -32,7 +33,8 @@ pub(super) struct Keeper {
     config_change: Option<String>,
     /// When to renew (while held) or retry the acquisition (while not).
     maintain_at: Instant,
-    peers: BTreeMap<Ipv4Net, Lease>,
+    /// The other leases, by the subnets their key names.
+    peers: BTreeMap<Subnets, Lease>,
     /// Entries under the lease prefix that are not leases, by key, with what is wrong.
     unreadable: BTreeMap<String, String>,
     tx: mpsc::Sender<LeaseEvent>,
@@ -43,6 +45,7 @@ impl Keeper {
     pub fn new(
         store: Store,
         config: Config,
+        parse_config: ConfigParser,
         timing: Timing,
         own: Lease,
         tx: mpsc::Sender<LeaseEvent>,
@@ -53,6 +56,7 @@ impl Keeper {
             backoff: timing.backoff(),
             store,
             config,
+            parse_config,
             timing,
             own,
             held: true,
@@ -148,7 +152,7 @@ impl Keeper {
             peers.len(),
             listing.revision
         );
-        self.peers = peers.into_iter().map(|l| (l.subnet, l)).collect();
+        self.peers = peers.into_iter().map(|l| (Subnets::of(&l), l)).collect();
         self.emit(LeaseEvent::Snapshot(self.peers.values().cloned().collect()))
             .await;
         if own.is_empty() && self.held {
@@ -161,8 +165,9 @@ impl Keeper {
         }
     }
 
+    /// Our lease: at our key (both subnets) with our public IP.
     fn is_own(&self, lease: &Lease) -> bool {
-        lease.subnet == self.own.subnet && lease.public_ip == self.attrs.public_ip
+        Subnets::of(lease) == Subnets::of(&self.own) && lease.public_ip == self.attrs.public_ip
     }
 
     async fn on_watch(&mut self, response: WatchResponse) -> anyhow::Result<()> {
@@ -189,7 +194,7 @@ impl Keeper {
                 EventType::Delete => {
                     self.readable(key).await;
                     match self.store.parse_key(kv.key()) {
-                        Ok(subnet) => self.on_delete(subnet).await,
+                        Ok(subnets) => self.on_delete(subnets).await,
                         Err(e) => debug!("ignoring deleted key: {e:#}"),
                     }
                 }
@@ -224,7 +229,7 @@ impl Keeper {
     async fn on_config(&mut self, value: Option<&[u8]>) {
         let change = match value.map(String::from_utf8_lossy) {
             None => Some("the config key was deleted".to_string()),
-            Some(json) => match Config::parse(&json) {
+            Some(json) => match (self.parse_config)(&json) {
                 Ok(config) => self.config.difference(&config),
                 Err(e) => Some(format!("it is no longer valid ({e})")),
             },
@@ -239,11 +244,14 @@ impl Keeper {
         if self.is_own(&lease) {
             return;
         }
+        // Any other lease of our IPv4 subnet, whatever its IPv6 part, claims our containers'
+        // addresses. One that claims only our IPv6 subnet is a peer the lease checks refuse.
         if lease.subnet == self.own.subnet && !self.taken {
             return self.taken_over(lease).await;
         }
-        if self.peers.get(&lease.subnet) != Some(&lease) {
-            self.peers.insert(lease.subnet, lease.clone());
+        let subnets = Subnets::of(&lease);
+        if self.peers.get(&subnets) != Some(&lease) {
+            self.peers.insert(subnets, lease.clone());
             self.emit(LeaseEvent::Added(lease)).await;
         }
     }
@@ -252,24 +260,28 @@ impl Keeper {
     async fn taken_over(&mut self, by: Lease) {
         warn!(
             "our lease {} was taken over by the node at {}",
-            self.own.subnet, by.public_ip
+            Subnets::of(&self.own),
+            by.public_ip
         );
         self.taken = true;
         self.held = false;
         self.emit(LeaseEvent::OwnLeaseTaken(by)).await;
     }
 
-    async fn on_delete(&mut self, subnet: Ipv4Net) {
-        if subnet == self.own.subnet && self.held {
+    async fn on_delete(&mut self, subnets: Subnets) {
+        if subnets == Subnets::of(&self.own) && self.held {
             self.lost("was deleted or expired");
-        } else if let Some(lease) = self.peers.remove(&subnet) {
+        } else if let Some(lease) = self.peers.remove(&subnets) {
             self.emit(LeaseEvent::Removed(lease)).await;
         }
     }
 
     /// Notes that our key is gone; the acquisition runs at once from the select loop.
     fn lost(&mut self, why: &str) {
-        warn!("our lease {} {why}; acquiring it again", self.own.subnet);
+        warn!(
+            "our lease {} {why}; acquiring it again",
+            Subnets::of(&self.own)
+        );
         self.held = false;
         self.maintain_at = Instant::now();
     }
@@ -288,7 +300,7 @@ impl Keeper {
             let retry = self.timing.retry_interval;
             warn!(
                 "keeping lease {} failed ({}); trying again in {retry:?}",
-                self.own.subnet,
+                Subnets::of(&self.own),
                 describe(&e)
             );
             self.maintain_at = Instant::now() + retry;
@@ -303,17 +315,19 @@ impl Keeper {
         }
         info!(
             "renewed lease {} for {:?}",
-            self.own.subnet, self.timing.lease_ttl
+            Subnets::of(&self.own),
+            self.timing.lease_ttl
         );
         self.maintain_at = Instant::now() + self.timing.renew_after();
         Ok(())
     }
 
-    /// Claims our subnet again, and only that one: another subnet would not match the
-    /// containers on this host. If another node got it first, that node keeps it.
+    /// Claims our subnets again, and only those: other subnets would not match the containers
+    /// on this host. If another node got it first, that node keeps it.
     async fn reacquire(&mut self) -> anyhow::Result<()> {
         let ttl = self.timing.lease_ttl;
-        let claimed = match self.store.get(self.own.subnet).await? {
+        let own = Subnets::of(&self.own);
+        let claimed = match self.store.get(own).await? {
             None => self.store.create(&self.own, ttl).await?,
             // Our public IP's lease with other attributes (say, an older run's): ours to update.
             Some(held) if self.is_own(&held.lease) => {
@@ -329,10 +343,10 @@ impl Keeper {
         if !claimed {
             anyhow::bail!("our key changed while re-acquiring it");
         }
-        info!("re-acquired our lease {}", self.own.subnet);
+        info!("re-acquired our lease {own}");
         self.held = true;
         self.maintain_at = Instant::now() + self.timing.renew_after();
-        if let Some(stale) = self.peers.remove(&self.own.subnet) {
+        if let Some(stale) = self.peers.remove(&own) {
             self.emit(LeaseEvent::Removed(stale)).await;
         }
         self.emit(LeaseEvent::OwnLease(self.own.clone())).await;

@@ -3,18 +3,21 @@
 mod acquire;
 mod keeper;
 mod store;
+mod subnets;
+mod taken;
 mod tls_probe;
 
 use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
 use anyhow::{anyhow, bail, Context};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use keeper::Keeper;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use store::{describe, is_unreachable, with_deadline, Store};
+use subnets::Subnets;
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -38,8 +41,18 @@ pub struct EtcdOptions {
     /// The subnet a previous run held (FLANNEL_SUBNET of `--subnet-file`); preferred when free,
     /// so a node keeps its subnet across restarts even if its lease expired meanwhile.
     pub previous_subnet: Option<Ipv4Net>,
+    /// The IPv6 subnet a previous run held (FLANNEL_IPV6_SUBNET). On a dual-stack network the
+    /// previous subnets are preferred only as a pair, as flanneld prefers them.
+    pub previous_ipv6_subnet: Option<Ipv6Net>,
     pub timing: Timing,
+    /// How `<prefix>/config` is parsed, at start and whenever it changes: [`Config::parse`],
+    /// which refuses a network twill cannot run yet (a dual-stack one). The dual-stack lease
+    /// tests parse with [`Config::from_json`], which reads every config flanneld reads.
+    pub parse_config: ConfigParser,
 }
+
+/// Parses and judges the network config's JSON.
+pub type ConfigParser = fn(&str) -> Result<Config, ConfigError>;
 
 /// Every interval the registry uses. The defaults are flanneld's; tests shorten them.
 #[derive(Debug, Clone)]
@@ -117,7 +130,9 @@ impl EtcdOptions {
             username: None,
             password: None,
             previous_subnet: None,
+            previous_ipv6_subnet: None,
             timing: Timing::default(),
+            parse_config: Config::parse,
         }
     }
 }
@@ -165,7 +180,7 @@ impl EtcdRegistry {
         let connect = Client::connect(&opts.endpoints, Some(connect_options(opts)?));
         let client = with_deadline("connect", timeout, connect).await?;
         let store = Store::new(client, &opts.prefix, timeout);
-        let config = read_config(&store).await?;
+        let config = read_config(&store, opts.parse_config).await?;
         Ok(EtcdRegistry {
             store,
             config,
@@ -174,12 +189,12 @@ impl EtcdRegistry {
     }
 }
 
-async fn read_config(store: &Store) -> anyhow::Result<Config> {
+async fn read_config(store: &Store, parse: ConfigParser) -> anyhow::Result<Config> {
     let key = store.config_key();
     let Some(json) = store.config_json().await? else {
         bail!("flannel network config not found: etcd key {key} does not exist (create it with etcdctl put {key} '{{\"Network\":\"10.5.0.0/16\"}}')");
     };
-    Config::parse(&json).map_err(|e| anyhow!("{e} (etcd key {key})"))
+    parse(&json).map_err(|e| anyhow!("{e} (etcd key {key})"))
 }
 
 fn connect_options(opts: &EtcdOptions) -> anyhow::Result<ConnectOptions> {
@@ -228,8 +243,11 @@ impl EtcdRegistry {
     async fn acquire(&self, attrs: &LeaseAttrs) -> anyhow::Result<Lease> {
         let timing = &self.opts.timing;
         let mut backoff = timing.backoff();
+        let previous = self.opts.previous_subnet.map(|v4| Subnets {
+            v4,
+            v6: self.opts.previous_ipv6_subnet,
+        });
         loop {
-            let previous = self.opts.previous_subnet;
             match acquire::acquire(&self.store, &self.config, attrs, previous, timing.lease_ttl)
                 .await
             {
@@ -286,13 +304,14 @@ impl Registry for EtcdRegistry {
     }
 
     /// Acquires our lease in flannel's order (the lease of our public IP, else the previous
-    /// subnet if free, else a random free one; a lost create race is retried), then spawns the
+    /// subnets if free, else random free ones; a lost create race is retried), then spawns the
     /// task that renews it, re-acquires it if its key disappears, and watches the other leases.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
         let timing = self.opts.timing.clone();
         let lease = self.acquire(&attrs).await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let keeper = Keeper::new(self.store, self.config, timing, lease.clone(), tx);
+        let parse = self.opts.parse_config;
+        let keeper = Keeper::new(self.store, self.config, parse, timing, lease.clone(), tx);
         tokio::spawn(keeper.run());
         Ok((lease, rx))
     }

@@ -3,13 +3,13 @@
 //! Every request has a deadline because a request to an unreachable etcd may otherwise wait
 //! for a connection forever, and the callers must get an error they can log and retry.
 
-use crate::lease::{subnet_key, subnets_prefix, Created, Lease};
+use super::subnets::Subnets;
+use crate::lease::{parse_lease_key, subnets_prefix, Created, Lease};
 use anyhow::Context;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, KvClient, PutOptions, Txn, TxnOp,
     WatchClient, WatchOptions, WatchStream,
 };
-use ipnet::Ipv4Net;
 use std::future::Future;
 use std::time::Duration;
 use tracing::warn;
@@ -163,11 +163,11 @@ impl Store {
         })
     }
 
-    /// The lease at `subnet`'s key, if any.
-    pub async fn get(&self, subnet: Ipv4Net) -> anyhow::Result<Option<Listed>> {
+    /// The lease at the key of `subnets`, if any.
+    pub async fn get(&self, subnets: Subnets) -> anyhow::Result<Option<Listed>> {
         let mut c = self.kv.clone();
         let resp = self
-            .call("get lease", c.get(subnet_key(&self.prefix, subnet), None))
+            .call("get lease", c.get(subnets.key(&self.prefix), None))
             .await?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
@@ -188,9 +188,11 @@ impl Store {
         Ok(lease.with_created(Created::at(kv.create_revision())))
     }
 
-    pub fn parse_key(&self, key: &[u8]) -> anyhow::Result<Ipv4Net> {
+    /// The subnets a lease key names, the IPv6 one too for a dual-stack key.
+    pub fn parse_key(&self, key: &[u8]) -> anyhow::Result<Subnets> {
         let key = std::str::from_utf8(key).context("key is not UTF-8")?;
-        Ok(crate::lease::parse_subnet_key(&self.prefix, key)?)
+        let (v4, v6) = parse_lease_key(&self.prefix, key)?;
+        Ok(Subnets { v4, v6 })
     }
 
     /// Creates the lease's key only if it does not exist (flannel's `Version(key) == 0` txn).
@@ -259,13 +261,10 @@ impl Store {
         Ok(outcome?.succeeded())
     }
 
-    pub async fn delete(&self, subnet: Ipv4Net) -> anyhow::Result<()> {
+    pub async fn delete(&self, subnets: Subnets) -> anyhow::Result<()> {
         let mut c = self.client.clone();
-        self.call(
-            "delete lease",
-            c.delete(subnet_key(&self.prefix, subnet), None),
-        )
-        .await?;
+        self.call("delete lease", c.delete(subnets.key(&self.prefix), None))
+            .await?;
         Ok(())
     }
 
