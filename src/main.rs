@@ -293,7 +293,8 @@ fn etcd_options(args: &RunArgs) -> anyhow::Result<Option<EtcdOptions>> {
     options.username = e.etcd_username.clone();
     options.password = e.etcd_password.clone();
     options.timing.renew_margin = Duration::from_secs(60 * e.subnet_lease_renew_margin);
-    options.previous_subnet = subnet_env::previous_subnet(&args.subnet_file)?;
+    (options.previous_subnet, options.previous_ipv6_subnet) =
+        subnet_env::previous_subnets(&args.subnet_file)?;
     Ok(Some(options))
 }
 

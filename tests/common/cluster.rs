@@ -40,12 +40,24 @@ pub struct Cluster {
 }
 
 pub fn cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
+    cluster_on(lab(tag, hosts)?, config)
+}
+
+/// [`cluster`] whose hosts also have an IPv6 underlay (fd00:200::<n>/64 on eth0).
+pub fn dual_stack_cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
+    cluster_on(lab(tag, hosts)?.with_ipv6_underlay()?, config)
+}
+
+fn lab(tag: &str, hosts: usize) -> Result<Lab> {
     twill_lab::require_root()?;
-    let lab = Lab::new(LabSpec {
+    Lab::new(LabSpec {
         hosts,
         tag: tag.into(),
         ..Default::default()
-    })?;
+    })
+}
+
+fn cluster_on(lab: Lab, config: &str) -> Result<Cluster> {
     let etcd = Etcd::listening(Some(&lab.host(0).ns), lab.host(0).underlay_ip)?;
     etcd.etcdctl(&["put", &format!("{PREFIX}/config"), config])?;
     Ok(Cluster {
@@ -83,6 +95,25 @@ impl Cluster {
             .find_map(|l| l.strip_prefix("FLANNEL_SUBNET="))
             .context("no FLANNEL_SUBNET")?;
         Ok(line.parse::<Ipv4Net>()?.trunc())
+    }
+
+    /// The IPv6 subnet a dual-stack node wrote to its subnet file (FLANNEL_IPV6_SUBNET is its
+    /// first host address, as flanneld writes it).
+    pub fn subnet6(&self, host: usize) -> Result<twill_lab::Ipv6Net> {
+        let text = std::fs::read_to_string(self.subnet_file(host))?;
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("FLANNEL_IPV6_SUBNET="))
+            .with_context(|| format!("no FLANNEL_IPV6_SUBNET in\n{text}"))?;
+        Ok(line.parse::<twill_lab::Ipv6Net>()?.trunc())
+    }
+
+    /// A container in each of the node's leased subnets, IPv4 and IPv6.
+    pub fn add_dual_stack_container(&mut self, host: usize) -> Result<()> {
+        let (subnet, subnet6) = (self.subnet(host)?, self.subnet6(host)?);
+        let host = self.lab.host_mut(host);
+        host.add_dual_stack_container(subnet, subnet6)?;
+        Ok(())
     }
 
     pub fn lease_key(&self, subnet: Ipv4Net) -> String {

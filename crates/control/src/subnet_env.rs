@@ -93,16 +93,19 @@ impl SubnetEnv {
     }
 }
 
-/// The subnet a previous run leased, from FLANNEL_SUBNET alone. Lenient on purpose: a file
-/// written by another flannel version may lack the other variables, and the subnet is all that
-/// lease acquisition needs.
-pub fn previous_subnet(path: &Path) -> anyhow::Result<Option<Ipv4Net>> {
-    match read_text(path)? {
-        Some(text) => {
-            subnet_of(&Vars::parse(&text)).with_context(|| format!("reading {}", path.display()))
-        }
-        None => Ok(None),
-    }
+/// The subnets a previous run leased, from FLANNEL_SUBNET (and FLANNEL_IPV6_SUBNET, on a
+/// dual-stack node) alone. Lenient on purpose: a file written by another flannel version may
+/// lack the other variables, and the subnets are all that lease acquisition needs.
+pub fn previous_subnets(path: &Path) -> anyhow::Result<(Option<Ipv4Net>, Option<Ipv6Net>)> {
+    let Some(text) = read_text(path)? else {
+        return Ok((None, None));
+    };
+    let vars = Vars::parse(&text);
+    let subnets = || -> anyhow::Result<_> {
+        let v6 = ipv6_subnet_of(&vars)?;
+        Ok((subnet_of(&vars)?, v6))
+    };
+    subnets().with_context(|| format!("reading {}", path.display()))
 }
 
 fn read_text(path: &Path) -> anyhow::Result<Option<String>> {
@@ -122,14 +125,21 @@ fn first_host_v6(subnet: Ipv6Net) -> Ipv6Addr {
 }
 
 fn ipv6_of(vars: &Vars) -> anyhow::Result<Option<Ipv6Env>> {
+    let Some(subnet) = ipv6_subnet_of(vars)? else {
+        return Ok(None);
+    };
+    Ok(Some(Ipv6Env {
+        network: vars.value("FLANNEL_IPV6_NETWORK")?,
+        subnet,
+    }))
+}
+
+fn ipv6_subnet_of(vars: &Vars) -> anyhow::Result<Option<Ipv6Net>> {
     if vars.get("FLANNEL_IPV6_SUBNET").is_none() {
         return Ok(None);
     }
     let subnet: Ipv6Net = vars.value("FLANNEL_IPV6_SUBNET")?;
-    Ok(Some(Ipv6Env {
-        network: vars.value("FLANNEL_IPV6_NETWORK")?,
-        subnet: subnet.trunc(),
-    }))
+    Ok(Some(subnet.trunc()))
 }
 
 fn subnet_of(vars: &Vars) -> anyhow::Result<Option<Ipv4Net>> {
@@ -277,10 +287,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run/flannel/subnet.env");
         assert_eq!(SubnetEnv::read(&path).unwrap(), None);
-        assert_eq!(previous_subnet(&path).unwrap(), None);
+        assert_eq!(previous_subnets(&path).unwrap(), (None, None));
         sample().write(&path).unwrap();
         assert_eq!(SubnetEnv::read(&path).unwrap(), Some(sample()));
-        assert_eq!(previous_subnet(&path).unwrap(), Some(sample().subnet));
+        assert_eq!(
+            previous_subnets(&path).unwrap(),
+            (Some(sample().subnet), None)
+        );
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644);
     }
@@ -316,20 +329,33 @@ mod tests {
     }
 
     #[test]
-    fn previous_subnet_needs_only_flannel_subnet() {
+    fn previous_subnets_need_only_flannel_subnet_and_its_ipv6_twin() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("subnet.env");
         fs::write(&path, "FLANNEL_SUBNET=10.5.8.1/24\n").unwrap();
         assert_eq!(
-            previous_subnet(&path).unwrap(),
-            Some("10.5.8.0/24".parse().unwrap())
+            previous_subnets(&path).unwrap(),
+            (Some("10.5.8.0/24".parse().unwrap()), None)
         );
+        let dual = "FLANNEL_SUBNET=10.5.8.1/24\nFLANNEL_IPV6_SUBNET=fd10:0:0:8::1/64\n";
+        fs::write(&path, dual).unwrap();
+        assert_eq!(
+            previous_subnets(&path).unwrap(),
+            (
+                Some("10.5.8.0/24".parse().unwrap()),
+                Some("fd10:0:0:8::/64".parse().unwrap())
+            )
+        );
+        fs::write(&path, "FLANNEL_SUBNET=10.5.8.1/24\nFLANNEL_IPV6_SUBNET=x\n").unwrap();
+        let err = format!("{:#}", previous_subnets(&path).unwrap_err());
+        assert!(err.contains("FLANNEL_IPV6_SUBNET"), "{err}");
+        fs::write(&path, "FLANNEL_SUBNET=10.5.8.1/24\n").unwrap();
         assert!(SubnetEnv::read(&path)
             .unwrap_err()
             .to_string()
             .contains("reading"));
         fs::write(&path, "FLANNEL_SUBNET=bogus\n").unwrap();
-        let err = format!("{:#}", previous_subnet(&path).unwrap_err());
+        let err = format!("{:#}", previous_subnets(&path).unwrap_err());
         assert!(err.contains("FLANNEL_SUBNET \"bogus\""), "{err}");
     }
 

@@ -36,7 +36,7 @@ async fn start_with(
 }
 
 async fn start(etcd: &Etcd, attrs: LeaseAttrs) -> (Lease, Receiver<LeaseEvent>) {
-    start_with(etcd.dual_stack_options(), attrs).await.unwrap()
+    start_with(etcd.options(), attrs).await.unwrap()
 }
 
 /// The keys under `<prefix>/subnets/`, without the prefix.
@@ -132,7 +132,7 @@ async fn a_restart_with_the_same_public_ip_reuses_both_subnets() {
 async fn the_previous_subnets_are_preferred_as_a_pair_when_free() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
-    let mut opts = etcd.dual_stack_options();
+    let mut opts = etcd.options();
     opts.previous_subnet = Some("10.5.77.0/24".parse().unwrap());
     opts.previous_ipv6_subnet = Some(net6("fd10:0:0:77::/64"));
     let (a, _a) = start_with(opts.clone(), dual(1)).await.unwrap();
@@ -209,9 +209,7 @@ async fn running_out_of_ipv6_subnets_says_so() {
     .await;
     let (a, _a) = start(&etcd, dual(1)).await;
     assert_eq!(a.ipv6_subnet, Some(net6("fd10:0:0:5::/64")));
-    let err = start_with(etcd.dual_stack_options(), dual(2))
-        .await
-        .unwrap_err();
+    let err = start_with(etcd.options(), dual(2)).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "no free IPv6 subnet left between IPv6SubnetMin fd10:0:0:5:: and IPv6SubnetMax \
@@ -224,7 +222,7 @@ async fn running_out_of_ipv6_subnets_says_so() {
 async fn a_dual_stack_lease_needs_a_public_ipv6() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
-    let err = start_with(etcd.dual_stack_options(), LeaseAttrs::host_gw(ip(1)))
+    let err = start_with(etcd.options(), LeaseAttrs::host_gw(ip(1)))
         .await
         .unwrap_err();
     assert_eq!(

@@ -40,7 +40,7 @@ async fn start_with(opts: EtcdOptions, attrs: LeaseAttrs) -> (Lease, Receiver<Le
 }
 
 async fn start(etcd: &Etcd, last: u8) -> (Lease, Receiver<LeaseEvent>) {
-    start_with(etcd.dual_stack_options(), dual(last)).await
+    start_with(etcd.options(), dual(last)).await
 }
 
 fn snapshot(event: LeaseEvent) -> Vec<Lease> {
@@ -134,7 +134,7 @@ async fn dual_stack_peers_are_reported_with_their_ipv6_subnets() {
 async fn a_dual_stack_lease_is_renewed_under_its_key() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
-    let mut opts = etcd.dual_stack_options();
+    let mut opts = etcd.options();
     opts.timing.lease_ttl = 3 * SECOND;
     opts.timing.renew_margin = 2 * SECOND;
     let (a, _events) = start_with(opts, dual(1)).await;

@@ -48,7 +48,7 @@ pub struct Ipv6Side {
 
 impl KernelConfig {
     pub fn of(node: &Node) -> KernelConfig {
-        let ipv6 = node.config.ipv6.as_ref().zip(node.options.public_ipv6);
+        let ipv6 = node.config.ipv6.as_ref().zip(node.public_ipv6);
         KernelConfig {
             iface: node.iface.name.clone(),
             network: node.config.network,

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use twill_control::config::Config;
 use twill_control::registry::{EtcdOptions, LeaseEvent, Timing};
 
 pub const ETCD_BIN: &str = "/usr/bin/etcd";
@@ -201,15 +200,6 @@ impl Etcd {
             .put(format!("{PREFIX}/config"), json, None)
             .await
             .unwrap();
-    }
-
-    /// [`Etcd::options`] for a dual-stack network: the config is parsed as flanneld parses it
-    /// ([`Config::from_json`]), since [`Config::parse`] still refuses to run IPv6.
-    pub fn dual_stack_options(&self) -> EtcdOptions {
-        EtcdOptions {
-            parse_config: Config::from_json,
-            ..self.options()
-        }
     }
 
     /// Registry options for this etcd with intervals short enough for tests.

@@ -6,7 +6,7 @@
 
 use super::store::{describe, key_text, Listing, Store};
 use super::subnets::Subnets;
-use super::{ConfigParser, Timing};
+use super::Timing;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::registry::{Backoff, LeaseEvent};
@@ -21,7 +21,6 @@ use tracing::{debug, info, warn};
 pub(super) struct Keeper {
     store: Store,
     config: Config,
-    parse_config: ConfigParser,
     attrs: LeaseAttrs,
     timing: Timing,
     own: Lease,
@@ -45,7 +44,6 @@ impl Keeper {
     pub fn new(
         store: Store,
         config: Config,
-        parse_config: ConfigParser,
         timing: Timing,
         own: Lease,
         tx: mpsc::Sender<LeaseEvent>,
@@ -56,7 +54,6 @@ impl Keeper {
             backoff: timing.backoff(),
             store,
             config,
-            parse_config,
             timing,
             own,
             held: true,
@@ -229,7 +226,7 @@ impl Keeper {
     async fn on_config(&mut self, value: Option<&[u8]>) {
         let change = match value.map(String::from_utf8_lossy) {
             None => Some("the config key was deleted".to_string()),
-            Some(json) => match (self.parse_config)(&json) {
+            Some(json) => match Config::parse(&json) {
                 Ok(config) => self.config.difference(&config),
                 Err(e) => Some(format!("it is no longer valid ({e})")),
             },

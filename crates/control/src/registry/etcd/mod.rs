@@ -8,7 +8,7 @@ mod taken;
 mod tls_probe;
 
 use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
 use anyhow::{anyhow, bail, Context};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
@@ -45,14 +45,7 @@ pub struct EtcdOptions {
     /// previous subnets are preferred only as a pair, as flanneld prefers them.
     pub previous_ipv6_subnet: Option<Ipv6Net>,
     pub timing: Timing,
-    /// How `<prefix>/config` is parsed, at start and whenever it changes: [`Config::parse`],
-    /// which refuses a network twill cannot run yet (a dual-stack one). The dual-stack lease
-    /// tests parse with [`Config::from_json`], which reads every config flanneld reads.
-    pub parse_config: ConfigParser,
 }
-
-/// Parses and judges the network config's JSON.
-pub type ConfigParser = fn(&str) -> Result<Config, ConfigError>;
 
 /// Every interval the registry uses. The defaults are flanneld's; tests shorten them.
 #[derive(Debug, Clone)]
@@ -132,7 +125,6 @@ impl EtcdOptions {
             previous_subnet: None,
             previous_ipv6_subnet: None,
             timing: Timing::default(),
-            parse_config: Config::parse,
         }
     }
 }
@@ -180,7 +172,7 @@ impl EtcdRegistry {
         let connect = Client::connect(&opts.endpoints, Some(connect_options(opts)?));
         let client = with_deadline("connect", timeout, connect).await?;
         let store = Store::new(client, &opts.prefix, timeout);
-        let config = read_config(&store, opts.parse_config).await?;
+        let config = read_config(&store).await?;
         Ok(EtcdRegistry {
             store,
             config,
@@ -189,12 +181,12 @@ impl EtcdRegistry {
     }
 }
 
-async fn read_config(store: &Store, parse: ConfigParser) -> anyhow::Result<Config> {
+async fn read_config(store: &Store) -> anyhow::Result<Config> {
     let key = store.config_key();
     let Some(json) = store.config_json().await? else {
         bail!("flannel network config not found: etcd key {key} does not exist (create it with etcdctl put {key} '{{\"Network\":\"10.5.0.0/16\"}}')");
     };
-    parse(&json).map_err(|e| anyhow!("{e} (etcd key {key})"))
+    Config::parse(&json).map_err(|e| anyhow!("{e} (etcd key {key})"))
 }
 
 fn connect_options(opts: &EtcdOptions) -> anyhow::Result<ConnectOptions> {
@@ -310,8 +302,7 @@ impl Registry for EtcdRegistry {
         let timing = self.opts.timing.clone();
         let lease = self.acquire(&attrs).await?;
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let parse = self.opts.parse_config;
-        let keeper = Keeper::new(self.store, self.config, parse, timing, lease.clone(), tx);
+        let keeper = Keeper::new(self.store, self.config, timing, lease.clone(), tx);
         tokio::spawn(keeper.run());
         Ok((lease, rx))
     }
