@@ -14,7 +14,7 @@ pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 use super::{Backoff, LeaseEvent, LeaseNamer, NodeNames, Registry, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use client::Failure;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
@@ -111,7 +111,7 @@ impl KubeRegistry {
     /// Node the pod runs on, retrying while it cannot be reached.
     pub async fn connect(opts: KubeOptions) -> anyhow::Result<KubeRegistry> {
         let annotations = Annotations::new(&opts.annotation_prefix)?;
-        let config = read_net_config(&opts)?;
+        let config = read_net_config(&opts.net_config_path)?;
         let client = client::connect(&opts).await?;
         let node_name = match &opts.node {
             NodeIdentity::Name(name) => name.clone(),
@@ -130,11 +130,24 @@ impl KubeRegistry {
     }
 }
 
-fn read_net_config(opts: &KubeOptions) -> anyhow::Result<Config> {
-    let path = &opts.net_config_path;
+/// flannel's net-conf.json; a dual-stack one is refused until this registry reads the Node's
+/// IPv6 podCIDR and flannel's v6 annotations (the etcd registry runs it).
+fn read_net_config(path: &std::path::Path) -> anyhow::Result<Config> {
     let json = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read --net-config-path {}", path.display()))?;
-    Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))
+    let config =
+        Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))?;
+    if let Some(v6) = &config.ipv6 {
+        bail!(
+            "EnableIPv6 is true in --net-config-path {} (IPv6Network {}), but twill's Kubernetes \
+             mode does not read IPv6 podCIDRs and flannel's v6 annotations yet: run this \
+             dual-stack network with the etcd registry (--etcd-endpoints), or set EnableIPv6 \
+             to false",
+            path.display(),
+            v6.network
+        );
+    }
+    Ok(config)
 }
 
 async fn pod_node_name(
@@ -221,6 +234,30 @@ impl Registry for KubeRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dual_stack_net_conf_is_refused_in_one_line_naming_the_way_that_runs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("net-conf.json");
+        let dual = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{"Type":"vxlan"}}"#;
+        std::fs::write(&path, dual).unwrap();
+        let err = read_net_config(&path).unwrap_err().to_string();
+        assert!(!err.contains('\n'), "{err}");
+        assert!(
+            err.contains("(IPv6Network fd10::/56), but twill's Kubernetes mode does not read")
+                && err.contains("--etcd-endpoints"),
+            "{err}"
+        );
+        std::fs::write(
+            &path,
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            read_net_config(&path).unwrap().network,
+            "10.5.0.0/16".parse().unwrap()
+        );
+    }
 
     #[test]
     fn the_node_is_found_as_flanneld_finds_it() {
