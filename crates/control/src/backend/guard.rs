@@ -14,8 +14,8 @@ use ipnet::Ipv4Net;
 use std::time::Duration;
 use tracing::{info, warn};
 
-use super::kernel::ensure_mtu;
 use super::netlink::{Link, Netlink, Route};
+use super::tunnel::ensure_mtu;
 use crate::host;
 use crate::status::NodeStatus;
 

@@ -3,8 +3,9 @@
 //! Only works when every host shares one L2 segment; a peer elsewhere is refused by the kernel
 //! ("nexthop has invalid gateway"), reported, and retried by the next reconcile.
 
-use super::kernel::{connect, KernelBackend, KernelConfig, Ours, PeerPlan, PeerState, Uplink};
+use super::kernel::{KernelBackend, KernelConfig, Ours, PeerPlan, PeerState};
 use super::peer_state::{L2Links, Owned};
+use super::uplink::{connect, Uplink};
 use super::Setup;
 use crate::lease::{Lease, LeaseAttrs};
 use std::net::Ipv4Addr;
@@ -72,8 +73,8 @@ impl Setup for HostGwSetup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::kernel::tests::{dual_stack, lease, uplink};
     use crate::backend::netlink::Route;
+    use crate::backend::uplink::tests::{dual_stack, lease, uplink};
 
     fn plan(dual_stack: bool) -> HostGwPlan {
         HostGwPlan {

@@ -8,11 +8,10 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
-use super::kernel::{
-    connect, ensure_mtu, KernelBackend, KernelConfig, PeerPlan, PeerState, Tunnel, TunnelRoutes,
-    Uplink,
-};
+use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
 use super::netlink::{ipip_link_message, IpipParams, Link, LinkKind, Netlink, Route};
+use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
+use super::uplink::{connect, Uplink};
 use super::Setup;
 use crate::lease::{Lease, LeaseAttrs};
 use std::net::Ipv4Addr;
@@ -138,8 +137,9 @@ fn unsupported() -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::kernel::tests::{lease, routes, uplink};
     use crate::backend::netlink::parse_link;
+    use crate::backend::tunnel::tests::routes;
+    use crate::backend::uplink::tests::{lease, uplink};
     use std::net::Ipv4Addr;
 
     fn plan(direct_routing: bool) -> IpipPlan {

@@ -13,7 +13,9 @@ pub mod netlink;
 mod nexthops;
 mod peer_state;
 pub mod sweep;
+mod tunnel;
 pub mod upkeep;
+mod uplink;
 pub mod vxlan;
 
 use crate::lease::{Lease, LeaseAttrs};

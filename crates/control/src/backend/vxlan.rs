@@ -12,13 +12,13 @@ use anyhow::Context;
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::kernel::{
-    connect, ensure_mtu, KernelBackend, KernelConfig, PeerPlan, PeerState, Tunnel, TunnelRoutes,
-};
+use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
 use super::netlink::{
     vxlan_link_message, FdbEntry, Link, LinkKind, MacAddr, Neighbour, Netlink, Route, VxlanParams,
     KERNEL_VXLAN_PORT,
 };
+use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
+use super::uplink::connect;
 use super::Setup;
 use crate::lease::{BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
@@ -318,7 +318,8 @@ fn incompatibility(have: &Link, want: &VxlanParams) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::kernel::tests::{lease, routes, uplink};
+    use crate::backend::tunnel::tests::routes;
+    use crate::backend::uplink::tests::{lease, uplink};
     use std::net::Ipv4Addr;
 
     fn plan(direct_routing: bool) -> VxlanPlan {

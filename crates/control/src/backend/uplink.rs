@@ -1,0 +1,106 @@
+//! The external interface (`--iface`) as the kernel backends see it: its index, addresses and
+//! MTU, and the routes that go straight out of it (host-gw's, DirectRouting's).
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use anyhow::Context;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::netlink::{Netlink, Route};
+use crate::lease::Lease;
+
+/// The external interface as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Uplink {
+    pub index: u32,
+    /// First IPv4 address with its prefix, as flanneld picks it.
+    pub addr: Ipv4Net,
+    /// First IPv6 address that is not link-local, if the interface has one.
+    pub addr6: Option<Ipv6Net>,
+    pub mtu: u32,
+}
+
+/// Opens rtnetlink in the caller's network namespace and looks up the external interface.
+pub(crate) async fn connect(iface: &str) -> anyhow::Result<(Netlink, Uplink)> {
+    let nl = Netlink::connect().context("opening rtnetlink")?;
+    let uplink = Uplink::lookup(&nl, iface).await?;
+    Ok((nl, uplink))
+}
+
+impl Uplink {
+    pub async fn lookup(nl: &Netlink, name: &str) -> anyhow::Result<Uplink> {
+        let link = nl.link_by_name(name).await?;
+        let link = link.with_context(|| format!("interface {name} not found"))?;
+        let addrs = nl.ipv4_addresses(link.index).await?;
+        let addr = addrs.first().copied();
+        let addr = addr.with_context(|| format!("interface {name} has no IPv4 address"))?;
+        let addrs6 = nl.ipv6_addresses(link.index).await?;
+        Ok(Uplink {
+            index: link.index,
+            addr,
+            addr6: addrs6.into_iter().find(|a| !is_link_local(a.addr())),
+            mtu: link.mtu,
+        })
+    }
+
+    /// `<subnet> via <PublicIP> dev <iface>`: host-gw's route, and DirectRouting's.
+    pub fn route_via(&self, lease: &Lease) -> Route {
+        self.route(lease.subnet.into(), lease.public_ip.into())
+    }
+
+    /// `<IPv6 subnet> via <PublicIPv6> dev <iface>`, for a lease with an IPv6 side.
+    pub fn route_via6(&self, lease: &Lease) -> Option<Route> {
+        let (subnet, public_ip) = lease.ipv6_side()?;
+        Some(self.route(subnet.into(), public_ip.into()))
+    }
+
+    fn route(&self, dst: IpNet, gateway: IpAddr) -> Route {
+        Route {
+            dst,
+            gateway: Some(gateway),
+            oif: self.index,
+            onlink: false,
+            nhid: None,
+        }
+    }
+}
+
+/// fe80::/10: every IPv6 interface has one; it is no address to be reached at from elsewhere.
+pub(crate) fn is_link_local(ip: Ipv6Addr) -> bool {
+    ip.segments()[0] & 0xffc0 == 0xfe80
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
+        Lease {
+            subnet: subnet.parse().unwrap(),
+            ipv6_subnet: None,
+            public_ip: public_ip.parse().unwrap(),
+            public_ipv6: None,
+            backend_type: backend_type.map(Into::into),
+            backend_data: None,
+            backend_v6_data: None,
+            created: Default::default(),
+        }
+    }
+
+    /// `lease` with an IPv6 side.
+    pub fn dual_stack(lease: Lease, subnet6: &str, public_ipv6: &str) -> Lease {
+        Lease {
+            public_ipv6: Some(public_ipv6.parse().unwrap()),
+            ..lease.with_ipv6_subnet(subnet6.parse().unwrap())
+        }
+    }
+
+    pub fn uplink() -> Uplink {
+        Uplink {
+            index: 2,
+            addr: "10.200.0.1/24".parse().unwrap(),
+            addr6: Some("fd00:200::1/64".parse().unwrap()),
+            mtu: 1500,
+        }
+    }
+}
