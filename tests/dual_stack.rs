@@ -3,9 +3,11 @@
 
 mod common;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use common::cluster::*;
 use common::*;
+use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
+use std::time::Duration;
 
 fn config(backend: &str) -> String {
     format!(
@@ -95,4 +97,81 @@ fn a_dual_stack_network_on_a_backend_without_ipv6_is_refused_in_one_line() -> Re
         "{last}"
     );
     Ok(())
+}
+
+/// `--ip-masq` on a dual-stack node: flannel's rules in twill's `ip6 twill-ipv6` table beside
+/// the IPv4 one, and an IPv6 datagram from a container to an address outside the IPv6Network
+/// (the other host's underlay address) arrives from this host's address, and its reply gets
+/// back; between containers the addresses are kept.
+#[test]
+fn ip_masq_masquerades_ipv6_leaving_the_network_in_twills_ip6_table() -> Result<()> {
+    let mut c = dual_stack_cluster("dsmasq", 2, &config("host-gw"))?;
+    let _nodes = [
+        c.start_with(0, &["--ip-masq"], &[])?,
+        c.start_with(1, &["--ip-masq"], &[])?,
+    ];
+    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    c.add_dual_stack_container(0)?;
+    c.add_dual_stack_container(1)?;
+    let host0 = &c.lab.host(0).ns;
+    let table = host0.exec("nft", &["list", "table", "ip6", "twill-ipv6"])?;
+    let own6 = c.subnet6(0)?;
+    for rule in [
+        format!("ip6 saddr {own6} ip6 daddr fd10::/56 return"),
+        format!("ip6 saddr != fd10::/56 ip6 daddr {own6} return"),
+        "ip6 saddr fd10::/56 ip6 daddr != ff00::/8 masquerade fully-random".to_string(),
+        "ip6 saddr fd10::/56 accept".to_string(),
+    ] {
+        ensure!(table.contains(&rule), "{rule:?} not in\n{table}");
+    }
+    ensure!(status(host0)?["nftables"]["table"] == "ip twill-ipv4, ip6 twill-ipv6");
+    let (a, b) = (c.container(0), c.container(1));
+    let host1 = c.lab.host(1);
+    let outside = host1.underlay_ipv6.context("IPv6 underlay")?;
+    let host0_ip = c.lab.host(0).underlay_ipv6.context("IPv6 underlay")?;
+    let seen = udp_source(&a.ns, &host1.ns, outside)?;
+    ensure!(
+        seen == host0_ip,
+        "outside saw {seen}, not host 0's {host0_ip}"
+    );
+    let b6 = b.ipv6.context("dual-stack")?;
+    let seen = udp_source(&a.ns, &b.ns, b6)?;
+    ensure!(
+        Some(seen) == a.ipv6,
+        "container b saw {seen}, not container a"
+    );
+    Ok(())
+}
+
+/// One datagram from `from` to `to_ip` in `to`: the source it arrived with, once its echo made
+/// it back to the sender.
+fn udp_source(from: &twill_lab::Netns, to: &twill_lab::Netns, to_ip: Ipv6Addr) -> Result<Ipv6Addr> {
+    let addr = SocketAddr::from((to_ip, 5020));
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let echo = s.spawn(|| to.enter(|| echo_once(addr, ready_tx)));
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .context("echo never bound")??;
+        let echoed = from.enter(|| -> Result<bool> {
+            let socket = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?;
+            socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+            socket.send_to(b"where from?", addr)?;
+            let mut buf = [0u8; 64];
+            Ok(matches!(socket.recv(&mut buf), Ok(n) if &buf[..n] == b"where from?"))
+        })?;
+        let seen = echo.join().expect("echo thread")?;
+        ensure!(echoed, "the echo from {to_ip} did not come back");
+        Ok(seen)
+    })
+}
+
+fn echo_once(addr: SocketAddr, ready: std::sync::mpsc::Sender<Result<()>>) -> Result<Ipv6Addr> {
+    let socket = bind_receiver(addr, Duration::from_secs(5), ready)?;
+    let mut buf = [0u8; 64];
+    let (n, SocketAddr::V6(source)) = socket.recv_from(&mut buf).context("nothing arrived")? else {
+        anyhow::bail!("an IPv4 source");
+    };
+    socket.send_to(&buf[..n], source)?;
+    Ok(*source.ip())
 }

@@ -78,13 +78,15 @@ impl Cluster {
 
     /// [`Cluster::start`] with extra environment variables.
     pub fn start_with_env(&self, host: usize, env: &[(&str, &str)]) -> Result<Proc> {
+        self.start_with(host, &[], env)
+    }
+
+    /// [`Cluster::start`] with extra flags and environment variables.
+    pub fn start_with(&self, host: usize, args: &[&str], env: &[(&str, &str)]) -> Result<Proc> {
         let endpoint = self.etcd.endpoint();
-        start_twill_with_env(
-            self.lab.host(host),
-            &["--etcd-endpoints", &endpoint],
-            env,
-            &self.subnet_file(host),
-        )
+        let mut all = vec!["--etcd-endpoints", &endpoint];
+        all.extend_from_slice(args);
+        start_twill_with_env(self.lab.host(host), &all, env, &self.subnet_file(host))
     }
 
     /// The subnet a node wrote to its subnet file (FLANNEL_SUBNET is the first host address).

@@ -112,8 +112,7 @@ async fn join<R: Registry, S: Setup>(
     let mut upkeep = Upkeep::start(node, &lease, backend.mtu(), every).await?;
     // Before traffic is ours: another backend's routes would carry it around this one.
     upkeep.sweep().await;
-    let nft_rules = nft_rules.install(node.config.network, &lease).await?;
-    warn_ipv6_rules_missing(node);
+    let nft_rules = nft_rules.install(&node.config, &lease).await?;
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(
         subnet = %lease.subnet,
@@ -149,21 +148,6 @@ fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> 
     }
     .write(path)
     .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// twill's nftables table is IPv4's: on a dual-stack node the operator must know that the
-/// IPv6 side gets neither masquerade nor forward rules from twill yet.
-fn warn_ipv6_rules_missing(node: &Node) {
-    let traffic = &node.options.traffic;
-    if node.config.ipv6.is_some() && (traffic.ip_masq || traffic.forward_rules) {
-        tracing::warn!(
-            ip_masq = traffic.ip_masq,
-            forward_rules = traffic.forward_rules,
-            "twill writes --ip-masq and forward rules for IPv4 only: IPv6 traffic of the \
-             dual-stack network is neither masqueraded nor accepted by a rule of twill's (a host \
-             whose ip6 forward policy drops must accept the IPv6Network itself)"
-        );
-    }
 }
 
 /// subnet.env's IPv6 lines, on a dual-stack node whose lease has its IPv6 subnet.

@@ -1,9 +1,9 @@
-//! twill's table as nf_tables netlink messages (netlink-packet-netfilter's types), each rule
+//! twill's tables as nf_tables netlink messages (netlink-packet-netfilter's types), each rule
 //! encoded as nft 1.0 encodes the same rule (`nft --debug=netlink`), so `nft list table` prints
 //! flannel's rules in their usual words.
 
-use super::ruleset::{Action, Chain, Field, Hook, Match, Rule, Ruleset, MARK, TABLE};
-use ipnet::Ipv4Net;
+use super::ruleset::{Action, Chain, Family, Field, Hook, Match, Rule, Ruleset, MARK};
+use ipnet::IpNet;
 use netlink_packet_core::{DefaultNla, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
 use netlink_packet_netfilter::nftables::{
     Bitwise, ChainAttribute, ChainMessage, Cmp, DataAttribute, ExpressionAttribute, Expressions,
@@ -15,51 +15,56 @@ use netlink_packet_netfilter::nftables::{
 /// One message of a transaction, with what it does in words for an error naming it.
 #[derive(Debug)]
 pub struct Op {
+    /// The family of the table it concerns (the message's `nfgenmsg` family).
+    pub family: Family,
     pub message: NfTablesMessage,
     pub flags: u16,
     pub what: String,
 }
 
-/// One transaction that replaces whatever twill's table holds (an earlier run killed with
-/// SIGKILL left one, or an operator's table of that name) with exactly this ruleset:
-/// `add table; delete table; add table; add chain ...; add rule ...`.
+/// The operations that replace whatever twill's table of the ruleset's family holds (an
+/// earlier run killed with SIGKILL left one, or an operator's table of that name) with exactly
+/// this ruleset: `add table; delete table; add table; add chain ...; add rule ...`.
 pub fn replace(ruleset: &Ruleset) -> Vec<Op> {
-    let mut ops = remove();
-    ops.push(add_table());
+    let family = ruleset.family();
+    let mut ops = remove(family);
+    ops.push(add_table(family));
     for chain in ruleset.chains() {
-        ops.push(add_chain(&chain));
+        ops.push(add_chain(family, &chain));
         for (i, rule) in chain.rules.iter().enumerate() {
-            ops.push(add_rule(chain.name, i + 1, rule));
+            ops.push(add_rule(family, chain.name, i + 1, rule));
         }
     }
     ops
 }
 
-/// The transaction that removes twill's table, whether or not it exists: adding it first makes
-/// the delete succeed when there is none.
-pub fn remove() -> Vec<Op> {
+/// The operations that remove twill's table of `family`, whether or not it exists: adding it
+/// first makes the delete succeed when there is none.
+pub fn remove(family: Family) -> Vec<Op> {
     let delete = Op {
+        family,
         message: NfTablesMessage::DeleteTable(TableMessage {
-            attributes: vec![TableAttribute::Name(TABLE.into())],
+            attributes: vec![TableAttribute::Name(family.table().into())],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK,
-        what: format!("delete table ip {TABLE}"),
+        what: format!("delete table {family}"),
     };
-    vec![add_table(), delete]
+    vec![add_table(family), delete]
 }
 
 /// twill's table, carrying [`MARK`] as nft stores a table comment.
-fn add_table() -> Op {
+fn add_table(family: Family) -> Op {
     Op {
+        family,
         message: NfTablesMessage::NewTable(TableMessage {
             attributes: vec![
-                TableAttribute::Name(TABLE.into()),
+                TableAttribute::Name(family.table().into()),
                 TableAttribute::Flags(TableFlags::empty()),
                 TableAttribute::UserData(comment(MARK)),
             ],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
-        what: format!("add table ip {TABLE}"),
+        what: format!("add table {family}"),
     }
 }
 
@@ -72,15 +77,16 @@ pub fn comment(text: &str) -> Vec<u8> {
     [vec![NFTNL_UDATA_TABLE_COMMENT, len], value].concat()
 }
 
-fn add_chain(chain: &Chain) -> Op {
+fn add_chain(family: Family, chain: &Chain) -> Op {
     let hook = match chain.hook {
         Hook::Forward => InetHookNumber::Forward,
         Hook::Postrouting => InetHookNumber::PostRouting,
     };
     Op {
+        family,
         message: NfTablesMessage::NewChain(ChainMessage {
             attributes: vec![
-                ChainAttribute::Table(TABLE.into()),
+                ChainAttribute::Table(family.table().into()),
                 ChainAttribute::Name(chain.name.into()),
                 ChainAttribute::Hook(vec![
                     HookAttribute::Number(hook.into()),
@@ -93,22 +99,23 @@ fn add_chain(chain: &Chain) -> Op {
             ],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
-        what: format!("add chain {}", chain.name),
+        what: format!("add chain {family} {}", chain.name),
     }
 }
 
 /// Appended: the transaction adds a chain's rules in order.
-fn add_rule(chain: &str, number: usize, rule: &Rule) -> Op {
+fn add_rule(family: Family, chain: &str, number: usize, rule: &Rule) -> Op {
     Op {
+        family,
         message: NfTablesMessage::NewRule(RuleMessage {
             attributes: vec![
-                RuleAttribute::Table(TABLE.into()),
+                RuleAttribute::Table(family.table().into()),
                 RuleAttribute::Chain(chain.into()),
                 RuleAttribute::Expressions(expressions(rule)),
             ],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
-        what: format!("add rule {number} of chain {chain} ({rule})"),
+        what: format!("add rule {number} of chain {family} {chain} ({rule})"),
     }
 }
 
@@ -150,23 +157,37 @@ fn match_exprs(m: &Match) -> Vec<Expressions> {
     }
 }
 
-/// `ip saddr|daddr [!=] NET` as nft encodes a prefix: a prefix on a byte boundary loads just
-/// its bytes and compares them; any other loads the address and masks it first.
-fn address(field: Field, negated: bool, net: Ipv4Net) -> Vec<Expressions> {
-    let offset = match field {
-        Field::Saddr => 12,
-        Field::Daddr => 16,
+/// `ip|ip6 saddr|daddr [!=] NET` as nft encodes a prefix: a prefix on a byte boundary loads
+/// just its bytes and compares them; any other loads the address and masks it first. The
+/// address sits at its place in the IPv4 or the IPv6 header.
+fn address(field: Field, negated: bool, net: IpNet) -> Vec<Expressions> {
+    let (offset, octets, netmask) = match net {
+        IpNet::V4(v4) => {
+            let offset = match field {
+                Field::Saddr => 12,
+                Field::Daddr => 16,
+            };
+            let octets = v4.network().octets().to_vec();
+            (offset, octets, v4.netmask().octets().to_vec())
+        }
+        IpNet::V6(v6) => {
+            let offset = match field {
+                Field::Saddr => 8,
+                Field::Daddr => 24,
+            };
+            let octets = v6.network().octets().to_vec();
+            (offset, octets, v6.netmask().octets().to_vec())
+        }
     };
     let bits = net.prefix_len();
-    let octets = net.network().octets();
     if bits.is_multiple_of(8) && bits > 0 {
         let bytes = &octets[..usize::from(bits / 8)];
         return vec![load(offset, bytes.len()), compare(negated, bytes.to_vec())];
     }
     vec![
-        load(offset, 4),
-        mask(net.netmask().octets().to_vec()),
-        compare(negated, octets.to_vec()),
+        load(offset, octets.len()),
+        mask(netmask),
+        compare(negated, octets),
     ]
 }
 
@@ -243,7 +264,7 @@ mod tests {
     #[test]
     fn an_install_starts_by_replacing_the_table_and_a_removal_leaves_none() {
         let whats: Vec<String> = replace(&ruleset()).into_iter().map(|op| op.what).collect();
-        let table = format!("table ip {TABLE}");
+        let table = "table ip twill-ipv4";
         assert_eq!(
             whats[..3],
             [
@@ -253,10 +274,10 @@ mod tests {
             ]
         );
         assert!(!whats[3..].iter().any(|w| w.starts_with("delete")));
-        assert_eq!(whats[3], "add chain postrtg");
-        assert_eq!(whats[10], "add chain forward");
+        assert_eq!(whats[3], "add chain ip twill-ipv4 postrtg");
+        assert_eq!(whats[10], "add chain ip twill-ipv4 forward");
         assert_eq!(whats.len(), 3 + 1 + 6 + 1 + 2);
-        let removal: Vec<String> = remove().into_iter().map(|op| op.what).collect();
+        let removal: Vec<String> = remove(Family::Ipv4).into_iter().map(|op| op.what).collect();
         assert_eq!(removal, [format!("add {table}"), format!("delete {table}")]);
     }
 
@@ -264,7 +285,7 @@ mod tests {
     fn the_table_carries_twills_mark_as_an_nft_comment() {
         // `nft add table ip t { comment "ab"; }` sends this userdata.
         assert_eq!(comment("ab"), [0, 3, b'a', b'b', 0]);
-        let NfTablesMessage::NewTable(table) = add_table().message else {
+        let NfTablesMessage::NewTable(table) = add_table(Family::Ipv4).message else {
             panic!("not a table");
         };
         assert!(table
@@ -281,7 +302,7 @@ mod tests {
         }
     }
 
-    fn net(s: &str) -> Ipv4Net {
+    fn net(s: &str) -> IpNet {
         s.parse().unwrap()
     }
 
@@ -310,6 +331,39 @@ mod tests {
                 compare(true, vec![224, 0, 0, 0])
             ]
         );
+    }
+
+    #[test]
+    fn ipv6_addresses_are_loaded_from_the_ipv6_header() {
+        // nft: ip6 saddr fd10::/56 -> [ payload load 7b @ network header + 8 => reg 1 ] [ cmp ]
+        let exprs = address(Field::Saddr, false, net("fd10::/56"));
+        let prefix = vec![0xfd, 0x10, 0, 0, 0, 0, 0];
+        assert_eq!(exprs, [load(8, 7), compare(false, prefix)]);
+        // ip6 daddr != ff00::/8: one byte at + 24.
+        let exprs = address(Field::Daddr, true, net("ff00::/8"));
+        assert_eq!(exprs, [load(24, 1), compare(true, vec![0xff])]);
+        // fd10::/60 is off a byte boundary: all 16 bytes, masked.
+        let exprs = address(Field::Daddr, false, net("fd10::/60"));
+        let mut netmask = vec![0xff; 7];
+        netmask.push(0xf0);
+        netmask.resize(16, 0);
+        let mut octets = vec![0xfd, 0x10];
+        octets.resize(16, 0);
+        assert_eq!(exprs, [load(24, 16), mask(netmask), compare(false, octets)]);
+    }
+
+    #[test]
+    fn an_ipv6_ruleset_goes_to_twills_ip6_table() {
+        let v6 = Ruleset {
+            network: net("fd10::/56"),
+            subnet: net("fd10:0:0:1::/64"),
+            masquerade: true,
+            forward: true,
+        };
+        let ops = replace(&v6);
+        assert!(ops.iter().all(|op| op.family == Family::Ipv6));
+        assert_eq!(ops[0].what, "add table ip6 twill-ipv6");
+        assert_eq!(ops[3].what, "add chain ip6 twill-ipv6 postrtg");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 
 use super::failure::Failure;
 use super::nfnl::{Answer, Conn};
-use super::ruleset::{MARK, TABLE};
+use super::ruleset::{Family, MARK};
 use netlink_packet_core::NlasIterator;
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute,
@@ -48,12 +48,13 @@ impl Listing {
     }
 }
 
-/// The table `ip twill-ipv4` alone; `None` when there is none.
-pub fn table(conn: &mut Conn) -> Result<Option<Object>, Failure> {
+/// twill's table of `family` alone (`ip twill-ipv4`, `ip6 twill-ipv6`); `None` when there is
+/// none.
+pub fn table(conn: &mut Conn, family: Family) -> Result<Option<Object>, Failure> {
     let request = NfTablesMessage::GetTable(TableMessage {
-        attributes: vec![TableAttribute::Name(TABLE.into())],
+        attributes: vec![TableAttribute::Name(family.table().into())],
     });
-    let answers = conn.read(request, false, &format!("get table ip {TABLE}"))?;
+    let answers = conn.read(family, request, false, &format!("get table {family}"))?;
     let Some(answer) = answers.into_iter().flatten().next() else {
         return Ok(None);
     };
@@ -66,25 +67,26 @@ pub fn table(conn: &mut Conn) -> Result<Option<Object>, Failure> {
 /// Chains are asked for by name: a chain dump would hold every chain of every `ip` table, which
 /// on a node of iptables-nft and kube-proxy runs to thousands. A chain someone else added still
 /// shows, as the table's use count (its chains and sets) and in the rules.
-pub fn read(conn: &mut Conn, chains: &[&str]) -> Result<Option<Listing>, Failure> {
-    let Some(table) = table(conn)? else {
+pub fn read(conn: &mut Conn, family: Family, chains: &[&str]) -> Result<Option<Listing>, Failure> {
+    let Some(table) = table(conn, family)? else {
         return Ok(None);
     };
     let chains = chains
         .iter()
-        .map(|name| chain(conn, name))
+        .map(|name| chain(conn, family, name))
         .collect::<Result<_, _>>()?;
+    let name = family.table();
     let rules = NfTablesMessage::GetRule(RuleMessage {
-        attributes: vec![RuleAttribute::Table(TABLE.into())],
+        attributes: vec![RuleAttribute::Table(name.into())],
     });
     // The kernel dumps only the rules of the table named; the filter here is for older ones.
-    let what = format!("list the rules of ip {TABLE}");
-    let answers = conn.read(rules, true, &what)?.into_iter().flatten();
+    let what = format!("list the rules of {family}");
+    let answers = conn.read(family, rules, true, &what)?.into_iter().flatten();
     let volatile = [NFTA_RULE_HANDLE, NFTA_RULE_POSITION];
     let mut ours = Vec::new();
     for answer in answers {
         let rule = Object::parse(answer, &volatile)?;
-        if rule.string(NFTA_RULE_TABLE) == Some(TABLE) {
+        if rule.string(NFTA_RULE_TABLE) == Some(name) {
             ours.push(rule);
         }
     }
@@ -95,14 +97,19 @@ pub fn read(conn: &mut Conn, chains: &[&str]) -> Result<Option<Listing>, Failure
     }))
 }
 
-fn chain(conn: &mut Conn, name: &str) -> Result<Option<Object>, Failure> {
+fn chain(conn: &mut Conn, family: Family, name: &str) -> Result<Option<Object>, Failure> {
     let request = NfTablesMessage::GetChain(ChainMessage {
         attributes: vec![
-            ChainAttribute::Table(TABLE.into()),
+            ChainAttribute::Table(family.table().into()),
             ChainAttribute::Name(name.into()),
         ],
     });
-    let answers = conn.read(request, false, &format!("get chain {name}"))?;
+    let answers = conn.read(
+        family,
+        request,
+        false,
+        &format!("get chain {family} {name}"),
+    )?;
     let Some(answer) = answers.into_iter().flatten().next() else {
         return Ok(None);
     };
@@ -206,7 +213,7 @@ mod tests {
             attributes: [nla(1, b"twill-ipv4\0"), nla(2, b"postrtg\0")].concat(),
         };
         let rule = Object::parse(answer, &[NFTA_RULE_HANDLE]).unwrap();
-        assert_eq!(rule.string(NFTA_RULE_TABLE), Some(TABLE));
+        assert_eq!(rule.string(NFTA_RULE_TABLE), Some(Family::Ipv4.table()));
         assert_eq!(rule.string(2), Some("postrtg"));
     }
 }

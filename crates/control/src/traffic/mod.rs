@@ -1,8 +1,8 @@
-//! flannel's `--ip-masq` and `--iptables-forward-rules` (flannel's pkg/trafficmngr), in one
-//! nftables table of twill's own.
+//! flannel's `--ip-masq` and `--iptables-forward-rules` (flannel's pkg/trafficmngr), in
+//! nftables tables of twill's own: `ip twill-ipv4`, and on a dual-stack node `ip6 twill-ipv6`.
 //!
-//! The rules need the lease's subnet, so they are written once the lease is held, in one
-//! transaction that replaces whatever the table held (a restart after SIGKILL leaves exactly
+//! The rules need the lease's subnets, so they are written once the lease is held, in one
+//! transaction that replaces whatever the tables held (a restart after SIGKILL leaves exactly
 //! one set). Every `--iptables-resync` the table is read back and compared with what was
 //! written; if someone changed or removed it, it is written again. A clean shutdown removes it.
 //!
@@ -16,8 +16,9 @@ mod listing;
 mod nfnl;
 mod ruleset;
 
-pub use ruleset::{Ruleset, MARK, TABLE};
+pub use ruleset::{Family, Ruleset, MARK};
 
+use crate::config::Config;
 use crate::lease::Lease;
 use crate::status::NodeStatus;
 use anyhow::anyhow;
@@ -90,29 +91,30 @@ impl Rules {
         })
     }
 
-    /// Writes the rules for `lease` in `network` and keeps them in place until
-    /// [`Installed::remove`].
-    pub async fn install(
-        self,
-        network: ipnet::Ipv4Net,
-        lease: &Lease,
-    ) -> anyhow::Result<Installed> {
+    /// Writes the rules for `lease` in the network of `config` (both families on a dual-stack
+    /// node) and keeps them in place until [`Installed::remove`].
+    pub async fn install(self, config: &Config, lease: &Lease) -> anyhow::Result<Installed> {
         let Some(nftables) = self.nftables else {
             return Ok(Installed(None));
         };
-        let ruleset = Ruleset {
+        let ruleset = |network, subnet| Ruleset {
             network,
-            subnet: lease.subnet,
+            subnet,
             masquerade: self.options.ip_masq,
             forward: self.options.forward_rules,
         };
-        let mut keeper = Keeper::new(ruleset, nftables.clone(), self.status);
+        let v4 = ruleset(config.network.into(), lease.subnet.into());
+        let v6 = config.ipv6.as_ref().zip(lease.ipv6_subnet);
+        let v6 = v6.map(|(v6, subnet)| ruleset(v6.network.into(), subnet.into()));
+        let rulesets: Vec<Ruleset> = std::iter::once(v4).chain(v6).collect();
+        let families: Vec<Family> = rulesets.iter().map(Ruleset::family).collect();
+        let mut keeper = Keeper::new(rulesets, nftables.clone(), self.status);
         keeper
             .first_write()
             .await
-            .map_err(|f| anyhow!(explain(&f, "write twill's nftables table")))?;
+            .map_err(|f| anyhow!(explain(&f, "write twill's nftables tables")))?;
         tracing::info!(
-            table = TABLE,
+            tables = ?families.iter().map(|f| f.to_string()).collect::<Vec<_>>(),
             ip_masq = self.options.ip_masq,
             forward_rules = self.options.forward_rules,
             "nftables rules in place"
@@ -123,6 +125,7 @@ impl Rules {
             task,
             status,
             nftables,
+            families,
         })))
     }
 }
@@ -131,20 +134,24 @@ impl Rules {
 /// kernel without nf_tables or without privileges.
 async fn probe() -> Result<Nftables, failure::Failure> {
     let nftables = Nftables::open()?;
-    nftables.run(listing::table).await?;
+    nftables.run(|c| listing::table(c, Family::Ipv4)).await?;
     Ok(nftables)
 }
 
-/// With no rules wanted: whatever twill's table an earlier run left goes, with a warning if it
-/// does not look like twill's.
+/// With no rules wanted: whatever twill's tables an earlier run left go, with a warning for one
+/// that does not look like twill's.
 async fn remove_leftover() -> Result<(), failure::Failure> {
     let nftables = Nftables::open()?;
-    let Some(found) = nftables.run(listing::table).await? else {
-        return Ok(());
-    };
-    keeper::warn_if_foreign(&found, "removing it");
-    nftables.run(|c| c.transact(&encode::remove())).await?;
-    tracing::info!(table = TABLE, "leftover nftables table removed");
+    for family in Family::ALL {
+        let Some(found) = nftables.run(move |c| listing::table(c, family)).await? else {
+            continue;
+        };
+        keeper::warn_if_foreign(family, &found, "removing it");
+        nftables
+            .run(move |c| c.transact(&encode::remove(family)))
+            .await?;
+        tracing::info!(table = %family, "leftover nftables table removed");
+    }
     Ok(())
 }
 
@@ -155,19 +162,26 @@ struct Kept {
     task: JoinHandle<()>,
     status: Arc<NodeStatus>,
     nftables: Nftables,
+    /// The families whose tables were written.
+    families: Vec<Family>,
 }
 
 impl Installed {
-    /// Stops keeping the rules and removes twill's table.
+    /// Stops keeping the rules and removes twill's tables.
     pub async fn remove(self) {
         let Some(kept) = self.0 else {
             return;
         };
         kept.task.abort();
         let _ = kept.task.await;
-        match kept.nftables.run(|c| c.transact(&encode::remove())).await {
-            Ok(()) => tracing::info!(table = TABLE, "nftables rules removed"),
-            Err(f) => tracing::warn!("{}", explain(&f, "remove twill's nftables table")),
+        let ops: Vec<_> = kept
+            .families
+            .iter()
+            .flat_map(|&f| encode::remove(f))
+            .collect();
+        match kept.nftables.run(move |c| c.transact(&ops)).await {
+            Ok(()) => tracing::info!(tables = ?kept.families, "nftables rules removed"),
+            Err(f) => tracing::warn!("{}", explain(&f, "remove twill's nftables tables")),
         }
         kept.status.update_rules(|s| s.in_place = false);
     }

@@ -12,6 +12,7 @@
 
 use super::encode::Op;
 use super::failure::Failure;
+use super::ruleset::Family;
 use netlink_packet_core::{
     DoneBuffer, DoneMessage, ErrorBuffer, ErrorMessage, NetlinkBuffer, NetlinkHeader,
     NetlinkMessage, NetlinkPayload, Parseable, NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP,
@@ -125,7 +126,7 @@ impl Conn {
         let mut datagram = control(ControlMessage::BatchBegin, begin);
         for op in ops {
             let seq = self.next_seq();
-            datagram.extend(serialize(op.message.clone(), op.flags, seq));
+            datagram.extend(serialize(op.family, op.message.clone(), op.flags, seq));
         }
         let end = self.next_seq();
         datagram.extend(control(ControlMessage::BatchEnd, end));
@@ -149,10 +150,12 @@ impl Conn {
         refusal.map_or(Ok(()), Err)
     }
 
-    /// Sends one read request (`what` names it for errors) and collects the answers; a dump if
-    /// `dump`. `None` when the kernel answers ENOENT: no such object.
+    /// Sends one read request about `family`'s objects (`what` names it for errors) and
+    /// collects the answers; a dump if `dump`. `None` when the kernel answers ENOENT: no such
+    /// object.
     pub fn read(
         &mut self,
+        family: Family,
         message: NfTablesMessage,
         dump: bool,
         what: &str,
@@ -161,7 +164,7 @@ impl Conn {
         // again; after three tries the last is used, and at worst looks like a change.
         let mut tries = 1;
         loop {
-            let (answers, interrupted) = self.read_once(message.clone(), dump, what)?;
+            let (answers, interrupted) = self.read_once(family, message.clone(), dump, what)?;
             if !interrupted || tries == 3 {
                 return Ok(answers);
             }
@@ -171,6 +174,7 @@ impl Conn {
 
     fn read_once(
         &mut self,
+        family: Family,
         message: NfTablesMessage,
         dump: bool,
         what: &str,
@@ -178,7 +182,7 @@ impl Conn {
         self.reserve(1);
         let seq = self.next_seq();
         let flags = NLM_F_REQUEST | if dump { NLM_F_DUMP } else { NLM_F_ACK };
-        self.send(&serialize(message, flags, seq))?;
+        self.send(&serialize(family, message, flags, seq))?;
         let (mut answers, mut interrupted, mut missing) = (Vec::new(), false, false);
         let mut refusal = None;
         self.receive(seq..=seq, |_, reply| {
@@ -287,9 +291,13 @@ fn garbled(e: impl std::fmt::Display) -> Failure {
     Failure::Garbled(e.to_string())
 }
 
-/// An nf_tables message for family `ip`, ready to send.
-fn serialize(message: NfTablesMessage, flags: u16, seq: u32) -> Vec<u8> {
-    let header = NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0);
+/// An nf_tables message about `family`'s tables (`ip` or `ip6`), ready to send.
+fn serialize(family: Family, message: NfTablesMessage, flags: u16, seq: u32) -> Vec<u8> {
+    let family = match family {
+        Family::Ipv4 => NetfilterProtoFamily::IPv4,
+        Family::Ipv6 => NetfilterProtoFamily::IPv6,
+    };
+    let header = NetfilterHeader::new(family, 0, 0);
     encode(NetfilterMessage::new(header, message), flags, seq)
 }
 

@@ -1,16 +1,66 @@
 //! flannel's masquerade and forward rules (pkg/trafficmngr/nftables), as plain values: what the
 //! rules mean, independent of how they reach the kernel (`encode.rs`).
 //!
-//! Everything lives in one table of twill's own, `ip twill-ipv4`, as flannel keeps its rules in
-//! `ip flannel-ipv4`: chain `postrtg` (nat, postrouting, srcnat) for `--ip-masq`, chain `forward`
-//! (filter, forward, filter priority, policy accept) for `--iptables-forward-rules`.
+//! Everything lives in a table of twill's own per address family, `ip twill-ipv4` (and on a
+//! dual-stack node `ip6 twill-ipv6`), as flannel keeps its rules in `ip flannel-ipv4` and
+//! `ip6 flannel-ipv6`: chain `postrtg` (nat, postrouting, srcnat) for `--ip-masq`, chain
+//! `forward` (filter, forward, filter priority, policy accept) for `--iptables-forward-rules`.
 //! docs/ip-masq.md lists them side by side with flannel's.
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::fmt;
 
-/// twill's table (family `ip`); nothing else of twill's touches nftables.
-pub const TABLE: &str = "twill-ipv4";
+/// The address family of one of twill's tables; nothing else of twill's touches nftables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    Ipv4,
+    Ipv6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::Ipv4, Family::Ipv6];
+
+    /// twill's table of this family.
+    pub fn table(self) -> &'static str {
+        match self {
+            Family::Ipv4 => "twill-ipv4",
+            Family::Ipv6 => "twill-ipv6",
+        }
+    }
+
+    /// nft's word for the family, in `nft list table ip6 …` and in `ip6 saddr …`.
+    pub fn word(self) -> &'static str {
+        match self {
+            Family::Ipv4 => "ip",
+            Family::Ipv6 => "ip6",
+        }
+    }
+
+    fn of(net: IpNet) -> Family {
+        match net {
+            IpNet::V4(_) => Family::Ipv4,
+            IpNet::V6(_) => Family::Ipv6,
+        }
+    }
+
+    /// Multicast destinations, which `--ip-masq` leaves alone.
+    fn multicast(self) -> IpNet {
+        match self {
+            Family::Ipv4 => Ipv4Net::new(std::net::Ipv4Addr::new(224, 0, 0, 0), 4).map(IpNet::V4),
+            Family::Ipv6 => {
+                Ipv6Net::new(std::net::Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0), 8).map(IpNet::V6)
+            }
+        }
+        .expect("a valid multicast prefix")
+    }
+}
+
+impl fmt::Display for Family {
+    /// `ip twill-ipv4`, as nft names the table.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.word(), self.table())
+    }
+}
 /// The comment twill's table carries (`nft list table` shows it), so a table of that name that
 /// lacks it is known not to be twill's.
 pub const MARK: &str = "managed by twill";
@@ -24,11 +74,11 @@ const SRCNAT_PRIORITY: i32 = 100;
 const FILTER_PRIORITY: i32 = 0;
 
 /// Which of flannel's rules a node wants, for the container network `network` and this node's
-/// lease `subnet`.
+/// lease `subnet`, of one family: IPv4's, or a dual-stack node's IPv6 ones.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ruleset {
-    pub network: Ipv4Net,
-    pub subnet: Ipv4Net,
+    pub network: IpNet,
+    pub subnet: IpNet,
     /// `--ip-masq`: the `postrtg` chain.
     pub masquerade: bool,
     /// `--iptables-forward-rules`: the `forward` chain.
@@ -66,7 +116,7 @@ pub enum Match {
     Address {
         field: Field,
         negated: bool,
-        net: Ipv4Net,
+        net: IpNet,
     },
     /// `meta mark & MARK == MARK`.
     MarkSet(u32),
@@ -88,6 +138,11 @@ pub enum Action {
 }
 
 impl Ruleset {
+    /// The family of its table: its network's.
+    pub fn family(&self) -> Family {
+        Family::of(self.network)
+    }
+
     /// The chains this ruleset wants, each with its rules in flannel's order.
     pub fn chains(&self) -> Vec<Chain> {
         let mut chains = Vec::new();
@@ -115,7 +170,7 @@ impl Ruleset {
     /// flannel's `postrtg` chain, in flannel's order; N is the network, S this node's subnet.
     fn masquerade_rules(&self) -> Vec<Rule> {
         let (n, s) = (self.network.trunc(), self.subnet.trunc());
-        let multicast: Ipv4Net = "224.0.0.0/4".parse().expect("multicast prefix");
+        let multicast = self.family().multicast();
         let (is, not) = (false, true);
         vec![
             // Marked by kube-proxy, which masquerades it itself.
@@ -149,7 +204,7 @@ fn rule(matches: Vec<Match>, action: Action) -> Rule {
     Rule { matches, action }
 }
 
-fn saddr(negated: bool, net: Ipv4Net) -> Match {
+fn saddr(negated: bool, net: IpNet) -> Match {
     Match::Address {
         field: Field::Saddr,
         negated,
@@ -157,7 +212,7 @@ fn saddr(negated: bool, net: Ipv4Net) -> Match {
     }
 }
 
-fn daddr(negated: bool, net: Ipv4Net) -> Match {
+fn daddr(negated: bool, net: IpNet) -> Match {
     Match::Address {
         field: Field::Daddr,
         negated,
@@ -188,7 +243,7 @@ impl fmt::Display for Match {
                     Field::Daddr => "daddr",
                 };
                 let op = if negated { "!= " } else { "" };
-                write!(f, "ip {field} {op}{net}")
+                write!(f, "{} {field} {op}{net}", Family::of(net).word())
             }
             Match::MarkSet(mark) => write!(f, "meta mark & {mark:#010x} == {mark:#010x}"),
         }
@@ -240,6 +295,32 @@ mod tests {
             ]
         );
         assert!(rules_as_text(&ruleset(true, false), FORWARD).is_empty());
+    }
+
+    #[test]
+    fn ipv6_rules_are_flannels_in_its_ip6_words_with_ipv6_multicast() {
+        let v6 = Ruleset {
+            network: "fd10::/56".parse().unwrap(),
+            subnet: "fd10:0:0:1::/64".parse().unwrap(),
+            masquerade: true,
+            forward: true,
+        };
+        assert_eq!(v6.family(), Family::Ipv6);
+        assert_eq!(v6.family().to_string(), "ip6 twill-ipv6");
+        assert_eq!(
+            rules_as_text(&v6, POSTROUTING)[1..],
+            [
+                "ip6 saddr fd10:0:0:1::/64 ip6 daddr fd10::/56 return",
+                "ip6 saddr fd10::/56 ip6 daddr fd10:0:0:1::/64 return",
+                "ip6 saddr != fd10::/56 ip6 daddr fd10:0:0:1::/64 return",
+                "ip6 saddr fd10::/56 ip6 daddr != ff00::/8 masquerade fully-random",
+                "ip6 saddr != fd10::/56 ip6 daddr fd10::/56 masquerade fully-random",
+            ]
+        );
+        assert_eq!(
+            rules_as_text(&v6, FORWARD),
+            ["ip6 saddr fd10::/56 accept", "ip6 daddr fd10::/56 accept"]
+        );
     }
 
     #[test]
