@@ -175,3 +175,45 @@ fn echo_once(addr: SocketAddr, ready: std::sync::mpsc::Sender<Result<()>>) -> Re
     socket.send_to(&buf[..n], source)?;
     Ok(*source.ip())
 }
+
+/// flannel-v6.<VNI> is kept as the backend made it, as flannel.<VNI> is: set down, it is
+/// reported and set up again at the next reconcile with its peers' routes back; stripped of
+/// its address, the address comes back. IPv6 traffic flows again after each.
+#[test]
+fn the_ipv6_device_is_repaired_when_set_down_or_stripped_of_its_address() -> Result<()> {
+    let mut c = dual_stack_cluster("dsfix", 2, &config("vxlan"))?;
+    let env = [("TWILL_RECONCILE_INTERVAL", "2")];
+    let nodes = [c.start_with_env(0, &env)?, c.start_with_env(1, &env)?];
+    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    c.add_dual_stack_container(0)?;
+    c.add_dual_stack_container(1)?;
+    let (a, b) = (c.container(0), c.container(1));
+    let b6 = b.ipv6.context("dual-stack")?;
+    let reaches_b = || -> Result<bool> {
+        let out = a.ns.sh(&format!("ping -c 1 -W 1 {b6} || true"))?;
+        Ok(out.contains("1 received"))
+    };
+    ensure!(reaches_b()?, "no IPv6 traffic to begin with");
+    let host0 = &c.lab.host(0).ns;
+
+    host0.ip(&["link", "set", "flannel-v6.1", "down"])?;
+    eventually_within("the down device reported", Duration::from_secs(10), || {
+        Ok(nodes[0].stderr().contains("device flannel-v6.1 is down"))
+    })?;
+    eventually_within(
+        "IPv6 after the device was set down",
+        Duration::from_secs(15),
+        reaches_b,
+    )?;
+    let link = host0.ip(&["link", "show", "flannel-v6.1"])?;
+    ensure!(link.contains(",UP"), "{link}");
+
+    let own = format!("{}/128", c.subnet6(0)?.network());
+    host0.ip(&["-6", "addr", "del", &own, "dev", "flannel-v6.1"])?;
+    eventually_within("the address restored", Duration::from_secs(15), || {
+        let addrs = host0.ip(&["-6", "addr", "show", "dev", "flannel-v6.1"])?;
+        Ok(addrs.contains(&own))
+    })?;
+    ensure!(reaches_b()?, "no IPv6 traffic after the address came back");
+    Ok(())
+}

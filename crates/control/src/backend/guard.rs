@@ -1,6 +1,6 @@
-//! The running backend's device, kept as the backend set it up: up, with its address, its MTU
-//! and, for the backends that send the whole network into it (udp, twill-batch, wireguard),
-//! the route `<network> dev <device>`.
+//! The running backend's devices (one; vxlan's two on a dual-stack node), kept as the backend
+//! set them up: up, with their address, their MTU and, for the backends that send the whole
+//! network into their device (udp, twill-batch, wireguard), the route `<network> dev <device>`.
 //!
 //! `ip link set twill0 down; ip link set twill0 up` is enough to lose that route for good: the
 //! kernel flushes every route through a link that goes down and restores none when it comes
@@ -10,7 +10,7 @@
 //! device that comes back up, or whose address, MTU or route changed, is repaired at once.
 
 use anyhow::Context;
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -19,65 +19,85 @@ use super::tunnel::ensure_mtu;
 use crate::host;
 use crate::status::NodeStatus;
 
-/// What the device must look like.
+/// What a device must look like.
 #[derive(Debug, Clone)]
 pub struct DeviceSpec {
     pub name: String,
-    /// The lease's network address as a /32, as every flannel backend gives its device.
-    pub address: Ipv4Net,
+    /// The lease's network address as a /32, as every flannel backend gives its device (vxlan's
+    /// IPv6 device: the IPv6 subnet's network address as a /128).
+    pub address: IpNet,
     pub mtu: u32,
     /// The whole network, routed into the device (`None`: the backend routes per peer).
     pub network_route: Option<Ipv4Net>,
-    /// The periodic reconcile's period, for what `/healthz` says.
-    pub reconcile_every: Duration,
 }
 
-/// Checks and repairs one device, and reports in `/healthz` while it cannot forward.
-pub struct DeviceGuard {
-    nl: Netlink,
+/// A device and its index, to pick its notices from the kernel's.
+struct Guarded {
     spec: DeviceSpec,
     index: u32,
+}
+
+/// Checks and repairs the backend's devices, and reports in `/healthz` while one cannot
+/// forward.
+pub struct DeviceGuard {
+    nl: Netlink,
+    devices: Vec<Guarded>,
+    /// The periodic reconcile's period, for what `/healthz` says.
+    reconcile_every: Duration,
     /// What was wrong at the last check, while something is.
     problem: Option<String>,
 }
 
 impl DeviceGuard {
-    pub async fn new(nl: Netlink, spec: DeviceSpec) -> anyhow::Result<DeviceGuard> {
-        let link = nl.link_by_name(&spec.name).await?;
-        let index = link
-            .with_context(|| format!("device {} not found", spec.name))?
-            .index;
+    pub async fn new(
+        nl: Netlink,
+        specs: Vec<DeviceSpec>,
+        reconcile_every: Duration,
+    ) -> anyhow::Result<DeviceGuard> {
+        let mut devices = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let link = nl.link_by_name(&spec.name).await?;
+            let link = link.with_context(|| format!("device {} not found", spec.name))?;
+            devices.push(Guarded {
+                spec,
+                index: link.index,
+            });
+        }
         Ok(DeviceGuard {
             nl,
-            spec,
-            index,
+            devices,
+            reconcile_every,
             problem: None,
         })
     }
 
-    /// The device's index, to pick its notices from the kernel's.
-    pub fn index(&self) -> u32 {
-        self.index
+    /// Whether the kernel's notice about link `index` concerns a guarded device.
+    pub fn watches(&self, index: u32) -> bool {
+        self.devices.iter().any(|d| d.index == index)
     }
 
     /// Repairs what can be repaired (a device that is down too, when `bring_up`) and reports
-    /// the rest in the status. Whether the device can forward now.
+    /// the rest in the status. Whether every device can forward now.
     pub async fn check(&mut self, bring_up: bool, status: &NodeStatus) -> bool {
-        let problem = match self.repair(bring_up).await {
-            Ok(problem) => problem,
-            Err(e) => Some(format!(
-                "device {} cannot be repaired: {e:#}",
-                self.spec.name
-            )),
-        };
+        let mut problem = None;
+        for device in &self.devices {
+            let found = match self.repair(&device.spec, bring_up).await {
+                Ok(found) => found,
+                Err(e) => Some(format!(
+                    "device {} cannot be repaired: {e:#}",
+                    device.spec.name
+                )),
+            };
+            problem = problem.or(found);
+        }
         let usable = problem.is_none();
         self.report(problem, status);
         usable
     }
 
     /// `Ok(Some(why))` when the device cannot forward and was left so.
-    async fn repair(&self, bring_up: bool) -> anyhow::Result<Option<String>> {
-        let name = &self.spec.name;
+    async fn repair(&self, spec: &DeviceSpec, bring_up: bool) -> anyhow::Result<Option<String>> {
+        let name = &spec.name;
         let Some(link) = self.nl.link_by_name(name).await? else {
             return Ok(Some(format!("device {name} is gone")));
         };
@@ -89,36 +109,36 @@ impl DeviceGuard {
             set.with_context(|| format!("setting {name} up"))?;
             info!(device = %name, "the device was down: set it up again");
         }
-        self.restore_address(&link).await?;
-        self.restore_mtu(link.clone()).await?;
-        self.restore_route(&link).await?;
+        self.restore_address(spec, &link).await?;
+        self.restore_mtu(spec, link.clone()).await?;
+        self.restore_route(spec, &link).await?;
         Ok(None)
     }
 
-    async fn restore_address(&self, link: &Link) -> anyhow::Result<()> {
-        let addrs = self.nl.ipv4_addresses(link.index).await?;
-        if !addrs.contains(&self.spec.address) {
-            let added = self
-                .nl
-                .add_address(link.index, self.spec.address.into())
-                .await;
-            added.with_context(|| format!("adding {} to {}", self.spec.address, link.name))?;
-            info!(device = %link.name, address = %self.spec.address, "restored the address");
+    async fn restore_address(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {
+        let present = match spec.address {
+            IpNet::V4(v4) => self.nl.ipv4_addresses(link.index).await?.contains(&v4),
+            IpNet::V6(v6) => self.nl.ipv6_addresses(link.index).await?.contains(&v6),
+        };
+        if !present {
+            let added = self.nl.add_address(link.index, spec.address).await;
+            added.with_context(|| format!("adding {} to {}", spec.address, link.name))?;
+            info!(device = %link.name, address = %spec.address, "restored the address");
         }
         Ok(())
     }
 
-    async fn restore_mtu(&self, link: Link) -> anyhow::Result<()> {
+    async fn restore_mtu(&self, spec: &DeviceSpec, link: Link) -> anyhow::Result<()> {
         let (name, was) = (link.name.clone(), link.mtu);
-        ensure_mtu(&self.nl, link, self.spec.mtu).await?;
-        if was != self.spec.mtu {
-            info!(device = %name, was, mtu = self.spec.mtu, "restored the MTU");
+        ensure_mtu(&self.nl, link, spec.mtu).await?;
+        if was != spec.mtu {
+            info!(device = %name, was, mtu = spec.mtu, "restored the MTU");
         }
         Ok(())
     }
 
-    async fn restore_route(&self, link: &Link) -> anyhow::Result<()> {
-        let Some(network) = self.spec.network_route else {
+    async fn restore_route(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {
+        let Some(network) = spec.network_route else {
             return Ok(());
         };
         let route = Route {
@@ -141,13 +161,13 @@ impl DeviceGuard {
         if problem == self.problem {
             return;
         }
-        let every = self.spec.reconcile_every;
+        let every = self.reconcile_every;
         match &problem {
             Some(why) => warn!(
                 "{why}: this node cannot forward to other hosts; twill repairs it as soon as the \
                  device is up again, and sets it up at the next reconcile (every {every:?})"
             ),
-            None => info!(device = %self.spec.name, "the device forwards again"),
+            None => info!("the backend's devices forward again"),
         }
         let health = problem.as_ref().map(|why| unhealthy(why, every));
         status.set_unhealthy(health);

@@ -1,5 +1,5 @@
 //! What the daemon keeps in order besides the peers, whichever backend runs: the backend's
-//! device ([`DeviceGuard`]) and the routes and devices other backends left ([`Sweep`]).
+//! devices ([`DeviceGuard`]) and the routes and devices other backends left ([`Sweep`]).
 //!
 //! At start and at every reconcile the device is repaired first (so that the backend's own
 //! reconcile can program routes through it) and the sweep runs last. Between reconciles the
@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use tracing::warn;
 
 use super::guard::{DeviceGuard, DeviceSpec};
@@ -25,6 +25,8 @@ use crate::status::NodeStatus;
 struct Layout {
     /// The backend's own device; host-gw has none.
     device: Option<String>,
+    /// vxlan's IPv6 device, on a dual-stack node.
+    device6: Option<String>,
     /// Whether that device carries the route for the whole network (the TUN backends and
     /// wireguard) rather than one route per peer (vxlan, ipip).
     network_route: bool,
@@ -33,8 +35,14 @@ struct Layout {
 }
 
 fn layout(node: &Node) -> Layout {
+    let vni = VxlanConfig::of(node).vni;
     let names = Names {
-        vxlan: format!("flannel.{}", VxlanConfig::of(node).vni),
+        vxlan: format!("flannel.{vni}"),
+        vxlan6: node
+            .config
+            .ipv6
+            .is_some()
+            .then(|| format!("flannel-v6.{vni}")),
         tun: node.options.tun_name.clone(),
         underlay: node.iface.name.clone(),
     };
@@ -45,6 +53,8 @@ fn layout(node: &Node) -> Layout {
 struct Names {
     /// `flannel.<VNI>`.
     vxlan: String,
+    /// `flannel-v6.<VNI>`, on a dual-stack node.
+    vxlan6: Option<String>,
     /// `--tun-name`.
     tun: String,
     underlay: String,
@@ -52,22 +62,28 @@ struct Names {
 
 impl Names {
     fn layout(self, backend: &str) -> Layout {
-        let tunnel = |dev: String| Layout {
+        let tunnel = |dev: String, dev6: Option<String>| Layout {
             device: Some(dev.clone()),
+            device6: dev6.clone(),
             network_route: false,
-            keep: vec![dev, self.underlay.clone()],
+            keep: [dev, self.underlay.clone()]
+                .into_iter()
+                .chain(dev6)
+                .collect(),
         };
         let whole_network = |dev: String| Layout {
             device: Some(dev.clone()),
+            device6: None,
             network_route: true,
             keep: vec![dev],
         };
         match backend {
-            backend_type::VXLAN => tunnel(self.vxlan.clone()),
-            backend_type::IPIP => tunnel(ipip::DEVICE.to_string()),
+            backend_type::VXLAN => tunnel(self.vxlan.clone(), self.vxlan6.clone()),
+            backend_type::IPIP => tunnel(ipip::DEVICE.to_string(), None),
             backend_type::WIREGUARD => whole_network(wireguard::DEVICE.to_string()),
             backend_type::HOST_GW => Layout {
                 device: None,
+                device6: None,
                 network_route: false,
                 keep: vec![self.underlay.clone()],
             },
@@ -77,7 +93,7 @@ impl Names {
     }
 }
 
-/// The kernel's notices about the device; without them only the periodic reconcile repairs.
+/// The kernel's notices about the devices; without them only the periodic reconcile repairs.
 fn subscribe(spec: &DeviceSpec) -> Option<Watch> {
     let watch = Watch::subscribe(spec.network_route.is_some());
     let name = &spec.name;
@@ -85,6 +101,19 @@ fn subscribe(spec: &DeviceSpec) -> Option<Watch> {
     watch
         .inspect_err(|e| warn!("no kernel notices about {name}: {e}; {why}"))
         .ok()
+}
+
+/// vxlan's IPv6 device as its backend set it up: the IPv6 subnet's network address as a /128.
+fn ipv6_device(name: String, lease: &Lease, mtu: u32) -> anyhow::Result<DeviceSpec> {
+    let subnet = lease
+        .ipv6_subnet
+        .with_context(|| format!("{name} is made, but our lease has no IPv6 subnet"))?;
+    Ok(DeviceSpec {
+        name,
+        address: Ipv6Net::new(subnet.network(), 128)?.into(),
+        mtu,
+        network_route: None,
+    })
 }
 
 /// The device guard, its notices, and the sweep.
@@ -120,14 +149,18 @@ impl Upkeep {
                 let network_route = layout.network_route.then_some(node.config.network);
                 let spec = DeviceSpec {
                     name,
-                    address: Ipv4Net::new(lease.subnet.network(), 32)?,
+                    address: Ipv4Net::new(lease.subnet.network(), 32)?.into(),
                     mtu,
                     network_route,
-                    reconcile_every,
                 };
                 // Subscribed before the first check, so no change after it goes unheard.
                 let watch = subscribe(&spec);
-                (Some(DeviceGuard::new(nl.clone(), spec).await?), watch)
+                let v6 = layout.device6.map(|name| ipv6_device(name, lease, mtu));
+                let specs = std::iter::once(Ok(spec))
+                    .chain(v6)
+                    .collect::<anyhow::Result<_>>()?;
+                let guard = DeviceGuard::new(nl.clone(), specs, reconcile_every).await?;
+                (Some(guard), watch)
             }
             None => (None, None),
         };
@@ -159,7 +192,7 @@ impl Upkeep {
             return std::future::pending().await;
         };
         while let Some(notice) = watch.next().await {
-            if notice.index() == guard.index() {
+            if guard.watches(notice.index()) {
                 watch.drain();
                 return;
             }
@@ -187,6 +220,7 @@ mod tests {
     fn layout(backend: &str) -> Layout {
         let names = Names {
             vxlan: "flannel.7".into(),
+            vxlan6: None,
             tun: "tun9".into(),
             underlay: "ens3".into(),
         };
@@ -194,9 +228,23 @@ mod tests {
     }
 
     #[test]
+    fn a_dual_stack_vxlan_node_keeps_both_of_its_devices() {
+        let names = Names {
+            vxlan: "flannel.7".into(),
+            vxlan6: Some("flannel-v6.7".into()),
+            tun: "tun9".into(),
+            underlay: "ens3".into(),
+        };
+        let vxlan = names.layout("vxlan");
+        assert_eq!(vxlan.device6.as_deref(), Some("flannel-v6.7"));
+        assert_eq!(vxlan.keep, ["flannel.7", "ens3", "flannel-v6.7"]);
+    }
+
+    #[test]
     fn each_backend_keeps_its_own_devices_routes() {
         let whole = |dev: &str| Layout {
             device: Some(dev.into()),
+            device6: None,
             network_route: true,
             keep: vec![dev.into()],
         };
