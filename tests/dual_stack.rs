@@ -217,3 +217,46 @@ fn the_ipv6_device_is_repaired_when_set_down_or_stripped_of_its_address() -> Res
     ensure!(reaches_b()?, "no IPv6 traffic after the address came back");
     Ok(())
 }
+
+/// A dual-stack host-gw node finds what a dual-stack vxlan run left: flannel-v6.1 with an
+/// address inside IPv6Network and a route through it. The device goes, with its route, and the
+/// log says so; IPv6 traffic then takes host-gw's route.
+#[test]
+fn a_host_gw_node_sweeps_the_ipv6_device_a_vxlan_run_left() -> Result<()> {
+    let mut c = dual_stack_cluster("dssweep", 2, &config("host-gw"))?;
+    let host0 = &c.lab.host(0).ns;
+    for planted in [
+        "link add flannel-v6.1 type vxlan id 1 local fd00:200::1 dev eth0 nolearning",
+        "-6 addr add fd10:0:0:ee::/128 dev flannel-v6.1 nodad",
+        "link set flannel-v6.1 up",
+        "-6 route add fd10:0:0:ef::/64 via fd10:0:0:ef:: dev flannel-v6.1 onlink",
+    ] {
+        host0.ip(&planted.split(' ').collect::<Vec<_>>())?;
+    }
+    let nodes = [c.start(0)?, c.start(1)?];
+    eventually("the leftover device swept", || {
+        Ok(c.lab
+            .host(0)
+            .ns
+            .ip(&["link", "show", "flannel-v6.1"])
+            .is_err())
+    })?;
+    ensure!(
+        nodes[0].stderr().contains("deleted flannel-v6.1"),
+        "{}",
+        nodes[0].stderr()
+    );
+    let routes = c
+        .lab
+        .host(0)
+        .ns
+        .ip(&["-6", "route", "show", "root", "fd10::/56"])?;
+    ensure!(!routes.contains("fd10:0:0:ef::"), "{routes}");
+    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+    c.add_dual_stack_container(0)?;
+    c.add_dual_stack_container(1)?;
+    let b6 = c.container(1).ipv6.context("dual-stack")?;
+    let out = ping(c.container(0), b6, 2)?;
+    ensure!(out.contains("2 received"), "{out}");
+    Ok(())
+}

@@ -13,8 +13,11 @@
 //! cni0`), never one inside this node's own subnet, and only on the device names those backends
 //! use (the underlay for host-gw's): a route of the same form on another device is not ours.
 //!
-//! Devices: a kernel tunnel of another backend (`flannel.<VNI>`, `flannel.ipip`, a kernel
-//! `flannel-wg`) that carries an address inside our `Network` was made for this network by an
+//! On a dual-stack node the same holds for the IPv6 routes inside `IPv6Network`.
+//!
+//! Devices: a kernel tunnel of another backend (`flannel.<VNI>`, `flannel-v6.<VNI>`,
+//! `flannel.ipip`, a kernel `flannel-wg`) that carries an address inside our `Network` (or
+//! `IPv6Network`) was made for this network by an
 //! earlier run, and is deleted with everything on it: kept, it would still decapsulate what a
 //! peer sends it in the clear, and a route through it could come back. TUNs are never
 //! deleted: one exists only while a process holds it, and that process's device is not ours;
@@ -28,7 +31,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use anyhow::Context;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::link::InfoKind;
 use tracing::warn;
 
@@ -47,7 +50,8 @@ const IPIP_DEV: &str = super::ipip::DEVICE;
 enum Shape {
     /// `<subnet> via <peer> dev <underlay>`; also vxlan's and ipip's DirectRouting.
     HostGw,
-    /// `<subnet> via <subnet's network address> dev flannel.<VNI> onlink`.
+    /// `<subnet> via <subnet's network address> dev flannel.<VNI> onlink` (and
+    /// `flannel-v6.<VNI>`).
     Vxlan,
     /// `<subnet> via <peer> dev flannel.ipip onlink`.
     Ipip,
@@ -74,6 +78,8 @@ impl fmt::Display for Shape {
 pub struct Scope {
     pub network: Ipv4Net,
     pub own_subnet: Ipv4Net,
+    /// `IPv6Network` and our IPv6 subnet, on a dual-stack node.
+    pub ipv6: Option<(Ipv6Net, Ipv6Net)>,
     pub underlay: String,
     /// This node's `--tun-name`, the userspace backends' device.
     pub tun_name: String,
@@ -88,14 +94,17 @@ pub struct Scope {
 impl Scope {
     /// The backend shape of `route` on the device `dev`, if it is one the sweep may remove.
     fn stale_shape(&self, route: &Route, dev: &str) -> Option<Shape> {
-        // IPv6 routes are not swept yet: only IPv4 backends' leftovers are known shapes.
-        let IpNet::V4(dst) = route.dst else {
-            return None;
+        let (network, own) = match route.dst {
+            IpNet::V4(_) => (IpNet::V4(self.network), IpNet::V4(self.own_subnet)),
+            IpNet::V6(_) => {
+                let (network, own) = self.ipv6?;
+                (IpNet::V6(network), IpNet::V6(own))
+            }
         };
-        let swept = self.network.contains(&dst)
-            && !self.own_subnet.contains(&dst)
+        let swept = network.contains(&route.dst)
+            && !own.contains(&route.dst)
             && !self.keep.iter().any(|k| k == dev);
-        swept.then(|| shape(route, dev, self))?
+        swept.then(|| shape(route, dev, self, network))?
     }
 
     /// A kernel tunnel device another backend made, which the running one does not use.
@@ -110,10 +119,11 @@ impl Scope {
     }
 }
 
-fn shape(route: &Route, dev: &str, scope: &Scope) -> Option<Shape> {
-    let whole_network = route.dst == IpNet::V4(scope.network) && route.gateway.is_none();
+/// The shape of `route`, inside `network` (the node's `Network` or `IPv6Network`).
+fn shape(route: &Route, dev: &str, scope: &Scope, network: IpNet) -> Option<Shape> {
+    let whole_network = route.dst == network && route.gateway.is_none();
     // A peer's route is for one subnet, never the whole network (an operator's may be).
-    let one_subnet = route.dst.prefix_len() > scope.network.prefix_len();
+    let one_subnet = route.dst.prefix_len() > network.prefix_len();
     let via = route.gateway.filter(|_| one_subnet);
     if dev == scope.underlay && via.is_some() && !route.onlink {
         Some(Shape::HostGw)
@@ -130,9 +140,11 @@ fn shape(route: &Route, dev: &str, scope: &Scope) -> Option<Shape> {
     }
 }
 
-/// `flannel.<VNI>`; not `flannel.ipip`.
+/// `flannel.<VNI>` or `flannel-v6.<VNI>`; not `flannel.ipip`.
 fn is_vxlan_name(name: &str) -> bool {
-    let vni = name.strip_prefix("flannel.");
+    let vni = name
+        .strip_prefix("flannel.")
+        .or_else(|| name.strip_prefix("flannel-v6."));
     vni.is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
 }
 
@@ -202,10 +214,17 @@ impl Sweep {
         Ok(())
     }
 
-    /// Whether the device holds an address inside our network: made for it, not another's.
+    /// Whether the device holds an address inside our networks: made for them, not another's.
     async fn in_network(&self, link: &Link) -> anyhow::Result<bool> {
         let addrs = self.nl.ipv4_addresses(link.index).await?;
-        Ok(addrs.iter().any(|a| self.scope.network.contains(&a.addr())))
+        if addrs.iter().any(|a| self.scope.network.contains(&a.addr())) {
+            return Ok(true);
+        }
+        let Some((network6, _)) = self.scope.ipv6 else {
+            return Ok(false);
+        };
+        let addrs6 = self.nl.ipv6_addresses(link.index).await?;
+        Ok(addrs6.iter().any(|a| network6.contains(&a.addr())))
     }
 
     async fn delete_device(&self, link: &Link) -> anyhow::Result<()> {
@@ -251,12 +270,15 @@ impl Sweep {
 mod tests {
     use super::*;
     use crate::backend::netlink::VxlanParams;
-    use std::net::Ipv4Addr;
 
     fn scope(keep: &[&str]) -> Scope {
         Scope {
             network: "10.5.0.0/16".parse().unwrap(),
             own_subnet: "10.5.1.0/24".parse().unwrap(),
+            ipv6: Some((
+                "fd10::/56".parse().unwrap(),
+                "fd10:0:0:1::/64".parse().unwrap(),
+            )),
             underlay: "eth0".into(),
             tun_name: "twill0".into(),
             backend: "wireguard".into(),
@@ -268,7 +290,7 @@ mod tests {
     fn route(dst: &str, via: Option<&str>, onlink: bool) -> Route {
         Route {
             dst: dst.parse().unwrap(),
-            gateway: via.map(|v| v.parse::<Ipv4Addr>().unwrap().into()),
+            gateway: via.map(|v| v.parse::<std::net::IpAddr>().unwrap()),
             oif: 3,
             onlink,
             nhid: None,
@@ -310,6 +332,36 @@ mod tests {
             scope(&["twill0"]).stale_shape(&wg, "flannel-wg"),
             Some(Shape::Wireguard)
         );
+    }
+
+    #[test]
+    fn a_dual_stack_nodes_ipv6_leftovers_are_swept_and_the_rest_left_alone() {
+        let s = scope(&["flannel-wg"]);
+        let host_gw = route("fd10:0:0:2::/64", Some("fd00:200::2"), false);
+        assert_eq!(s.stale_shape(&host_gw, "eth0"), Some(Shape::HostGw));
+        let vxlan = route("fd10:0:0:2::/64", Some("fd10:0:0:2::"), true);
+        assert_eq!(s.stale_shape(&vxlan, "flannel-v6.1"), Some(Shape::Vxlan));
+        let left_alone = [
+            // Our own IPv6 subnet, outside IPv6Network, or the running backend's.
+            (route("fd10:0:0:1::/64", Some("fd00:200::9"), false), "eth0"),
+            (route("fd99:0:0:2::/64", Some("fd00:200::2"), false), "eth0"),
+            (
+                route("fd10:0:0:2::/64", Some("fd10:0:0:2::"), true),
+                "flannel-v6x.1",
+            ),
+        ];
+        for (r, dev) in left_alone {
+            assert_eq!(s.stale_shape(&r, dev), None, "{}", describe(&r, dev));
+        }
+        assert_eq!(
+            scope(&["flannel-v6.1"]).stale_shape(&vxlan, "flannel-v6.1"),
+            None
+        );
+        let ipv4_only = Scope {
+            ipv6: None,
+            ..scope(&["flannel-wg"])
+        };
+        assert_eq!(ipv4_only.stale_shape(&host_gw, "eth0"), None);
     }
 
     #[test]
@@ -362,6 +414,7 @@ mod tests {
         let vxlan = || LinkKind::Vxlan(VxlanParams::default());
         let s = scope(&["flannel-wg"]);
         assert!(s.foreign_tunnel(&link("flannel.1", vxlan())));
+        assert!(s.foreign_tunnel(&link("flannel-v6.1", vxlan())));
         assert!(s.foreign_tunnel(&link("flannel.ipip", LinkKind::Ipip(Default::default()))));
         let kernel_wg = LinkKind::Other(Some(InfoKind::Wireguard));
         assert!(scope(&["twill0"]).foreign_tunnel(&link("flannel-wg", kernel_wg.clone())));

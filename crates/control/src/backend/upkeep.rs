@@ -137,6 +137,12 @@ impl Upkeep {
         let scope = Scope {
             network: node.config.network,
             own_subnet: lease.subnet,
+            ipv6: node
+                .config
+                .ipv6
+                .as_ref()
+                .zip(lease.ipv6_subnet)
+                .map(|(v6, own)| (v6.network, own)),
             underlay: node.iface.name.clone(),
             tun_name: node.options.tun_name.clone(),
             backend: node.config.backend.backend_type.clone(),
