@@ -100,6 +100,23 @@ fn inner(src: [u8; 4], pair: &Pair) -> Vec<u8> {
     inner_packet(Ipv4Addr::from(src), pair.container(0).ip)
 }
 
+/// A well-formed IPv6 packet (a UDP header, no payload) as a dual-stack flanneld peer's
+/// container would send one: the udp and twill-batch engines carry IPv4 only, so it is counted
+/// as malformed and never written to TUN, whatever its addresses.
+fn ipv6_inner() -> Vec<u8> {
+    let mut packet = vec![0u8; 48];
+    packet[0] = 0x60;
+    packet[4..6].copy_from_slice(&8u16.to_be_bytes());
+    packet[6] = 17;
+    packet[7] = 64;
+    let src: std::net::Ipv6Addr = "fd10:0:0:3::9".parse().expect("address");
+    let dst: std::net::Ipv6Addr = "fd10:0:0:1::2".parse().expect("address");
+    packet[8..24].copy_from_slice(&src.octets());
+    packet[24..40].copy_from_slice(&dst.octets());
+    packet[40..48].copy_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 8, 0, 0]);
+    packet
+}
+
 #[test]
 fn hostile_datagrams_on_the_udp_port_are_counted_and_change_nothing() -> Result<()> {
     survive("hudp", "udp", 8285, |pair| {
@@ -118,12 +135,13 @@ fn hostile_datagrams_on_the_udp_port_are_counted_and_change_nothing() -> Result<
                 (wrong_version, true),
                 (bad_length, true),
                 (Vec::new(), true),
+                (ipv6_inner(), true),
                 (Vec::new(), false),
                 (good_from_fake, false),
             ],
             expected: BTreeMap::from([
                 ("spoofed_source", 1),
-                ("malformed", 4),
+                ("malformed", 5),
                 ("unknown_peer", 2),
             ]),
             flood_reason: "unknown_peer",
@@ -155,6 +173,7 @@ fn hostile_datagrams_on_the_batch_port_are_counted_and_change_nothing() -> Resul
                 (chunk(other, GSO_TCPV4), true),
                 (Vec::new(), true),
                 (vec![0x54], true),
+                (batch_datagram(fake, &[&ipv6_inner()]), true),
                 (batch_datagram(fake, &[&good]), false),
             ],
             expected: BTreeMap::from([
@@ -162,7 +181,7 @@ fn hostile_datagrams_on_the_batch_port_are_counted_and_change_nothing() -> Resul
                 ("bad_version", 1),
                 ("unknown_peer", 3),
                 ("spoofed_source", 1),
-                ("malformed", 4),
+                ("malformed", 5),
             ]),
             flood_reason: "bad_magic",
         }
