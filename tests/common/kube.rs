@@ -1,13 +1,14 @@
 //! A lab whose hosts are Nodes of a real kube-apiserver, for the `--kube-subnet-mgr` tests.
 //! There is no kubelet or controller manager: the test creates each host's Node with its
-//! podCIDR, as the node-IPAM controller would.
+//! podCIDR (or an IPv4 and an IPv6 one), as the node-IPAM controller would.
 
 use super::*;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use twill_lab::{Etcd, Ipv4Net, KubeApiServer, Lab, LabSpec, Proc};
+use twill_lab::{Etcd, Ipv4Net, Ipv6Net, KubeApiServer, Lab, LabSpec, Proc};
 
 pub const NETWORK: &str = "10.5.0.0/16";
+pub const IPV6_NETWORK: &str = "fd10::/56";
 pub const PREFIX: &str = "flannel.alpha.coreos.com";
 
 /// flannel's net-conf.json for one backend, with `extra` Backend fields.
@@ -15,8 +16,15 @@ pub fn net_conf(backend: &str, extra: &str) -> String {
     format!(r#"{{"Network":"{NETWORK}","Backend":{{"Type":"{backend}"{extra}}}}}"#)
 }
 
-/// Host `i` is Node `node-i` with podCIDR 10.5.(i+1).0/24. etcd and the API server run on the
-/// last host, at its underlay address.
+/// A dual-stack net-conf.json for one backend: [`NETWORK`] and [`IPV6_NETWORK`].
+pub fn dual_stack_net_conf(backend: &str) -> String {
+    format!(
+        r#"{{"Network":"{NETWORK}","EnableIPv6":true,"IPv6Network":"{IPV6_NETWORK}","Backend":{{"Type":"{backend}"}}}}"#
+    )
+}
+
+/// Host `i` is Node `node-i` with podCIDR 10.5.(i+1).0/24 (and fd10:0:0:(i+1)::/64 if made
+/// dual-stack). etcd and the API server run on the last host, at its underlay address.
 pub struct KubeCluster {
     pub lab: Lab,
     pub api: KubeApiServer,
@@ -35,12 +43,24 @@ pub fn kube_cluster_with(
     conf: &str,
     api_args: &[&str],
 ) -> Result<KubeCluster> {
+    kube_cluster_on(lab(tag, hosts)?, hosts, conf, api_args)
+}
+
+/// [`kube_cluster`] whose hosts also have an IPv6 underlay (fd00:200::<n>/64 on eth0).
+pub fn dual_stack_kube_cluster(tag: &str, hosts: usize, conf: &str) -> Result<KubeCluster> {
+    kube_cluster_on(lab(tag, hosts)?.with_ipv6_underlay()?, hosts, conf, &[])
+}
+
+fn lab(tag: &str, hosts: usize) -> Result<Lab> {
     twill_lab::require_root()?;
-    let lab = Lab::new(LabSpec {
+    Lab::new(LabSpec {
         hosts,
         tag: tag.into(),
         ..Default::default()
-    })?;
+    })
+}
+
+fn kube_cluster_on(lab: Lab, hosts: usize, conf: &str, api_args: &[&str]) -> Result<KubeCluster> {
     let control = lab.host(hosts - 1);
     let etcd = Etcd::listening(Some(&control.ns), control.underlay_ip)?;
     let api = KubeApiServer::start_with(Some(&control.ns), control.underlay_ip, &etcd, api_args)?;
@@ -65,11 +85,26 @@ impl KubeCluster {
         format!("10.5.{}.0/24", host + 1).parse().unwrap()
     }
 
+    pub fn pod_cidr6(host: usize) -> Ipv6Net {
+        format!("fd10:0:0:{}::/64", host + 1).parse().unwrap()
+    }
+
     /// Creates host `host`'s Node with its podCIDR.
     pub fn add_node(&self, host: usize) -> Result<()> {
         let cidr = Self::pod_cidr(host).to_string();
         self.api
             .create_node(&Self::node_name(host), Some(&cidr), &[])
+    }
+
+    /// Creates host `host`'s Node with its IPv4 and IPv6 podCIDRs.
+    pub fn add_dual_stack_node(&self, host: usize) -> Result<()> {
+        let cidrs = [
+            Self::pod_cidr(host).to_string(),
+            Self::pod_cidr6(host).to_string(),
+        ];
+        let cidrs = [cidrs[0].as_str(), cidrs[1].as_str()];
+        self.api
+            .create_node_with_cidrs(&Self::node_name(host), &cidrs, &[])
     }
 
     pub fn kubeconfig(&self) -> PathBuf {
@@ -169,6 +204,14 @@ impl KubeCluster {
         self.lab
             .host_mut(host)
             .add_container(Self::pod_cidr(host))?;
+        Ok(())
+    }
+
+    /// A container behind `host` in its IPv4 and IPv6 podCIDRs.
+    pub fn add_dual_stack_container(&mut self, host: usize) -> Result<()> {
+        let (subnet, subnet6) = (Self::pod_cidr(host), Self::pod_cidr6(host));
+        let host = self.lab.host_mut(host);
+        host.add_dual_stack_container(subnet, subnet6)?;
         Ok(())
     }
 

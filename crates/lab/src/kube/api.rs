@@ -44,11 +44,22 @@ impl KubeApiServer {
         pod_cidr: Option<&str>,
         annotations: &[(&str, &str)],
     ) -> Result<()> {
+        self.create_node_with_cidrs(name, pod_cidr.as_slice(), annotations)
+    }
+
+    /// [`KubeApiServer::create_node`] with `pod_cidrs` as spec.podCIDRs (the first also as
+    /// spec.podCIDR), e.g. an IPv4 and an IPv6 one as a dual-stack cluster's node IPAM gives.
+    pub fn create_node_with_cidrs(
+        &self,
+        name: &str,
+        pod_cidrs: &[&str],
+        annotations: &[(&str, &str)],
+    ) -> Result<()> {
         let annotations = std::iter::once(TTL_ANNOTATION)
             .chain(annotations.iter().copied())
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        let node = new_node(name, pod_cidr, annotations, None);
+        let node = new_node(name, pod_cidrs, annotations, None);
         self.block_on(|client| async move {
             nodes(client).create(&PostParams::default(), &node).await?;
             Ok(())
@@ -88,9 +99,9 @@ impl KubeApiServer {
                 Some(_) => {
                     let meta = node.metadata;
                     let annotations = meta.annotations.unwrap_or_default();
-                    let mut fresh = new_node(name, None, annotations, meta.labels);
+                    let mut fresh = new_node(name, &[], annotations, meta.labels);
                     fresh.spec = Some(spec);
-                    set_cidr(&mut fresh, cidr);
+                    set_cidrs(&mut fresh, &[cidr]);
                     api.delete(name, &DeleteParams::default()).await?;
                     api.create(&PostParams::default(), &fresh).await?;
                 }
@@ -240,7 +251,7 @@ fn meta(name: &str) -> ObjectMeta {
 
 fn new_node(
     name: &str,
-    pod_cidr: Option<&str>,
+    pod_cidrs: &[&str],
     annotations: BTreeMap<String, String>,
     labels: Option<BTreeMap<String, String>>,
 ) -> Node {
@@ -253,17 +264,17 @@ fn new_node(
         spec: Some(NodeSpec::default()),
         ..Default::default()
     };
-    if let Some(cidr) = pod_cidr {
-        set_cidr(&mut node, cidr);
+    if !pod_cidrs.is_empty() {
+        set_cidrs(&mut node, pod_cidrs);
     }
     node
 }
 
 /// Both fields: podCIDRs[0] must equal podCIDR.
-fn set_cidr(node: &mut Node, cidr: &str) {
+fn set_cidrs(node: &mut Node, cidrs: &[&str]) {
     let spec = node.spec.get_or_insert_with(Default::default);
-    spec.pod_cidr = Some(cidr.into());
-    spec.pod_cidrs = Some(vec![cidr.into()]);
+    spec.pod_cidr = cidrs.first().map(|c| c.to_string());
+    spec.pod_cidrs = Some(cidrs.iter().map(|c| c.to_string()).collect());
 }
 
 fn ignore_conflict<T>(result: kube::Result<T>) -> Result<()> {

@@ -1,16 +1,17 @@
 //! flannel's Node annotations: the interface between twill and flanneld nodes in one cluster.
 //!
 //! A Node is a lease when it carries `<prefix>kube-subnet-manager: "true"`; its subnet is the
-//! Node's podCIDR and its attributes are the `public-ip`, `backend-type` and `backend-data`
-//! annotations, written exactly as flanneld v0.28.9 writes them (`backend-type` is empty for
-//! udp, `backend-data` is the JSON text `null` for backends without data).
+//! Node's IPv4 podCIDR and its attributes are the `public-ip`, `backend-type` and
+//! `backend-data` annotations, written exactly as flanneld v0.28.9 writes them (`backend-type`
+//! is empty for udp, `backend-data` is the JSON text `null` for backends without data). On a
+//! dual-stack network its IPv6 side is the Node's IPv6 podCIDR with the `public-ipv6` and
+//! `backend-v6-data` annotations. What this node writes on its own Node is in [`super::publish`].
 
+use super::node_cidrs::NodeCidrs;
 use super::node_view::NodeView;
 use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
 use anyhow::bail;
-use ipnet::Ipv4Net;
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 /// flanneld's `--kube-annotation-prefix` default.
@@ -26,6 +27,12 @@ pub struct Annotations {
     /// Set by an operator to make peers reach this node at another address (flannel's NAT
     /// escape hatch); the node then publishes it as its `public-ip`.
     pub public_ip_overwrite: String,
+    /// A dual-stack node's backend data for IPv6 (vxlan's second device's VNI and MAC).
+    pub backend_v6_data: String,
+    /// A dual-stack node's IPv6 underlay address.
+    pub public_ipv6: String,
+    /// The operator's override of `public-ipv6`, as `public-ip-overwrite` is of `public-ip`.
+    pub public_ipv6_overwrite: String,
 }
 
 /// What one Node is to the network.
@@ -51,75 +58,91 @@ impl Annotations {
             backend_type: key("backend-type"),
             public_ip: key("public-ip"),
             public_ip_overwrite: key("public-ip-overwrite"),
+            backend_v6_data: key("backend-v6-data"),
+            public_ipv6: key("public-ipv6"),
+            public_ipv6_overwrite: key("public-ipv6-overwrite"),
         })
     }
 
-    /// Reads a Node as a lease.
-    pub fn node_lease(&self, node: &NodeView) -> NodeLease {
+    /// Reads a Node as a lease; on a `dual_stack` network as a dual-stack one.
+    pub fn node_lease(&self, node: &NodeView, dual_stack: bool) -> NodeLease {
         if node.annotation(&self.subnet_kube_managed) != Some("true") {
             return NodeLease::NotFlannel;
         }
-        match self.read_lease(node) {
-            Ok(lease) => NodeLease::Lease(lease),
+        let read = NodeCidrs::of(node).and_then(|cidrs| {
+            let lease = self.read_lease(node, cidrs)?;
+            match dual_stack {
+                true => self.read_ipv6_side(node, cidrs, lease),
+                false => Ok(lease),
+            }
+        });
+        match read {
+            Ok(lease) => NodeLease::Lease(lease.with_created(created(node))),
             Err(why) => NodeLease::Unreadable(format!("{why:#}")),
         }
     }
 
-    fn read_lease(&self, node: &NodeView) -> anyhow::Result<Lease> {
-        let get = |key: &str| node.annotation(key);
-        let subnet = pod_cidr(node)?;
-        let ip_text = get(&self.public_ip).unwrap_or_default();
+    /// The IPv4 lease, as flanneld's `nodeToLease` reads it.
+    fn read_lease(&self, node: &NodeView, cidrs: NodeCidrs) -> anyhow::Result<Lease> {
+        let Some(subnet) = cidrs.v4 else {
+            bail!("it has no IPv4 podCIDR");
+        };
+        let ip_text = node.annotation(&self.public_ip).unwrap_or_default();
         let Ok(public_ip) = ip_text.parse::<Ipv4Addr>() else {
             bail!(
                 "annotation {} {ip_text:?} is not an IPv4 address",
                 self.public_ip
             );
         };
-        let backend_type = get(&self.backend_type).filter(|t| !t.is_empty());
-        let backend_data = match get(&self.backend_data).map(str::trim) {
-            None | Some("" | "null") => None,
-            Some(json) => match serde_json::from_str::<serde_json::Value>(json) {
-                Ok(value) => Some(BackendData::from(value)),
-                Err(e) => bail!("annotation {} is not JSON ({e})", self.backend_data),
-            },
-        };
+        let backend_type = node
+            .annotation(&self.backend_type)
+            .filter(|t| !t.is_empty());
         let attrs = LeaseAttrs {
             public_ip,
             public_ipv6: None,
             backend_type: backend_type.map(Arc::from),
-            backend_data,
+            backend_data: backend_data(node, &self.backend_data)?,
             backend_v6_data: None,
         };
-        Ok(Lease::new(subnet, attrs).with_created(created(node)))
+        Ok(Lease::new(subnet, attrs))
     }
 
-    /// The annotations this node must carry for `attrs`, as flanneld writes them; an operator's
-    /// `public-ip-overwrite` on the Node wins over our own address.
-    pub fn own(&self, attrs: &LeaseAttrs, node: &NodeView) -> BTreeMap<String, String> {
-        let overwrite = node.annotation(&self.public_ip_overwrite);
-        let overwrite = overwrite.filter(|ip| !ip.is_empty()).map(str::to_string);
-        let public_ip = overwrite.unwrap_or(attrs.public_ip.to_string());
-        let data = attrs
-            .backend_data
-            .as_ref()
-            .map_or("null".to_string(), |d| d.json().to_string());
-        BTreeMap::from([
-            (
-                self.backend_type.clone(),
-                attrs.backend_type.as_deref().unwrap_or("").into(),
-            ),
-            (self.backend_data.clone(), data),
-            (self.public_ip.clone(), public_ip),
-            (self.subnet_kube_managed.clone(), "true".into()),
-        ])
+    /// A dual-stack network's IPv6 side of `lease`. flanneld's `nodeToLease` requires the
+    /// IPv6 podCIDR and a `public-ipv6` on a dual-stack node and ignores a Node without them,
+    /// so twill does not take such a Node for an IPv4-only peer either.
+    fn read_ipv6_side(
+        &self,
+        node: &NodeView,
+        cidrs: NodeCidrs,
+        lease: Lease,
+    ) -> anyhow::Result<Lease> {
+        let Some(subnet) = cidrs.v6 else {
+            bail!("it has no IPv6 podCIDR, and the network is dual-stack");
+        };
+        let ip_text = node.annotation(&self.public_ipv6).unwrap_or_default();
+        let Ok(public_ipv6) = ip_text.parse::<Ipv6Addr>() else {
+            bail!(
+                "annotation {} {ip_text:?} is not an IPv6 address, and the network is dual-stack",
+                self.public_ipv6
+            );
+        };
+        let lease = Lease {
+            public_ipv6: Some(public_ipv6),
+            backend_v6_data: backend_data(node, &self.backend_v6_data)?,
+            ..lease
+        };
+        Ok(lease.with_ipv6_subnet(subnet))
     }
+}
 
-    /// Those of `wanted` that the Node does not already carry with the same value.
-    pub fn missing(wanted: BTreeMap<String, String>, node: &NodeView) -> BTreeMap<String, String> {
-        wanted
-            .into_iter()
-            .filter(|(k, v)| node.annotation(k) != Some(v.as_str()))
-            .collect()
+/// A `backend-data` or `backend-v6-data` annotation: `None` when absent, empty or `null`.
+fn backend_data(node: &NodeView, key: &str) -> anyhow::Result<Option<BackendData>> {
+    match node.annotation(key).map(str::trim) {
+        None | Some("" | "null") => Ok(None),
+        Some(json) => match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(value) => Ok(Some(BackendData::from(value))),
+            Err(e) => bail!("annotation {key} is not JSON ({e})"),
+        },
     }
 }
 
@@ -127,28 +150,6 @@ impl Annotations {
 /// server sets both once, so every node reads the same order.
 fn created(node: &NodeView) -> Created {
     Created::named(node.created_second(), node.name())
-}
-
-/// The Node's IPv4 pod CIDR: the first IPv4 entry of `spec.podCIDRs`, else `spec.podCIDR`.
-/// `None` while the controller manager has not assigned one.
-pub fn assigned_pod_cidr(node: &NodeView) -> anyhow::Result<Option<Ipv4Net>> {
-    let Some(first) = node.pod_cidrs().find(|c| !c.contains(':')) else {
-        return Ok(None);
-    };
-    let Ok(cidr) = first.parse::<Ipv4Net>() else {
-        bail!("podCIDR {first:?} is not an IPv4 CIDR");
-    };
-    if cidr.trunc() != cidr {
-        bail!("podCIDR {first} has host bits set");
-    }
-    Ok(Some(cidr))
-}
-
-fn pod_cidr(node: &NodeView) -> anyhow::Result<Ipv4Net> {
-    match assigned_pod_cidr(node)? {
-        Some(cidr) => Ok(cidr),
-        None => bail!("it has no IPv4 podCIDR"),
-    }
 }
 
 fn normalise(prefix: &str) -> anyhow::Result<String> {
@@ -179,13 +180,16 @@ fn normalise(prefix: &str) -> anyhow::Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::node_view::PodCidrs;
     use super::*;
+    use crate::config::Config;
+    use crate::lease_check::{LeaseRules, Rejection};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
 
-    fn node(cidr: Option<&str>, annotations: &[(&str, &str)]) -> NodeView {
+    /// Node `n1` with `cidrs` as its podCIDRs (the first also as podCIDR) and `annotations`.
+    pub fn node(cidrs: &[&str], annotations: &[(&str, &str)]) -> NodeView {
         let annotations = annotations
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()));
@@ -196,19 +200,59 @@ mod tests {
                 ..Default::default()
             },
             spec: Some(PodCidrs {
-                pod_cidr: cidr.map(str::to_string),
-                pod_cidrs: cidr.map(|c| vec![c.to_string()]),
+                pod_cidr: cidrs.first().map(|c| c.to_string()),
+                pod_cidrs: Some(cidrs.iter().map(|c| c.to_string()).collect()),
             }),
+        }
+    }
+
+    const MANAGED: (&str, &str) = ("flannel.alpha.coreos.com/kube-subnet-manager", "true");
+    const IP: (&str, &str) = ("flannel.alpha.coreos.com/public-ip", "10.200.0.3");
+    const IPV6: (&str, &str) = ("flannel.alpha.coreos.com/public-ipv6", "fd00:200::3");
+    const VXLAN: (&str, &str) = ("flannel.alpha.coreos.com/backend-type", "vxlan");
+    const DATA: (&str, &str) = (
+        "flannel.alpha.coreos.com/backend-data",
+        r#"{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}"#,
+    );
+    const V6_DATA: (&str, &str) = (
+        "flannel.alpha.coreos.com/backend-v6-data",
+        r#"{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:66"}"#,
+    );
+    const DUAL: [&str; 2] = ["10.244.3.0/24", "fd10:0:0:3::/64"];
+
+    fn read(n: &NodeView, dual_stack: bool) -> NodeLease {
+        Annotations::new(DEFAULT_PREFIX)
+            .unwrap()
+            .node_lease(n, dual_stack)
+    }
+
+    fn lease(read: NodeLease) -> Lease {
+        match read {
+            NodeLease::Lease(lease) => lease,
+            other => panic!("{other:?}"),
         }
     }
 
     #[test]
     fn prefixes_are_normalised_as_flanneld_does() {
-        let keys = |p| Annotations::new(p).unwrap().public_ip;
-        assert_eq!(keys(DEFAULT_PREFIX), "flannel.alpha.coreos.com/public-ip");
-        assert_eq!(keys("example.com/"), "example.com/public-ip");
-        assert_eq!(keys("example.com/twill"), "example.com/twill-public-ip");
-        assert_eq!(keys("example.com/twill-"), "example.com/twill-public-ip");
+        let keys = |p| Annotations::new(p).unwrap();
+        assert_eq!(
+            keys(DEFAULT_PREFIX).public_ip,
+            "flannel.alpha.coreos.com/public-ip"
+        );
+        assert_eq!(keys("example.com/").public_ip, "example.com/public-ip");
+        assert_eq!(
+            keys("example.com/twill").public_ipv6,
+            "example.com/twill-public-ipv6"
+        );
+        assert_eq!(
+            keys("example.com/twill-").backend_v6_data,
+            "example.com/twill-backend-v6-data"
+        );
+        assert_eq!(
+            keys(DEFAULT_PREFIX).public_ipv6_overwrite,
+            "flannel.alpha.coreos.com/public-ipv6-overwrite"
+        );
         for bad in [
             "a/b/c",
             "nodomain",
@@ -223,42 +267,124 @@ mod tests {
 
     #[test]
     fn a_flannel_node_is_a_lease() {
-        let a = Annotations::new(DEFAULT_PREFIX).unwrap();
-        let n = node(
-            Some("10.244.3.0/24"),
-            &[
-                ("flannel.alpha.coreos.com/kube-subnet-manager", "true"),
-                ("flannel.alpha.coreos.com/public-ip", "10.200.0.3"),
-                ("flannel.alpha.coreos.com/backend-type", "vxlan"),
-                (
-                    "flannel.alpha.coreos.com/backend-data",
-                    r#"{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"}"#,
-                ),
-            ],
-        );
+        let n = node(&["10.244.3.0/24"], &[MANAGED, IP, VXLAN, DATA]);
         let want = LeaseAttrs::vxlan("10.200.0.3".parse().unwrap(), 1, "aa:bb:cc:dd:ee:ff");
         assert_eq!(
-            a.node_lease(&n),
+            read(&n, false),
             NodeLease::Lease(Lease::new("10.244.3.0/24".parse().unwrap(), want))
         );
     }
 
     #[test]
-    fn a_node_lease_is_created_when_its_node_was_and_ties_go_by_name() {
-        let a = Annotations::new(DEFAULT_PREFIX).unwrap();
-        let managed = [
-            ("flannel.alpha.coreos.com/kube-subnet-manager", "true"),
-            ("flannel.alpha.coreos.com/public-ip", "10.200.0.3"),
+    fn a_dual_stack_flannel_node_is_a_dual_stack_lease() {
+        let n = node(&DUAL, &[MANAGED, IP, VXLAN, DATA, IPV6, V6_DATA]);
+        let got = lease(read(&n, true));
+        assert_eq!(got.ipv6_subnet, Some("fd10:0:0:3::/64".parse().unwrap()));
+        assert_eq!(got.public_ipv6, Some("fd00:200::3".parse().unwrap()));
+        let mac = got.backend_v6_data.as_ref().and_then(|d| d.get("VtepMAC"));
+        assert_eq!(mac, Some("aa:bb:cc:dd:ee:66".into()));
+        // An IPv4-only network reads the same Node as flanneld does: its IPv4 side alone.
+        let v4 = lease(read(&n, false));
+        assert_eq!((v4.ipv6_subnet, v4.public_ipv6), (None, None));
+        assert_eq!(v4.backend_v6_data, None);
+        // host-gw writes JSON null as its IPv6 data.
+        let host_gw = [
+            ("flannel.alpha.coreos.com/backend-type", "host-gw"),
+            ("flannel.alpha.coreos.com/backend-v6-data", "null"),
         ];
+        let n = node(&DUAL, &[MANAGED, IP, IPV6, host_gw[0], host_gw[1]]);
+        let got = lease(read(&n, true));
+        assert_eq!(got.backend_v6_data, None);
+        assert!(got.ipv6_side().is_some());
+    }
+
+    #[test]
+    fn a_node_without_its_ipv6_side_is_unreadable_on_a_dual_stack_network() {
+        let cases = [
+            (
+                node(&["10.244.3.0/24"], &[MANAGED, IP, IPV6]),
+                "it has no IPv6 podCIDR, and the network is dual-stack",
+            ),
+            (
+                node(&DUAL, &[MANAGED, IP]),
+                "annotation flannel.alpha.coreos.com/public-ipv6 \"\" is not an IPv6 address",
+            ),
+            (
+                node(
+                    &DUAL,
+                    &[
+                        MANAGED,
+                        IP,
+                        ("flannel.alpha.coreos.com/public-ipv6", "10.200.0.3"),
+                    ],
+                ),
+                "\"10.200.0.3\" is not an IPv6 address",
+            ),
+            (
+                node(
+                    &DUAL,
+                    &[
+                        MANAGED,
+                        IP,
+                        IPV6,
+                        ("flannel.alpha.coreos.com/backend-v6-data", "{oops"),
+                    ],
+                ),
+                "backend-v6-data is not JSON",
+            ),
+        ];
+        for (n, want) in cases {
+            match read(&n, true) {
+                NodeLease::Unreadable(why) => assert!(why.contains(want), "{why} lacks {want}"),
+                other => panic!("{other:?} for {want}"),
+            }
+            assert!(matches!(read(&n, false), NodeLease::Lease(_)), "{want}");
+        }
+    }
+
+    /// A dual-stack Node's lease passes the lease gate as an etcd lease of the same content
+    /// does, and is refused for the same reasons.
+    #[test]
+    fn the_lease_gate_judges_a_dual_stack_node_as_an_etcd_lease() {
+        let config = Config::from_json(
+            r#"{"Network":"10.244.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56"}"#,
+        )
+        .unwrap();
+        let own = Lease::new(
+            "10.244.1.0/24".parse().unwrap(),
+            LeaseAttrs::vxlan("10.200.0.1".parse().unwrap(), 1, "aa:bb:cc:dd:ee:01")
+                .with_ipv6("fd00:200::1".parse().unwrap(), None),
+        )
+        .with_ipv6_subnet("fd10:0:0:1::/64".parse().unwrap());
+        let rules = LeaseRules::new(&config, &own);
+        let peer = |v6: &str| {
+            let n = node(
+                &["10.244.3.0/24", v6],
+                &[MANAGED, IP, VXLAN, DATA, IPV6, V6_DATA],
+            );
+            rules.check(&lease(read(&n, true)))
+        };
+        assert_eq!(peer("fd10:0:0:3::/64"), Ok(()));
+        assert_eq!(
+            peer("fd99:0:0:3::/64"),
+            Err(Rejection::OutsideIpv6Network("fd10::/56".parse().unwrap()))
+        );
+        assert_eq!(
+            peer("fd10:0:0:1::/64"),
+            Err(Rejection::OverlapsOwnIpv6(
+                "fd10:0:0:1::/64".parse().unwrap()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_node_lease_is_created_when_its_node_was_and_ties_go_by_name() {
         let made_at = |name: &str, second: i64| {
-            let mut n = node(Some("10.244.3.0/24"), &managed);
+            let mut n = node(&["10.244.3.0/24"], &[MANAGED, IP]);
             n.metadata.name = Some(name.into());
             let at = k8s_openapi::jiff::Timestamp::from_second(second).unwrap();
             n.metadata.creation_timestamp = Some(Time(at));
-            match a.node_lease(&n) {
-                NodeLease::Lease(lease) => lease.created,
-                other => panic!("{other:?}"),
-            }
+            lease(read(&n, false)).created
         };
         assert_eq!(
             made_at("n1", 1_700_000_000),
@@ -269,59 +395,32 @@ mod tests {
     }
 
     #[test]
-    fn udp_nodes_carry_an_empty_type_and_null_data() {
-        let a = Annotations::new(DEFAULT_PREFIX).unwrap();
-        let attrs = LeaseAttrs::udp("10.200.0.1".parse().unwrap());
-        let own = a.own(&attrs, &node(Some("10.244.1.0/24"), &[]));
-        assert_eq!(own["flannel.alpha.coreos.com/backend-type"], "");
-        assert_eq!(own["flannel.alpha.coreos.com/backend-data"], "null");
-        assert_eq!(own["flannel.alpha.coreos.com/public-ip"], "10.200.0.1");
-        assert_eq!(own["flannel.alpha.coreos.com/kube-subnet-manager"], "true");
-        let pairs: Vec<(&str, &str)> = own.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let annotated = node(Some("10.244.1.0/24"), &pairs);
-        assert!(Annotations::missing(own.clone(), &annotated).is_empty());
-        assert_eq!(
-            a.node_lease(&annotated),
-            NodeLease::Lease(Lease::new("10.244.1.0/24".parse().unwrap(), attrs))
-        );
-    }
-
-    #[test]
-    fn an_operators_public_ip_overwrite_is_published() {
-        let a = Annotations::new(DEFAULT_PREFIX).unwrap();
-        let attrs = LeaseAttrs::host_gw("10.200.0.1".parse().unwrap());
-        let n = node(
-            None,
-            &[("flannel.alpha.coreos.com/public-ip-overwrite", "192.0.2.7")],
-        );
-        assert_eq!(
-            a.own(&attrs, &n)["flannel.alpha.coreos.com/public-ip"],
-            "192.0.2.7"
-        );
-    }
-
-    #[test]
     fn bogus_nodes_are_unreadable_with_the_reason_and_others_are_not_leases() {
-        let a = Annotations::new(DEFAULT_PREFIX).unwrap();
-        let managed = ("flannel.alpha.coreos.com/kube-subnet-manager", "true");
-        let ip = ("flannel.alpha.coreos.com/public-ip", "10.200.0.3");
         let cases = [
-            (node(None, &[managed, ip]), "no IPv4 podCIDR"),
-            (node(Some("10.244.3.1/24"), &[managed, ip]), "host bits"),
-            (node(Some("nonsense"), &[managed, ip]), "not an IPv4 CIDR"),
+            (node(&[], &[MANAGED, IP]), "no IPv4 podCIDR"),
+            (
+                node(&["fd10:0:0:3::/64"], &[MANAGED, IP]),
+                "no IPv4 podCIDR",
+            ),
+            (node(&["10.244.3.1/24"], &[MANAGED, IP]), "host bits"),
+            (node(&["nonsense"], &[MANAGED, IP]), "not a CIDR"),
+            (
+                node(&["10.244.3.0/24", "10.244.4.0/24"], &[MANAGED, IP]),
+                "are of one IP family",
+            ),
             (
                 node(
-                    Some("10.244.3.0/24"),
-                    &[managed, ("flannel.alpha.coreos.com/public-ip", "x")],
+                    &["10.244.3.0/24"],
+                    &[MANAGED, ("flannel.alpha.coreos.com/public-ip", "x")],
                 ),
                 "public-ip \"x\" is not an IPv4",
             ),
             (
                 node(
-                    Some("10.244.3.0/24"),
+                    &["10.244.3.0/24"],
                     &[
-                        managed,
-                        ip,
+                        MANAGED,
+                        IP,
                         ("flannel.alpha.coreos.com/backend-data", "{oops"),
                     ],
                 ),
@@ -329,25 +428,14 @@ mod tests {
             ),
         ];
         for (n, want) in cases {
-            match a.node_lease(&n) {
+            match read(&n, false) {
                 NodeLease::Unreadable(why) => assert!(why.contains(want), "{why} lacks {want}"),
                 other => panic!("{other:?} for {want}"),
             }
         }
         assert_eq!(
-            a.node_lease(&node(Some("10.244.3.0/24"), &[ip])),
+            read(&node(&["10.244.3.0/24"], &[IP]), false),
             NodeLease::NotFlannel
-        );
-    }
-
-    #[test]
-    fn dual_stack_nodes_yield_their_ipv4_cidr() {
-        let mut n = node(Some("fd00:10:244:1::/64"), &[]);
-        n.spec.as_mut().unwrap().pod_cidrs =
-            Some(vec!["fd00:10:244:1::/64".into(), "10.244.1.0/24".into()]);
-        assert_eq!(
-            assigned_pod_cidr(&n).unwrap(),
-            Some("10.244.1.0/24".parse().unwrap())
         );
     }
 
@@ -358,20 +446,24 @@ mod tests {
         #[test]
         fn any_annotations_read_without_panic(
             cidr in proptest::option::of(".{0,24}"),
-            cidrs in proptest::collection::vec(".{0,24}", 0..3),
+            cidrs in proptest::collection::vec(".{0,24}", 0..4),
             ip in ".{0,20}",
+            ipv6 in ".{0,40}",
             kind in ".{0,12}",
             data in ".{0,64}",
+            v6_data in ".{0,64}",
+            dual_stack: bool,
         ) {
-            let a = Annotations::new(DEFAULT_PREFIX).unwrap();
-            let mut n = node(cidr.as_deref(), &[
-                ("flannel.alpha.coreos.com/kube-subnet-manager", "true"),
+            let mut n = node(&[], &[
+                MANAGED,
                 ("flannel.alpha.coreos.com/public-ip", &ip),
+                ("flannel.alpha.coreos.com/public-ipv6", &ipv6),
                 ("flannel.alpha.coreos.com/backend-type", &kind),
                 ("flannel.alpha.coreos.com/backend-data", &data),
+                ("flannel.alpha.coreos.com/backend-v6-data", &v6_data),
             ]);
-            n.spec.as_mut().unwrap().pod_cidrs = Some(cidrs);
-            let read = a.node_lease(&n);
+            n.spec = Some(PodCidrs { pod_cidr: cidr, pod_cidrs: Some(cidrs) });
+            let read = read(&n, dual_stack);
             proptest::prop_assert!(!matches!(read, NodeLease::NotFlannel));
         }
     }

@@ -280,7 +280,8 @@ impl Follower {
     }
 
     fn peer(&self, node: &NodeView) -> Option<Peer> {
-        match self.own.annotations.node_lease(node) {
+        let dual_stack = self.own.config.ipv6.is_some();
+        match self.own.annotations.node_lease(node, dual_stack) {
             NodeLease::NotFlannel => None,
             NodeLease::Lease(lease) => Some(Peer::Lease(lease)),
             NodeLease::Unreadable(why) => Some(Peer::Unreadable(why)),

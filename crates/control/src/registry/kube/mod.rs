@@ -1,20 +1,22 @@
-//! Leases from Kubernetes, as flanneld's `--kube-subnet-mgr` has them: this node's subnet is
-//! its Node's `spec.podCIDR` (assigned by the controller manager; twill never allocates), the
-//! peers are the other Nodes that carry flannel's annotations, and the network config is
-//! `net-conf.json` from a ConfigMap.
+//! Leases from Kubernetes, as flanneld's `--kube-subnet-mgr` has them: this node's subnets are
+//! its Node's podCIDRs (assigned by the controller manager; twill never allocates), an IPv4 one
+//! and, on a dual-stack network, an IPv6 one; the peers are the other Nodes that carry
+//! flannel's annotations, and the network config is `net-conf.json` from a ConfigMap.
 
 mod annotations;
 mod client;
 mod follow;
+mod node_cidrs;
 mod node_view;
 mod own_node;
+mod publish;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 
 use super::{Backoff, LeaseEvent, LeaseNamer, NodeNames, Registry, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use client::Failure;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
@@ -130,24 +132,12 @@ impl KubeRegistry {
     }
 }
 
-/// flannel's net-conf.json; a dual-stack one is refused until this registry reads the Node's
-/// IPv6 podCIDR and flannel's v6 annotations (the etcd registry runs it).
+/// flannel's net-conf.json, dual-stack or not ([`Config::parse`] refuses dual-stack on the
+/// backends that carry no IPv6).
 fn read_net_config(path: &std::path::Path) -> anyhow::Result<Config> {
     let json = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read --net-config-path {}", path.display()))?;
-    let config =
-        Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))?;
-    if let Some(v6) = &config.ipv6 {
-        bail!(
-            "EnableIPv6 is true in --net-config-path {} (IPv6Network {}), but twill's Kubernetes \
-             mode does not read IPv6 podCIDRs and flannel's v6 annotations yet: run this \
-             dual-stack network with the etcd registry (--etcd-endpoints), or set EnableIPv6 \
-             to false",
-            path.display(),
-            v6.network
-        );
-    }
-    Ok(config)
+    Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))
 }
 
 async fn pod_node_name(
@@ -208,7 +198,7 @@ impl Registry for KubeRegistry {
         format!("kubernetes (node {})", self.node_name)
     }
 
-    /// Waits for the Node's podCIDR, publishes this node's annotations and marks its network
+    /// Waits for the Node's podCIDRs, publishes this node's annotations and marks its network
     /// available, then lists the Nodes; the watch that follows runs in the background.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
         let nodes: Api<NodeView> = Api::all(self.client.clone());
@@ -217,9 +207,10 @@ impl Registry for KubeRegistry {
             name: self.node_name.clone(),
             annotations: self.annotations.clone(),
             attrs,
+            config: self.config,
             timing: self.opts.timing.clone(),
         };
-        let lease = own.acquire(&self.config).await?;
+        let lease = own.acquire().await?;
         if self.opts.set_network_available {
             own.mark_network_available().await?;
         }
@@ -236,16 +227,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_dual_stack_net_conf_is_refused_in_one_line_naming_the_way_that_runs_it() {
+    fn a_dual_stack_net_conf_is_read() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("net-conf.json");
         let dual = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{"Type":"vxlan"}}"#;
         std::fs::write(&path, dual).unwrap();
+        let v6 = read_net_config(&path).unwrap().ipv6.unwrap();
+        assert_eq!(
+            (v6.network, v6.subnet_len),
+            ("fd10::/56".parse().unwrap(), 64)
+        );
+        // Backends without IPv6 are still refused, in one line naming the file.
+        let udp = dual.replace("vxlan", "udp");
+        std::fs::write(&path, udp).unwrap();
         let err = read_net_config(&path).unwrap_err().to_string();
-        assert!(!err.contains('\n'), "{err}");
         assert!(
-            err.contains("(IPv6Network fd10::/56), but twill's Kubernetes mode does not read")
-                && err.contains("--etcd-endpoints"),
+            !err.contains('\n') && err.contains("--net-config-path"),
             "{err}"
         );
         std::fs::write(

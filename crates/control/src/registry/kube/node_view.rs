@@ -41,14 +41,17 @@ impl NodeView {
         annotations.get(key).map(String::as_str)
     }
 
-    /// Every pod CIDR the Node lists: `podCIDRs` first, then `podCIDR`.
-    pub fn pod_cidrs(&self) -> impl Iterator<Item = &str> {
-        let spec = self.spec.as_ref();
-        let listed = spec
-            .and_then(|s| s.pod_cidrs.as_deref())
-            .unwrap_or_default();
-        let single = spec.and_then(|s| s.pod_cidr.as_deref());
-        listed.iter().map(String::as_str).chain(single)
+    /// The Node's pod CIDRs as flanneld reads them: `podCIDRs`, or `podCIDR` alone when that
+    /// list is empty (a Node written before dual-stack). The API server keeps `podCIDR` equal
+    /// to `podCIDRs[0]`, so the list says everything when it is there.
+    pub fn pod_cidrs(&self) -> Vec<&str> {
+        let Some(spec) = self.spec.as_ref() else {
+            return Vec::new();
+        };
+        match spec.pod_cidrs.as_deref() {
+            Some(listed) if !listed.is_empty() => listed.iter().map(String::as_str).collect(),
+            _ => spec.pod_cidr.as_deref().into_iter().collect(),
+        }
     }
 
     /// Seconds since the epoch at which the API server created the Node (0 if unknown).
@@ -137,8 +140,7 @@ mod tests {
             node.annotation("flannel.alpha.coreos.com/public-ip"),
             Some("10.200.0.3")
         );
-        let cidrs: Vec<&str> = node.pod_cidrs().collect();
-        assert_eq!(cidrs, ["10.244.3.0/24", "fd00::/64", "10.244.3.0/24"]);
+        assert_eq!(node.pod_cidrs(), ["10.244.3.0/24", "fd00::/64"]);
         assert_eq!(node.created_second(), 1_795_168_800);
         assert!(node.metadata.managed_fields.is_none() && node.metadata.labels.is_none());
     }
@@ -146,9 +148,21 @@ mod tests {
     #[test]
     fn a_node_without_spec_or_annotations_reads_empty() {
         let node: NodeView = serde_json::from_str(r#"{"metadata": {"name": "w2"}}"#).unwrap();
-        assert_eq!(node.pod_cidrs().count(), 0);
+        assert!(node.pod_cidrs().is_empty());
         assert_eq!(node.annotation("x"), None);
         assert_eq!(node.created_second(), 0);
+    }
+
+    #[test]
+    fn a_node_without_pod_cidrs_has_its_pod_cidr_as_flanneld_reads_it() {
+        for spec in [
+            r#"{"podCIDR": "10.244.3.0/24"}"#,
+            r#"{"podCIDR": "10.244.3.0/24", "podCIDRs": []}"#,
+        ] {
+            let json = format!(r#"{{"metadata": {{"name": "w3"}}, "spec": {spec}}}"#);
+            let node: NodeView = serde_json::from_str(&json).unwrap();
+            assert_eq!(node.pod_cidrs(), ["10.244.3.0/24"], "{spec}");
+        }
     }
 
     #[test]
