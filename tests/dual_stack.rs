@@ -260,3 +260,34 @@ fn a_host_gw_node_sweeps_the_ipv6_device_a_vxlan_run_left() -> Result<()> {
     ensure!(out.contains("2 received"), "{out}");
     Ok(())
 }
+
+/// A measurement, not a check: TCP from container to container over each dual-stack kernel
+/// path, IPv4 against IPv6, one 5 s iperf3 run each. Prints Gbit/s.
+#[test]
+#[ignore = "a measurement, not a check; run it explicitly"]
+fn tcp_over_dual_stack_paths_ipv4_vs_ipv6() -> Result<()> {
+    for (tag, backend) in [("dsmvx", "vxlan"), ("dsmhgw", "host-gw")] {
+        let mut c = dual_stack_cluster(tag, 2, &config(backend))?;
+        let _nodes = [c.start(0)?, c.start(1)?];
+        eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+        c.add_dual_stack_container(0)?;
+        c.add_dual_stack_container(1)?;
+        let (a, b) = (c.container(0), c.container(1));
+        let mut server = b.ns.spawn("iperf3", &["-s"])?;
+        std::thread::sleep(Duration::from_millis(300));
+        let b6 = b.ipv6.context("dual-stack")?;
+        let mut rates = Vec::new();
+        for to in [b.ip.to_string(), b6.to_string()] {
+            let out = a.ns.exec("iperf3", &["-c", &to, "-t", "5", "-J"])?;
+            let json: serde_json::Value = serde_json::from_str(&out)?;
+            let bits = json.pointer("/end/sum_received/bits_per_second");
+            rates.push(bits.and_then(|b| b.as_f64()).context("bits_per_second")? / 1e9);
+        }
+        server.stop()?;
+        println!(
+            "{backend}: TCP IPv4 {:.2} Gbit/s, IPv6 {:.2} Gbit/s",
+            rates[0], rates[1]
+        );
+    }
+    Ok(())
+}
