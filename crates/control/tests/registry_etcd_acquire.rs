@@ -2,17 +2,13 @@
 
 mod common;
 
-use common::{get, Etcd, Logs, PREFIX};
+use common::{get, ip, start_with, Etcd, Logs, PREFIX};
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::{EtcdRegistry, LeaseEvent, Registry};
+use twill_control::registry::LeaseEvent;
 
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#;
-
-fn ip(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(127, 0, 0, last)
-}
 
 fn net(s: &str) -> Ipv4Net {
     s.parse().unwrap()
@@ -29,7 +25,7 @@ async fn start_preferring(
 ) -> anyhow::Result<(Lease, tokio::sync::mpsc::Receiver<LeaseEvent>)> {
     let mut opts = etcd.options();
     opts.previous_subnet = previous;
-    EtcdRegistry::connect(opts).await?.start(attrs).await
+    start_with(opts, attrs).await
 }
 
 #[tokio::test]

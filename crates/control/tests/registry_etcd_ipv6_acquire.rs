@@ -3,18 +3,14 @@
 
 mod common;
 
-use common::{get, Etcd, PREFIX};
+use common::{get, ip, start_with, Etcd, PREFIX};
 use ipnet::{Ipv4Net, Ipv6Net};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv6Addr;
 use tokio::sync::mpsc::Receiver;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::{EtcdOptions, EtcdRegistry, LeaseEvent, Registry};
+use twill_control::registry::LeaseEvent;
 
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48","Backend":{"Type":"host-gw"}}"#;
-
-fn ip(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(127, 0, 0, last)
-}
 
 fn ip6(last: u16) -> Ipv6Addr {
     Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, last)
@@ -26,13 +22,6 @@ fn dual(last: u8) -> LeaseAttrs {
 
 fn net6(s: &str) -> Ipv6Net {
     s.parse().unwrap()
-}
-
-async fn start_with(
-    opts: EtcdOptions,
-    attrs: LeaseAttrs,
-) -> anyhow::Result<(Lease, Receiver<LeaseEvent>)> {
-    EtcdRegistry::connect(opts).await?.start(attrs).await
 }
 
 async fn start(etcd: &Etcd, attrs: LeaseAttrs) -> (Lease, Receiver<LeaseEvent>) {

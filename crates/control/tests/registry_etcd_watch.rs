@@ -3,43 +3,26 @@
 
 mod common;
 
-use common::{get, next_event, wait_for, Etcd, Logs, PREFIX};
+use common::{
+    assert_reacquired_after_its_key_is_deleted, get, ip, next_event, snapshot, start_with,
+    wait_for, Etcd, Logs, PREFIX, SECOND,
+};
 use etcd_client::{CompactionOptions, GetOptions};
 use futures::stream::{self, StreamExt};
 use std::net::Ipv4Addr;
-use std::time::Duration;
 use tokio::sync::mpsc::Receiver;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::{EtcdOptions, EtcdRegistry, LeaseEvent, Registry};
+use twill_control::registry::LeaseEvent;
 
 /// The nodes draw their subnets below 10.5.200.0, where the tests write leases of their own.
 const CONFIG: &str =
     r#"{"Network":"10.5.0.0/16","SubnetMax":"10.5.199.0","Backend":{"Type":"vxlan"}}"#;
-const SECOND: Duration = Duration::from_secs(1);
-
-fn ip(last: u8) -> Ipv4Addr {
-    Ipv4Addr::new(127, 0, 0, last)
-}
-
-async fn start_with(opts: EtcdOptions, attrs: LeaseAttrs) -> (Lease, Receiver<LeaseEvent>) {
-    EtcdRegistry::connect(opts)
-        .await
-        .unwrap()
-        .start(attrs)
-        .await
-        .unwrap()
-}
 
 async fn start(etcd: &Etcd, last: u8) -> (Lease, Receiver<LeaseEvent>) {
     let mac = format!("aa:aa:aa:aa:aa:{last:02x}");
-    start_with(etcd.options(), LeaseAttrs::vxlan(ip(last), 1, &mac)).await
-}
-
-fn snapshot(event: LeaseEvent) -> Vec<Lease> {
-    match event {
-        LeaseEvent::Snapshot(leases) => leases,
-        other => panic!("expected a snapshot, got {other:?}"),
-    }
+    start_with(etcd.options(), LeaseAttrs::vxlan(ip(last), 1, &mac))
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -90,18 +73,7 @@ async fn deleted_own_key_is_reacquired_with_the_same_subnet() {
     etcd.put_config(CONFIG).await;
     let (a, mut events) = start(&etcd, 1).await;
     snapshot(next_event(&mut events, 5 * SECOND).await);
-    let mut client = etcd.client().await;
-    client.delete(a.key(PREFIX), None).await.unwrap();
-
-    let event = wait_for(&mut events, 5 * SECOND, |e| {
-        matches!(e, LeaseEvent::OwnLease(_))
-    })
-    .await;
-    assert_eq!(event, LeaseEvent::OwnLease(a.clone()));
-    let (value, _) = get(&mut client, &a.key(PREFIX))
-        .await
-        .expect("key written again");
-    assert_eq!(value, a.to_json());
+    assert_reacquired_after_its_key_is_deleted(&etcd, &a, &mut events).await;
 }
 
 #[tokio::test]
@@ -182,7 +154,7 @@ async fn lease_is_renewed_with_a_new_etcd_lease_before_it_expires() {
     let mut opts = etcd.options();
     opts.timing.lease_ttl = 3 * SECOND;
     opts.timing.renew_margin = 2 * SECOND;
-    let (a, _events) = start_with(opts, LeaseAttrs::udp(ip(1))).await;
+    let (a, _events) = start_with(opts, LeaseAttrs::udp(ip(1))).await.unwrap();
     let (_, mut b_events) = start(&etcd, 2).await;
     snapshot(next_event(&mut b_events, 5 * SECOND).await);
     let mut client = etcd.client().await;
@@ -277,7 +249,9 @@ async fn compaction_behind_the_watch_is_recovered_without_a_hot_loop() {
     let etcd = Etcd::start();
     etcd.put_config(r#"{"Network":"10.0.0.0/8"}"#).await;
     let (logs, _guard) = Logs::capture();
-    let (_, mut events) = start_with(etcd.options(), LeaseAttrs::udp(ip(1))).await;
+    let (_, mut events) = start_with(etcd.options(), LeaseAttrs::udp(ip(1)))
+        .await
+        .unwrap();
     snapshot(next_event(&mut events, 5 * SECOND).await);
 
     // Not reading `events` now: about 8 MB of changes pile up behind the watch.

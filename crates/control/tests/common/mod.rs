@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
-use twill_control::registry::{EtcdOptions, LeaseEvent, Timing};
+use twill_control::lease::{Lease, LeaseAttrs};
+use twill_control::registry::{EtcdOptions, EtcdRegistry, LeaseEvent, Registry, Timing};
 
 pub const ETCD_BIN: &str = "/usr/bin/etcd";
 pub const PREFIX: &str = "/coreos.com/network";
@@ -317,6 +318,46 @@ pub fn fast_timing() -> Timing {
         backoff_max: Duration::from_millis(500),
         request_timeout: Duration::from_secs(1),
     }
+}
+
+pub const SECOND: Duration = Duration::from_secs(1);
+
+/// A node's public IP: 127.0.0.`last`, where the registry tests' etcd listens.
+pub fn ip(last: u8) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(127, 0, 0, last)
+}
+
+/// A registry connected with `opts` and started with `attrs`: our lease and the events.
+pub async fn start_with(
+    opts: EtcdOptions,
+    attrs: LeaseAttrs,
+) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
+    EtcdRegistry::connect(opts).await?.start(attrs).await
+}
+
+/// The leases of a snapshot event; fails the test on any other event.
+pub fn snapshot(event: LeaseEvent) -> Vec<Lease> {
+    match event {
+        LeaseEvent::Snapshot(leases) => leases,
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+/// Deletes `own`'s key behind the registry's back: the registry must say it re-acquired
+/// exactly that lease and write the same value under the same key again.
+pub async fn assert_reacquired_after_its_key_is_deleted(
+    etcd: &Etcd,
+    own: &Lease,
+    events: &mut mpsc::Receiver<LeaseEvent>,
+) {
+    let mut client = etcd.client().await;
+    client.delete(own.key(PREFIX), None).await.unwrap();
+    let event = wait_for(events, 5 * SECOND, |e| matches!(e, LeaseEvent::OwnLease(_))).await;
+    assert_eq!(event, LeaseEvent::OwnLease(own.clone()));
+    let (value, _) = get(&mut client, &own.key(PREFIX))
+        .await
+        .expect("our key written again");
+    assert_eq!(value, own.to_json());
 }
 
 /// The next event, failing the test if none comes within `within`.
