@@ -27,17 +27,15 @@
 
 mod common;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use common::kube::{kube_cluster, net_conf, KubeCluster, NETWORK};
 use common::status;
-use rand::{rngs::StdRng, RngCore, SeedableRng};
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::ErrorKind;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use twill_lab::{kube_part, Ipv4Net, Netns, Proc};
 
 /// kube-flannel.yml's `cni-conf.json` (flannel v0.28.9), as written to every node's
@@ -71,7 +69,6 @@ const CNI_DIR: &str = "/var/lib/cni";
 const DEBIAN_PLUGINS: &str = "/usr/lib/cni";
 const BOUND: Duration = Duration::from_secs(20);
 const BYTES: u64 = 8 << 20;
-const PORT: u16 = 5003;
 
 struct Round {
     backend: &'static str,
@@ -143,7 +140,11 @@ fn pods_talk(c: &KubeCluster, cni: &Cni, round: &Round) -> Result<()> {
     let tx_before = device_bytes(h0, round.device, "tx")?;
     let rx_before = device_bytes(h1, round.device, "rx")?;
     let peer_tx_before = peer_tx_bytes(h0)?;
-    let (sent, received, source) = transfer(&a.ns, &b.ns, b.ip)?;
+    let twill_lab::Transfer {
+        sent,
+        received,
+        source,
+    } = twill_lab::tcp_transfer(&a.ns, &b.ns, b.ip.into(), BYTES as usize)?;
     ensure!(
         sent == received,
         "sha256 sent {sent} != received {received}"
@@ -478,82 +479,6 @@ fn manifest_cni_conf() -> Result<Value> {
         .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
         .collect();
     Ok(serde_json::from_str(&block.join("\n"))?)
-}
-
-/// `BYTES` of seeded random data over TCP from `from` to `to_ip` (in `to`): the sha256 of what
-/// was sent and of what arrived, and the source address the receiver saw.
-fn transfer(from: &Netns, to: &Netns, to_ip: Ipv4Addr) -> Result<(String, String, Ipv4Addr)> {
-    let addr = SocketAddr::from((to_ip, PORT));
-    std::thread::scope(|s| {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let receiver = s.spawn(|| to.enter(|| receive(addr, ready_tx)));
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .context("receiver never listened")??;
-        let sent = from.enter(|| send(addr));
-        let received = receiver.join().expect("receiver thread");
-        let (received, source) = received?;
-        Ok((sent?, received, source))
-    })
-}
-
-fn receive(
-    addr: SocketAddr,
-    ready: std::sync::mpsc::Sender<Result<()>>,
-) -> Result<(String, Ipv4Addr)> {
-    let listener = match TcpListener::bind(addr).and_then(|l| {
-        l.set_nonblocking(true)?;
-        Ok(l)
-    }) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = ready.send(Err(anyhow::anyhow!("bind {addr}: {e}")));
-            bail!("bind {addr}: {e}");
-        }
-    };
-    let _ = ready.send(Ok(()));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (mut stream, source) = loop {
-        match listener.accept() {
-            Ok(accepted) => break accepted,
-            Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => bail!("accept on {addr}: {e}"),
-        }
-    };
-    let SocketAddr::V4(source) = source else {
-        bail!("an IPv6 peer {source}");
-    };
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            return Ok((hex::encode(hasher.finalize()), *source.ip()));
-        }
-        hasher.update(&buf[..n]);
-    }
-}
-
-fn send(addr: SocketAddr) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
-    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
-    let mut rng = StdRng::seed_from_u64(BYTES);
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut left = BYTES as usize;
-    while left > 0 {
-        let n = left.min(buf.len());
-        rng.fill_bytes(&mut buf[..n]);
-        stream.write_all(&buf[..n])?;
-        hasher.update(&buf[..n]);
-        left -= n;
-    }
-    stream.shutdown(std::net::Shutdown::Write)?;
-    Ok(hex::encode(hasher.finalize()))
 }
 
 /// A device's rx or tx byte counter in a namespace.

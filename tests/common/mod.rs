@@ -110,7 +110,8 @@ pub fn ping(from: &Container, to: impl Into<IpAddr>, count: u32) -> Result<Strin
 /// Send `bytes` of seeded random data over TCP from `from` to `to`, and return the sha256 of
 /// what was sent and of what arrived.
 pub fn tcp_transfer(from: &Container, to: &Container, bytes: usize) -> Result<(String, String)> {
-    twill_lab::tcp_transfer(&from.ns, &to.ns, to.ip.into(), bytes)
+    let done = twill_lab::tcp_transfer(&from.ns, &to.ns, to.ip.into(), bytes)?;
+    Ok((done.sent, done.received))
 }
 
 /// [`tcp_transfer`], failing unless the sha256 of what arrived equals that of what was sent.

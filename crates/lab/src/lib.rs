@@ -25,7 +25,7 @@ pub use proc::Proc;
 pub use snmp::snmp_udp;
 pub use stale::cleanup_stale;
 pub use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-pub use tcp::{tcp_transfer, tcp_transfer_intact};
+pub use tcp::{tcp_transfer, tcp_transfer_intact, Transfer};
 pub use wireguard_go::WireguardGo;
 
 /// Namespaces, veths and setns all need CAP_SYS_ADMIN/CAP_NET_ADMIN; say so instead of letting
