@@ -1,0 +1,108 @@
+/* The maps twill's udp programs share with userspace (crates/ebpf/src/maps.rs mirrors every
+ * layout here; a change must be made in both). Addresses and ports are in network order, as
+ * they sit in packets, so the programs compare them without swapping. */
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/types.h>
+#include <bpf/bpf_helpers.h>
+
+/* 60,000 leases must fit, with room to spare. */
+#define MAX_PEERS 65536
+
+/* The slots of the drop counter array are twill_dataplane::stats::DropReason's discriminants. */
+enum drop_reason {
+	DROP_UNKNOWN_PEER = 0,
+	DROP_SPOOFED_SOURCE = 1,
+	DROP_MALFORMED = 2,
+	DROP_NOT_IPV4 = 3,
+	DROP_NO_ROUTE = 4,
+	DROP_TOO_BIG = 5,
+	DROP_TTL_EXCEEDED = 6,
+	DROP_IO_ERROR = 9,
+	DROP_REASONS = 15,
+};
+
+/* What userspace tells the programs about this node, in slot 0. */
+struct config {
+	__be32 local_ip;        /* the node's underlay address: outer source, ingress filter */
+	__u32 underlay_ifindex; /* where encapsulated packets leave */
+	__u32 device_ifindex;   /* twill's dummy device: decapsulated packets enter here */
+	__be16 port;            /* flannel's udp port: outer source and destination */
+	__u16 mtu;              /* the device's MTU: a larger inner packet is too big */
+	__u8 device_mac[6];     /* the dummy's MAC: a frame entering it must be addressed to it */
+	__u8 pad[2];
+};
+
+struct route_key {
+	__u32 prefixlen;
+	__be32 addr;
+};
+
+/* A destination subnet's peer. */
+struct route {
+	__be32 endpoint;        /* the peer's underlay address */
+	__be16 port;
+	__u16 pad;
+	__u32 slot;             /* the peer's index in peer_traffic */
+};
+
+/* A peer found by the outer source of a datagram. */
+struct peer {
+	__be32 subnet;
+	__be32 mask;
+	__be16 port;
+	__u16 pad;
+	__u32 slot;
+};
+
+struct traffic {
+	__u64 tx_packets;
+	__u64 tx_bytes;
+	__u64 rx_packets;
+	__u64 rx_bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_PEERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct route_key);
+	__type(value, struct route);
+} routes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PEERS);
+	__type(key, __be32);
+	__type(value, struct peer);
+} peers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct traffic);
+} peer_traffic SEC(".maps");
+
+/* Slot 0: every peer's traffic together, kept when peers go. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct traffic);
+} totals SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, DROP_REASONS);
+	__type(key, __u32);
+	__type(value, __u64);
+} drops SEC(".maps");

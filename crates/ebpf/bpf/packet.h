@@ -1,0 +1,119 @@
+/* Helpers on IPv4 headers and on the counters, shared by both programs. */
+#pragma once
+
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/udp.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "maps.h"
+
+/* Debian's UAPI headers are 6.1's; the kernel has these since 6.3 (probe() checks it runs). */
+#ifndef BPF_F_ADJ_ROOM_DECAP_L3_IPV4
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
+#endif
+
+/* flannel's udp wire: an outer IPv4 and a UDP header, then the bare inner packet. */
+#define OVERHEAD (sizeof(struct iphdr) + sizeof(struct udphdr))
+#define IP_DF 0x4000
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+/* The outer TTL a Linux UDP socket (flanneld's) sends with. */
+#define OUTER_TTL 64
+
+static __always_inline struct config *node_config(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+static __always_inline int drop(enum drop_reason reason)
+{
+	__u32 key = reason;
+	__u64 *count = bpf_map_lookup_elem(&drops, &key);
+	if (count)
+		*count += 1;
+	return TC_ACT_SHOT;
+}
+
+/* A TCP super-packet is one skb of many segments; it counts as the packets it carries, as the
+ * userspace engine counts the segments of a TUN super-packet. */
+static __always_inline __u64 packets_in(const struct __sk_buff *skb)
+{
+	return skb->gso_segs ? skb->gso_segs : 1;
+}
+
+static __always_inline void count_tx(__u32 slot, __u64 packets, __u64 bytes)
+{
+	__u32 zero = 0;
+	struct traffic *peer = bpf_map_lookup_elem(&peer_traffic, &slot);
+	struct traffic *all = bpf_map_lookup_elem(&totals, &zero);
+	if (peer) {
+		peer->tx_packets += packets;
+		peer->tx_bytes += bytes;
+	}
+	if (all) {
+		all->tx_packets += packets;
+		all->tx_bytes += bytes;
+	}
+}
+
+static __always_inline void count_rx(__u32 slot, __u64 packets, __u64 bytes)
+{
+	__u32 zero = 0;
+	struct traffic *peer = bpf_map_lookup_elem(&peer_traffic, &slot);
+	struct traffic *all = bpf_map_lookup_elem(&totals, &zero);
+	if (peer) {
+		peer->rx_packets += packets;
+		peer->rx_bytes += bytes;
+	}
+	if (all) {
+		all->rx_packets += packets;
+		all->rx_bytes += bytes;
+	}
+}
+
+static __always_inline __u16 fold(__u32 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)sum;
+}
+
+/* The checksum of a 20-byte header whose check field is zero. */
+static __always_inline __u16 header_checksum(const struct iphdr *ip)
+{
+	const __u16 *word = (const __u16 *)ip;
+	__u32 sum = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*ip) / 2); i++)
+		sum += word[i];
+	return (__u16)~fold(sum);
+}
+
+/* Decrement the TTL as a router does, patching the checksum incrementally (RFC 1624, eqn. 3),
+ * as twill_dataplane's Ipv4Packet::decrement_ttl does. The caller checked ttl > 1. */
+static __always_inline void decrement_ttl(struct iphdr *ip)
+{
+	__u16 *word = (__u16 *)&ip->ttl; /* TTL and protocol */
+	__u16 old = *word;
+	ip->ttl--;
+	__u32 sum = (__u16)~ip->check;
+	sum += (__u16)~old;
+	sum += *word;
+	ip->check = (__u16)~fold(sum);
+}
+
+/* The first `len` bytes in the skb's linear part, pulled in if they are not. */
+static __always_inline int linear(struct __sk_buff *skb, __u32 len)
+{
+	if ((void *)(long)skb->data + len <= (void *)(long)skb->data_end)
+		return 0;
+	if (skb->len < len)
+		return -1;
+	return bpf_skb_pull_data(skb, len);
+}

@@ -1,0 +1,125 @@
+//! The eBPF dataplane on one node: the programs attached to twill's device and the underlay,
+//! and the peers in their maps.
+
+use crate::attach::{self, Attached};
+use crate::counters::Counters;
+use crate::device::Device;
+use crate::loaded::{Loaded, TestOutput};
+use crate::maps::{wire_addr, wire_port, Config};
+use crate::object::{self, Side};
+use crate::pins;
+use anyhow::ensure;
+use ipnet::Ipv4Net;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+/// Where the programs run and what they put on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// twill's dummy device, to which the flannel network is routed (e.g. flannel0).
+    pub device: String,
+    /// The underlay interface the node's datagrams come in on (`--iface`).
+    pub underlay: String,
+    /// The node's underlay address: the outer source, and the address datagrams must be for.
+    pub local_ip: Ipv4Addr,
+    /// flannel's udp port (`Backend.Port`, 8285 by default): outer source and destination.
+    pub port: u16,
+}
+
+/// What [`Dataplane::open`] found in its pin directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// Nothing (or not all of it): the programs were attached now.
+    Fresh,
+    /// An earlier run's programs were attached and kept running (or were swapped for this
+    /// build's in one step); its maps hold `peers` peers, to be reconciled with the leases.
+    Adopted { peers: usize },
+}
+
+/// The attached programs and their maps. Dropping it leaves them running (they are pinned);
+/// [`crate::remove`] takes them away.
+pub struct Dataplane {
+    loaded: Mutex<Loaded>,
+}
+
+impl Dataplane {
+    /// Attach the programs as `at` says, pinning programs, links and maps under `pin_dir` (a
+    /// bpffs is mounted there if it is not on one). What an earlier run pinned there is
+    /// adopted: its maps with their peers and counters, its links without a gap.
+    pub fn open(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Dataplane, Opened)> {
+        ensure!(at.port != 0, "the eBPF dataplane's port must not be 0");
+        ensure!(
+            !at.local_ip.is_unspecified(),
+            "the eBPF dataplane's local_ip must be the node's underlay address, not 0.0.0.0"
+        );
+        let device = Device::lookup(&at.device)?;
+        let underlay = Device::lookup(&at.underlay)?;
+        pins::ensure_bpffs(pin_dir)?;
+        let mut loaded = Loaded::load(Some(pin_dir))?;
+        loaded.maps.write_config(Config {
+            local_ip: wire_addr(at.local_ip),
+            underlay_ifindex: underlay.ifindex,
+            device_ifindex: device.ifindex,
+            port: wire_port(at.port),
+            mtu: device.mtu,
+            device_mac: device.mac,
+            pad: [0; 2],
+        })?;
+        let mut adopted = true;
+        for (side, name) in [(Side::Egress, &at.device), (Side::Ingress, &at.underlay)] {
+            let program = object::program(&mut loaded.ebpf, side)?;
+            adopted &= attach::attach(program, side, name, pin_dir)? != Attached::New;
+        }
+        let opened = match adopted {
+            true => Opened::Adopted {
+                peers: loaded.peers.len(),
+            },
+            false => Opened::Fresh,
+        };
+        let loaded = Mutex::new(loaded);
+        Ok((Dataplane { loaded }, opened))
+    }
+
+    /// Route `subnet` to the peer at `endpoint` and accept its datagrams; changes the peer of
+    /// `subnet` if it has another endpoint. Refused when another subnet's peer has that address.
+    pub fn set_peer(&self, subnet: Ipv4Net, endpoint: SocketAddrV4) -> anyhow::Result<()> {
+        let mut loaded = self.lock();
+        let Loaded { maps, peers, .. } = &mut *loaded;
+        peers.set(maps, subnet, endpoint)
+    }
+
+    /// Forget the peer of `subnet` (none is fine).
+    pub fn remove_peer(&self, subnet: Ipv4Net) -> anyhow::Result<()> {
+        let mut loaded = self.lock();
+        let Loaded { maps, peers, .. } = &mut *loaded;
+        peers.remove(maps, subnet)
+    }
+
+    /// The peers in the maps, by subnet.
+    pub fn peers(&self) -> anyhow::Result<Vec<(Ipv4Net, SocketAddrV4)>> {
+        Ok(self.lock().peers.list())
+    }
+
+    pub fn counters(&self) -> anyhow::Result<Counters> {
+        self.lock().counters()
+    }
+
+    /// Run one of the attached programs on a crafted Ethernet frame (BPF_PROG_TEST_RUN), with
+    /// the real maps and counters; nothing is sent.
+    pub fn test_run(&self, side: Side, frame: &[u8]) -> anyhow::Result<TestOutput> {
+        self.lock().test_run(side, frame)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Loaded> {
+        // A panic while holding the lock left no half-made change that matters more than
+        // the maps themselves, which stay the truth.
+        self.loaded.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Dataplane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataplane").finish_non_exhaustive()
+    }
+}

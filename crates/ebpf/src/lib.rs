@@ -1,0 +1,32 @@
+//! twill's in-kernel dataplane for flannel's udp wire (UDP port 8285 by default, the payload
+//! the bare inner IPv4 packet): two TC eBPF programs, written in C (bpf/udp.bpf.c) and built
+//! by build.rs on every build, with the same rules as the userspace udp engine.
+//!
+//! - `twill_egress`, at the egress of twill's dummy device (the flannel network is routed to
+//!   it): finds the destination's peer in an LPM map, decrements the TTL, encapsulates and
+//!   sends the datagram out of the underlay (`bpf_redirect_neigh`).
+//! - `twill_ingress`, at the underlay's ingress: takes only UDP to the node's address and
+//!   port, checks the sender is a peer, the inner packet well-formed and from inside that
+//!   peer's subnet, decapsulates it and hands it to the stack as if it came in on the dummy.
+//!
+//! Programs, links and maps are pinned under a directory per device, so they outlive the
+//! daemon: [`Dataplane::open`] adopts them on the next start, [`remove`] takes them away.
+
+mod attach;
+mod counters;
+mod dataplane;
+mod device;
+mod loaded;
+mod maps;
+mod object;
+mod peers;
+mod pins;
+mod probe;
+
+pub use counters::{Counters, PeerTraffic, Traffic};
+pub use dataplane::{Attachment, Dataplane, Opened};
+pub use loaded::{TestOutput, Verdict};
+pub use maps::MAX_PEERS;
+pub use object::Side;
+pub use pins::remove;
+pub use probe::{probe, Unsupported};

@@ -1,0 +1,89 @@
+//! The object loaded into the kernel: its two programs, its maps and the peers in them. Both
+//! the attached dataplane and the probe hold one; `test_run` runs a program on a frame through
+//! BPF_PROG_TEST_RUN without any device.
+
+use crate::counters::{self, Counters};
+use crate::maps::Maps;
+use crate::object::{self, Side};
+use crate::peers::PeerSet;
+use aya::programs::{ProgramError, TestRun as _, TestRunOptions};
+use aya::Ebpf;
+use std::path::Path;
+
+/// What a program decided for a frame (its TC action).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// TC_ACT_OK: the stack takes the frame as it is.
+    Pass,
+    /// TC_ACT_SHOT: dropped (and counted under a reason).
+    Drop,
+    /// TC_ACT_REDIRECT: sent on, encapsulated to the underlay or decapsulated into the device.
+    Redirect,
+    Other(u32),
+}
+
+impl Verdict {
+    fn of(action: u32) -> Verdict {
+        match action {
+            0 => Verdict::Pass,
+            2 => Verdict::Drop,
+            7 => Verdict::Redirect,
+            other => Verdict::Other(other),
+        }
+    }
+}
+
+/// A program's verdict on one frame and the frame as it left the program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestOutput {
+    pub verdict: Verdict,
+    pub frame: Vec<u8>,
+}
+
+/// Room the egress program may add to a frame.
+const GROWTH: usize = 64;
+
+pub(crate) struct Loaded {
+    pub ebpf: Ebpf,
+    pub maps: Maps,
+    pub peers: PeerSet,
+}
+
+impl Loaded {
+    /// Load the object; with `pins`, on the maps pinned there (see object::load).
+    pub fn load(pins: Option<&Path>) -> anyhow::Result<Loaded> {
+        let mut ebpf = object::load(pins)?;
+        let mut maps = Maps::take(&mut ebpf)?;
+        let peers = PeerSet::read(&mut maps)?;
+        Ok(Loaded { ebpf, maps, peers })
+    }
+
+    pub fn counters(&self) -> anyhow::Result<Counters> {
+        counters::read(&self.maps, &self.peers)
+    }
+
+    /// Run one program on `frame` (an Ethernet frame) with BPF_PROG_TEST_RUN: its counters and
+    /// maps are the real ones, its redirects are only reported.
+    pub fn test_run(&mut self, side: Side, frame: &[u8]) -> anyhow::Result<TestOutput> {
+        let program = object::program(&mut self.ebpf, side)?;
+        let mut out = vec![0u8; frame.len() + GROWTH];
+        let result = program
+            .test_run(TestRunOptions {
+                data_in: Some(frame),
+                data_out: Some(&mut out),
+                ..TestRunOptions::default()
+            })
+            .map_err(|e| {
+                let why = match &e {
+                    ProgramError::SyscallError(s) => s.io_error.to_string(),
+                    other => other.to_string(),
+                };
+                anyhow::anyhow!("BPF_PROG_TEST_RUN of {}: {why}", side.program_name())
+            })?;
+        out.truncate(result.data_size_out as usize);
+        Ok(TestOutput {
+            verdict: Verdict::of(result.return_value),
+            frame: out,
+        })
+    }
+}

@@ -1,0 +1,131 @@
+//! The maps the programs share with userspace. Every layout mirrors one in bpf/maps.h; a change
+//! must be made in both. Addresses and ports are kept in network order, as in packets: a value
+//! is built from the bytes in the order they appear on the wire.
+
+use anyhow::Context;
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+use aya::Ebpf;
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+/// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
+pub const MAX_PEERS: u32 = 65_536;
+
+pub(crate) const MAP_NAMES: [&str; 6] = [
+    "config",
+    "routes",
+    "peers",
+    "peer_traffic",
+    "totals",
+    "drops",
+];
+
+/// `struct config`: what the programs know of this node.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Config {
+    pub local_ip: u32,
+    pub underlay_ifindex: u32,
+    pub device_ifindex: u32,
+    pub port: u16,
+    pub mtu: u16,
+    pub device_mac: [u8; 6],
+    pub pad: [u8; 2],
+}
+
+/// `struct route`: the peer a destination subnet belongs to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    pub endpoint: u32,
+    pub port: u16,
+    pub pad: u16,
+    pub slot: u32,
+}
+
+/// `struct peer`: a peer found by the outer source address of a datagram.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Peer {
+    pub subnet: u32,
+    pub mask: u32,
+    pub port: u16,
+    pub pad: u16,
+    pub slot: u32,
+}
+
+/// `struct traffic`: one CPU's packets and bytes each way.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RawTraffic {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+}
+
+// SAFETY: plain `repr(C)` data with explicit padding fields, valid for any bit pattern.
+unsafe impl aya::Pod for Config {}
+unsafe impl aya::Pod for Route {}
+unsafe impl aya::Pod for Peer {}
+unsafe impl aya::Pod for RawTraffic {}
+
+/// An address as the programs compare it: its octets in wire order.
+pub(crate) fn wire_addr(addr: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(addr.octets())
+}
+
+pub(crate) fn addr_of(wire: u32) -> Ipv4Addr {
+    Ipv4Addr::from(wire.to_ne_bytes())
+}
+
+pub(crate) fn wire_port(port: u16) -> u16 {
+    u16::from_ne_bytes(port.to_be_bytes())
+}
+
+pub(crate) fn port_of(wire: u16) -> u16 {
+    u16::from_be_bytes(wire.to_ne_bytes())
+}
+
+pub(crate) type RouteKey = Key<u32>;
+
+/// Typed handles on the loaded object's maps.
+pub(crate) struct Maps {
+    pub config: Array<MapData, Config>,
+    pub routes: LpmTrie<MapData, u32, Route>,
+    pub peers: HashMap<MapData, u32, Peer>,
+    pub peer_traffic: PerCpuArray<MapData, RawTraffic>,
+    pub totals: PerCpuArray<MapData, RawTraffic>,
+    pub drops: PerCpuArray<MapData, u64>,
+}
+
+impl Maps {
+    pub fn take(ebpf: &mut Ebpf) -> anyhow::Result<Maps> {
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .with_context(|| format!("the eBPF object has no map {name}"))
+        };
+        Ok(Maps {
+            config: take("config")?.try_into()?,
+            routes: take("routes")?.try_into()?,
+            peers: take("peers")?.try_into()?,
+            peer_traffic: take("peer_traffic")?.try_into()?,
+            totals: take("totals")?.try_into()?,
+            drops: take("drops")?.try_into()?,
+        })
+    }
+
+    pub fn write_config(&mut self, config: Config) -> anyhow::Result<()> {
+        self.config
+            .set(0, config, 0)
+            .context("writing the config map")
+    }
+
+    /// The config in a pinned config map, without loading anything.
+    pub fn read_pinned_config(path: &Path) -> anyhow::Result<Config> {
+        let map = MapData::from_pin(path).with_context(|| format!("opening {}", path.display()))?;
+        let config: Array<MapData, Config> = Map::Array(map).try_into()?;
+        config.get(&0, 0).context("reading the config map")
+    }
+}

@@ -1,0 +1,115 @@
+//! Where the programs, links and maps are pinned: one directory per device, on a bpffs that is
+//! mounted there when it is not one already. What is pinned outlives the daemon, so a restart
+//! finds it and adopts it; [`remove`] is the only way it goes.
+
+use crate::maps::{Maps, MAP_NAMES};
+use crate::object::Side;
+use anyhow::{bail, Context};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
+use std::fs;
+use std::io::ErrorKind;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// The pins of one side's program and link.
+pub(crate) fn program_pin(dir: &Path, side: Side) -> PathBuf {
+    dir.join(format!("prog_{}", side_name(side)))
+}
+
+pub(crate) fn link_pin(dir: &Path, side: Side) -> PathBuf {
+    dir.join(format!("link_{}", side_name(side)))
+}
+
+fn side_name(side: Side) -> &'static str {
+    match side {
+        Side::Egress => "egress",
+        Side::Ingress => "ingress",
+    }
+}
+
+/// Make `dir` and put a bpffs there if it is on another filesystem (/sys/fs/bpf is often not
+/// mounted in containers; `ip netns exec` shows a fresh /sys without it).
+pub(crate) fn ensure_bpffs(dir: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    if is_bpffs(dir)? {
+        return Ok(());
+    }
+    mount(
+        Some("bpffs"),
+        dir,
+        Some("bpf"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("cannot mount a bpffs on {}", dir.display()))
+}
+
+fn is_bpffs(dir: &Path) -> anyhow::Result<bool> {
+    let fs = statfs(dir).with_context(|| format!("statfs {}", dir.display()))?;
+    Ok(fs.filesystem_type() == BPF_FS_MAGIC)
+}
+
+/// Detach and unpin everything [`crate::Dataplane::open`] left in `pin_dir`, unmount the bpffs
+/// it mounted there, and remove the directory (`twill run --cleanup`). A directory that is
+/// not there is fine; anything else found in it is left, and named in the error.
+pub fn remove(pin_dir: &Path) -> anyhow::Result<()> {
+    if !pin_dir.exists() {
+        return Ok(());
+    }
+    if is_bpffs(pin_dir)? {
+        crate::attach::detach_filters(pin_dir)?;
+        for path in pinned_paths(pin_dir) {
+            match fs::remove_file(&path) {
+                Err(e) if e.kind() != ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("cannot unpin {}", path.display()))
+                }
+                _ => {}
+            }
+        }
+        if is_mount_point(pin_dir)? {
+            umount2(pin_dir, MntFlags::MNT_DETACH)
+                .with_context(|| format!("cannot unmount the bpffs on {}", pin_dir.display()))?;
+        }
+    }
+    if let Err(e) = fs::remove_dir(pin_dir) {
+        let left: Vec<String> = fs::read_dir(pin_dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        bail!(
+            "cannot remove {} ({e}); it still holds {left:?}",
+            pin_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn pinned_paths(dir: &Path) -> Vec<PathBuf> {
+    let sides = Side::BOTH.into_iter();
+    let programs = sides
+        .clone()
+        .flat_map(|s| [link_pin(dir, s), program_pin(dir, s)]);
+    programs
+        .chain(MAP_NAMES.iter().map(|m| dir.join(m)))
+        .collect()
+}
+
+fn is_mount_point(dir: &Path) -> anyhow::Result<bool> {
+    let Some(parent) = dir.parent() else {
+        return Ok(false);
+    };
+    Ok(fs::metadata(dir)?.dev() != fs::metadata(parent)?.dev())
+}
+
+/// The config map pinned in `dir`, if there is one (it names the devices the programs run on).
+pub(crate) fn pinned_config(dir: &Path) -> anyhow::Result<Option<crate::maps::Config>> {
+    let path = dir.join("config");
+    if !path.exists() {
+        return Ok(None);
+    }
+    Maps::read_pinned_config(&path).map(Some)
+}
