@@ -1,0 +1,145 @@
+//! Two hosts on a veth underlay, each running the programs with the other as its peer: ping
+//! and TCP (sha256-checked) both ways between their containers, and on the wire exactly
+//! flannel's udp: UDP 8285 to 8285 carrying the bare inner packet.
+
+mod common;
+
+use anyhow::{ensure, Context, Result};
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+use twill_dataplane::stats::DropReason;
+use twill_lab::tcp_transfer_intact;
+
+const MIB: usize = 1 << 20;
+
+#[test]
+fn containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
+    let (lab, nodes) = common::lab_pair("ebpffwd")?;
+    let dataplanes = common::open_pair(&lab, &nodes)?;
+    let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
+
+    let dir = tempfile::tempdir()?;
+    let pcap = dir.path().join("underlay.pcap");
+    let path = pcap.to_str().context("pcap path")?;
+    let host = &lab.host(0).ns;
+    let mut tcpdump = host.spawn("tcpdump", &["-i", "eth0", "-n", "-U", "-w", path, "udp"])?;
+    wait_for("tcpdump to capture", || pcap.exists())?;
+    std::thread::sleep(Duration::from_millis(200));
+
+    // 64 at the sender; each host forwards (-1) and each program routes (-1), as flanneld
+    // decrements on send and on receive.
+    assert_eq!(common::ping(&a.ns, b.ip, 3)?, vec![60; 3], "ping a -> b");
+    assert_eq!(common::ping(&b.ns, a.ip, 3)?, vec![60; 3], "ping b -> a");
+    std::thread::sleep(Duration::from_millis(200));
+    tcpdump.stop()?;
+
+    tcp_transfer_intact(&a.ns, &b.ns, b.ip.into(), 4 * MIB)?;
+    tcp_transfer_intact(&b.ns, &a.ns, a.ip.into(), 4 * MIB)?;
+
+    // 12 pings' worth, every one checked; tcpdump may miss the first few, never most.
+    let datagrams = flannel_datagrams(&std::fs::read(&pcap)?)?;
+    ensure!(
+        datagrams >= 6,
+        "{datagrams} datagrams captured for 12 pings"
+    );
+
+    for (i, dataplane) in dataplanes.iter().enumerate() {
+        let counters = dataplane.counters()?;
+        let peer = counters.peers[&nodes[1 - i].subnet];
+        // 4 MiB each way plus the pings; super-packets count as their segments.
+        for (what, traffic) in [("tx", peer.tx), ("rx", peer.rx)] {
+            ensure!(
+                traffic.bytes > 4 * MIB as u64,
+                "host {i} {what}: {traffic:?}"
+            );
+        }
+        assert_eq!(
+            (counters.tx, counters.rx),
+            (peer.tx, peer.rx),
+            "host {i}: one peer"
+        );
+        for reason in [
+            DropReason::UnknownPeer,
+            DropReason::SpoofedSource,
+            DropReason::Malformed,
+            DropReason::NoRoute,
+            DropReason::IoError,
+        ] {
+            assert_eq!(
+                counters.drop_count(reason),
+                0,
+                "host {i}: {}",
+                reason.as_str()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Checks every captured frame is flannel's udp wire between the two hosts, and counts them.
+fn flannel_datagrams(file: &[u8]) -> Result<usize> {
+    ensure!(file.len() >= 24, "pcap too short");
+    let (mut at, mut count) = (24, 0);
+    while at + 16 <= file.len() {
+        let len = u32::from_le_bytes(file[at + 8..at + 12].try_into()?) as usize;
+        let frame = file
+            .get(at + 16..at + 16 + len)
+            .context("frame cut short")?;
+        at += 16 + len;
+        check_wire(frame).with_context(|| format!("frame {count}: {frame:02x?}"))?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+fn check_wire(frame: &[u8]) -> Result<()> {
+    let be16 = |b: &[u8], i: usize| usize::from(u16::from_be_bytes([b[i], b[i + 1]]));
+    ensure!(be16(frame, 12) == 0x0800, "not IPv4");
+    let outer = &frame[14..];
+    ensure!(
+        outer[0] == 0x45 && outer[9] == 17,
+        "not a plain IPv4/UDP header"
+    );
+    ensure!(
+        be16(outer, 6) == 0x4000,
+        "outer flags/fragment {:#x}, not DF",
+        be16(outer, 6)
+    );
+    let underlay = [Ipv4Addr::new(10, 200, 0, 1), Ipv4Addr::new(10, 200, 0, 2)];
+    for addr in [&outer[12..16], &outer[16..20]] {
+        let addr = Ipv4Addr::new(addr[0], addr[1], addr[2], addr[3]);
+        ensure!(underlay.contains(&addr), "outer address {addr}");
+    }
+    let udp = &outer[20..be16(outer, 2)];
+    ensure!(be16(udp, 0) == 8285 && be16(udp, 2) == 8285, "ports");
+    ensure!(
+        be16(udp, 4) == udp.len(),
+        "UDP length {} of {}",
+        be16(udp, 4),
+        udp.len()
+    );
+    let inner = &udp[8..];
+    ensure!(inner[0] >> 4 == 4, "payload is not a bare IPv4 packet");
+    ensure!(
+        be16(inner, 2) == inner.len(),
+        "inner length {}",
+        be16(inner, 2)
+    );
+    ensure!(
+        inner[12] == 10 && inner[13] == 5,
+        "inner source outside 10.5.0.0/16"
+    );
+    Ok(())
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !done() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(5),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
