@@ -1,0 +1,113 @@
+//! The programs outlive the Dataplane that attached them, the next open adopts them with their
+//! peers and counters while a ping stream runs on, and remove() leaves nothing behind.
+
+mod common;
+
+use anyhow::{ensure, Result};
+use aya::programs::{SchedClassifier, TcAttachType};
+use std::net::SocketAddrV4;
+use std::time::Duration;
+use twill_ebpf::Opened;
+use twill_lab::Host;
+
+#[test]
+fn a_reopen_adopts_without_a_gap_and_remove_leaves_nothing() -> Result<()> {
+    let (lab, nodes) = common::lab_pair("ebpfadpt")?;
+    let [first_a, first_b] = common::open_pair(&lab, &nodes)?;
+    let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
+    assert_eq!(common::ping(&a.ns, b.ip, 2)?.len(), 2, "before");
+    let sent = first_a.counters()?.tx;
+    drop((first_a, first_b));
+
+    // Nothing holds the programs but their pins now.
+    assert_eq!(
+        common::ping(&a.ns, b.ip, 2)?.len(),
+        2,
+        "with no Dataplane open"
+    );
+
+    // 100 pings 10 ms apart span the reopen.
+    let mut stream = a.ns.spawn(
+        "ping",
+        &[
+            "-n",
+            "-q",
+            "-c",
+            "100",
+            "-i",
+            "0.01",
+            "-W",
+            "1",
+            &b.ip.to_string(),
+        ],
+    )?;
+    std::thread::sleep(Duration::from_millis(100));
+    let (again, opened) = common::open(lab.host(0), &nodes[0])?;
+    assert_eq!(opened, Opened::Adopted { peers: 1 });
+    let endpoint = SocketAddrV4::new(nodes[1].attachment.local_ip, common::PORT);
+    assert_eq!(again.peers()?, vec![(nodes[1].subnet, endpoint)]);
+    let kept = again.counters()?.tx;
+    ensure!(
+        kept.packets >= sent.packets && kept.bytes >= sent.bytes,
+        "{kept:?} < {sent:?}"
+    );
+    let status = stream.wait_timeout(Duration::from_secs(10))?;
+    let summary = stream.stdout();
+    ensure!(
+        status.is_some_and(|s| s.success()),
+        "ping stream: {summary}"
+    );
+    ensure!(
+        summary.contains(" 0% packet loss"),
+        "ping stream across the reopen: {summary}"
+    );
+    drop(again);
+
+    for (i, node) in nodes.iter().enumerate() {
+        let attached = tcx_programs(lab.host(i), common::DEVICE)?;
+        assert_eq!(attached, ["twill_egress"], "before remove");
+        twill_ebpf::remove(node.pins.path())?;
+        ensure!(
+            !node.pins.path().exists(),
+            "{} left",
+            node.pins.path().display()
+        );
+        twill_ebpf::remove(node.pins.path())?;
+        nothing_attached(lab.host(i), &node.attachment.underlay)?;
+    }
+    let out =
+        a.ns.exec("ping", &["-n", "-c", "2", "-W", "1", &b.ip.to_string()]);
+    ensure!(out.is_err(), "ping still answered after remove: {out:?}");
+    Ok(())
+}
+
+/// No tcx program and no tc filter on twill's device or the underlay.
+fn nothing_attached(host: &Host, underlay: &str) -> Result<()> {
+    for device in [common::DEVICE, underlay] {
+        let programs = tcx_programs(host, device)?;
+        ensure!(programs.is_empty(), "{device} still runs {programs:?}");
+        for hook in ["ingress", "egress"] {
+            let filters = host
+                .ns
+                .exec("tc", &["filter", "show", "dev", device, hook])?;
+            ensure!(filters.trim().is_empty(), "{device} {hook}: {filters}");
+        }
+    }
+    Ok(())
+}
+
+/// The names of the programs on `device`'s tcx hooks, both directions.
+fn tcx_programs(host: &Host, device: &str) -> Result<Vec<String>> {
+    host.ns.enter(|| {
+        let mut names = Vec::new();
+        for hook in [TcAttachType::Ingress, TcAttachType::Egress] {
+            let (_, programs) = SchedClassifier::query_tcx(device, hook)?;
+            names.extend(
+                programs
+                    .iter()
+                    .map(|p| p.name_as_str().unwrap_or("?").to_string()),
+            );
+        }
+        Ok(names)
+    })
+}
