@@ -33,7 +33,20 @@ fn containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
     std::thread::sleep(Duration::from_millis(200));
     tcpdump.stop()?;
 
+    let (frames, segments) = (
+        underlay_tx_frames(host)?,
+        dataplanes[0].counters()?.tx.packets,
+    );
     tcp_transfer_intact(&a.ns, &b.ns, b.ip.into(), 4 * MIB)?;
+    let frames = underlay_tx_frames(host)? - frames;
+    let segments = dataplanes[0].counters()?.tx.packets - segments;
+    // TCP super-packets are encapsulated whole (the veth passes them on unsplit): far fewer
+    // frames leave than the segments they carry.
+    eprintln!("4 MiB a -> b: {segments} segments in {frames} underlay frames");
+    ensure!(
+        frames * 2 < segments,
+        "{segments} segments in {frames} frames: split"
+    );
     tcp_transfer_intact(&b.ns, &a.ns, a.ip.into(), 4 * MIB)?;
 
     // 12 pings' worth, every one checked; tcpdump may miss the first few, never most.
@@ -130,6 +143,12 @@ fn check_wire(frame: &[u8]) -> Result<()> {
         "inner source outside 10.5.0.0/16"
     );
     Ok(())
+}
+
+/// Frames host 0's underlay has sent (a super-packet is one).
+fn underlay_tx_frames(host: &twill_lab::Netns) -> Result<u64> {
+    let count = host.exec("cat", &["/sys/class/net/eth0/statistics/tx_packets"])?;
+    Ok(count.trim().parse()?)
 }
 
 fn wait_for(what: &str, done: impl Fn() -> bool) -> Result<()> {

@@ -1,0 +1,85 @@
+//! 60,000 leases are 60,000 peers in the maps: how long filling, listing, counting and
+//! emptying them takes (printed; bounded loosely, the machine is shared); and one peer per
+//! endpoint address.
+
+mod common;
+
+use anyhow::Result;
+use common::{Pins, DEVICE, PORT};
+use ipnet::Ipv4Net;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+use twill_ebpf::{Attachment, Dataplane};
+use twill_lab::Netns;
+
+const PEERS: u32 = 60_000;
+
+fn peer(i: u32) -> (Ipv4Net, SocketAddrV4) {
+    let [_, _, hi, lo] = i.to_be_bytes();
+    let subnet = Ipv4Net::new(Ipv4Addr::new(10, hi, lo, 0), 24).unwrap();
+    let endpoint = SocketAddrV4::new(Ipv4Addr::new(172, 16, hi, lo), PORT);
+    (subnet, endpoint)
+}
+
+#[test]
+fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
+    let ns = Netns::new("ebpf-scale")?;
+    ns.ip(&["link", "add", DEVICE, "type", "ifb"])?;
+    ns.ip(&["link", "add", "eth0", "type", "ifb"])?;
+    let pins = Pins::new(ns.name());
+    let at = Attachment {
+        device: DEVICE.into(),
+        underlay: "eth0".into(),
+        local_ip: Ipv4Addr::new(172, 31, 0, 1),
+        port: PORT,
+    };
+    let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
+
+    let fill = timed(|| (0..PEERS).try_for_each(|i| set(&dataplane, i)))?;
+    let list = timed(|| {
+        dataplane
+            .peers()
+            .map(|p| assert_eq!(p.len(), PEERS as usize))
+    })?;
+    let count = timed(|| {
+        dataplane
+            .counters()
+            .map(|c| assert_eq!(c.peers.len(), PEERS as usize))
+    })?;
+    let empty = timed(|| (0..PEERS).try_for_each(|i| dataplane.remove_peer(peer(i).0)))?;
+    eprintln!(
+        "{PEERS} peers: set {fill:?}, peers() {list:?}, counters() {count:?}, removed {empty:?}"
+    );
+    assert!(dataplane.peers()?.is_empty());
+    assert!(fill < Duration::from_secs(10), "filling took {fill:?}");
+    one_peer_per_endpoint(&dataplane)
+}
+
+/// As in the userspace table: an endpoint belongs to one subnet's peer, and a peer may move.
+fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
+    let ((first, endpoint), (second, moved)) = (peer(1), peer(2));
+    dataplane.set_peer(first, endpoint)?;
+    let err = dataplane
+        .set_peer(second, endpoint)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!("peer {second} left out: its endpoint {endpoint} belongs to the peer of {first}")
+    );
+    dataplane.set_peer(first, moved)?;
+    dataplane.set_peer(second, endpoint)?;
+    assert_eq!(dataplane.peers()?, vec![(first, moved), (second, endpoint)]);
+    Ok(())
+}
+
+fn set(dataplane: &Dataplane, i: u32) -> Result<()> {
+    let (subnet, endpoint) = peer(i);
+    dataplane.set_peer(subnet, endpoint)
+}
+
+fn timed(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
+    let start = Instant::now();
+    f()?;
+    Ok(start.elapsed())
+}
