@@ -9,6 +9,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use twill_control::backend::ebpf::{self, DataplaneChoice};
 use twill_control::config::{Config, DEFAULT_BACKEND};
 use twill_control::daemon::{self, NodeOptions};
 use twill_control::lease::backend_type;
@@ -142,6 +143,19 @@ struct RunArgs {
     /// Linux 5.3+: linear instead of quadratic in the number of peers).
     #[arg(long, env = "TWILL_NO_NEXTHOP_OBJECTS", value_parser = FalseyValueParser::new())]
     no_nexthop_objects: bool,
+    /// udp: the engine that carries flannel's wire: `tun` (twill's userspace engine), `ebpf`
+    /// (TC programs in the kernel; fails with what the kernel lacks) or `auto` (ebpf where
+    /// the kernel runs it, said at start). The wire and the lease are the same.
+    #[arg(long, value_name = "tun|ebpf|auto", default_value_t = DataplaneChoice::Tun)]
+    dataplane: DataplaneChoice,
+    /// Where the eBPF dataplane pins its programs, links and maps, so they outlive a restart
+    /// (mounted as bpffs if it is not one).
+    #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
+    bpf_dir: PathBuf,
+    /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
+    /// maps under --bpf-dir, its device --tun-name and route), then exit.
+    #[arg(long)]
+    cleanup: bool,
 }
 
 /// flanneld's etcd flags; `--etcd-endpoints` switches from the static registry to etcd.
@@ -223,6 +237,9 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     let stop = CancellationToken::new();
     runtime.spawn(cancel_on_signal(stop.clone()));
+    if args.cleanup {
+        return runtime.block_on(ebpf::cleanup(&args.bpf_dir, &args.tun_name));
+    }
     let options = node_options(&args);
     if let Some(kube) = kube_options(&args)? {
         return runtime.block_on(async {
@@ -322,6 +339,8 @@ fn node_options(args: &RunArgs) -> NodeOptions {
             .map(Duration::from_micros),
         metrics_per_peer: args.metrics_per_peer,
         nexthop_objects: !args.no_nexthop_objects,
+        dataplane: args.dataplane,
+        bpf_dir: args.bpf_dir.clone(),
     }
 }
 

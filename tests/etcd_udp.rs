@@ -240,6 +240,8 @@ fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
         batch_delay: None,
         metrics_per_peer: false,
         nexthop_objects: true,
+        dataplane: Default::default(),
+        bpf_dir: twill_control::backend::ebpf::DEFAULT_BPF_DIR.into(),
     };
     let etcd = &mut c.etcd;
     let outcome = c.lab.host(1).ns.enter(|| {

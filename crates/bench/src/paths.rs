@@ -28,6 +28,8 @@ pub enum PathKind {
     Vxlan,
     Ipip,
     TwillUdp,
+    /// flannel's udp wire on twill's eBPF dataplane (`--dataplane ebpf`).
+    TwillEbpf,
     TwillBatch,
     TwillWireguard,
     /// The reference for twill-wireguard: wireguard-go on both hosts.
@@ -38,19 +40,28 @@ impl PathKind {
     /// The `Backend.Type` a twill path runs.
     fn twill_backend(self) -> Option<&'static str> {
         match self {
-            PathKind::TwillUdp => Some("udp"),
+            PathKind::TwillUdp | PathKind::TwillEbpf => Some("udp"),
             PathKind::TwillBatch => Some("twill-batch"),
             PathKind::TwillWireguard => Some("wireguard"),
             _ => None,
         }
     }
 
-    pub const ALL: [PathKind; 8] = [
+    /// `twill run` arguments of a twill path besides the common ones.
+    fn twill_args(self) -> &'static [&'static str] {
+        match self {
+            PathKind::TwillEbpf => &["--dataplane", "ebpf"],
+            _ => &[],
+        }
+    }
+
+    pub const ALL: [PathKind; 9] = [
         PathKind::Native,
         PathKind::HostGw,
         PathKind::Vxlan,
         PathKind::Ipip,
         PathKind::TwillUdp,
+        PathKind::TwillEbpf,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
         PathKind::WireguardGo,
@@ -63,6 +74,7 @@ impl PathKind {
             PathKind::Vxlan => "vxlan",
             PathKind::Ipip => "ipip",
             PathKind::TwillUdp => "twill-udp",
+            PathKind::TwillEbpf => "twill-ebpf",
             PathKind::TwillBatch => "twill-batch",
             PathKind::TwillWireguard => "twill-wireguard",
             PathKind::WireguardGo => "wireguard-go",
@@ -107,7 +119,21 @@ impl Twill {
         subnet_file: &Path,
         env: &[(&str, &str)],
     ) -> Result<Proc> {
-        self.spawn_with(host, &["--etcd-endpoints", etcd], subnet_file, env)
+        self.spawn_path(host, etcd, &[], subnet_file, env)
+    }
+
+    /// [`Twill::spawn`] with a path's own arguments (`extra`).
+    fn spawn_path(
+        &self,
+        host: &Host,
+        etcd: &str,
+        extra: &[&str],
+        subnet_file: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Proc> {
+        let mut registry = vec!["--etcd-endpoints", etcd];
+        registry.extend_from_slice(extra);
+        self.spawn_with(host, &registry, subnet_file, env)
     }
 
     /// `twill run --kube-subnet-mgr` on `host` as Node `node_name`, reaching the API server
@@ -213,10 +239,12 @@ impl PathLab {
                 ipip(&lab)?;
                 (Vec::new(), Some(IPIP_MTU))
             }
-            PathKind::TwillUdp | PathKind::TwillBatch | PathKind::TwillWireguard => {
-                let backend = kind.twill_backend().context("a twill path")?;
+            PathKind::TwillUdp
+            | PathKind::TwillEbpf
+            | PathKind::TwillBatch
+            | PathKind::TwillWireguard => {
                 let etcd = etcd.insert(etcd_for(&lab)?);
-                start_twill(&lab, twill, backend, files.path(), etcd)?
+                start_twill(&lab, twill, kind, files.path(), etcd)?
             }
             PathKind::WireguardGo => {
                 go_daemons = wireguard_go::start(&lab, files.path())?;
@@ -421,10 +449,11 @@ fn etcd_for(lab: &Lab) -> Result<Etcd> {
 fn start_twill(
     lab: &Lab,
     twill: &Twill,
-    backend: &str,
+    kind: PathKind,
     dir: &Path,
     etcd: &Etcd,
 ) -> Result<(Vec<Proc>, Option<u32>)> {
+    let backend = kind.twill_backend().context("a twill path")?;
     ensure!(
         twill.binary.is_file(),
         "no twill binary at {} (cargo build --release)",
@@ -443,7 +472,8 @@ fn start_twill(
         // The wireguard backend's key; each host needs its own (they share the filesystem).
         let key = dir.join(format!("wgkey-{i}"));
         let env = [("WIREGUARD_KEY_FILE", &*key.to_string_lossy())];
-        daemons.push(twill.spawn(host, &endpoint, &files[i], &env)?);
+        let extra = kind.twill_args();
+        daemons.push(twill.spawn_path(host, &endpoint, extra, &files[i], &env)?);
     }
     for ((_, host, _), (daemon, file)) in pairs(lab).into_iter().zip(daemons.iter_mut().zip(&files))
     {

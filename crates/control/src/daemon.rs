@@ -7,6 +7,7 @@
 //! it was set up and removes what other backends left in the network ([`Upkeep`]), at start,
 //! at every reconcile, and (the device) whenever the kernel reports a change to it.
 
+use crate::backend::ebpf::{self, Dataplane, EbpfSetup};
 use crate::backend::host_gw::HostGwSetup;
 use crate::backend::ipip::IpipDevice;
 use crate::backend::kernel::KernelConfig;
@@ -47,12 +48,20 @@ pub async fn run<R: Registry>(
     }
     let node = &node;
     let tun_fix = "stop it first, or give this node another --tun-name";
+    let dataplane = ebpf::choose(node)?;
     match node.config.backend.backend_type.as_str() {
-        "udp" => {
-            host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
-            let setup = UserspaceSetup::new(node, EngineKind::FlannelUdp)?;
-            join(registry, node, setup, every, shutdown).await
-        }
+        "udp" => match dataplane {
+            Dataplane::Ebpf => {
+                let setup = EbpfSetup::new(node)?;
+                join(registry, node, setup, every, shutdown).await
+            }
+            Dataplane::Tun => {
+                host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
+                ebpf::cleanup(&node.options.bpf_dir, &node.options.tun_name).await?;
+                let setup = UserspaceSetup::new(node, EngineKind::FlannelUdp)?;
+                join(registry, node, setup, every, shutdown).await
+            }
+        },
         backend_type::TWILL_BATCH => {
             host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
             let delay = node.options.batch_delay;
@@ -123,8 +132,8 @@ async fn join<R: Registry, S: Setup>(
     let peers = Peers::new(LeaseRules::new(&node.config, &lease), namer);
     node.status
         .set_lease(&lease, &node.config.backend.backend_type, peers);
-    if let Some(engine) = backend.engine() {
-        node.status.set_engine(engine.table(), engine.stats());
+    if let Some(view) = backend.engine_view() {
+        node.status.set_engine(view);
     }
     let mut following = Following {
         backend: &mut backend,

@@ -1,6 +1,7 @@
 //! This node as every part of the daemon sees it: how it was told to run, the network it joins,
 //! and the interface it joins by. Built once at start and passed around as one value.
 
+use crate::backend::ebpf::DataplaneChoice;
 use crate::config::Config;
 use crate::host::{self, Interface};
 use crate::status::{NodeStatus, StatusAddr};
@@ -43,6 +44,11 @@ pub struct NodeOptions {
     /// vxlan, host-gw, ipip: each peer's route through a nexthop object of its own, where the
     /// kernel has them (off: `--no-nexthop-objects`).
     pub nexthop_objects: bool,
+    /// `--dataplane`: the udp backend's engine, the TUN's or the eBPF programs.
+    pub dataplane: DataplaneChoice,
+    /// `--bpf-dir`: where the eBPF dataplane pins its programs, links and maps (a bpffs;
+    /// mounted there if it is not one).
+    pub bpf_dir: PathBuf,
 }
 
 /// A node with its options resolved against the host and the network config.

@@ -42,6 +42,18 @@ impl StatusAddr {
     }
 }
 
+/// What status shows of a dataplane: its table, whose peers carry their own counters, and its
+/// totals. The userspace engines count into these as they go; the eBPF dataplane counts in its
+/// maps, and `refresh` copies them in before they are read, so both look the same.
+#[derive(Clone)]
+pub struct EngineView {
+    /// `tun` or `ebpf`.
+    pub name: &'static str,
+    pub table: Arc<SharedTable>,
+    pub stats: Arc<EngineStats>,
+    pub refresh: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
 /// The node's state as the daemon last saw it. The peer leases live here, not in a copy, so
 /// a lease event costs the same however many peers there are.
 #[derive(Default)]
@@ -54,7 +66,7 @@ pub struct NodeStatus {
     backend: RwLock<String>,
     /// Where the leases come from: etcd, Kubernetes or flags.
     registry: RwLock<String>,
-    engine: RwLock<Option<(Arc<SharedTable>, Arc<EngineStats>)>>,
+    engine: RwLock<Option<EngineView>>,
     /// Why the node cannot forward now (its device is down, its route gone), while it cannot:
     /// `/healthz` fails with it, so a liveness probe or an operator sees it.
     unhealthy: RwLock<Option<String>>,
@@ -144,8 +156,17 @@ impl NodeStatus {
         *self.restart_needed.write().unwrap() = why;
     }
 
-    pub fn set_engine(&self, table: &Arc<SharedTable>, stats: &Arc<EngineStats>) {
-        *self.engine.write().unwrap() = Some((table.clone(), stats.clone()));
+    pub fn set_engine(&self, view: EngineView) {
+        *self.engine.write().unwrap() = Some(view);
+    }
+
+    /// The dataplane's view with its counters brought up to date, if there is a dataplane.
+    pub(crate) fn engine_now(&self) -> Option<EngineView> {
+        let view = self.engine.read().unwrap().clone()?;
+        if let Some(refresh) = &view.refresh {
+            refresh();
+        }
+        Some(view)
     }
 
     pub fn record_reconcile(&self, took: Duration, writes: u64) {
@@ -176,7 +197,7 @@ impl NodeStatus {
 
     fn to_json(&self) -> Value {
         let lease = self.lease.read().unwrap().clone();
-        let engine = self.engine.read().unwrap();
+        let engine = self.engine_now();
         let peers = self.peers.read().unwrap();
         let accepted: Vec<Value> = peers
             .iter()
@@ -201,7 +222,8 @@ impl NodeStatus {
             "unhealthy": *self.unhealthy.read().unwrap(),
             "reconcile": reconciles_json(&self.reconciles()),
             "kernel_writes": self.kernel_writes.load(Relaxed),
-            "counters": engine.as_ref().map(|(table, stats)| counters_json(table, stats)),
+            "dataplane": engine.as_ref().map(|e| e.name),
+            "counters": engine.as_ref().map(|e| counters_json(&e.table, &e.stats)),
             "nftables": *self.rules.read().unwrap(),
         })
     }

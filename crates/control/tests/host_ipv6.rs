@@ -44,6 +44,8 @@ fn options(public_ipv6: Option<Ipv6Addr>) -> NodeOptions {
         batch_delay: None,
         metrics_per_peer: false,
         nexthop_objects: true,
+        dataplane: Default::default(),
+        bpf_dir: twill_control::backend::ebpf::DEFAULT_BPF_DIR.into(),
     }
 }
 

@@ -142,6 +142,11 @@ impl EngineStats {
         self.drops[reason as usize].load(Relaxed)
     }
 
+    /// For a dataplane that keeps its own totals (the eBPF maps): the count as it is there.
+    pub fn set_drop_count(&self, reason: DropReason, count: u64) {
+        self.drops[reason as usize].store(count, Relaxed);
+    }
+
     pub fn add_drops(&self, reason: DropReason, count: u64) {
         if count > 0 {
             self.drops[reason as usize].fetch_add(count, Relaxed);

@@ -2,6 +2,7 @@
 //!
 //! The daemon turns lease events into calls on a [`Backend`]; it does not care which one.
 
+pub mod ebpf;
 pub mod userspace;
 pub mod wireguard;
 
@@ -19,6 +20,7 @@ mod uplink;
 pub mod vxlan;
 
 use crate::lease::{Lease, LeaseAttrs};
+use crate::status::EngineView;
 use std::net::Ipv4Addr;
 use twill_dataplane::engine::Engine;
 
@@ -38,6 +40,16 @@ pub trait Backend {
     /// backends have none.
     fn engine(&self) -> Option<&Engine> {
         None
+    }
+    /// What status shows of the dataplane: the userspace engine's table and counters by
+    /// default, the eBPF dataplane's maps for that one.
+    fn engine_view(&self) -> Option<EngineView> {
+        self.engine().map(|engine| EngineView {
+            name: "tun",
+            table: engine.table().clone(),
+            stats: engine.stats().clone(),
+            refresh: None,
+        })
     }
     /// Requests that changed kernel state since start (the userspace backends make none once
     /// their TUN is up).

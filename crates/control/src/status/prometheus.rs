@@ -12,11 +12,15 @@ use twill_dataplane::table::SharedTable;
 impl NodeStatus {
     pub(super) fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        if let Some((table, stats)) = self.engine.read().unwrap().as_ref() {
-            write_engine_totals(&mut out, stats);
-            gauge(&mut out, "twill_table_peers", table.load().len() as u64);
+        if let Some(engine) = self.engine_now() {
+            write_engine_totals(&mut out, &engine.stats);
+            gauge(
+                &mut out,
+                "twill_table_peers",
+                engine.table.load().len() as u64,
+            );
             if self.per_peer_metrics {
-                write_peer_series(&mut out, table);
+                write_peer_series(&mut out, &engine.table);
             }
         }
         let peers = self.peers.read().unwrap();
@@ -147,7 +151,12 @@ mod tests {
             peer.stats.rx.add(1_000_000, 1_400_000_000);
         }
         let status = NodeStatus::new(per_peer);
-        status.set_engine(&table, &Arc::new(EngineStats::default()));
+        status.set_engine(crate::status::EngineView {
+            name: "tun",
+            table,
+            stats: Arc::new(EngineStats::default()),
+            refresh: None,
+        });
         status
     }
 

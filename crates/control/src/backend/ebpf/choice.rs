@@ -1,0 +1,158 @@
+//! `--dataplane`: which engine carries the udp backend's wire on this node, the TUN engine in
+//! userspace or the eBPF programs in the kernel. The wire and the lease are the same either way,
+//! so the choice is per node and peers never see it.
+
+use crate::node::Node;
+use anyhow::bail;
+use std::fmt;
+use std::str::FromStr;
+
+/// The one backend whose wire the eBPF programs carry (its config `Type`).
+const UDP: &str = "udp";
+
+/// What the operator asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataplaneChoice {
+    /// The userspace engine on a TUN (twill's udp as it has always run).
+    #[default]
+    Tun,
+    /// The eBPF programs, or a one-line error naming what the kernel lacks.
+    Ebpf,
+    /// eBPF where the kernel runs it and the backend is udp, the TUN engine otherwise.
+    Auto,
+}
+
+impl FromStr for DataplaneChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tun" => Ok(DataplaneChoice::Tun),
+            "ebpf" => Ok(DataplaneChoice::Ebpf),
+            "auto" => Ok(DataplaneChoice::Auto),
+            other => Err(format!(
+                "{other:?} is not a dataplane; give tun, ebpf or auto"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for DataplaneChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DataplaneChoice::Tun => "tun",
+            DataplaneChoice::Ebpf => "ebpf",
+            DataplaneChoice::Auto => "auto",
+        })
+    }
+}
+
+/// The engine that runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dataplane {
+    Tun,
+    Ebpf,
+}
+
+/// Decides the engine for this node's backend, checking the kernel where eBPF is wanted.
+/// `--dataplane ebpf` on a kernel that cannot run it, or with a backend other than udp, is an
+/// error; `auto` says at start which engine it picked and why.
+pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
+    decide(
+        node.options.dataplane,
+        &node.config.backend.backend_type,
+        twill_ebpf::probe,
+    )
+}
+
+fn decide<E: fmt::Display>(
+    wanted: DataplaneChoice,
+    backend: &str,
+    probe: impl FnOnce() -> Result<(), E>,
+) -> anyhow::Result<Dataplane> {
+    let udp = backend == UDP;
+    match wanted {
+        DataplaneChoice::Tun => Ok(Dataplane::Tun),
+        DataplaneChoice::Ebpf if !udp => bail!(
+            "--dataplane ebpf carries flannel's udp wire only, and this network's backend is \
+             {backend}: leave --dataplane out, or give tun"
+        ),
+        DataplaneChoice::Ebpf => match probe() {
+            Ok(()) => Ok(Dataplane::Ebpf),
+            Err(missing) => bail!("--dataplane ebpf cannot run here: {missing}"),
+        },
+        DataplaneChoice::Auto if !udp => Ok(Dataplane::Tun),
+        DataplaneChoice::Auto => match probe() {
+            Ok(()) => {
+                tracing::info!("dataplane: ebpf (--dataplane auto; this kernel runs it)");
+                Ok(Dataplane::Ebpf)
+            }
+            Err(missing) => {
+                tracing::info!("dataplane: tun (--dataplane auto; eBPF cannot run: {missing})");
+                Ok(Dataplane::Tun)
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs() -> Result<(), String> {
+        Ok(())
+    }
+
+    fn lacks() -> Result<(), String> {
+        Err("the kernel has no tcx links and no clsact qdisc".into())
+    }
+
+    #[test]
+    fn the_flag_reads_three_words_and_names_them_when_wrong() {
+        assert_eq!("auto".parse(), Ok(DataplaneChoice::Auto));
+        assert_eq!("ebpf".parse(), Ok(DataplaneChoice::Ebpf));
+        assert_eq!("tun".parse(), Ok(DataplaneChoice::Tun));
+        let err = "epbf".parse::<DataplaneChoice>().unwrap_err();
+        assert_eq!(err, r#""epbf" is not a dataplane; give tun, ebpf or auto"#);
+    }
+
+    #[test]
+    fn ebpf_is_an_error_where_it_cannot_run_and_auto_falls_back() {
+        let udp = UDP;
+        assert_eq!(
+            decide(DataplaneChoice::Ebpf, udp, runs).unwrap(),
+            Dataplane::Ebpf
+        );
+        let err = decide(DataplaneChoice::Ebpf, udp, lacks)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--dataplane ebpf cannot run here: the kernel has no tcx links and no clsact qdisc"
+        );
+        assert_eq!(
+            decide(DataplaneChoice::Auto, udp, lacks).unwrap(),
+            Dataplane::Tun
+        );
+        assert_eq!(
+            decide(DataplaneChoice::Auto, udp, runs).unwrap(),
+            Dataplane::Ebpf
+        );
+        assert_eq!(
+            decide(DataplaneChoice::Tun, udp, runs).unwrap(),
+            Dataplane::Tun
+        );
+    }
+
+    #[test]
+    fn ebpf_with_another_backend_is_refused_and_auto_keeps_it() {
+        let err = decide(DataplaneChoice::Ebpf, "vxlan", runs)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("this network's backend is vxlan"), "{err}");
+        assert_eq!(
+            decide(DataplaneChoice::Auto, "vxlan", runs).unwrap(),
+            Dataplane::Tun
+        );
+    }
+}

@@ -1,0 +1,57 @@
+//! The eBPF dataplane's counters as status shows every engine's: its maps are summed over the
+//! CPUs and copied into the same totals and per-peer counters the userspace engine counts into,
+//! each time status or metrics are read.
+
+use crate::status::EngineView;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use twill_dataplane::stats::{EngineStats, Flow};
+use twill_dataplane::table::SharedTable;
+use twill_ebpf::{Dataplane, Traffic};
+
+pub fn view(
+    dataplane: &Arc<Dataplane>,
+    table: &Arc<SharedTable>,
+    stats: &Arc<EngineStats>,
+) -> EngineView {
+    let (dataplane, into_table, into_stats) = (dataplane.clone(), table.clone(), stats.clone());
+    EngineView {
+        name: "ebpf",
+        table: table.clone(),
+        stats: stats.clone(),
+        refresh: Some(Arc::new(move || copy(&dataplane, &into_table, &into_stats))),
+    }
+}
+
+fn copy(dataplane: &Dataplane, table: &SharedTable, stats: &EngineStats) {
+    let counters = match dataplane.counters() {
+        Ok(counters) => counters,
+        Err(e) => {
+            tracing::warn!("reading the eBPF dataplane's counters: {e:#}");
+            return;
+        }
+    };
+    set(&stats.tx, counters.tx);
+    set(&stats.rx, counters.rx);
+    // One datagram per packet on flannel's wire.
+    stats.tx_datagrams.store(counters.tx.packets, Relaxed);
+    stats.rx_datagrams.store(counters.rx.packets, Relaxed);
+    for (reason, count) in counters.drops {
+        stats.set_drop_count(reason, count);
+    }
+    let peers = table.load();
+    for peer in peers.peers().iter() {
+        let of = counters
+            .peers
+            .get(&peer.spec.subnet)
+            .copied()
+            .unwrap_or_default();
+        set(&peer.stats.tx, of.tx);
+        set(&peer.stats.rx, of.rx);
+    }
+}
+
+fn set(flow: &Flow, traffic: Traffic) {
+    flow.packets.store(traffic.packets, Relaxed);
+    flow.bytes.store(traffic.bytes, Relaxed);
+}

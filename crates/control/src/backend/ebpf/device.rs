@@ -1,0 +1,105 @@
+//! The eBPF dataplane's device: a dummy whose egress the encapsulating program watches. The
+//! whole network is routed to it, as flanneld routes it to its TUN; unlike a TUN it needs no
+//! process holding it open, so it and its route outlive a restart of the daemon.
+//!
+//! Where the kernel has no dummy devices (CONFIG_DUMMY off, as on twill's test machine) an ifb
+//! serves: to the programs and the stack it is the same (Ethernet, no ARP, and nothing leaves
+//! it but what a program redirects).
+
+use crate::backend::netlink::{Link, LinkKind, Netlink};
+use anyhow::{bail, Context};
+use ipnet::Ipv4Net;
+use netlink_packet_route::link::InfoKind;
+use rtnetlink::{LinkDummy, LinkMessageBuilder};
+
+/// The kinds of device the dataplane makes, in the order it tries them.
+const KINDS: [InfoKind; 2] = [InfoKind::Dummy, InfoKind::Ifb];
+
+fn is_dummy(link: &Link) -> bool {
+    matches!(&link.kind, LinkKind::Other(Some(kind)) if KINDS.contains(kind))
+}
+
+/// The device `name` as the dataplane needs it: a dummy with `mtu`, `address` and up. One left
+/// by an earlier run is adopted as it is (its route and programs are still carrying traffic);
+/// a TUN of that name that no process holds is what the userspace dataplane left, and is
+/// replaced. Any other device of that name is not twill's and is refused.
+pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> anyhow::Result<Link> {
+    let link = match nl.link_by_name(name).await? {
+        Some(link) if is_dummy(&link) => link,
+        Some(Link {
+            kind: LinkKind::Tun { held: false },
+            index,
+            ..
+        }) => {
+            nl.delete_link(index).await?;
+            create(nl, name, mtu).await?
+        }
+        Some(Link {
+            kind: LinkKind::Tun { held: true },
+            ..
+        }) => bail!(
+            "TUN device {name} is already in use: another process holds it open, most likely \
+             another twill or flanneld on this host; stop it first, or give this node another \
+             --tun-name"
+        ),
+        Some(link) => bail!(
+            "device {name} exists and is a {:?}, not twill's eBPF device (a dummy): remove it, \
+             or give this node another --tun-name",
+            link.kind
+        ),
+        None => create(nl, name, mtu).await?,
+    };
+    if link.mtu != mtu {
+        nl.set_mtu(link.index, mtu).await?;
+    }
+    nl.add_address(link.index, address.into())
+        .await
+        .with_context(|| format!("cannot give {name} the address {address}"))?;
+    without_ipv6(name)?;
+    if !link.up {
+        nl.set_up(link.index).await?;
+    }
+    Ok(link)
+}
+
+/// The programs carry IPv4 only: the kernel's own IPv6 on the device (router solicitations,
+/// MLD reports) would only be counted as `not_ipv4`.
+fn without_ipv6(name: &str) -> anyhow::Result<()> {
+    let knob = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
+    match std::fs::write(&knob, "1") {
+        Ok(()) => Ok(()),
+        // A kernel without IPv6 has no such file, and nothing to turn off.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot write {knob}")),
+    }
+}
+
+async fn create(nl: &Netlink, name: &str, mtu: u32) -> anyhow::Result<Link> {
+    for kind in KINDS {
+        let msg = LinkMessageBuilder::<LinkDummy>::new_with_info_kind(kind.clone())
+            .name(name.to_string())
+            .mtu(mtu)
+            .build();
+        match nl.create_link(msg).await {
+            Ok(()) => return Ok(nl.created_link(name).await?),
+            // This kind is not in the kernel: try the next.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => continue,
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot create {kind:?} device {name}"))
+            }
+        }
+    }
+    bail!("cannot create {name}: the kernel has neither dummy nor ifb devices (CONFIG_DUMMY, CONFIG_IFB)")
+}
+
+/// Removes the dummy (or ifb) `name` if there is one (its route goes with it); anything else of that
+/// name is left alone. Whether one was removed.
+pub async fn remove(nl: &Netlink, name: &str) -> anyhow::Result<bool> {
+    match nl.link_by_name(name).await? {
+        Some(link) if is_dummy(&link) => {
+            nl.delete_link(link.index).await?;
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}

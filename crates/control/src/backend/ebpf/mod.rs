@@ -1,0 +1,232 @@
+//! flannel's udp backend on the in-kernel dataplane (`--dataplane ebpf`): TC programs on a
+//! dummy device and on the underlay carry the same wire as the TUN engine, with no userspace
+//! crossing. The lease, the wire and the rules are the udp backend's; peers cannot tell.
+//!
+//! The device, its route, the programs and their maps outlive the daemon (the maps and links
+//! are pinned), so a restart or an upgrade does not stop container traffic: the next start
+//! adopts them and reconciles the peer maps with the leases. `twill run --cleanup` removes it
+//! all.
+
+mod choice;
+mod counters;
+mod device;
+
+pub use choice::{choose, Dataplane, DataplaneChoice};
+
+use super::userspace::{mtu_source, tun_mtu, Overhead};
+use super::{Backend, Setup};
+use crate::backend::netlink::Netlink;
+use crate::host;
+use crate::lease::{Lease, LeaseAttrs};
+use crate::node::Node;
+use crate::status::EngineView;
+use anyhow::Context;
+use ipnet::Ipv4Net;
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use twill_dataplane::stats::EngineStats;
+use twill_dataplane::table::{PeerSpec, SharedTable};
+use twill_ebpf::{Attachment, Opened};
+
+/// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
+pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
+const SYS_FS_BPF: &str = "/sys/fs/bpf";
+
+/// flannel's udp port, when the network config gives none.
+const DEFAULT_PORT: u16 = 8285;
+/// flannel's udp encapsulation: an outer IPv4 and UDP header.
+const OVERHEAD: usize = 28;
+
+/// Where a node's programs, links and maps are pinned: one directory per device, so nodes
+/// with different `--tun-name`s on one host keep apart.
+pub fn pin_dir(bpf_dir: &Path, device: &str) -> PathBuf {
+    bpf_dir.join(device)
+}
+
+/// The eBPF dataplane before the lease: its MTU and where it attaches are checked first.
+pub struct EbpfSetup {
+    attachment: Attachment,
+    pin_dir: PathBuf,
+    mtu: u16,
+    network: Ipv4Net,
+}
+
+impl EbpfSetup {
+    pub fn new(node: &Node) -> anyhow::Result<EbpfSetup> {
+        let port = node.config.backend.port.unwrap_or(DEFAULT_PORT);
+        let iface = &node.iface;
+        let mtu = tun_mtu(
+            node.options.mtu,
+            iface.mtu,
+            &mtu_source(iface),
+            Overhead::same(OVERHEAD),
+        )?;
+        let device = node.options.tun_name.clone();
+        Ok(EbpfSetup {
+            pin_dir: pin_dir(&node.options.bpf_dir, &device),
+            attachment: Attachment {
+                device,
+                underlay: iface.name.clone(),
+                local_ip: iface.address,
+                port,
+            },
+            mtu,
+            network: node.config.network,
+        })
+    }
+}
+
+impl Setup for EbpfSetup {
+    type Backend = Ebpf;
+
+    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+        LeaseAttrs::udp(public_ip)
+    }
+
+    /// Makes (or adopts) the device and its route, then loads (or adopts) the programs.
+    async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
+        mount_sys_fs_bpf(&self.pin_dir)?;
+        let nl = Netlink::connect().context("opening rtnetlink")?;
+        let name = &self.attachment.device;
+        let address = Ipv4Net::new(lease.subnet.network(), 32)?;
+        let link = device::ensure(&nl, name, u32::from(self.mtu), address).await?;
+        host::route_network_via(&nl, self.network, link.index, name).await?;
+        let (dataplane, opened) = twill_ebpf::Dataplane::open(&self.pin_dir, &self.attachment)
+            .with_context(|| format!("loading the eBPF dataplane on {name}"))?;
+        match opened {
+            Opened::Fresh => tracing::info!(device = %name, "eBPF dataplane loaded"),
+            Opened::Adopted { peers } => tracing::info!(
+                device = %name,
+                peers,
+                "eBPF dataplane adopted from {}: traffic kept flowing",
+                self.pin_dir.display()
+            ),
+        }
+        Ok(Ebpf::new(
+            dataplane,
+            self.attachment.port,
+            u32::from(self.mtu),
+        ))
+    }
+}
+
+/// systemd mounts a bpffs at /sys/fs/bpf, but a container or `ip netns exec` shows a /sys
+/// without it, where nothing can be made: mount one there when the pins go under it.
+fn mount_sys_fs_bpf(pin_dir: &Path) -> anyhow::Result<()> {
+    let root = Path::new(SYS_FS_BPF);
+    if !pin_dir.starts_with(root) || !root.is_dir() || is_bpffs(root)? {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("bpffs"),
+        root,
+        Some("bpf"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| format!("{SYS_FS_BPF} is not a bpffs and mounting one there failed"))
+}
+
+fn is_bpffs(dir: &Path) -> anyhow::Result<bool> {
+    let fs = nix::sys::statfs::statfs(dir).with_context(|| format!("statfs {}", dir.display()))?;
+    Ok(fs.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
+}
+
+/// The eBPF dataplane following the leases: each peer is an entry in its maps. Dropping it
+/// leaves the programs running, by design (see the module's comment).
+pub struct Ebpf {
+    dataplane: Arc<twill_ebpf::Dataplane>,
+    /// The peers as status shows them, with counters copied in from the maps.
+    table: Arc<SharedTable>,
+    stats: Arc<EngineStats>,
+    mtu: u32,
+    /// flannel's udp leases carry no port: every peer listens on the network's.
+    port: u16,
+}
+
+impl Ebpf {
+    fn new(dataplane: twill_ebpf::Dataplane, port: u16, mtu: u32) -> Ebpf {
+        Ebpf {
+            dataplane: Arc::new(dataplane),
+            table: Arc::default(),
+            stats: Arc::default(),
+            mtu,
+            port,
+        }
+    }
+
+    fn spec(&self, lease: &Lease) -> PeerSpec {
+        PeerSpec {
+            subnet: lease.subnet,
+            endpoint: SocketAddrV4::new(lease.public_ip, self.port),
+            version: 1,
+        }
+    }
+}
+
+impl Backend for Ebpf {
+    fn backend_type(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn mtu(&self) -> u32 {
+        self.mtu
+    }
+
+    fn engine_view(&self) -> Option<EngineView> {
+        Some(counters::view(&self.dataplane, &self.table, &self.stats))
+    }
+
+    async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        let spec = self.spec(lease);
+        self.table
+            .set_peer(spec)
+            .with_context(|| format!("peer {} left out", lease.subnet))?;
+        self.dataplane.set_peer(spec.subnet, spec.endpoint)
+    }
+
+    async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        self.table.remove_peer(lease.subnet);
+        self.dataplane.remove_peer(lease.subnet)
+    }
+
+    /// The maps end up holding exactly the leases' peers: a restart's adopted maps, or a change
+    /// made behind twill's back, are brought in line with one update per difference.
+    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+        let specs: Vec<PeerSpec> = leases.iter().map(|l| self.spec(l)).collect();
+        self.table.set_peers(&specs);
+        let wanted: BTreeMap<Ipv4Net, SocketAddrV4> = self
+            .table
+            .load()
+            .peers()
+            .iter()
+            .map(|p| (p.spec.subnet, p.spec.endpoint))
+            .collect();
+        let present: BTreeMap<Ipv4Net, SocketAddrV4> =
+            self.dataplane.peers()?.into_iter().collect();
+        for subnet in present.keys().filter(|s| !wanted.contains_key(s)) {
+            self.dataplane.remove_peer(*subnet)?;
+        }
+        for (subnet, endpoint) in &wanted {
+            if present.get(subnet) != Some(endpoint) {
+                self.dataplane.set_peer(*subnet, *endpoint)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `twill run --cleanup`: removes what the eBPF dataplane leaves behind on purpose (the
+/// programs, links and maps pinned under `bpf_dir`, and the device `device` with its route).
+/// Nothing there is fine; what was removed is logged.
+pub async fn cleanup(bpf_dir: &Path, device: &str) -> anyhow::Result<()> {
+    let pins = pin_dir(bpf_dir, device);
+    twill_ebpf::remove(&pins).with_context(|| format!("removing {}", pins.display()))?;
+    let nl = Netlink::connect().context("opening rtnetlink")?;
+    if device::remove(&nl, device).await? {
+        tracing::info!("removed the eBPF dataplane's device {device} and its route");
+    }
+    Ok(())
+}

@@ -1,0 +1,349 @@
+//! The eBPF dataplane (`--dataplane ebpf`) on the real kernel, in the lab: it carries flannel's
+//! udp wire to a TUN udp node and to another eBPF node, counts what it carries in status, keeps
+//! container traffic flowing while its daemon restarts, and `--cleanup` removes all it leaves.
+
+mod common;
+
+use anyhow::{ensure, Context, Result};
+use common::*;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+use twill_lab::Container;
+
+const EBPF: &[&str] = &["--backend", "udp", "--dataplane", "ebpf"];
+const TUN: &[&str] = &["--backend", "udp"];
+
+/// Ping both ways with flanneld's TTL, and 8 MiB each way over TCP checked by sha256.
+fn carries_both_ways(pair: &Pair) -> Result<()> {
+    ping_both_ways_with_ttl_60(pair)?;
+    tcp_transfer_intact(pair.container(0), pair.container(1), 8 << 20)?;
+    tcp_transfer_intact(pair.container(1), pair.container(0), 8 << 20)
+}
+
+/// Host 0's status: the eBPF dataplane, and its peer's counters past what the transfers sent.
+fn counted_by_ebpf(pair: &Pair) -> Result<()> {
+    let s = status(&pair.host(0).ns)?;
+    ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
+    let peer = &s["counters"]["peers"][0];
+    for field in ["tx_bytes", "rx_bytes"] {
+        let bytes = peer[field].as_u64().unwrap_or(0);
+        ensure!(
+            bytes > 8 << 20,
+            "peer {field} {bytes} below the 8 MiB sent: {s}"
+        );
+    }
+    let total = s["counters"]["tx_packets"].as_u64().unwrap_or(0);
+    ensure!(total > 0, "no tx_packets in the totals: {s}");
+    Ok(())
+}
+
+/// The lab's underlay is a veth, which hands the receiving namespace what the sender's stack
+/// made: UDP GSO trains whole and checksums still to be filled in. A wire never does (the NIC,
+/// or the kernel for it, segments and checksums at transmit), and between an eBPF node and a
+/// userspace one that matters: the eBPF node's TCP super-packets would reach the TUN node's
+/// socket unsplit and half-checksummed, and the TUN node's GSO trains would reach the eBPF
+/// programs as one datagram. So the interop tests make both underlay ends segment and
+/// checksum at transmit, as a NIC does; two eBPF nodes need nothing of the sort.
+fn like_a_wire(pair: &Pair) -> Result<()> {
+    for host in 0..2 {
+        let ns = &pair.host(host).ns;
+        ns.exec(
+            "ethtool",
+            &["-K", "eth0", "tx", "off", "tx-udp-segmentation", "off"],
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn an_ebpf_node_and_a_tun_node_share_flannels_wire() -> Result<()> {
+    let pair = start_pair_with("ebpftun", [EBPF, TUN], None)?;
+    like_a_wire(&pair)?;
+    carries_both_ways(&pair)?;
+    counted_by_ebpf(&pair)?;
+    let tun = status(&pair.host(1).ns)?;
+    ensure!(tun["dataplane"] == "tun", "{tun}");
+    Ok(())
+}
+
+#[test]
+fn two_ebpf_nodes_carry_each_others_traffic() -> Result<()> {
+    let pair = start_pair_with("ebpfpair", [EBPF, EBPF], None)?;
+    carries_both_ways(&pair)?;
+    counted_by_ebpf(&pair)
+}
+
+/// A bpffs mounted by the test in the root mount namespace: `ip netns exec` gives each twill a
+/// copy of the mounts, so pins made there outlive the process, as under systemd.
+struct BpfFs {
+    path: PathBuf,
+}
+
+impl BpfFs {
+    fn mount(path: PathBuf) -> Result<BpfFs> {
+        std::fs::create_dir_all(&path)?;
+        nix::mount::mount(
+            Some("bpffs"),
+            &path,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .with_context(|| format!("mounting bpffs on {}", path.display()))?;
+        Ok(BpfFs { path })
+    }
+
+    fn arg(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 scratch path")
+    }
+
+    /// Entries left under the mount, as `find` lists them.
+    fn entries(&self) -> Result<Vec<String>> {
+        let mut found = Vec::new();
+        collect_entries(&self.path, &mut found)?;
+        Ok(found)
+    }
+}
+
+fn collect_entries(dir: &Path, found: &mut Vec<String>) -> Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        found.push(path.display().to_string());
+        if path.is_dir() {
+            collect_entries(&path, found)?;
+        }
+    }
+    Ok(())
+}
+
+impl Drop for BpfFs {
+    fn drop(&mut self) {
+        // Lazily: a pin still open elsewhere must not keep the test from cleaning up.
+        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Datagrams numbered 0..count, one every `gap`, from one container to another; how many
+/// distinct ones arrived.
+fn paced_stream(from: &Container, to: &Container, count: u32, gap: Duration) -> Result<u32> {
+    let addr = SocketAddr::from((to.ip, 5010));
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let receiver = s.spawn(|| {
+            to.ns.enter(|| -> Result<u32> {
+                let socket = bind_receiver(addr, Duration::from_millis(300), ready_tx)?;
+                let mut seen = vec![false; count as usize];
+                let mut buf = [0u8; 64];
+                loop {
+                    match socket.recv(&mut buf) {
+                        Ok(4) => {
+                            let n = u32::from_be_bytes(buf[..4].try_into()?);
+                            if let Some(slot) = seen.get_mut(n as usize) {
+                                *slot = true;
+                            }
+                        }
+                        Ok(_) => {}
+                        // Late datagrams get one more timeout to arrive after the last send.
+                        Err(_) if done.load(Relaxed) => break,
+                        Err(_) => {}
+                    }
+                }
+                Ok(seen.iter().filter(|&&s| s).count() as u32)
+            })
+        });
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .context("stream receiver never bound")??;
+        let sent = from.ns.enter(|| -> Result<()> {
+            let socket = UdpSocket::bind("0.0.0.0:0")?;
+            let start = Instant::now();
+            for n in 0..count {
+                socket.send_to(&n.to_be_bytes(), addr)?;
+                let due = start + gap * (n + 1);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
+            Ok(())
+        });
+        done.store(true, Relaxed);
+        let received = receiver.join().expect("stream receiver thread");
+        sent?;
+        received
+    })
+}
+
+/// Host 0's node again, as [`start_pair_with`] started it, with `args`.
+fn start_node_0(pair: &Pair, args: &[&str]) -> Result<twill_lab::Proc> {
+    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
+    let mut all = vec![
+        "--network",
+        "10.5.0.0/16",
+        "--subnet",
+        PAIR_SUBNETS[0],
+        "--peer",
+        &peer,
+    ];
+    all.extend_from_slice(args);
+    start_twill(pair.host(0), &all, &path_in(&pair.dir, "h0.env"))
+}
+
+/// The daemon of an eBPF node is stopped with SIGTERM and started again while datagrams flow
+/// both ways through it and a TCP transfer runs: the programs and maps, pinned, go on
+/// forwarding without it, and the new daemon adopts them.
+#[test]
+fn traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
+    let dir = scratch()?;
+    let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
+    let args: Vec<&str> = EBPF
+        .iter()
+        .copied()
+        .chain(["--bpf-dir", bpf.arg()])
+        .collect();
+    let mut pair = start_pair_with("ebpfrestart", [&args, TUN], None)?;
+    like_a_wire(&pair)?;
+    ping_both_ways_with_ttl_60(&pair)?;
+    const COUNT: u32 = 4000;
+    let gap = Duration::from_millis(1);
+    let mut old = pair.nodes.remove(0);
+    let (outbound, inbound, transfer, new) = std::thread::scope(|s| -> Result<_> {
+        let (a, b) = (pair.container(0), pair.container(1));
+        let out = s.spawn(|| paced_stream(a, b, COUNT, gap));
+        let inb = s.spawn(|| paced_stream(b, a, COUNT, gap));
+        let tcp = s.spawn(|| tcp_transfer_intact(b, a, 64 << 20));
+        std::thread::sleep(Duration::from_millis(500));
+        let stopped = old.stop()?;
+        ensure!(stopped.success(), "SIGTERM: {stopped}\n{}", old.stderr());
+        std::thread::sleep(Duration::from_millis(500));
+        let new = start_node_0(&pair, &args);
+        Ok((
+            out.join().expect("outbound stream"),
+            inb.join().expect("inbound stream"),
+            tcp.join().expect("tcp transfer"),
+            new,
+        ))
+    })?;
+    let mut new = new?;
+    let (outbound, inbound) = (outbound?, inbound?);
+    transfer.context("TCP across the restart")?;
+    let lost = 2 * COUNT - outbound - inbound;
+    eprintln!(
+        "datagrams lost across the daemon's restart: {lost} of {}",
+        2 * COUNT
+    );
+    ensure!(
+        lost == 0,
+        "lost {lost}: {outbound} out, {inbound} in of {COUNT} each"
+    );
+    let log = new.stderr();
+    ensure!(log.contains("adopted"), "the restart did not adopt: {log}");
+    ensure!(new.is_running(), "{log}");
+    pair.nodes.insert(0, new);
+    let (a, b) = (pair.container(0), pair.container(1));
+    let after = paced_stream(a, b, COUNT, gap)? + paced_stream(b, a, COUNT, gap)?;
+    ensure!(
+        after == 2 * COUNT,
+        "lost {} after the restart",
+        2 * COUNT - after
+    );
+    counted_by_ebpf_after_restart(&pair)
+}
+
+/// After a restart the counters go on from the maps, not from zero.
+fn counted_by_ebpf_after_restart(pair: &Pair) -> Result<()> {
+    let s = status(&pair.host(0).ns)?;
+    let rx = s["counters"]["peers"][0]["rx_bytes"].as_u64().unwrap_or(0);
+    ensure!(
+        rx > 64 << 20,
+        "rx_bytes {rx} forgot what came before the restart: {s}"
+    );
+    Ok(())
+}
+
+/// `twill run --cleanup` removes the pins, the device and its route, and the programs on the
+/// underlay, after a stop left them running.
+#[test]
+fn cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
+    let dir = scratch()?;
+    let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
+    let args: Vec<&str> = EBPF
+        .iter()
+        .copied()
+        .chain(["--bpf-dir", bpf.arg()])
+        .collect();
+    let mut pair = start_pair_with("ebpfclean", [&args, TUN], None)?;
+    pair.nodes[0].stop()?;
+    let ns = &pair.host(0).ns;
+    let pins = bpf.path.join("twill0");
+    ensure!(
+        pins.is_dir(),
+        "nothing pinned after a stop: {:?}",
+        bpf.entries()?
+    );
+    ensure!(
+        ns.ip(&["link", "show", "twill0"]).is_ok(),
+        "twill0 went with the daemon"
+    );
+    ns.exec(TWILL, &["run", "--cleanup", "--bpf-dir", bpf.arg()])?;
+    ensure!(!pins.exists(), "left pinned: {:?}", bpf.entries()?);
+    ensure!(
+        ns.ip(&["link", "show", "twill0"]).is_err(),
+        "twill0 left behind"
+    );
+    let routes = ns.ip(&["route", "show", "10.5.0.0/16"])?;
+    ensure!(routes.trim().is_empty(), "route left behind: {routes}");
+    let attached = ns.exec("bpftool", &["net", "show", "dev", "eth0"])?;
+    ensure!(
+        !attached.contains("twill"),
+        "programs left on eth0: {attached}"
+    );
+    // A second cleanup finds nothing and says nothing is wrong.
+    ns.exec(TWILL, &["run", "--cleanup", "--bpf-dir", bpf.arg()])?;
+    Ok(())
+}
+
+/// With a backend other than udp, `--dataplane ebpf` is refused in one line before anything
+/// is made.
+#[test]
+fn ebpf_with_another_backend_is_refused_in_one_line() -> Result<()> {
+    let lab = twill_lab::Lab::new(twill_lab::LabSpec {
+        hosts: 2,
+        tag: "ebpfrefuse".into(),
+        ..Default::default()
+    })?;
+    let dir = scratch()?;
+    let file = path_in(&dir, "subnet.env");
+    let args = [
+        "run",
+        "--iface",
+        "eth0",
+        "--subnet-file",
+        file.to_str().context("path")?,
+        "--network",
+        "10.5.0.0/16",
+        "--subnet",
+        "10.5.1.0/24",
+        "--backend",
+        "twill-batch",
+        "--dataplane",
+        "ebpf",
+    ];
+    let mut proc = lab.host(0).ns.spawn(TWILL, &args)?;
+    let stderr = proc.failure_within(Duration::from_secs(10), "twill kept running")?;
+    let line = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    ensure!(
+        line.contains("--dataplane ebpf carries flannel's udp wire only")
+            && line.contains("twill-batch"),
+        "{stderr}"
+    );
+    ensure!(
+        lab.host(0).ns.ip(&["link", "show", "twill0"]).is_err(),
+        "twill0 was made"
+    );
+    Ok(())
+}
