@@ -49,6 +49,11 @@ pub async fn run<R: Registry>(
     let node = &node;
     let tun_fix = "stop it first, or give this node another --tun-name";
     let dataplane = ebpf::choose(node)?;
+    if dataplane == Dataplane::Tun {
+        // What an eBPF run left would go on intercepting the underlay's udp port and hold the
+        // device name a TUN needs.
+        ebpf::cleanup(&node.options.bpf_dir, &node.options.tun_name).await?;
+    }
     match node.config.backend.backend_type.as_str() {
         "udp" => match dataplane {
             Dataplane::Ebpf => {
@@ -57,7 +62,6 @@ pub async fn run<R: Registry>(
             }
             Dataplane::Tun => {
                 host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
-                ebpf::cleanup(&node.options.bpf_dir, &node.options.tun_name).await?;
                 let setup = UserspaceSetup::new(node, EngineKind::FlannelUdp)?;
                 join(registry, node, setup, every, shutdown).await
             }
