@@ -58,24 +58,39 @@ pub enum Dataplane {
 /// `--dataplane ebpf` on a kernel that cannot run it, or with a backend other than udp, is an
 /// error; `auto` says at start which engine it picked and why.
 pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
-    decide(
-        node.options.dataplane,
-        &node.config.backend.backend_type,
-        twill_ebpf::probe,
-    )
+    let network = Network {
+        backend: &node.config.backend.backend_type,
+        dual_stack: node.config.ipv6.is_some(),
+    };
+    decide(node.options.dataplane, network, twill_ebpf::probe)
+}
+
+/// What of the network decides whether the eBPF programs can carry it.
+#[derive(Debug, Clone, Copy)]
+struct Network<'a> {
+    backend: &'a str,
+    dual_stack: bool,
 }
 
 fn decide<E: fmt::Display>(
     wanted: DataplaneChoice,
-    backend: &str,
+    network: Network,
     probe: impl FnOnce() -> Result<(), E>,
 ) -> anyhow::Result<Dataplane> {
-    let udp = backend == UDP;
+    let Network {
+        backend,
+        dual_stack,
+    } = network;
+    let udp = backend == UDP && !dual_stack;
     match wanted {
         DataplaneChoice::Tun => Ok(Dataplane::Tun),
-        DataplaneChoice::Ebpf if !udp => bail!(
+        DataplaneChoice::Ebpf if backend != UDP => bail!(
             "--dataplane ebpf carries flannel's udp wire only, and this network's backend is \
              {backend}: leave --dataplane out, or give tun"
+        ),
+        DataplaneChoice::Ebpf if dual_stack => bail!(
+            "--dataplane ebpf carries IPv4 only, and this network enables IPv6: leave \
+             --dataplane out, or give tun"
         ),
         DataplaneChoice::Ebpf => match probe() {
             Ok(()) => Ok(Dataplane::Ebpf),
@@ -116,9 +131,16 @@ mod tests {
         assert_eq!(err, r#""epbf" is not a dataplane; give tun, ebpf or auto"#);
     }
 
+    fn net(backend: &str, dual_stack: bool) -> Network<'_> {
+        Network {
+            backend,
+            dual_stack,
+        }
+    }
+
     #[test]
     fn ebpf_is_an_error_where_it_cannot_run_and_auto_falls_back() {
-        let udp = UDP;
+        let udp = net(UDP, false);
         assert_eq!(
             decide(DataplaneChoice::Ebpf, udp, runs).unwrap(),
             Dataplane::Ebpf
@@ -145,13 +167,26 @@ mod tests {
     }
 
     #[test]
-    fn ebpf_with_another_backend_is_refused_and_auto_keeps_it() {
-        let err = decide(DataplaneChoice::Ebpf, "vxlan", runs)
+    fn ebpf_with_another_backend_or_ipv6_is_refused_and_auto_keeps_the_tun() {
+        let vxlan = net("vxlan", false);
+        let err = decide(DataplaneChoice::Ebpf, vxlan, runs)
             .unwrap_err()
             .to_string();
         assert!(err.contains("this network's backend is vxlan"), "{err}");
         assert_eq!(
-            decide(DataplaneChoice::Auto, "vxlan", runs).unwrap(),
+            decide(DataplaneChoice::Auto, vxlan, runs).unwrap(),
+            Dataplane::Tun
+        );
+        let dual = net(UDP, true);
+        let err = decide(DataplaneChoice::Ebpf, dual, runs)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("carries IPv4 only, and this network enables IPv6"),
+            "{err}"
+        );
+        assert_eq!(
+            decide(DataplaneChoice::Auto, dual, runs).unwrap(),
             Dataplane::Tun
         );
     }
