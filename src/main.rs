@@ -9,11 +9,12 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use twill_control::backend::ebpf::{self, DataplaneChoice};
+use twill_control::backend::ebpf;
 use twill_control::config::{Config, DEFAULT_BACKEND};
 use twill_control::daemon::{self, NodeOptions};
 use twill_control::lease::backend_type;
 use twill_control::lease_check;
+use twill_control::node::DataplaneChoice;
 use twill_control::registry::kube::{self, KubeOptions, KubeRegistry, KubeTiming, NodeIdentity};
 use twill_control::registry::{
     parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,

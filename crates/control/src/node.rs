@@ -1,13 +1,14 @@
 //! This node as every part of the daemon sees it: how it was told to run, the network it joins,
 //! and the interface it joins by. Built once at start and passed around as one value.
 
-use crate::backend::ebpf::DataplaneChoice;
 use crate::config::Config;
 use crate::host::{self, Interface};
 use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
+use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,5 +115,43 @@ fn public_ipv6(
             v6.network,
             iface.name
         ),
+    }
+}
+
+/// `--dataplane`: which engine the operator asked to carry the udp backend's wire (the
+/// decision, with the kernel's say, is `backend::ebpf::choose`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataplaneChoice {
+    /// The userspace engine on a TUN (twill's udp as it has always run).
+    #[default]
+    Tun,
+    /// The eBPF programs, or a one-line error naming what the kernel lacks.
+    Ebpf,
+    /// eBPF where the kernel runs it and the backend is udp, the TUN engine otherwise.
+    Auto,
+}
+
+impl FromStr for DataplaneChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tun" => Ok(DataplaneChoice::Tun),
+            "ebpf" => Ok(DataplaneChoice::Ebpf),
+            "auto" => Ok(DataplaneChoice::Auto),
+            other => Err(format!(
+                "{other:?} is not a dataplane; give tun, ebpf or auto"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for DataplaneChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DataplaneChoice::Tun => "tun",
+            DataplaneChoice::Ebpf => "ebpf",
+            DataplaneChoice::Auto => "auto",
+        })
     }
 }

@@ -2,50 +2,12 @@
 //! userspace or the eBPF programs in the kernel. The wire and the lease are the same either way,
 //! so the choice is per node and peers never see it.
 
-use crate::node::Node;
+use crate::node::{DataplaneChoice, Node};
 use anyhow::bail;
 use std::fmt;
-use std::str::FromStr;
 
 /// The one backend whose wire the eBPF programs carry (its config `Type`).
 const UDP: &str = "udp";
-
-/// What the operator asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DataplaneChoice {
-    /// The userspace engine on a TUN (twill's udp as it has always run).
-    #[default]
-    Tun,
-    /// The eBPF programs, or a one-line error naming what the kernel lacks.
-    Ebpf,
-    /// eBPF where the kernel runs it and the backend is udp, the TUN engine otherwise.
-    Auto,
-}
-
-impl FromStr for DataplaneChoice {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "tun" => Ok(DataplaneChoice::Tun),
-            "ebpf" => Ok(DataplaneChoice::Ebpf),
-            "auto" => Ok(DataplaneChoice::Auto),
-            other => Err(format!(
-                "{other:?} is not a dataplane; give tun, ebpf or auto"
-            )),
-        }
-    }
-}
-
-impl fmt::Display for DataplaneChoice {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DataplaneChoice::Tun => "tun",
-            DataplaneChoice::Ebpf => "ebpf",
-            DataplaneChoice::Auto => "auto",
-        })
-    }
-}
 
 /// The engine that runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

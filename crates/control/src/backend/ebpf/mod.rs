@@ -11,7 +11,7 @@ mod choice;
 mod counters;
 mod device;
 
-pub use choice::{choose, Dataplane, DataplaneChoice};
+pub use choice::{choose, Dataplane};
 
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
