@@ -140,6 +140,7 @@ impl Node {
                 tx_queue_len: DEFAULT_TX_QUEUE_LEN,
             },
             subnet: subnet(i),
+            subnet6: None,
             bind: SocketAddrV4::new(host.underlay_ip, port),
             socket_buffer: DEFAULT_SOCKET_BUFFER,
         };
@@ -153,6 +154,7 @@ impl Node {
             .expect("route the network into the TUN");
         engine.table().set_peers(&[PeerSpec {
             subnet: subnet(1 - i).trunc(),
+            subnet6: None,
             endpoint: SocketAddrV4::new(peer.underlay_ip, port),
             version: batch::HIGHEST_VERSION,
         }]);

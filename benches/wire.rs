@@ -22,6 +22,7 @@ use twill_dataplane::io::gso;
 use twill_dataplane::table::{PeerSpec, PeerTable};
 use twill_dataplane::wire::batch::{BatchPacket, BatchWriter};
 use twill_dataplane::wire::chunk::{ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
+use twill_dataplane::wire::ip::IpPacket;
 use twill_dataplane::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_UDP};
 use twill_dataplane::wire::{checksum, flannel, virtio};
 
@@ -100,6 +101,7 @@ fn table(peers: u32) -> PeerTable {
     let specs: Vec<PeerSpec> = (0..peers)
         .map(|i| PeerSpec {
             subnet: subnet(i),
+            subnet6: None,
             endpoint: endpoint(i),
             version: 1,
         })
@@ -129,7 +131,7 @@ fn encap(packet: &mut [u8], table: &PeerTable) -> Option<(usize, usize)> {
     let peer = engine::route_outbound(packet, table).ok()?;
     Some((
         peer,
-        flannel::encap(&Ipv4Packet::new_unchecked(&*packet)).len(),
+        flannel::encap(&IpPacket::new_checked(&*packet).ok()?).len(),
     ))
 }
 

@@ -58,6 +58,7 @@ impl UserspaceSetup {
         let engine = EngineConfig {
             kind,
             subnet: Ipv4Net::default(),
+            subnet6: None,
             tun: TunConfig {
                 name: options.tun_name.clone(),
                 mtu,
@@ -179,6 +180,7 @@ impl Userspace {
         let version = field("Version").and_then(|v| u8::try_from(v).ok());
         PeerSpec {
             subnet: lease.subnet,
+            subnet6: None,
             endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(self.default_port)),
             version: version.unwrap_or(batch::VERSION),
         }
