@@ -313,7 +313,7 @@ impl TunReader {
         }
         let len = read(&self.dev, &mut self.raw, mode).await?;
         let hdr = gso::header(&self.raw[..len])?;
-        if self.keep_whole && gso::is_tcpv4_super_packet(&hdr, &self.raw[VIRTIO_NET_HDR_LEN..len]) {
+        if self.keep_whole && gso::is_tcp_super_packet(&hdr, &self.raw[VIRTIO_NET_HDR_LEN..len]) {
             self.whole = Some((hdr, len));
             return Ok(0);
         }

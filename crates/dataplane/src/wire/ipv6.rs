@@ -182,6 +182,32 @@ pub(crate) fn test_packet(payload_len: usize, hop_limit: u8, fill: u8) -> Vec<u8
     buf
 }
 
+/// A TCP segment fd10:0:0:1::2:5001 -> fd10:0:0:2::2:80 carrying `payload`, checksum valid.
+#[cfg(test)]
+pub(crate) fn test_tcp_segment6(seq: u32, payload: &[u8], flags: u8) -> Vec<u8> {
+    use super::checksum;
+    let repr = Ipv6Repr {
+        src: "fd10:0:0:1::2".parse().unwrap(),
+        dst: "fd10:0:0:2::2".parse().unwrap(),
+        next_header: NEXT_HEADER_TCP,
+        hop_limit: 62,
+        payload_len: 20 + payload.len(),
+    };
+    let mut p = vec![0u8; repr.total_len()];
+    repr.emit(&mut p).unwrap();
+    let tcp = &mut p[HEADER_LEN..];
+    tcp[0..2].copy_from_slice(&5001u16.to_be_bytes());
+    tcp[2..4].copy_from_slice(&80u16.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[12] = 5 << 4;
+    tcp[13] = flags;
+    tcp[14..16].copy_from_slice(&512u16.to_be_bytes());
+    tcp[20..].copy_from_slice(payload);
+    let sum = !checksum::fold(repr.pseudo_header_sum() + checksum::sum(tcp));
+    tcp[16..18].copy_from_slice(&sum.to_be_bytes());
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
