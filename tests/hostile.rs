@@ -15,7 +15,7 @@ use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 use twill_dataplane::wire::batch::BatchWriter;
 use twill_dataplane::wire::chunk::{ChunkRepr, CHUNK_HEADER_LEN};
-use twill_dataplane::wire::virtio::GSO_TCPV4;
+use twill_dataplane::wire::virtio::{GSO_TCPV4, GSO_UDP_L4};
 use twill_lab::Netns;
 
 /// A third, fake peer 10.5.3.0/24 at 10.200.0.3, on host 1's underlay; host 0 knows it.
@@ -162,7 +162,7 @@ fn hostile_datagrams_on_the_batch_port_are_counted_and_change_nothing() -> Resul
                 (bad_version, true),
                 (batch_datagram(other, &[&good]), true),
                 (mixed, true),
-                (chunk(fake, 4), true),
+                (chunk(fake, GSO_UDP_L4), true),
                 (chunk(other, GSO_TCPV4), true),
                 (Vec::new(), true),
                 (vec![0x54], true),
