@@ -1,6 +1,7 @@
 //! Checks that twill's engines allocate nothing per packet: two real engines, one per host of
-//! a two-host lab, forward traffic both ways while a counting global allocator watches the whole
-//! process (engine threads included). After a warm-up, allocations are counted over a window and
+//! a two-host lab, forward traffic both ways, over IPv4 and over IPv6 (the engines run
+//! dual-stack), while a counting global allocator watches the whole process (engine threads
+//! included). After a warm-up, allocations are counted over a window and
 //! divided by the packets the engines delivered to TUN in it; more than 0.01 per packet fails.
 //!
 //! Run with `sudo cargo bench --bench alloc`; without root it prints a note and does nothing.
@@ -9,7 +10,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
 use std::cell::Cell;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
+};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -71,9 +74,10 @@ static GLOBAL: Counting = Counting;
 
 const LIMIT_PER_PACKET: f64 = 0.01;
 const NETWORK: &str = "10.5.0.0/16";
+const NETWORK6: &str = "fd10::/56";
 const APP_PORT: u16 = 5201;
-/// A bulk inner packet of 1400 bytes: the app's UDP payload plus 28 bytes of headers.
-const UDP_PAYLOAD: usize = 1400 - 28;
+/// A bulk inner packet of 1400 bytes: the app's UDP payload plus the IP and UDP headers.
+const PACKET: usize = 1400;
 const BURST: usize = 32;
 const WARM_UP_BURSTS: usize = 500;
 const MEASURED_BURSTS: usize = 5_000;
@@ -103,8 +107,24 @@ fn main() {
     );
 }
 
-/// Both loads on a fresh two-host lab running engines of one kind.
-fn under_load(name: &str, kind: EngineKind) -> [Window; 2] {
+/// The family an app's traffic uses.
+#[derive(Debug, Clone, Copy)]
+enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn udp_payload(self) -> usize {
+        match self {
+            Family::V4 => PACKET - 28,
+            Family::V6 => PACKET - 48,
+        }
+    }
+}
+
+/// Both loads in both families on a fresh two-host lab running engines of one kind.
+fn under_load(name: &str, kind: EngineKind) -> [Window; 4] {
     let lab = Lab::new(LabSpec {
         hosts: 2,
         tag: format!("al{name}"),
@@ -113,16 +133,19 @@ fn under_load(name: &str, kind: EngineKind) -> [Window; 2] {
     .expect("two-host lab");
     let nodes = [Node::start(&lab, kind, 0), Node::start(&lab, kind, 1)];
     [
-        udp_bursts(&lab, &nodes, name),
-        tcp_stream(&lab, &nodes, name),
+        udp_bursts(&lab, &nodes, name, Family::V4),
+        tcp_stream(&lab, &nodes, name, Family::V4),
+        udp_bursts(&lab, &nodes, name, Family::V6),
+        tcp_stream(&lab, &nodes, name, Family::V6),
     ]
 }
 
-/// A host running a real engine, whose TUN holds the lease's network address as flanneld's
-/// does; apps bind to that address, so their traffic to the other host crosses both engines.
+/// A host running a real engine, whose TUN holds the lease's network addresses as flanneld's
+/// does; apps bind to those, so their traffic to the other host crosses both engines.
 struct Node {
     engine: Engine,
     address: Ipv4Addr,
+    address6: Ipv6Addr,
 }
 
 impl Node {
@@ -140,6 +163,7 @@ impl Node {
                 tx_queue_len: DEFAULT_TX_QUEUE_LEN,
             },
             subnet: subnet(i),
+            subnet6: Some(subnet6(i)),
             bind: SocketAddrV4::new(host.underlay_ip, port),
             socket_buffer: DEFAULT_SOCKET_BUFFER,
         };
@@ -148,27 +172,40 @@ impl Node {
             .ns
             .enter(|| Engine::start(&config))
             .expect("start the engine");
-        host.ns
-            .ip(&["route", "add", NETWORK, "dev", "twill0"])
-            .expect("route the network into the TUN");
+        for network in [NETWORK, NETWORK6] {
+            host.ns
+                .ip(&["route", "add", network, "dev", "twill0"])
+                .expect("route the network into the TUN");
+        }
         engine.table().set_peers(&[PeerSpec {
             subnet: subnet(1 - i).trunc(),
+            subnet6: Some(subnet6(1 - i)),
             endpoint: SocketAddrV4::new(peer.underlay_ip, port),
             version: batch::HIGHEST_VERSION,
         }]);
         Node {
             engine,
             address: subnet(i).addr(),
+            address6: subnet6(i).network(),
         }
     }
 
-    fn app(&self) -> SocketAddrV4 {
-        SocketAddrV4::new(self.address, APP_PORT)
+    fn app(&self, family: Family) -> SocketAddr {
+        let ip: IpAddr = match family {
+            Family::V4 => self.address.into(),
+            Family::V6 => self.address6.into(),
+        };
+        SocketAddr::new(ip, APP_PORT)
     }
 }
 
 fn subnet(i: usize) -> ipnet::Ipv4Net {
     ipnet::Ipv4Net::new(Ipv4Addr::new(10, 5, i as u8 + 1, 0), 24).expect("valid prefix")
+}
+
+fn subnet6(i: usize) -> ipnet::Ipv6Net {
+    let network = Ipv6Addr::new(0xfd10, 0, 0, i as u16 + 1, 0, 0, 0, 0);
+    ipnet::Ipv6Net::new(network, 64).expect("valid prefix")
 }
 
 /// Inner packets the engines checked and wrote to TUN: each one was also read from the other
@@ -241,16 +278,17 @@ impl std::fmt::Display for Window {
 
 /// Bursts of 1400-byte datagrams, one way then back, each burst drained before the next: the
 /// engines see full batches without the sockets ever overflowing.
-fn udp_bursts(lab: &Lab, nodes: &[Node; 2], engine: &str) -> Window {
+fn udp_bursts(lab: &Lab, nodes: &[Node; 2], engine: &str, family: Family) -> Window {
     let sockets: Vec<UdpSocket> = (0..2)
-        .map(|i| lab.host(i).ns.enter(|| app_socket(nodes[i].app())))
+        .map(|i| lab.host(i).ns.enter(|| app_socket(nodes[i].app(family))))
         .collect();
     let exchange = |bursts: usize| {
-        let (payload, mut buf) = ([0xab; UDP_PAYLOAD], [0; 2048]);
+        let (payload, mut buf) = ([0xab; PACKET], [0; 2048]);
+        let payload = &payload[..family.udp_payload()];
         for _ in 0..bursts {
             for (from, to) in [(0, 1), (1, 0)] {
                 for _ in 0..BURST {
-                    let sent = sockets[from].send_to(&payload, nodes[to].app());
+                    let sent = sockets[from].send_to(payload, nodes[to].app(family));
                     sent.expect("send into the TUN");
                 }
                 for _ in 0..BURST {
@@ -262,11 +300,11 @@ fn udp_bursts(lab: &Lab, nodes: &[Node; 2], engine: &str) -> Window {
         }
     };
     exchange(WARM_UP_BURSTS);
-    let load = format!("{engine} engine, UDP bursts of {BURST} x 1400 B both ways");
+    let load = format!("{engine} engine, {family:?} UDP bursts of {BURST} x {PACKET} B both ways");
     Window::measure(load, nodes, || exchange(MEASURED_BURSTS))
 }
 
-fn app_socket(addr: SocketAddrV4) -> UdpSocket {
+fn app_socket(addr: SocketAddr) -> UdpSocket {
     let socket = UdpSocket::bind(addr).expect("bind the app socket");
     socket.set_read_timeout(Some(STALL)).expect("read timeout");
     socket
@@ -274,11 +312,14 @@ fn app_socket(addr: SocketAddrV4) -> UdpSocket {
 
 /// One TCP stream from host 1 to host 2: the kernel hands the TUN 64 KB super-packets that the
 /// engine splits, and the receiving engine coalesces (GRO) before its TUN write.
-fn tcp_stream(lab: &Lab, nodes: &[Node; 2], engine: &str) -> Window {
-    let listener = lab.host(1).ns.enter(|| TcpListener::bind(nodes[1].app()));
+fn tcp_stream(lab: &Lab, nodes: &[Node; 2], engine: &str, family: Family) -> Window {
+    let listener = lab
+        .host(1)
+        .ns
+        .enter(|| TcpListener::bind(nodes[1].app(family)));
     let listener = listener.expect("listen");
     let sender = lab.host(0).ns.enter(|| {
-        let socket = TcpStream::connect_timeout(&nodes[1].app().into(), Duration::from_secs(5));
+        let socket = TcpStream::connect_timeout(&nodes[1].app(family), Duration::from_secs(5));
         socket.expect("connect through the engines")
     });
     let (receiver, _) = listener.accept().expect("accept");
@@ -287,7 +328,7 @@ fn tcp_stream(lab: &Lab, nodes: &[Node; 2], engine: &str) -> Window {
         scope.spawn(|| send_until(sender, &stop));
         scope.spawn(|| drain(receiver));
         std::thread::sleep(TCP_WARM_UP);
-        let load = format!("{engine} engine, one TCP stream");
+        let load = format!("{engine} engine, one {family:?} TCP stream");
         let window = Window::measure(load, nodes, || std::thread::sleep(TCP_MEASURED));
         stop.store(true, Relaxed);
         window

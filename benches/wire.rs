@@ -6,6 +6,8 @@
 
 #[path = "wire/devices.rs"]
 mod devices;
+#[path = "wire/ipv6.rs"]
+mod ipv6;
 #[path = "wire/wireguard.rs"]
 mod wireguard;
 
@@ -22,6 +24,7 @@ use twill_dataplane::io::gso;
 use twill_dataplane::table::{PeerSpec, PeerTable};
 use twill_dataplane::wire::batch::{BatchPacket, BatchWriter};
 use twill_dataplane::wire::chunk::{ChunkPacket, ChunkRepr, CHUNK_HEADER_LEN};
+use twill_dataplane::wire::ip::IpPacket;
 use twill_dataplane::wire::ipv4::{Ipv4Packet, Ipv4Repr, PROTO_UDP};
 use twill_dataplane::wire::{checksum, flannel, virtio};
 
@@ -46,6 +49,7 @@ fn main() {
     batch(&mut c);
     peer_table(&mut c);
     super_packet(&mut c);
+    ipv6::bench(&mut c);
     wireguard::bench(&mut c);
     devices::bench(&mut c);
     c.final_summary();
@@ -96,10 +100,12 @@ fn host(i: u32, last_octet: u8) -> SocketAddrV4 {
     )
 }
 
+/// A dual-stack table: each peer has an IPv4 and an IPv6 subnet.
 fn table(peers: u32) -> PeerTable {
     let specs: Vec<PeerSpec> = (0..peers)
         .map(|i| PeerSpec {
             subnet: subnet(i),
+            subnet6: Some(ipv6::subnet6(i)),
             endpoint: endpoint(i),
             version: 1,
         })
@@ -129,7 +135,7 @@ fn encap(packet: &mut [u8], table: &PeerTable) -> Option<(usize, usize)> {
     let peer = engine::route_outbound(packet, table).ok()?;
     Some((
         peer,
-        flannel::encap(&Ipv4Packet::new_unchecked(&*packet)).len(),
+        flannel::encap(&IpPacket::new_checked(&*packet).ok()?).len(),
     ))
 }
 
@@ -173,7 +179,7 @@ fn pack(buf: &mut [u8], packets: &[Vec<u8>]) -> usize {
 }
 
 /// The receiver's framing (`BatchPacket::new_checked` + records) and its per-record rule that
-/// each record is exactly one IPv4 packet; returns the records that pass.
+/// each record is exactly one IPv4 or IPv6 packet; returns the records that pass.
 fn unpack(datagram: &[u8]) -> usize {
     let batch = BatchPacket::new_checked(datagram).expect("valid batch");
     batch

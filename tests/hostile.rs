@@ -1,19 +1,21 @@
 //! The hostile-input suite: every class of bad input found by probing twill as an attacker
 //! would, sent at running nodes. Each case checks three things: the daemon is alive, every drop
 //! is counted under its reason (exactly), and legitimate traffic still passes, checked by sha256.
-//! Floods are bounded in count and time.
+//! Floods are bounded in count and time. The IPv6 cases run on a dual-stack network
+//! ([`common::hostile6`]).
 
 mod common;
 
 use anyhow::{Context, Result};
 use common::cluster::*;
+use common::hostile6::{self, fake_dual_stack_peer, malformed6, Fake6, FAKE_SUBNET6};
 use common::*;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 use twill_dataplane::wire::batch::BatchWriter;
 use twill_dataplane::wire::chunk::{ChunkRepr, CHUNK_HEADER_LEN};
-use twill_dataplane::wire::virtio::GSO_TCPV4;
+use twill_dataplane::wire::virtio::{GSO_TCPV4, GSO_UDP_L4};
 use twill_lab::Netns;
 
 /// A third, fake peer 10.5.3.0/24 at 10.200.0.3, on host 1's underlay; host 0 knows it.
@@ -100,21 +102,12 @@ fn inner(src: [u8; 4], pair: &Pair) -> Vec<u8> {
     inner_packet(Ipv4Addr::from(src), pair.container(0).ip)
 }
 
-/// A well-formed IPv6 packet (a UDP header, no payload) as a dual-stack flanneld peer's
-/// container would send one: the udp and twill-batch engines carry IPv4 only, so it is counted
-/// as malformed and never written to TUN, whatever its addresses.
+/// A well-formed IPv6 packet as a dual-stack flanneld peer's container would send one. The
+/// network here is IPv4-only, so no peer has an IPv6 subnet and any IPv6 source is spoofed:
+/// counted, never written to TUN, whatever its addresses.
 fn ipv6_inner() -> Vec<u8> {
-    let mut packet = vec![0u8; 48];
-    packet[0] = 0x60;
-    packet[4..6].copy_from_slice(&8u16.to_be_bytes());
-    packet[6] = 17;
-    packet[7] = 64;
-    let src: std::net::Ipv6Addr = "fd10:0:0:3::9".parse().expect("address");
-    let dst: std::net::Ipv6Addr = "fd10:0:0:1::2".parse().expect("address");
-    packet[8..24].copy_from_slice(&src.octets());
-    packet[24..40].copy_from_slice(&dst.octets());
-    packet[40..48].copy_from_slice(&[0x13, 0x88, 0x13, 0x89, 0, 8, 0, 0]);
-    packet
+    let src = "fd10:0:0:3::9".parse().expect("address");
+    hostile6::udp6(src, "fd10:0:0:1::2".parse().expect("address"), 5001, &[])
 }
 
 #[test]
@@ -140,8 +133,8 @@ fn hostile_datagrams_on_the_udp_port_are_counted_and_change_nothing() -> Result<
                 (good_from_fake, false),
             ],
             expected: BTreeMap::from([
-                ("spoofed_source", 1),
-                ("malformed", 5),
+                ("spoofed_source", 2),
+                ("malformed", 4),
                 ("unknown_peer", 2),
             ]),
             flood_reason: "unknown_peer",
@@ -169,7 +162,7 @@ fn hostile_datagrams_on_the_batch_port_are_counted_and_change_nothing() -> Resul
                 (bad_version, true),
                 (batch_datagram(other, &[&good]), true),
                 (mixed, true),
-                (chunk(fake, 4), true),
+                (chunk(fake, GSO_UDP_L4), true),
                 (chunk(other, GSO_TCPV4), true),
                 (Vec::new(), true),
                 (vec![0x54], true),
@@ -180,12 +173,56 @@ fn hostile_datagrams_on_the_batch_port_are_counted_and_change_nothing() -> Resul
                 ("bad_magic", 1),
                 ("bad_version", 1),
                 ("unknown_peer", 3),
-                ("spoofed_source", 1),
-                ("malformed", 5),
+                ("spoofed_source", 2),
+                ("malformed", 4),
             ]),
             flood_reason: "bad_magic",
         }
     })
+}
+
+/// IPv6 datagrams on a dual-stack network, each from the fake dual-stack peer or a stranger:
+/// a source outside the fake's IPv6 subnet (another node's, or outside the network) is
+/// spoofed, a packet that is not one well-formed IPv6 packet is malformed, a good one from a
+/// stranger's port is an unknown peer's; only the good one from the fake peer is delivered.
+fn ipv6_attack(fake: &Fake6) -> Result<[Vec<u8>; 6]> {
+    let own = FAKE_SUBNET6.parse::<ipnet::Ipv6Net>()?.network();
+    let good = fake.packet_from(std::net::Ipv6Addr::from(u128::from(own) | 9));
+    let [truncated, too_long, trailing] = malformed6(&good);
+    Ok([
+        fake.packet_from(fake.host1_address()?),
+        fake.packet_from("2001:db8::9".parse()?),
+        truncated,
+        too_long,
+        trailing,
+        good,
+    ])
+}
+
+#[test]
+fn hostile_ipv6_datagrams_on_the_udp_port_are_counted_and_never_delivered() -> Result<()> {
+    let fake = fake_dual_stack_peer("h6udp", "udp", "")?;
+    let packets = ipv6_attack(&fake)?;
+    let mut datagrams: Vec<(Vec<u8>, bool)> = packets.iter().map(|p| (p.clone(), true)).collect();
+    datagrams.push((packets[5].clone(), false));
+    let expected = BTreeMap::from([("spoofed_source", 2), ("malformed", 3), ("unknown_peer", 1)]);
+    fake.attack(8285, &datagrams, &expected, 1)
+}
+
+#[test]
+fn hostile_ipv6_records_on_the_batch_port_are_counted_and_never_delivered() -> Result<()> {
+    let batch = r#","BackendType":"twill-batch","BackendData":{"Port":8286,"Version":1}"#;
+    let fake = fake_dual_stack_peer("h6bat", "twill-batch", batch)?;
+    let packets = ipv6_attack(&fake)?;
+    let records: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+    let other: ipnet::Ipv4Net = "10.5.250.0/24".parse()?;
+    let datagrams = vec![
+        (batch_datagram(fake.subnet, &records), true),
+        (batch_datagram(fake.subnet, &[&packets[5]]), false),
+        (batch_datagram(other, &[&packets[5]]), true),
+    ];
+    let expected = BTreeMap::from([("spoofed_source", 2), ("malformed", 3), ("unknown_peer", 2)]);
+    fake.attack(8286, &datagrams, &expected, 1)
 }
 
 /// A batch datagram from `sender` carrying `packets`.

@@ -1,12 +1,12 @@
 //! A batch datagram off the wire: a version 2 chunk must lie inside its super-packet; a version 1
-//! datagram's records are walked and each decoded as the inner IPv4 packet the engine would forward.
+//! datagram's records are walked and each decoded as the inner IPv4 or IPv6 packet the engine would forward.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use twill_dataplane::wire::batch::BatchPacket;
 use twill_dataplane::wire::chunk::ChunkPacket;
-use twill_dataplane::wire::ipv4::Ipv4Packet;
+use twill_dataplane::wire::ip::IpPacket;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(chunk) = ChunkPacket::new_checked(data) {
@@ -24,8 +24,9 @@ fuzz_target!(|data: &[u8]| {
             break;
         };
         assert!(range.start <= record.as_ptr() && record.as_ptr_range().end <= range.end);
-        if let Ok(packet) = Ipv4Packet::new_checked(record) {
-            let _ = (packet.src_addr(), packet.dst_addr(), packet.payload());
+        if let Ok(packet) = IpPacket::new_checked(record) {
+            assert!(packet.total_len() <= record.len());
+            let _ = (packet.src_addr(), packet.dst_addr(), packet.packet());
         }
     }
 });

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod datagrams;
+pub mod hostile6;
 pub mod kube;
 pub mod wireguard;
 

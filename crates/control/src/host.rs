@@ -5,7 +5,7 @@
 use crate::backend::netlink::{LinkKind, Netlink, Route, Write};
 use crate::lease_check::unusable_ipv6;
 use anyhow::{bail, Context};
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use nix::ifaddrs::getifaddrs;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -172,7 +172,8 @@ pub async fn ensure_tun_unclaimed(name: &str, fix: &str) -> anyhow::Result<()> {
 
 /// `ip route replace <network> dev <dev>`: flanneld's one route that sends the whole container
 /// network through the TUN; the more specific local subnet route still wins for our containers.
-pub async fn route_network_to(network: Ipv4Net, dev: &str) -> anyhow::Result<()> {
+/// A dual-stack userspace backend routes its IPv6Network the same way.
+pub async fn route_network_to(network: impl Into<IpNet>, dev: &str) -> anyhow::Result<()> {
     let netlink = Netlink::connect()?;
     let link = netlink
         .link_by_name(dev)
@@ -184,12 +185,13 @@ pub async fn route_network_to(network: Ipv4Net, dev: &str) -> anyhow::Result<()>
 /// [`route_network_to`] for a caller that already holds a connection and the device's index.
 pub async fn route_network_via(
     netlink: &Netlink,
-    network: Ipv4Net,
+    network: impl Into<IpNet>,
     oif: u32,
     dev: &str,
 ) -> anyhow::Result<()> {
+    let network = network.into();
     let route = Route {
-        dst: network.into(),
+        dst: network,
         gateway: None,
         oif,
         onlink: false,

@@ -2,15 +2,18 @@
 //! whose peer table follows the leases.
 //!
 //! Like flanneld's udp backend, the TUN gets the lease's network address as a /32 and one route
-//! for the whole network, so the kernel hands every packet for another host's subnet to us.
+//! for the whole network, so the kernel hands every packet for another host's subnet to us. On a
+//! dual-stack network the IPv6 side is the same: the IPv6 subnet's network address as a /128,
+//! and one route for the IPv6Network. The underlay stays IPv4: flanneld's udp backend has no
+//! IPv6 at all, and twill-batch could use PublicIPv6 one day but does not yet.
 
 use super::{Backend, Setup};
 use crate::host::{self, Interface};
 use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use anyhow::{bail, Context};
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::sync::Arc;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::TunConfig;
@@ -39,6 +42,9 @@ pub struct UserspaceSetup {
     /// Everything of the engine's config but the subnet.
     engine: EngineConfig,
     network: Ipv4Net,
+    /// A dual-stack network's IPv6Network, and this node's PublicIPv6: every dual-stack lease
+    /// names one, as flanneld's do, though these engines send over the IPv4 underlay.
+    ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
 impl UserspaceSetup {
@@ -58,6 +64,7 @@ impl UserspaceSetup {
         let engine = EngineConfig {
             kind,
             subnet: Ipv4Net::default(),
+            subnet6: None,
             tun: TunConfig {
                 name: options.tun_name.clone(),
                 mtu,
@@ -74,6 +81,12 @@ impl UserspaceSetup {
             port,
             engine,
             network: node.config.network,
+            ipv6: node
+                .config
+                .ipv6
+                .as_ref()
+                .map(|v6| v6.network)
+                .zip(node.public_ipv6),
         })
     }
 }
@@ -137,15 +150,25 @@ impl Setup for UserspaceSetup {
     type Backend = Userspace;
 
     fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        lease_attrs(self.kind, public_ip, self.port)
+        let attrs = lease_attrs(self.kind, public_ip, self.port);
+        match self.ipv6 {
+            Some((_, public_ipv6)) => attrs.with_ipv6(public_ipv6, None),
+            None => attrs,
+        }
     }
 
-    /// Opens the TUN with the lease's network address and routes the whole network into it.
+    /// Opens the TUN with the lease's network addresses and routes the whole network (and the
+    /// IPv6Network, on a dual-stack one) into it.
     async fn attach(mut self, lease: &Lease) -> anyhow::Result<Userspace> {
         self.engine.subnet = lease.subnet;
+        self.engine.subnet6 = lease.ipv6_subnet.filter(|_| self.ipv6.is_some());
         self.engine.tun.address = lease.subnet.network();
         let engine = Engine::start(&self.engine)?;
-        host::route_network_to(self.network, &self.engine.tun.name).await?;
+        let dev = &self.engine.tun.name;
+        host::route_network_to(self.network, dev).await?;
+        if let Some((network6, _)) = self.ipv6 {
+            host::route_network_to(network6, dev).await?;
+        }
         Ok(Userspace::new(engine, self.kind, self.port))
     }
 }
@@ -179,6 +202,7 @@ impl Userspace {
         let version = field("Version").and_then(|v| u8::try_from(v).ok());
         PeerSpec {
             subnet: lease.subnet,
+            subnet6: lease.ipv6_subnet,
             endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(self.default_port)),
             version: version.unwrap_or(batch::VERSION),
         }

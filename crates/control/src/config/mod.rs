@@ -61,7 +61,7 @@ impl ConfigError {
 }
 
 /// The backends that carry a dual-stack network's IPv6 side.
-const DUAL_STACK_BACKENDS: [&str; 2] = ["vxlan", "host-gw"];
+const DUAL_STACK_BACKENDS: [&str; 4] = ["vxlan", "host-gw", "udp", "twill-batch"];
 
 /// Backend fields whose values are secrets: a change to one is named, its value never shown.
 const SECRET_FIELDS: [&str; 1] = ["PSK"];
@@ -149,7 +149,7 @@ impl Config {
                  to false, choose one of those, or run flanneld",
                 v6.network,
                 v6.subnet_len,
-                DUAL_STACK_BACKENDS.join(" and ")
+                DUAL_STACK_BACKENDS.join(", ")
             )),
             _ => Ok(config),
         }

@@ -18,12 +18,15 @@ use crate::log_limit::LogLimit;
 use crate::stats::{DropReason, DropTally, EngineStats};
 use crate::table::{Peer, PeerTable, SharedTable};
 use crate::wire::icmp::{self, IcmpError};
+use crate::wire::icmpv6::{self, Icmpv6Error};
+use crate::wire::ip::IpPacket;
 use crate::wire::ipv4::Ipv4Packet;
+use crate::wire::ipv6::Ipv6Packet;
 use crate::wire::{self, flannel, WireError};
 use directions::{Direction, Directions, Ended};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use path_mtu::PathMtu;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +64,9 @@ pub struct EngineConfig {
     pub tun: TunConfig,
     /// This node's lease: batch datagrams name their sender by it.
     pub subnet: Ipv4Net,
+    /// The lease's IPv6 subnet on a dual-stack network: its network address goes on the TUN,
+    /// as the IPv4 one does, and is the source of twill's ICMPv6 errors.
+    pub subnet6: Option<Ipv6Net>,
     /// Where to bind; peers send to this port on our public IP.
     pub bind: SocketAddrV4,
     /// Send and receive buffer of the UDP socket, bytes each.
@@ -83,6 +89,7 @@ impl Engine {
     pub fn start(config: &EngineConfig) -> anyhow::Result<Engine> {
         Engine::launch(
             &config.tun,
+            config.subnet6.map(|s| s.network()),
             config.bind,
             config.socket_buffer,
             config.kind.overhead(),
@@ -93,18 +100,19 @@ impl Engine {
         )
     }
 
-    /// Open the TUN and a socket bound on `bind`, and start the directions `directions` declares
-    /// on them, each on its own thread. `overhead` is what the engine's format adds to a packet
-    /// sent alone.
+    /// Open the TUN (with `address6` too, if given) and a socket bound on `bind`, and start the
+    /// directions `directions` declares on them, each on its own thread. `overhead` is what the
+    /// engine's format adds to a packet sent alone.
     pub(crate) fn launch(
         config: &TunConfig,
+        address6: Option<Ipv6Addr>,
         bind: SocketAddrV4,
         socket_buffer: usize,
         overhead: usize,
         directions: impl FnOnce(&Arc<Tun>, &Shared) -> std::io::Result<Vec<Direction>>,
     ) -> anyhow::Result<Engine> {
         let udp = Arc::new(UdpIo::bind(bind, socket_buffer)?);
-        let tun = Arc::new(Tun::open(config)?);
+        let tun = Arc::new(Tun::open_dual(config, address6)?);
         let table = Arc::new(SharedTable::default());
         let stats = Arc::new(EngineStats::default());
         let mtu = usize::from(tun.mtu());
@@ -114,6 +122,7 @@ impl Engine {
             stats: stats.clone(),
             mtu,
             own: config.address,
+            own6: address6,
             path: Arc::new(PathMtu::new(mtu + overhead)),
             overhead,
         };
@@ -161,6 +170,9 @@ pub(crate) struct Shared {
     /// This node's own address in the network (the TUN's): the source of twill's ICMP errors,
     /// inside our subnet, so a peer's anti-spoofing check lets them through.
     pub own: Ipv4Addr,
+    /// The TUN's IPv6 address on a dual-stack network, the source of ICMPv6 errors; without
+    /// one, IPv6 drops are counted and not answered.
+    pub own6: Option<Ipv6Addr>,
     /// The underlay path MTU, one for all peers.
     pub path: Arc<PathMtu>,
     /// What the engine's format adds to a packet sent alone (see [`EngineKind::overhead`]).
@@ -196,68 +208,102 @@ impl Shared {
 
     /// Answer a packet dropped for `reason` with the ICMP error a router would send, if any.
     pub fn answer_drop(&self, reason: DropReason, packet: &[u8], writer: &mut TunWriter) {
+        match IpPacket::new_checked(packet) {
+            Ok(IpPacket::V4(offender)) => self.answer_v4(reason, &offender, writer),
+            Ok(IpPacket::V6(offender)) => self.answer_v6(reason, &offender, writer),
+            Err(_) => {}
+        }
+    }
+
+    fn answer_v4(&self, reason: DropReason, offender: &Ipv4Packet<&[u8]>, writer: &mut TunWriter) {
         let error = match reason {
             DropReason::NoRoute => IcmpError::NetUnreachable,
             DropReason::TtlExceeded => IcmpError::TimeExceeded,
-            DropReason::TooBig => IcmpError::FragmentationNeeded {
+            DropReason::TooBig if offender.dont_fragment() => IcmpError::FragmentationNeeded {
                 mtu: u16::try_from(self.largest_packet()).unwrap_or(u16::MAX),
             },
             _ => return,
         };
-        let Ok(offender) = Ipv4Packet::new_checked(packet) else {
+        let mut reply = [0u8; icmp::MAX_ERROR_LEN];
+        if let Ok(Some(len)) = icmp::reply(offender, error, self.own, &mut reply) {
+            writer.push(&reply[..len]);
+        }
+    }
+
+    /// As [`Shared::answer_v4`]; every too-big IPv6 packet is answered, as IPv6 routers never
+    /// fragment.
+    fn answer_v6(&self, reason: DropReason, offender: &Ipv6Packet<&[u8]>, writer: &mut TunWriter) {
+        let error = match reason {
+            DropReason::NoRoute => Icmpv6Error::NoRoute,
+            DropReason::TtlExceeded => Icmpv6Error::HopLimitExceeded,
+            DropReason::TooBig => Icmpv6Error::PacketTooBig {
+                mtu: u32::try_from(self.largest_packet()).unwrap_or(u32::MAX),
+            },
+            _ => return,
+        };
+        let Some(own) = self.own6 else {
             return;
         };
-        if reason == DropReason::TooBig && !offender.dont_fragment() {
-            return;
-        }
-        let mut reply = [0u8; icmp::MAX_ERROR_LEN];
-        if let Ok(Some(len)) = icmp::reply(&offender, error, self.own, &mut reply) {
+        let mut reply = [0u8; icmpv6::MAX_ERROR_LEN];
+        if let Ok(Some(len)) = icmpv6::reply(offender, error, own, &mut reply) {
             writer.push(&reply[..len]);
         }
     }
 }
 
-/// Route a packet read from TUN: find its peer's index and decrement its TTL as flanneld does.
+/// Route a packet read from TUN: find its peer's index and decrement its TTL or hop limit as
+/// flanneld does.
 pub fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
     let (mut ip, peer) = routed(packet, table)?;
-    if !ip.decrement_ttl() {
+    if !ip.decrement_hop_limit() {
         return Err(DropReason::TtlExceeded);
     }
     Ok(peer)
 }
 
-/// A packet read from TUN as IPv4, and the index of the peer its destination routes to.
+/// A packet read from TUN, and the index of the peer its destination routes to in its family.
+/// A packet neither IPv4 nor IPv6 is `not_ipv4`.
 pub(crate) fn routed<T: AsRef<[u8]>>(
     packet: T,
     table: &PeerTable,
-) -> Result<(Ipv4Packet<T>, usize), DropReason> {
-    let ip = Ipv4Packet::new_checked(packet).map_err(|e| match e {
+) -> Result<(IpPacket<T>, usize), DropReason> {
+    let ip = IpPacket::new_checked(packet).map_err(|e| match e {
         WireError::BadVersion => DropReason::NotIpv4,
         _ => DropReason::Malformed,
     })?;
-    let peer = table.route(ip.dst_addr()).ok_or(DropReason::NoRoute)?;
-    Ok((ip, peer))
+    let peer = match ip.dst_addr() {
+        IpAddr::V4(dst) => table.route(dst),
+        IpAddr::V6(dst) => table.route6(dst),
+    };
+    Ok((ip, peer.ok_or(DropReason::NoRoute)?))
 }
 
 /// Check a packet that arrived from `peer` before it goes to TUN: it must decode, come from
-/// inside the peer's subnet, fit the TUN, and have TTL left (flanneld decrements here too).
+/// inside the peer's subnet of its family, fit the TUN, and have TTL or hop limit left
+/// (flanneld decrements here too).
 pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), DropReason> {
     let mut ip = flannel::decap(packet).map_err(|_| DropReason::Malformed)?;
-    check_from(&ip, peer.spec.subnet, mtu)?;
-    if !ip.decrement_ttl() {
+    check_from(&ip, peer.spec.subnet, peer.spec.subnet6, mtu)?;
+    if !ip.decrement_hop_limit() {
         return Err(DropReason::TtlExceeded);
     }
     Ok(())
 }
 
 /// What every engine checks of a packet from a peer before it goes to TUN: it comes from
-/// inside the peer's subnet and fits the TUN.
+/// inside the peer's subnet of its family (an IPv6 packet from a peer without an IPv6 subnet
+/// is spoofed), and fits the TUN.
 pub(crate) fn check_from<T: AsRef<[u8]>>(
-    ip: &Ipv4Packet<T>,
+    ip: &IpPacket<T>,
     subnet: Ipv4Net,
+    subnet6: Option<Ipv6Net>,
     mtu: usize,
 ) -> Result<(), DropReason> {
-    if !subnet.contains(&ip.src_addr()) {
+    let inside = match ip.src_addr() {
+        IpAddr::V4(src) => subnet.contains(&src),
+        IpAddr::V6(src) => subnet6.is_some_and(|s| s.contains(&src)),
+    };
+    if !inside {
         return Err(DropReason::SpoofedSource);
     }
     if ip.total_len() > mtu {

@@ -5,8 +5,8 @@
 //! A frame is the 10-byte virtio-net header followed by one (super-)packet, as TUN reads and
 //! writes it when offloads are on.
 
-use crate::wire::checksum;
 use crate::wire::virtio::{self, GSO_ECN, GSO_NONE, GSO_UDP_L4, NEEDS_CSUM, TCP_CHECKSUM_OFFSET};
+use crate::wire::{checksum, ipv4, ipv6};
 use std::io;
 use tun_rs::VirtioNetHdr;
 pub use tun_rs::VIRTIO_NET_HDR_LEN;
@@ -23,41 +23,59 @@ pub fn header(frame: &[u8]) -> io::Result<VirtioNetHdr> {
     VirtioNetHdr::decode(&frame[..VIRTIO_NET_HDR_LEN])
 }
 
-/// A TCP/IPv4 super-packet whose TCP checksum the kernel left to the segmenter (CHECKSUM_PARTIAL
-/// at the usual place): it can be carried whole and handed to the far kernel as it is.
-pub fn is_tcpv4_super_packet(hdr: &VirtioNetHdr, packet: &[u8]) -> bool {
-    let Some(&first) = packet.first() else {
+/// A TCP super-packet, over IPv4 or over IPv6 without extension headers, whose TCP checksum
+/// the kernel left to the segmenter (CHECKSUM_PARTIAL at the usual place): it can be carried
+/// whole and handed to the far kernel as it is.
+pub fn is_tcp_super_packet(hdr: &VirtioNetHdr, packet: &[u8]) -> bool {
+    let Some(ip_len) = tcp_ip_header_len(packet, hdr.gso_type) else {
         return false;
     };
-    let ihl = usize::from(first & 0x0f) * 4;
-    virtio::is_tcpv4(hdr.gso_type)
-        && hdr.gso_size > 0
+    hdr.gso_size > 0
         && hdr.flags & NEEDS_CSUM != 0
-        && first >> 4 == 4
-        && usize::from(hdr.csum_start) == ihl
+        && usize::from(hdr.csum_start) == ip_len
         && hdr.csum_offset == TCP_CHECKSUM_OFFSET
-        && tcp_headers_end(packet, ihl).is_some()
+        && tcp_headers_end(packet, ip_len).is_some()
 }
 
-/// Where the TCP header of `packet` (IP header `ihl` bytes) ends, if it is whole and sane.
-pub fn tcp_headers_end(packet: &[u8], ihl: usize) -> Option<usize> {
-    let tcp_len = usize::from(*packet.get(ihl + 12)? >> 4) * 4;
-    let end = ihl + tcp_len;
+/// The IP header length of `packet` if it is a TCP packet of the family `gso_type` names:
+/// IPv4 with TCP (its options included), or IPv6 whose next header is TCP.
+pub fn tcp_ip_header_len(packet: &[u8], gso_type: u8) -> Option<usize> {
+    let first = *packet.first()?;
+    match first >> 4 {
+        4 if virtio::is_tcpv4(gso_type) && *packet.get(9)? == ipv4::PROTO_TCP => {
+            Some(usize::from(first & 0x0f) * 4)
+        }
+        6 if virtio::is_tcpv6(gso_type) && *packet.get(6)? == ipv6::NEXT_HEADER_TCP => {
+            Some(ipv6::HEADER_LEN)
+        }
+        _ => None,
+    }
+}
+
+/// Where the TCP header of `packet` (IP header `ip_len` bytes) ends, if it is whole and sane.
+pub fn tcp_headers_end(packet: &[u8], ip_len: usize) -> Option<usize> {
+    let tcp_len = usize::from(*packet.get(ip_len + 12)? >> 4) * 4;
+    let end = ip_len + tcp_len;
     ((20..=60).contains(&tcp_len) && end <= packet.len()).then_some(end)
 }
 
-/// The header that asks the kernel to segment a TCP/IPv4 super-packet at `gso_size` bytes of
-/// payload and fill in every segment's checksum; the TCP checksum field must hold the
-/// pseudo-header sum. None if `packet` has no whole TCP header.
+/// The header that asks the kernel to segment a TCP super-packet (IPv4, or IPv6 without
+/// extension headers, as `gso_type` says) at `gso_size` bytes of payload and fill in every
+/// segment's checksum; the TCP checksum field must hold the pseudo-header sum. None if
+/// `packet` is not TCP of that family with a whole TCP header. `GSO_NONE` takes either family.
 pub fn tcp_super_header(packet: &[u8], gso_type: u8, gso_size: u16) -> Option<VirtioNetHdr> {
-    let ihl = usize::from(packet.first()? & 0x0f) * 4;
-    let end = tcp_headers_end(packet, ihl)?;
+    let family = match gso_type {
+        GSO_NONE => virtio::tcp_gso_type(packet.first()? >> 4)?,
+        _ => gso_type,
+    };
+    let ip_len = tcp_ip_header_len(packet, family)?;
+    let end = tcp_headers_end(packet, ip_len)?;
     Some(VirtioNetHdr {
         flags: NEEDS_CSUM,
         gso_type,
         hdr_len: end as u16,
         gso_size,
-        csum_start: ihl as u16,
+        csum_start: ip_len as u16,
         csum_offset: TCP_CHECKSUM_OFFSET,
     })
 }
@@ -148,7 +166,7 @@ mod tests {
     fn super_packet_splits_into_valid_segments() {
         let packet = partial_tcp(3000);
         let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
-        assert!(is_tcpv4_super_packet(&hdr, &packet));
+        assert!(is_tcp_super_packet(&hdr, &packet));
         let (mut slots, mut sizes) = (vec![vec![0u8; 1500]; 4], [0; 4]);
         let mut p = packet.clone();
         assert_eq!(split(hdr, &mut p, &mut slots, &mut sizes).unwrap(), 3);
@@ -188,20 +206,38 @@ mod tests {
     }
 
     #[test]
-    fn only_tcpv4_partial_super_packets_travel_whole() {
+    fn only_partial_tcp_super_packets_travel_whole() {
         let packet = partial_tcp(3000);
         let hdr = tcp_super_header(&packet, GSO_TCPV4, 1400).unwrap();
-        assert!(!is_tcpv4_super_packet(
+        assert!(!is_tcp_super_packet(
             &VirtioNetHdr { flags: 0, ..hdr },
             &packet
         ));
-        assert!(!is_tcpv4_super_packet(
+        assert!(!is_tcp_super_packet(
             &VirtioNetHdr {
                 gso_type: GSO_UDP_L4,
                 ..hdr
             },
             &packet
         ));
-        assert!(!is_tcpv4_super_packet(&hdr, &packet[..30]));
+        assert!(!is_tcp_super_packet(&hdr, &packet[..30]));
+    }
+
+    #[test]
+    fn an_ipv6_tcp_super_packet_travels_whole_only_as_tcpv6() {
+        use crate::wire::ipv6::test_tcp_segment6;
+        use crate::wire::virtio::GSO_TCPV6;
+        let packet = test_tcp_segment6(0, &[5; 3000], 0x10);
+        let hdr = tcp_super_header(&packet, GSO_TCPV6, 1400).unwrap();
+        assert_eq!((hdr.csum_start, hdr.hdr_len), (40, 60));
+        assert!(is_tcp_super_packet(&hdr, &packet));
+        assert!(tcp_super_header(&packet, GSO_TCPV4, 1400).is_none());
+        let as_v4 = VirtioNetHdr {
+            gso_type: GSO_TCPV4,
+            ..hdr
+        };
+        assert!(!is_tcp_super_packet(&as_v4, &packet));
+        let v4 = partial_tcp(3000);
+        assert!(tcp_super_header(&v4, GSO_TCPV6, 1400).is_none());
     }
 }

@@ -15,7 +15,7 @@ use super::wait;
 use crate::wire::virtio::GSO_NONE;
 use arrayvec::ArrayVec;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, OwnedFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -60,9 +60,15 @@ pub struct Tun {
 }
 
 impl Tun {
-    /// Create the device and bring it up. If the kernel refuses offloads, retry without and log
-    /// it, since a plain TUN still works, only slower.
+    /// Create the device for IPv4 only and bring it up.
     pub fn open(config: &TunConfig) -> anyhow::Result<Tun> {
+        Tun::open_dual(config, None)
+    }
+
+    /// Create the device and bring it up, with `address6` as a /128 beside the IPv4 address on
+    /// a dual-stack network. If the kernel refuses offloads, retry without and log it, since a
+    /// plain TUN still works, only slower.
+    pub fn open_dual(config: &TunConfig, address6: Option<Ipv6Addr>) -> anyhow::Result<Tun> {
         let first = match build(config, config.offload) {
             Ok(dev) => dev,
             Err(e) if config.offload => {
@@ -74,7 +80,18 @@ impl Tun {
         let offload = config.offload && first.tcp_gso();
         let uso = offload && first.udp_gso();
         // Before the link is up, or the kernel has already queued a router solicitation.
-        disable_ipv6(&config.name);
+        match address6 {
+            None => disable_ipv6(&config.name),
+            Some(_) => quiet_ipv6(&config.name),
+        }
+        if let Some(address) = address6 {
+            first.add_address_v6(address, 128u8).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot give TUN device {} the address {address}: {e}",
+                    config.name
+                )
+            })?;
+        }
         accept_local(&config.name);
         first
             .enabled(true)
@@ -145,10 +162,21 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<SyncDevice> {
         .build_sync()
 }
 
-/// twill carries IPv4 only; without this the kernel would send router solicitations and MLD
+/// On an IPv4-only network; without this the kernel would send router solicitations and MLD
 /// reports into the TUN, only for the engine to drop them.
 fn disable_ipv6(name: &str) {
     set_sysctl(&format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
+}
+
+/// On a dual-stack network the TUN keeps IPv6 but talks no neighbour protocol on it: no
+/// link-local address (so no router solicitations or MLD reports from one), no router
+/// advertisements taken. Its one address is the lease's, given by the engine.
+fn quiet_ipv6(name: &str) {
+    let conf = format!("/proc/sys/net/ipv6/conf/{name}");
+    set_sysctl(&format!("{conf}/disable_ipv6"), "0");
+    set_sysctl(&format!("{conf}/addr_gen_mode"), "1");
+    set_sysctl(&format!("{conf}/accept_ra"), "0");
+    set_sysctl(&format!("{conf}/router_solicitations"), "0");
 }
 
 /// twill's ICMP errors come from the TUN's own address, so that a peer's anti-spoofing check
@@ -285,7 +313,7 @@ impl TunReader {
         }
         let len = read(&self.dev, &mut self.raw, mode).await?;
         let hdr = gso::header(&self.raw[..len])?;
-        if self.keep_whole && gso::is_tcpv4_super_packet(&hdr, &self.raw[VIRTIO_NET_HDR_LEN..len]) {
+        if self.keep_whole && gso::is_tcp_super_packet(&hdr, &self.raw[VIRTIO_NET_HDR_LEN..len]) {
             self.whole = Some((hdr, len));
             return Ok(0);
         }

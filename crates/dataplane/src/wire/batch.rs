@@ -1,8 +1,8 @@
-//! twill's batch format: several inner IPv4 packets in one UDP datagram, each behind a u16 length.
+//! twill's batch format: several inner IP packets in one UDP datagram, each behind a u16 length.
 //! The byte layout and the receiver's rules are specified in docs/batch-protocol.md.
 //!
 //! This layer only frames: it finds the records and proves they lie inside the datagram. Whether
-//! a record is one well-formed IPv4 packet is checked per record, with the same rule as a flannel
+//! a record is one well-formed IPv4 or IPv6 packet is checked per record, with the same rule as a flannel
 //! udp datagram ([`super::flannel::decap`]), so one bad packet never costs its neighbours.
 
 use super::batch_header::{check_header, emit_header, field, parse_sender, RECORD_VERSION};
@@ -156,7 +156,8 @@ impl<'a> BatchWriter<'a> {
 mod tests {
     use super::*;
     use crate::wire::flannel;
-    use crate::wire::ipv4::{test_packet, Ipv4Packet};
+    use crate::wire::ip::IpPacket;
+    use crate::wire::ipv4::test_packet;
 
     fn sender() -> Ipv4Net {
         "10.5.1.0/24".parse().unwrap()
@@ -292,16 +293,16 @@ mod tests {
     }
 
     #[test]
-    fn record_that_is_not_one_ipv4_packet_is_rejected_alone() {
+    fn record_that_is_not_one_ip_packet_is_rejected_alone() {
         let good = inner(10);
         let mut padded = inner(10);
         padded.push(0);
-        let ipv6ish = [0x60; 40];
-        let wire = datagram(&[&ipv6ish, &padded, &good]);
+        let version5 = [0x50; 40];
+        let wire = datagram(&[&version5, &padded, &good]);
         let batch = BatchPacket::new_checked(&wire[..]).unwrap();
         let decoded: Vec<_> = batch
             .records()
-            .map(|record| flannel::decap(record.unwrap()).map(Ipv4Packet::into_inner))
+            .map(|record| flannel::decap(record.unwrap()).map(IpPacket::into_inner))
             .collect();
         assert_eq!(
             decoded,

@@ -10,7 +10,7 @@ use ipnet::Ipv4Net;
 
 pub const VERSION: u8 = CHUNK_VERSION;
 pub const CHUNK_HEADER_LEN: usize = HEADER_LEN + 12;
-/// The smallest super-packet: an IPv4 header and a TCP header.
+/// The smallest super-packet: an IPv4 header and a TCP header (IPv6's is 20 bytes longer).
 const MIN_TOTAL: usize = 40;
 
 mod field {
@@ -28,7 +28,7 @@ pub struct ChunkRepr {
     pub sender: Ipv4Net,
     /// Which super-packet of this stream; consecutive super-packets differ by one.
     pub seq: u32,
-    /// The super-packet's length: its IPv4 Total Length.
+    /// The super-packet's length: its IPv4 Total Length, or 40 + its IPv6 Payload Length.
     pub total: u16,
     /// Where this chunk's bytes go in the super-packet.
     pub offset: u16,
@@ -73,8 +73,8 @@ impl<T: AsRef<[u8]>> ChunkPacket<T> {
         if usize::from(repr.total) < MIN_TOTAL || end > usize::from(repr.total) {
             return Err(WireError::BadLength);
         }
-        // The only super-packets a chunk carries: TCP over IPv4, with or without ECN.
-        if !virtio::is_tcpv4(repr.gso_type) || repr.gso_size == 0 {
+        // The only super-packets a chunk carries: TCP over IPv4 or IPv6, with or without ECN.
+        if !virtio::is_tcp(repr.gso_type) || repr.gso_size == 0 {
             return Err(WireError::BadGso);
         }
         Ok(packet)
@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn only_tcpv4_with_a_segment_size() {
-        for (gso_type, gso_size) in [(4, 1418), (0, 1418), (GSO_TCPV4, 0)] {
+        for (gso_type, gso_size) in [(3, 1418), (0, 1418), (GSO_TCPV4, 0)] {
             let r = ChunkRepr {
                 gso_type,
                 gso_size,

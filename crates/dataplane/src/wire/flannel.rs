@@ -1,10 +1,11 @@
-//! flannel's udp backend format: the UDP payload is the bare inner IPv4 packet, nothing else.
+//! flannel's udp backend format: the UDP payload is the bare inner IP packet, nothing else.
 //!
 //! So encapsulation copies nothing; what matters is the checking. A datagram is accepted only if
-//! it is exactly one well-formed IPv4 packet: flanneld writes whatever arrives into its TUN, and
+//! it is exactly one well-formed IPv4 or IPv6 packet (flanneld's udp sends IPv4 only; twill
+//! sends IPv6 to a peer whose lease has an IPv6 subnet, which no flanneld lease of udp has): flanneld writes whatever arrives into its TUN, and
 //! silently truncates what does not fit; twill rejects both with a reason.
 
-use super::ipv4::Ipv4Packet;
+use super::ip::IpPacket;
 use super::WireError;
 
 pub const DEFAULT_PORT: u16 = 8285;
@@ -13,18 +14,18 @@ pub const DEFAULT_PORT: u16 = 8285;
 pub const OVERHEAD: usize = 20 + 8;
 
 /// Check a received datagram and view it as the inner packet.
-pub fn decap<T: AsRef<[u8]>>(datagram: T) -> Result<Ipv4Packet<T>, WireError> {
+pub fn decap<T: AsRef<[u8]>>(datagram: T) -> Result<IpPacket<T>, WireError> {
     let len = datagram.as_ref().len();
-    let packet = Ipv4Packet::new_checked(datagram)?;
+    let packet = IpPacket::new_checked(datagram)?;
     if packet.total_len() != len {
         return Err(WireError::BadLength);
     }
     Ok(packet)
 }
 
-/// The datagram payload for an inner packet read from TUN: the packet itself, cut to its
-/// IPv4 total length.
-pub fn encap<T: AsRef<[u8]>>(packet: &Ipv4Packet<T>) -> &[u8] {
+/// The datagram payload for an inner packet read from TUN: the packet itself, cut to the
+/// length its header says.
+pub fn encap<T: AsRef<[u8]>>(packet: &IpPacket<T>) -> &[u8] {
     packet.packet()
 }
 
@@ -40,7 +41,7 @@ mod tests {
     #[test]
     fn round_trip_is_the_bare_packet() {
         let inner = packet(100);
-        let view = Ipv4Packet::new_checked(&inner[..]).unwrap();
+        let view = IpPacket::new_checked(&inner[..]).unwrap();
         let wire = encap(&view).to_vec();
         assert_eq!(wire, inner);
         assert_eq!(decap(&wire[..]).unwrap().packet(), &inner[..]);
@@ -48,9 +49,18 @@ mod tests {
 
     #[test]
     fn trailing_bytes_are_a_bad_length() {
-        let mut wire = packet(10);
-        wire.push(0);
-        assert_eq!(decap(&wire[..]).unwrap_err(), WireError::BadLength);
+        for mut wire in [packet(10), crate::wire::ipv6::test_packet(10, 64, 7)] {
+            wire.push(0);
+            assert_eq!(decap(&wire[..]).unwrap_err(), WireError::BadLength);
+        }
+    }
+
+    #[test]
+    fn an_ipv6_packet_is_its_own_datagram() {
+        let inner = crate::wire::ipv6::test_packet(100, 64, 7);
+        let packet = decap(&inner[..]).unwrap();
+        assert!(matches!(packet, IpPacket::V6(_)));
+        assert_eq!(packet.packet(), &inner[..]);
     }
 
     #[test]

@@ -8,7 +8,10 @@ pub mod checksum;
 pub mod chunk;
 pub mod flannel;
 pub mod icmp;
+pub mod icmpv6;
+pub mod ip;
 pub mod ipv4;
+pub mod ipv6;
 pub mod virtio;
 
 /// Why a packet or datagram was rejected by a decoder.

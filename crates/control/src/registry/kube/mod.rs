@@ -238,8 +238,8 @@ mod tests {
             ("fd10::/56".parse().unwrap(), 64)
         );
         // Backends without IPv6 are still refused, in one line naming the file.
-        let udp = dual.replace("vxlan", "udp");
-        std::fs::write(&path, udp).unwrap();
+        let ipip = dual.replace("vxlan", "ipip");
+        std::fs::write(&path, ipip).unwrap();
         let err = read_net_config(&path).unwrap_err().to_string();
         assert!(
             !err.contains('\n') && err.contains("--net-config-path"),

@@ -49,9 +49,10 @@ pub(crate) fn directions(
 
 /// A super-packet counts as the segments the kernel cuts it into, so counters agree whether
 /// it travels whole or split.
-fn super_counts(packet: &[u8], gso_size: u16) -> Counts {
-    let ihl = usize::from(packet[0] & 0x0f) * 4;
-    let headers = gso::tcp_headers_end(packet, ihl).unwrap_or(packet.len());
+fn super_counts(packet: &[u8], gso_type: u8, gso_size: u16) -> Counts {
+    let ip_len = gso::tcp_ip_header_len(packet, gso_type);
+    let headers = ip_len.and_then(|len| gso::tcp_headers_end(packet, len));
+    let headers = headers.unwrap_or(packet.len());
     Counts {
         datagrams: 0,
         super_packets: 1,
@@ -65,16 +66,22 @@ fn super_counts(packet: &[u8], gso_size: u16) -> Counts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::virtio::{GSO_TCPV4, GSO_TCPV6};
 
     #[test]
     fn super_packets_count_as_their_segments() {
         let mut packet = vec![0u8; 40 + 2500];
         packet[0] = 0x45;
         packet[32] = 5 << 4;
-        let counts = super_counts(&packet, 1000);
+        packet[9] = 6;
+        let counts = super_counts(&packet, GSO_TCPV4, 1000);
         assert_eq!(
             (counts.packets, counts.bytes, counts.super_packets),
             (3, 2540, 1)
         );
+        let mut packet6 = vec![0u8; 60 + 2500];
+        (packet6[0], packet6[6], packet6[52]) = (0x60, 6, 5 << 4);
+        let counts = super_counts(&packet6, GSO_TCPV6, 1000);
+        assert_eq!((counts.packets, counts.bytes), (3, 2560));
     }
 }

@@ -11,7 +11,6 @@ use crate::stats::{DropReason, DropTally};
 use crate::table::Peer;
 use crate::wire::batch::{self, BatchPacket};
 use crate::wire::chunk::{self, ChunkPacket};
-use crate::wire::ipv4::{self, Ipv4Packet};
 use crate::wire::WireError;
 use std::ops::Range;
 use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
@@ -118,7 +117,7 @@ impl Receiver {
         };
         let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
         let hdr = accept_super(packet, peer, self.io.mtu, repr.gso_type, repr.gso_size)?;
-        let got = super_counts(packet, repr.gso_size);
+        let got = super_counts(packet, repr.gso_type, repr.gso_size);
         writer.write_super(frame, hdr).map_err(|e| {
             tracing::debug!("TUN write of a super-packet failed: {e}");
             DropReason::IoError
@@ -153,9 +152,9 @@ impl Receiver {
     }
 }
 
-/// The checks of [`accept_inbound`] for a super-packet, plus: it is TCP, and each segment the
-/// kernel cuts from it fits the TUN. Returns the virtio-net header to write it with, made here
-/// rather than taken from the wire.
+/// The checks of [`accept_inbound`] for a super-packet, plus: it is TCP of the family its GSO
+/// type names, and each segment the kernel cuts from it fits the TUN. Returns the virtio-net
+/// header to write it with, made here rather than taken from the wire.
 fn accept_super(
     packet: &mut [u8],
     peer: &Peer,
@@ -163,10 +162,7 @@ fn accept_super(
     gso_type: u8,
     gso_size: u16,
 ) -> Result<VirtioNetHdr, DropReason> {
-    let is_tcp = Ipv4Packet::new_checked(&*packet).is_ok_and(|ip| ip.protocol() == ipv4::PROTO_TCP);
-    let hdr = gso::tcp_super_header(packet, gso_type, gso_size)
-        .filter(|_| is_tcp)
-        .ok_or(DropReason::Malformed)?;
+    let hdr = gso::tcp_super_header(packet, gso_type, gso_size).ok_or(DropReason::Malformed)?;
     if usize::from(hdr.hdr_len) + usize::from(gso_size) > mtu {
         return Err(DropReason::TooBig);
     }

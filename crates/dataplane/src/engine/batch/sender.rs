@@ -1,7 +1,7 @@
 //! The TUN -> UDP half: group a drain's packets by peer, pack them into datagrams, send each
 //! peer's datagrams as GSO trains; TCP super-packets go whole, as chunks.
 
-use super::super::{counted_tun_read, flush_tun, route_outbound, send_failed, Shared};
+use super::super::{counted_tun_read, flush_tun, route_outbound, routed, send_failed, Shared};
 use super::held::Held;
 use super::{super_counts, Counts};
 use crate::engine::train::Train;
@@ -12,7 +12,7 @@ use crate::stats::{DropReason, DropTally};
 use crate::table::{Peer, PeerTable};
 use crate::wire::batch::{BatchPacket, BatchWriter, Records, RECORD_PREFIX_LEN};
 use crate::wire::chunk::{self, ChunkRepr, CHUNK_HEADER_LEN};
-use crate::wire::ipv4::{self, Ipv4Packet};
+use crate::wire::ipv4;
 use ipnet::Ipv4Net;
 use std::net::SocketAddrV4;
 use std::ops::ControlFlow;
@@ -179,8 +179,7 @@ impl Sender {
             .whole()
             .expect("called only with a whole super-packet");
         let packet = &mut frame[VIRTIO_NET_HDR_LEN..];
-        let dst = Ipv4Packet::new_checked(&*packet).map(|ip| ip.dst_addr());
-        let peer = dst.ok().and_then(|dst| table.route(dst));
+        let peer = routed(&*packet, &table).ok().map(|(_, peer)| peer);
         if peer.is_none_or(|p| table.peers()[p].spec.version < chunk::VERSION) {
             match reader.split_whole() {
                 Ok(n) => self.drain(reader, n, icmp),
@@ -226,7 +225,7 @@ impl Sender {
             let counts = Counts {
                 datagrams: 1,
                 ..if last {
-                    super_counts(packet, hdr.gso_size)
+                    super_counts(packet, hdr.gso_type, hdr.gso_size)
                 } else {
                     Counts::default()
                 }

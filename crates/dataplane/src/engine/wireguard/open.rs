@@ -9,7 +9,7 @@ use super::peers::{TunnelParams, WgPeer};
 use super::PublicKey;
 use crate::engine::check_from;
 use crate::stats::DropReason;
-use crate::wire::ipv4::Ipv4Packet;
+use crate::wire::ip::IpPacket;
 use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
@@ -184,8 +184,8 @@ impl Outcome {
 /// WireGuard's cryptokey routing on receive: the inner packet must come from the peer's
 /// allowed IPs (its lease's subnet), and fit the TUN.
 fn check_inner(peer: &WgPeer, packet: &[u8], mtu: usize) -> Result<(), DropReason> {
-    let ip = Ipv4Packet::new_checked(packet).map_err(|_| DropReason::Malformed)?;
-    check_from(&ip, peer.subnet, mtu)
+    let ip = IpPacket::new_checked(packet).map_err(|_| DropReason::Malformed)?;
+    check_from(&ip, peer.subnet, None, mtu)
 }
 
 /// The drop counter each of boringtun's refusals goes to.

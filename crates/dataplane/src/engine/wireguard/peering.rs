@@ -62,6 +62,7 @@ impl Peering {
 fn route(spec: &WgPeerSpec) -> PeerSpec {
     PeerSpec {
         subnet: spec.subnet,
+        subnet6: None,
         endpoint: SocketAddrV4::new(spec.subnet.network(), 0),
         version: 0,
     }

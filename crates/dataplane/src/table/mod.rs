@@ -6,20 +6,25 @@
 //! and a change copies only the O(log K) nodes it touches, so a lease event costs the same at
 //! 60,000 peers as at 10, where rebuilding the table cost O(K).
 
+mod lpm;
+
 use crate::stats::PeerStats;
 use arc_swap::{ArcSwap, Guard};
-use imbl::shared_ptr::DefaultSharedPtr;
-use imbl::{GenericHashMap, Vector};
-use ipnet::Ipv4Net;
-use rustc_hash::FxBuildHasher;
+use imbl::Vector;
+use ipnet::{Ipv4Net, Ipv6Net};
+use lpm::{Lpm, Map};
 use std::collections::HashSet;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::sync::Arc;
 
-/// Another node: the subnet it owns and the underlay address it sends from and listens on.
+/// Another node: the subnets it owns and the underlay address it sends from and listens on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerSpec {
+    /// The IPv4 subnet: a peer's identity in the table, as a lease's key.
     pub subnet: Ipv4Net,
+    /// The IPv6 subnet of a dual-stack lease. A peer without one (a flanneld udp node, an
+    /// IPv4-only network) is sent no IPv6 and has every IPv6 packet it sends dropped.
+    pub subnet6: Option<Ipv6Net>,
     pub endpoint: SocketAddrV4,
     /// The highest batch protocol version the peer reads (its lease's `Version`; 1 if absent).
     /// Only the batch engine looks at it.
@@ -32,8 +37,6 @@ pub struct Peer {
     pub stats: Arc<PeerStats>,
 }
 
-type Map<K> = GenericHashMap<K, usize, FxBuildHasher, DefaultSharedPtr>;
-
 /// The peers, indexed `0..len()` without gaps (engines group a batch's packets by index).
 pub type Peers = Vector<Peer>;
 
@@ -43,23 +46,28 @@ pub enum Conflict {
     /// Datagrams from one endpoint must belong to one peer: the anti-spoofing check keys on it.
     #[error("its endpoint {0} belongs to the peer of {1}")]
     Endpoint(SocketAddrV4, Ipv4Net),
+    /// An IPv6 subnet routes to one peer (the lease gate keeps subnets apart; this keeps the
+    /// table consistent whatever it is given).
+    #[error("its IPv6 subnet {0} belongs to the peer of {1}")]
+    Subnet6(Ipv6Net, Ipv4Net),
 }
 
-/// An immutable routing table: longest-prefix match on destination, exact match on endpoint.
+/// An immutable routing table: longest-prefix match on destination, per address family, and
+/// exact match on endpoint.
 #[derive(Debug, Clone, Default)]
 pub struct PeerTable {
     peers: Peers,
-    /// One map per distinct prefix length, longest first. flannel leases all share one
-    /// SubnetLen, so a lookup is normally a single map's probe.
-    by_prefix: Vec<(u8, Map<u32>)>,
+    v4: Lpm<u32>,
+    v6: Lpm<u128>,
     by_endpoint: Map<SocketAddrV4>,
 }
 
 impl PeerSpec {
-    /// The same peer with its subnet's host bits cleared.
+    /// The same peer with its subnets' host bits cleared.
     fn trunc(self) -> PeerSpec {
         PeerSpec {
             subnet: self.subnet.trunc(),
+            subnet6: self.subnet6.map(|s| s.trunc()),
             ..self
         }
     }
@@ -88,16 +96,23 @@ impl PeerTable {
     }
 
     fn insert_with(&mut self, spec: PeerSpec, stats: Arc<PeerStats>) -> Result<(), Conflict> {
+        let index = self.owner(spec.subnet);
         if let Some(&holder) = self.by_endpoint.get(&spec.endpoint) {
-            let holder = self.peers[holder].spec.subnet;
-            if holder != spec.subnet {
+            if Some(holder) != index {
+                let holder = self.peers[holder].spec.subnet;
                 return Err(Conflict::Endpoint(spec.endpoint, holder));
             }
         }
-        match self.owner(spec.subnet) {
+        if let Some(subnet6) = spec.subnet6 {
+            let holder = self.v6.exact(v6_key(subnet6), subnet6.prefix_len());
+            if let Some(holder) = holder.filter(|&h| Some(h) != index) {
+                return Err(Conflict::Subnet6(subnet6, self.peers[holder].spec.subnet));
+            }
+        }
+        match index {
             Some(index) => {
-                self.by_endpoint.remove(&self.peers[index].spec.endpoint);
-                self.by_endpoint.insert(spec.endpoint, index);
+                self.unlink(index);
+                self.link(&spec, index);
                 self.peers.set(index, Peer { spec, stats });
             }
             None => {
@@ -132,42 +147,32 @@ impl PeerTable {
         same.map_or_else(Default::default, |p| p.stats.clone())
     }
 
-    /// Points the subnet and endpoint of `spec` at `index`.
+    /// Points the subnets and endpoint of `spec` at `index`.
     fn link(&mut self, spec: &PeerSpec, index: usize) {
         self.by_endpoint.insert(spec.endpoint, index);
-        let (len, network) = (spec.subnet.prefix_len(), u32::from(spec.subnet.network()));
-        match self.by_prefix.iter_mut().find(|(l, _)| *l == len) {
-            Some((_, map)) => {
-                map.insert(network, index);
-            }
-            None => {
-                let mut map = Map::default();
-                map.insert(network, index);
-                self.by_prefix.push((len, map));
-                self.by_prefix.sort_by_key(|(l, _)| std::cmp::Reverse(*l));
-            }
+        self.v4
+            .insert(v4_key(spec.subnet), spec.subnet.prefix_len(), index);
+        if let Some(subnet6) = spec.subnet6 {
+            self.v6.insert(v6_key(subnet6), subnet6.prefix_len(), index);
         }
     }
 
-    /// Forgets the subnet and endpoint of the peer at `index`, and returns it.
+    /// Forgets the subnets and endpoint of the peer at `index`, and returns it.
     fn unlink(&mut self, index: usize) -> Peer {
         let peer = self.peers[index].clone();
-        self.by_endpoint.remove(&peer.spec.endpoint);
-        let len = peer.spec.subnet.prefix_len();
-        if let Some((_, map)) = self.by_prefix.iter_mut().find(|(l, _)| *l == len) {
-            map.remove(&u32::from(peer.spec.subnet.network()));
+        let spec = &peer.spec;
+        self.by_endpoint.remove(&spec.endpoint);
+        self.v4
+            .remove(v4_key(spec.subnet), spec.subnet.prefix_len());
+        if let Some(subnet6) = spec.subnet6 {
+            self.v6.remove(v6_key(subnet6), subnet6.prefix_len());
         }
-        self.by_prefix.retain(|(_, map)| !map.is_empty());
         peer
     }
 
     /// The index of the peer that owns exactly `subnet`.
     fn owner(&self, subnet: Ipv4Net) -> Option<usize> {
-        let (_, map) = self
-            .by_prefix
-            .iter()
-            .find(|(len, _)| *len == subnet.prefix_len())?;
-        map.get(&u32::from(subnet.network())).copied()
+        self.v4.exact(v4_key(subnet), subnet.prefix_len())
     }
 
     /// The peer that owns exactly `subnet`.
@@ -182,11 +187,12 @@ impl PeerTable {
 
     /// Like [`PeerTable::lookup`], but the peer's index, for engines that group by peer.
     pub fn route(&self, dst: Ipv4Addr) -> Option<usize> {
-        let dst = u32::from(dst);
-        self.by_prefix.iter().find_map(|(len, map)| {
-            let mask = u32::MAX.checked_shl(32 - u32::from(*len)).unwrap_or(0);
-            map.get(&(dst & mask)).copied()
-        })
+        self.v4.lookup(u32::from(dst))
+    }
+
+    /// The index of the peer whose IPv6 subnet holds `dst`, longest prefix first.
+    pub fn route6(&self, dst: Ipv6Addr) -> Option<usize> {
+        self.v6.lookup(u128::from(dst))
     }
 
     /// The peer that sends from `endpoint`, if any: the first anti-spoofing check.
@@ -205,6 +211,14 @@ impl PeerTable {
     pub fn is_empty(&self) -> bool {
         self.peers.is_empty()
     }
+}
+
+fn v4_key(subnet: Ipv4Net) -> u32 {
+    u32::from(subnet.network())
+}
+
+fn v6_key(subnet: Ipv6Net) -> u128 {
+    u128::from(subnet.network())
 }
 
 /// The shared, swappable table an engine reads and the control plane writes.
@@ -264,6 +278,7 @@ mod tests {
     fn spec(subnet: &str, ip: [u8; 4]) -> PeerSpec {
         PeerSpec {
             subnet: subnet.parse().unwrap(),
+            subnet6: None,
             endpoint: SocketAddrV4::new(ip.into(), 8285),
             version: 1,
         }
@@ -414,5 +429,81 @@ mod tests {
             spec("10.5.2.0/24", [10, 200, 0, 1]),
         ]);
         assert_eq!(table.len(), 1);
+    }
+
+    /// A dual-stack peer: `fd10:0:0:<third>::/64` beside `10.5.<third>.0/24`.
+    fn dual(third: u8) -> PeerSpec {
+        PeerSpec {
+            subnet6: Some(format!("fd10:0:0:{third:x}::/64").parse().unwrap()),
+            ..spec(&format!("10.5.{third}.0/24"), [10, 200, 0, third])
+        }
+    }
+
+    fn ip6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ipv6_routes_by_its_own_prefix_and_a_peer_without_one_gets_none() {
+        let v4_only = spec("10.5.3.0/24", [10, 200, 0, 3]);
+        let table = PeerTable::new(&[dual(1), dual(2), v4_only]);
+        assert_eq!(table.route6(ip6("fd10:0:0:2::7")), Some(1));
+        assert_eq!(table.route6(ip6("fd10:0:0:1:ffff::1")), Some(0));
+        assert_eq!(table.route6(ip6("fd10:0:0:3::1")), None);
+        assert_eq!(table.route6(ip6("fd11::1")), None);
+        assert_eq!(table.route("10.5.3.1".parse().unwrap()), Some(2));
+    }
+
+    #[test]
+    fn an_ipv6_subnet_moves_with_updates_and_removals() {
+        let shared = SharedTable::default();
+        for third in 1..=3 {
+            shared.set_peer(dual(third)).unwrap();
+        }
+        shared.remove_peer(dual(1).subnet);
+        let table = shared.load();
+        assert_eq!(table.route6(ip6("fd10:0:0:1::1")), None);
+        for (i, peer) in table.peers().iter().enumerate() {
+            let subnet6 = peer.spec.subnet6.unwrap();
+            assert_eq!(table.route6(subnet6.network()), Some(i), "{subnet6}");
+        }
+        let renumbered = PeerSpec {
+            subnet6: Some("fd10:0:0:9::/64".parse().unwrap()),
+            ..dual(2)
+        };
+        shared.set_peer(renumbered).unwrap();
+        let table = shared.load();
+        assert_eq!(
+            table.route6(ip6("fd10:0:0:2::1")),
+            None,
+            "the old one is gone"
+        );
+        assert!(table.route6(ip6("fd10:0:0:9::1")).is_some());
+        shared
+            .set_peer(PeerSpec {
+                subnet6: None,
+                ..dual(2)
+            })
+            .unwrap();
+        assert_eq!(shared.load().route6(ip6("fd10:0:0:9::1")), None);
+    }
+
+    #[test]
+    fn an_ipv6_subnet_another_peer_holds_is_a_conflict() {
+        let shared = SharedTable::default();
+        shared.set_peer(dual(1)).unwrap();
+        let claim = PeerSpec {
+            subnet6: dual(1).subnet6,
+            ..dual(2)
+        };
+        assert_eq!(
+            shared.set_peer(claim),
+            Err(Conflict::Subnet6(dual(1).subnet6.unwrap(), dual(1).subnet))
+        );
+        let table = shared.load();
+        assert_eq!(
+            (table.len(), table.route6(ip6("fd10:0:0:1::1"))),
+            (1, Some(0))
+        );
     }
 }

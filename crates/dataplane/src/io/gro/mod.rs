@@ -1,27 +1,24 @@
-//! Coalescing before TUN writes: consecutive segments of one TCP or UDP flow become one
-//! super-packet that the kernel takes in one write (virtio-net GSO, USO for UDP), as a NIC's
-//! GRO would.
+//! Coalescing before TUN writes: consecutive segments of one TCP (over IPv4 or IPv6) or UDP
+//! (over IPv4) flow become one super-packet that the kernel takes in one write (virtio-net GSO,
+//! USO for UDP), as a NIC's GRO would.
 //!
 //! tun-rs has a GRO too, but it copies every packet to the heap before looking at it and needs
 //! each packet in a buffer of its own. Here a packet is copied once, straight into the
 //! super-packet it joins, and nothing is allocated after start-up. Only consecutive segments
 //! merge: the engines deliver a peer's GRO train in order, and a train is one flow.
 
-use super::gso::tcp_super_header;
-use crate::wire::ipv4::{PROTO_TCP, PROTO_UDP};
-use crate::wire::virtio::{GSO_TCPV4, GSO_UDP_L4, NEEDS_CSUM};
-use tun_rs::{VirtioNetHdr, VIRTIO_NET_HDR_LEN};
+mod segment;
 
-/// A super-packet is one IPv4 packet: at most 64 KB.
+pub(crate) use segment::checksum_valid;
+use segment::{finish_super_packet, same_tcp_flow, Family, Flow, Segment, Transport, TCP_PSH};
+use tun_rs::VIRTIO_NET_HDR_LEN;
+
+/// A super-packet is one IP packet: at most 64 KB.
 const MAX_PACKET: usize = 65535;
 /// The kernel refuses (EINVAL) a UDP GSO write of more segments than its UDP_MAX_SEGMENTS:
 /// 128 on this project's 6.18 kernel (measured), 64 on older ones. 64-byte datagrams would
 /// reach that long before 64 KB.
 const MAX_UDP_SEGMENTS: usize = 64;
-const TCP_ACK: u8 = 0x10;
-const TCP_PSH: u8 = 0x08;
-const UDP_HEADER: usize = 8;
-const UDP_CHECKSUM_OFFSET: usize = 6;
 
 /// Buffers of virtio header + packet, ready to write, with the last one open for merging.
 pub struct Coalescer {
@@ -42,6 +39,7 @@ pub struct Merge {
 /// The super-packet being built in the last slot.
 #[derive(Debug, Clone, Copy)]
 struct Open {
+    family: Family,
     flow: Flow,
     headers: usize,
     gso_size: usize,
@@ -50,82 +48,6 @@ struct Open {
     first_verified: bool,
     /// A short (or TCP PSH) segment ended it.
     closed: bool,
-}
-
-/// What a super-packet's next segment must continue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Flow {
-    Tcp { next_seq: u32 },
-    Udp,
-}
-
-/// The fields of a segment that decide whether it may join a super-packet.
-struct Segment {
-    ip_len: usize,
-    headers: usize,
-    payload: usize,
-    transport: Transport,
-}
-
-#[derive(Clone, Copy)]
-enum Transport {
-    Tcp { seq: u32, psh: bool },
-    Udp,
-}
-
-impl Segment {
-    /// A plain data segment: IPv4 without options or fragments, and either TCP with only ACK
-    /// (and maybe PSH) set or UDP, with a payload. Anything else is written as it is.
-    fn parse(p: &[u8]) -> Option<Segment> {
-        if p.len() < 20 + UDP_HEADER || p[0] != 0x45 || p[6] & 0x3f != 0 || p[7] != 0 {
-            return None;
-        }
-        let ip_len = usize::from(u16::from_be_bytes([p[2], p[3]]));
-        if ip_len != p.len() {
-            return None;
-        }
-        let (headers, transport) = match p[9] {
-            PROTO_TCP => Self::tcp(p)?,
-            PROTO_UDP => Self::udp(p)?,
-            _ => return None,
-        };
-        (headers < ip_len).then(|| Segment {
-            ip_len,
-            headers,
-            payload: ip_len - headers,
-            transport,
-        })
-    }
-
-    fn tcp(p: &[u8]) -> Option<(usize, Transport)> {
-        let headers = 20 + usize::from(*p.get(32)? >> 4) * 4;
-        let flags = *p.get(33)?;
-        if headers < 40 || (flags != TCP_ACK && flags != TCP_ACK | TCP_PSH) {
-            return None;
-        }
-        let seq = u32::from_be_bytes([p[24], p[25], p[26], p[27]]);
-        let psh = flags & TCP_PSH != 0;
-        Some((headers, Transport::Tcp { seq, psh }))
-    }
-
-    fn udp(p: &[u8]) -> Option<(usize, Transport)> {
-        let udp_len = usize::from(u16::from_be_bytes([p[24], p[25]]));
-        (udp_len == p.len() - 20).then_some((20 + UDP_HEADER, Transport::Udp))
-    }
-
-    /// What the next segment must continue for this one to be followed.
-    fn flow_after(&self) -> Flow {
-        match self.transport {
-            Transport::Tcp { seq, .. } => Flow::Tcp {
-                next_seq: seq.wrapping_add(self.payload as u32),
-            },
-            Transport::Udp => Flow::Udp,
-        }
-    }
-
-    fn ends_train(&self) -> bool {
-        matches!(self.transport, Transport::Tcp { psh: true, .. })
-    }
 }
 
 impl Coalescer {
@@ -175,6 +97,7 @@ impl Coalescer {
         slot.extend_from_slice(packet);
         self.len += 1;
         self.open = segment.map(|s| Open {
+            family: s.family,
             flow: s.flow_after(),
             headers: s.headers,
             gso_size: s.payload,
@@ -191,6 +114,7 @@ impl Coalescer {
         let slot = &mut self.slots[self.len - 1];
         let head = &slot[VIRTIO_NET_HDR_LEN..];
         if open.closed
+            || seg.family != open.family
             || seg.headers != open.headers
             || seg.payload > open.gso_size
             || head.len() + seg.payload > MAX_PACKET
@@ -207,7 +131,7 @@ impl Coalescer {
         open.first_verified = true;
         slot.extend_from_slice(&packet[seg.headers..seg.ip_len]);
         if seg.ends_train() {
-            slot[VIRTIO_NET_HDR_LEN + 33] |= TCP_PSH;
+            slot[VIRTIO_NET_HDR_LEN + seg.family.header_len() + 13] |= TCP_PSH;
         }
         open.flow = seg.flow_after();
         open.segments += 1;
@@ -219,7 +143,9 @@ impl Coalescer {
     fn close(&mut self) {
         if let Some(open) = self.open.take() {
             if open.segments > 1 {
-                finish_super_packet(&mut self.slots[self.len - 1], &open);
+                let (hdr_room, packet) = self.slots[self.len - 1].split_at_mut(VIRTIO_NET_HDR_LEN);
+                let hdr = finish_super_packet(packet, open.family, open.flow, open.gso_size as u16);
+                hdr.encode(hdr_room).expect("a virtio header fits its slot");
             }
         }
     }
@@ -236,87 +162,24 @@ impl Coalescer {
 fn continues(open: &Open, seg: &Segment, head: &[u8], packet: &[u8]) -> bool {
     match (open.flow, seg.transport) {
         (Flow::Tcp { next_seq }, Transport::Tcp { seq, .. }) => {
-            seq == next_seq && same_tcp_flow(head, packet, seg.headers)
+            seq == next_seq && same_tcp_flow(open.family, head, packet, seg.headers)
         }
         (Flow::Udp, Transport::Udp) => {
-            open.segments < MAX_UDP_SEGMENTS && same_ip_and_ports(head, packet)
+            open.segments < MAX_UDP_SEGMENTS && open.family.same_ip_and_ports(head, packet)
         }
         _ => false,
     }
 }
 
-/// Same addresses, ports, TOS, DF and TTL: what the kernel's GRO requires too, so the
-/// super-packet says what each segment said.
-fn same_ip_and_ports(a: &[u8], b: &[u8]) -> bool {
-    a[1] == b[1] && a[6] == b[6] && a[8] == b[8] && a[12..24] == b[12..24]
-}
-
-/// [`same_ip_and_ports`], and the same ack, window and TCP options.
-fn same_tcp_flow(a: &[u8], b: &[u8], headers: usize) -> bool {
-    same_ip_and_ports(a, b)
-        && a[28..32] == b[28..32]
-        && a[34..36] == b[34..36]
-        && a[40..headers] == b[40..headers]
-}
-
-/// Whether the TCP or UDP checksum of `packet` (IPv4 with a 20-byte header) verifies; a UDP
-/// checksum of zero means the sender sent none.
-pub(crate) fn checksum_valid(packet: &[u8]) -> bool {
-    let protocol = packet[9];
-    if protocol == PROTO_UDP && packet[26..28] == [0, 0] {
-        return true;
-    }
-    let len = packet.len() - 20;
-    tun_rs::checksum(&packet[20..], pseudo_header_sum(packet, len)) == 0xffff
-}
-
-fn pseudo_header_sum(packet: &[u8], transport_len: usize) -> u64 {
-    let word = |i: usize| u64::from(u16::from_be_bytes([packet[i], packet[i + 1]]));
-    word(12) + word(14) + word(16) + word(18) + u64::from(packet[9]) + transport_len as u64
-}
-
-/// Fix the IPv4 (and UDP) lengths of the merged packet and hand the transport checksum to the
-/// kernel: the field holds the pseudo-header sum, as `CHECKSUM_PARTIAL` wants.
-fn finish_super_packet(slot: &mut [u8], open: &Open) {
-    let packet = &mut slot[VIRTIO_NET_HDR_LEN..];
-    let total = packet.len();
-    packet[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    packet[10..12].fill(0);
-    let ip_sum = !tun_rs::checksum(&packet[..20], 0);
-    packet[10..12].copy_from_slice(&ip_sum.to_be_bytes());
-    let gso_size = open.gso_size as u16;
-    let hdr = match open.flow {
-        Flow::Tcp { .. } => tcp_super_header(packet, GSO_TCPV4, gso_size)
-            .expect("a merged packet has a whole TCP header"),
-        Flow::Udp => {
-            packet[24..26].copy_from_slice(&((total - 20) as u16).to_be_bytes());
-            udp_super_header(gso_size)
-        }
-    };
-    let pseudo = tun_rs::checksum(&[], pseudo_header_sum(packet, total - 20));
-    let at = usize::from(hdr.csum_start) + usize::from(hdr.csum_offset);
-    packet[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
-    hdr.encode(&mut slot[..VIRTIO_NET_HDR_LEN])
-        .expect("a virtio header fits its slot");
-}
-
-/// The header that asks the kernel to cut a UDP/IPv4 super-packet into datagrams of
-/// `gso_size` payload bytes, each with its own UDP header and checksum.
-fn udp_super_header(gso_size: u16) -> VirtioNetHdr {
-    VirtioNetHdr {
-        flags: NEEDS_CSUM,
-        gso_type: GSO_UDP_L4,
-        hdr_len: (20 + UDP_HEADER) as u16,
-        gso_size,
-        csum_start: 20,
-        csum_offset: UDP_CHECKSUM_OFFSET as u16,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::segment::TCP_ACK;
     use super::*;
+    use crate::io::gso;
     use crate::wire::ipv4::{test_tcp_segment, test_udp_datagram};
+    use crate::wire::ipv6::test_tcp_segment6;
+    use crate::wire::virtio::{GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4};
+    use tun_rs::VirtioNetHdr;
 
     const ALL: Merge = Merge {
         tcp: true,
@@ -505,5 +368,55 @@ mod tests {
         c.push(&short);
         c.push(&short);
         assert_eq!(drained(&mut c).len(), 2);
+    }
+
+    #[test]
+    fn ipv6_tcp_segments_become_one_tcpv6_gso_packet_that_splits_back() {
+        let mut c = Coalescer::new(4, ALL);
+        let mut originals = Vec::new();
+        let mut seq = 7;
+        for fill in [1u8, 2, 3] {
+            let len = if fill == 3 { 40 } else { 100 };
+            originals.push(test_tcp_segment6(seq, &vec![fill; len], TCP_ACK));
+            seq += len as u32;
+        }
+        for segment in &originals {
+            c.push(segment);
+        }
+        let mut out = drained(&mut c);
+        assert_eq!(out.len(), 1);
+        let hdr = VirtioNetHdr::decode(&out[0][..VIRTIO_NET_HDR_LEN]).unwrap();
+        assert_eq!(
+            (hdr.gso_type, hdr.gso_size, hdr.hdr_len),
+            (GSO_TCPV6, 100, 60)
+        );
+        assert_eq!((hdr.csum_start, hdr.csum_offset), (40, 16));
+        let packet = &mut out[0][VIRTIO_NET_HDR_LEN..];
+        assert_eq!(packet.len(), 60 + 240);
+        assert_eq!(
+            u16::from_be_bytes([packet[4], packet[5]]),
+            260,
+            "payload length"
+        );
+        let (mut slots, mut sizes) = (vec![vec![0u8; 200]; 4], [0; 4]);
+        assert_eq!(gso::split(hdr, packet, &mut slots, &mut sizes).unwrap(), 3);
+        for (i, original) in originals.iter().enumerate() {
+            assert_eq!(&slots[i][..sizes[i]], &original[..], "segment {i}");
+        }
+    }
+
+    #[test]
+    fn families_never_merge_and_ipv6_udp_is_written_as_it_came() {
+        let mut c = Coalescer::new(8, ALL);
+        c.push(&test_tcp_segment6(0, &[1; 50], TCP_ACK));
+        c.push(&test_tcp_segment(50, &[1; 50], TCP_ACK));
+        let udp6 = crate::wire::ipv6::test_packet(40, 64, 0);
+        c.push(&udp6);
+        c.push(&udp6);
+        let mut bad = test_tcp_segment6(100, &[1; 50], TCP_ACK);
+        c.push(&test_tcp_segment6(50, &[1; 50], TCP_ACK));
+        bad[70] ^= 1;
+        c.push(&bad);
+        assert_eq!(drained(&mut c).len(), 6, "nothing merged");
     }
 }
