@@ -162,6 +162,8 @@ impl Ebpf {
             subnet: lease.subnet,
             endpoint: SocketAddrV4::new(lease.public_ip, self.port),
             version: 1,
+            // The programs carry IPv4 only; a dual-stack network never runs them.
+            subnet6: None,
         }
     }
 }
