@@ -39,7 +39,7 @@ struct Cli {
     /// scale: the numbers of synthetic Nodes in the kube-apiserver, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "5000")]
     scale_nodes: Vec<u32>,
-    /// scale: the backends, comma-separated.
+    /// scale: the backends, comma-separated (ebpf: udp leases, `twill run --dataplane ebpf`).
     #[arg(long, value_delimiter = ',', default_value = "udp,vxlan")]
     scale_backends: Vec<ScaleBackend>,
     /// scale: leases added (and removed) one at a time to time propagation.
@@ -129,7 +129,8 @@ fn run(cli: Cli) -> Result<bool> {
         println!(
             "\ncontrol-plane scale: one twill per backend against K synthetic leases in a real etcd, \
              or K synthetic Nodes in a real kube-apiserver (kube: twill run --kube-subnet-mgr); \
-             prop: put in etcd or Node created -> userspace table entry or kernel route+neighbour+fdb; \
+             prop: put in etcd or Node created -> userspace table entry, kernel route+neighbour+fdb, \
+             or (ebpf: udp on --dataplane ebpf) the route in the programs' map; \
              write: the put or create alone; rm: delete -> gone; idle: one periodic reconcile with nothing to change, and the window \
              around it (etcd rpm: all etcd RPCs; api rpm: API requests on Nodes); apisrv: \
              kube-apiserver's RSS; fill: writing the K leases or Nodes\n"

@@ -20,6 +20,7 @@ mod loaded;
 mod maps;
 mod object;
 mod peers;
+mod pinned;
 mod pins;
 mod probe;
 
@@ -28,5 +29,6 @@ pub use dataplane::{Attachment, Dataplane, Opened};
 pub use loaded::{TestOutput, Verdict};
 pub use maps::MAX_PEERS;
 pub use object::Side;
+pub use pinned::PinnedPeers;
 pub use pins::remove;
 pub use probe::{probe, Unsupported};

@@ -158,7 +158,7 @@ impl PeerSet {
     }
 }
 
-fn route_key(subnet: Ipv4Net) -> RouteKey {
+pub(crate) fn route_key(subnet: Ipv4Net) -> RouteKey {
     RouteKey::new(u32::from(subnet.prefix_len()), wire_addr(subnet.network()))
 }
 

@@ -75,7 +75,9 @@ impl Synthetic {
     pub fn value(self, backend: ScaleBackend) -> String {
         let ip = self.public_ip();
         match backend {
-            ScaleBackend::Udp => format!(r#"{{"PublicIP":"{ip}","PublicIPv6":null}}"#),
+            ScaleBackend::Udp | ScaleBackend::Ebpf => {
+                format!(r#"{{"PublicIP":"{ip}","PublicIPv6":null}}"#)
+            }
             ScaleBackend::Vxlan => format!(
                 r#"{{"PublicIP":"{ip}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{}"}}}}"#,
                 self.vtep_mac()
@@ -91,7 +93,7 @@ impl Synthetic {
 pub fn config(backend: ScaleBackend) -> String {
     format!(
         r#"{{"Network":"{NETWORK}","SubnetLen":24,"Backend":{{"Type":"{}"}}}}"#,
-        backend.name()
+        backend.backend_type()
     )
 }
 

@@ -5,6 +5,7 @@
 //! its table or the kernel and how fast a removed one leaves, what an idle periodic reconcile
 //! costs, its memory and CPU, and the registry requests it makes while idle.
 
+pub mod ebpf;
 pub mod kernel;
 pub mod leases;
 pub mod node;
@@ -22,12 +23,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use twill_lab::{Etcd, Host, Lab, LabSpec, Proc};
 
-/// The backends compared at scale: one userspace, one kernel.
+/// The backends compared at scale: userspace udp, the kernel's vxlan and host-gw, and udp on
+/// the eBPF dataplane (udp leases, `twill run --dataplane ebpf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum ScaleBackend {
     Udp,
     Vxlan,
     HostGw,
+    Ebpf,
 }
 
 impl ScaleBackend {
@@ -36,6 +39,15 @@ impl ScaleBackend {
             ScaleBackend::Udp => "udp",
             ScaleBackend::Vxlan => "vxlan",
             ScaleBackend::HostGw => "host-gw",
+            ScaleBackend::Ebpf => "ebpf",
+        }
+    }
+
+    /// The network config's `Backend.Type`, which the leases are written for.
+    pub fn backend_type(self) -> &'static str {
+        match self {
+            ScaleBackend::Ebpf => ScaleBackend::Udp.name(),
+            backend => backend.name(),
         }
     }
 }
@@ -278,7 +290,7 @@ impl Run<'_> {
         // (with kube, its Node's podCIDR is there).
         let _ = std::fs::remove_file(self.file);
         let started = Instant::now();
-        let mut node = Node::new(store.spawn(self.host, self.twill, self.file)?);
+        let mut node = Node::new(store.spawn(self.host, &self.backend_twill(), self.file)?);
         let every = Duration::from_millis(20);
         node.wait("the first reconcile", START_LIMIT, every, |m| {
             m.get("twill_reconciles_total") >= 1.0
@@ -290,9 +302,9 @@ impl Run<'_> {
             ScaleField::CpuPct,
             100.0 * cpu.as_secs_f64() / start.as_secs_f64(),
         );
-        self.check_programmed(&node)?;
+        let probe = Probe::new(self.backend, self.host, &node)?;
+        self.check_programmed(&node, &probe)?;
         say("propagation");
-        let probe = Probe::new(self.backend, self.host)?;
         let (added, removed, writes) = self.propagation(store, &mut node, &probe)?;
         result.set_percentiles(
             ScaleField::PropagationP50Ms,
@@ -317,7 +329,18 @@ impl Run<'_> {
         Ok(result)
     }
 
-    fn check_programmed(&self, node: &Node) -> Result<()> {
+    /// `twill run` as this backend runs it.
+    fn backend_twill(&self) -> Twill {
+        match self.backend {
+            ScaleBackend::Ebpf => ebpf::twill(self.twill),
+            _ => self.twill.clone(),
+        }
+    }
+
+    fn check_programmed(&self, node: &Node, probe: &Probe) -> Result<()> {
+        if let Probe::Maps(maps) = probe {
+            return maps.check_programmed(self.k);
+        }
         match self.backend {
             ScaleBackend::Udp => {
                 let table = node.metrics()?.get("twill_table_peers");
@@ -416,21 +439,26 @@ impl Run<'_> {
         }
         let _ = self.host.ns.ip(&["link", "del", kernel::VXLAN_DEV]);
         kernel::unreach_synthetic_peers(self.host);
+        if self.backend == ScaleBackend::Ebpf {
+            ebpf::clean_up(self.host, self.twill)?;
+        }
         Ok(())
     }
 }
 
 /// How the bench sees that a lease arrived or left: in the userspace table (twill's count of
-/// it, polled) or in the kernel (`ip monitor`).
+/// it, polled), in the kernel (`ip monitor`) or in the eBPF programs' maps (polled).
 enum Probe {
     Table,
     Kernel(kernel::Monitor, ScaleBackend),
+    Maps(Box<ebpf::Maps>),
 }
 
 impl Probe {
-    fn new(backend: ScaleBackend, host: &Host) -> Result<Probe> {
+    fn new(backend: ScaleBackend, host: &Host, node: &Node) -> Result<Probe> {
         Ok(match backend {
             ScaleBackend::Udp => Probe::Table,
+            ScaleBackend::Ebpf => Probe::Maps(Box::new(ebpf::Maps::open(node.pid())?)),
             backend => Probe::Kernel(kernel::Monitor::start(host)?, backend),
         })
     }
@@ -448,6 +476,7 @@ impl Probe {
             Probe::Kernel(monitor, backend) => {
                 monitor.wait_for(&kernel::peer_lines(*backend, lease, gone), PROBE_LIMIT)
             }
+            Probe::Maps(maps) => maps.wait(lease, gone, PROBE_LIMIT),
         }
     }
 }

@@ -50,6 +50,10 @@ impl Node {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     /// CPU time and memory of the twill process so far.
     pub fn usage(&self) -> Result<Usage> {
         usage(self.proc.pid())

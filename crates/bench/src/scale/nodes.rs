@@ -47,7 +47,7 @@ pub fn node_name(lease: Synthetic) -> String {
 /// udp; vxlan's data is its VNI and VTEP MAC, as in the etcd lease).
 pub fn node(lease: Synthetic, backend: ScaleBackend) -> Node {
     let (backend_type, backend_data) = match backend {
-        ScaleBackend::Udp => (String::new(), "null".to_string()),
+        ScaleBackend::Udp | ScaleBackend::Ebpf => (String::new(), "null".to_string()),
         ScaleBackend::Vxlan => (
             "vxlan".to_string(),
             format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, lease.vtep_mac()),
