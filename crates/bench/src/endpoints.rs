@@ -11,7 +11,9 @@ pub struct Endpoints<'a> {
     pub client: &'a Netns,
     pub server: &'a Netns,
     pub server_ip: Ipv4Addr,
-    /// The namespace and the device where the underlay reaches the server's host.
+    /// The namespace and the device where the underlay leaves the client's host: every
+    /// path's datagrams pass its egress (the eBPF programs take theirs at the server's
+    /// ingress before any tc filter could count them).
     pub underlay: (&'a Netns, &'a str),
     /// The path's long-running processes (daemons, servers), for the pinned run.
     pub processes: Vec<u32>,

@@ -158,14 +158,14 @@ impl<'a> UnderlayCounter<'a> {
         ns.exec("tc", &["qdisc", "add", "dev", dev, "clsact"])?;
         let counter = UnderlayCounter { ns, dev };
         // clsact counts only while it has a filter; u32 matching everything is the simplest.
-        let filter = ["filter", "add", "dev", dev, "ingress", "protocol", "ip"];
+        let filter = ["filter", "add", "dev", dev, "egress", "protocol", "ip"];
         let all = ["prio", "1", "u32", "match", "u32", "0", "0"];
         ns.exec("tc", &[&filter[..], &all[..]].concat())
             .context("tc u32 filter (the kernel needs CONFIG_NET_CLS_U32)")?;
         Ok(counter)
     }
 
-    /// IPv4 datagrams in since the counter was attached.
+    /// IPv4 datagrams out since the counter was attached.
     fn datagrams(&self) -> Result<u64> {
         let json = self
             .ns

@@ -288,7 +288,8 @@ impl PathLab {
 /// yet: [`PathLab::endpoints`] adds them.
 fn endpoints(lab: &Lab) -> Endpoints<'_> {
     let server_host = lab.host(1);
-    let underlay = (&server_host.ns, server_host.iface.as_str());
+    let client_host = lab.host(0);
+    let underlay = (&client_host.ns, client_host.iface.as_str());
     match (
         lab.host(0).containers().first(),
         server_host.containers().first(),
