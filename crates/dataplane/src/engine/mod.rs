@@ -26,7 +26,7 @@ use crate::wire::{self, flannel, WireError};
 use directions::{Direction, Directions, Ended};
 use ipnet::{Ipv4Net, Ipv6Net};
 use path_mtu::PathMtu;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,6 +253,7 @@ impl Shared {
 
 /// Route a packet read from TUN: find its peer's index and decrement its TTL or hop limit as
 /// flanneld does.
+#[inline]
 pub fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, DropReason> {
     let (mut ip, peer) = routed(packet, table)?;
     if !ip.decrement_hop_limit() {
@@ -263,6 +264,7 @@ pub fn route_outbound(packet: &mut [u8], table: &PeerTable) -> Result<usize, Dro
 
 /// A packet read from TUN, and the index of the peer its destination routes to in its family.
 /// A packet neither IPv4 nor IPv6 is `not_ipv4`.
+#[inline]
 pub(crate) fn routed<T: AsRef<[u8]>>(
     packet: T,
     table: &PeerTable,
@@ -271,9 +273,9 @@ pub(crate) fn routed<T: AsRef<[u8]>>(
         WireError::BadVersion => DropReason::NotIpv4,
         _ => DropReason::Malformed,
     })?;
-    let peer = match ip.dst_addr() {
-        IpAddr::V4(dst) => table.route(dst),
-        IpAddr::V6(dst) => table.route6(dst),
+    let peer = match &ip {
+        IpPacket::V4(ip) => table.route(ip.dst_addr()),
+        IpPacket::V6(ip) => table.route6(ip.dst_addr()),
     };
     Ok((ip, peer.ok_or(DropReason::NoRoute)?))
 }
@@ -281,6 +283,7 @@ pub(crate) fn routed<T: AsRef<[u8]>>(
 /// Check a packet that arrived from `peer` before it goes to TUN: it must decode, come from
 /// inside the peer's subnet of its family, fit the TUN, and have TTL or hop limit left
 /// (flanneld decrements here too).
+#[inline]
 pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), DropReason> {
     let mut ip = flannel::decap(packet).map_err(|_| DropReason::Malformed)?;
     check_from(&ip, peer.spec.subnet, peer.spec.subnet6, mtu)?;
@@ -293,15 +296,16 @@ pub fn accept_inbound(packet: &mut [u8], peer: &Peer, mtu: usize) -> Result<(), 
 /// What every engine checks of a packet from a peer before it goes to TUN: it comes from
 /// inside the peer's subnet of its family (an IPv6 packet from a peer without an IPv6 subnet
 /// is spoofed), and fits the TUN.
+#[inline]
 pub(crate) fn check_from<T: AsRef<[u8]>>(
     ip: &IpPacket<T>,
     subnet: Ipv4Net,
     subnet6: Option<Ipv6Net>,
     mtu: usize,
 ) -> Result<(), DropReason> {
-    let inside = match ip.src_addr() {
-        IpAddr::V4(src) => subnet.contains(&src),
-        IpAddr::V6(src) => subnet6.is_some_and(|s| s.contains(&src)),
+    let inside = match ip {
+        IpPacket::V4(ip) => subnet.contains(&ip.src_addr()),
+        IpPacket::V6(ip) => subnet6.is_some_and(|s| holds6(s, ip.src_addr())),
     };
     if !inside {
         return Err(DropReason::SpoofedSource);
@@ -310,6 +314,16 @@ pub(crate) fn check_from<T: AsRef<[u8]>>(
         return Err(DropReason::TooBig);
     }
     Ok(())
+}
+
+/// Whether `net` (host bits cleared, as the table keeps it) holds `addr`: one masked compare,
+/// where `Ipv6Net::contains` computes the network and broadcast addresses and compares both.
+#[inline]
+fn holds6(net: Ipv6Net, addr: Ipv6Addr) -> bool {
+    let mask = u128::MAX
+        .checked_shl(128 - u32::from(net.prefix_len()))
+        .unwrap_or(0);
+    (u128::from(addr) ^ u128::from(net.addr())) & mask == 0
 }
 
 /// The next batch of packets from TUN, read again after a failed read; `None` once the device

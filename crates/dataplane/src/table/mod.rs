@@ -12,7 +12,7 @@ use crate::stats::PeerStats;
 use arc_swap::{ArcSwap, Guard};
 use imbl::Vector;
 use ipnet::{Ipv4Net, Ipv6Net};
-use lpm::{Lpm, Map};
+use lpm::{Lpm, Lpm6, Map};
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::sync::Arc;
@@ -58,7 +58,7 @@ pub enum Conflict {
 pub struct PeerTable {
     peers: Peers,
     v4: Lpm<u32>,
-    v6: Lpm<u128>,
+    v6: Lpm6,
     by_endpoint: Map<SocketAddrV4>,
 }
 
@@ -186,16 +186,19 @@ impl PeerTable {
     }
 
     /// Like [`PeerTable::lookup`], but the peer's index, for engines that group by peer.
+    #[inline]
     pub fn route(&self, dst: Ipv4Addr) -> Option<usize> {
         self.v4.lookup(u32::from(dst))
     }
 
     /// The index of the peer whose IPv6 subnet holds `dst`, longest prefix first.
+    #[inline]
     pub fn route6(&self, dst: Ipv6Addr) -> Option<usize> {
         self.v6.lookup(u128::from(dst))
     }
 
     /// The peer that sends from `endpoint`, if any: the first anti-spoofing check.
+    #[inline]
     pub fn by_endpoint(&self, endpoint: SocketAddrV4) -> Option<&Peer> {
         self.by_endpoint.get(&endpoint).map(|&i| &self.peers[i])
     }

@@ -15,6 +15,7 @@ pub enum IpPacket<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> IpPacket<T> {
     /// Checks the packet as its version nibble says; any other version is `BadVersion`.
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         match buffer.as_ref().first().map(|b| b >> 4) {
             Some(4) => Ipv4Packet::new_checked(buffer).map(IpPacket::V4),
@@ -25,6 +26,7 @@ impl<T: AsRef<[u8]>> IpPacket<T> {
     }
 
     /// The packet's length by its own header (IPv4 total length, IPv6 40 + payload length).
+    #[inline]
     pub fn total_len(&self) -> usize {
         match self {
             IpPacket::V4(ip) => ip.total_len(),
@@ -32,6 +34,7 @@ impl<T: AsRef<[u8]>> IpPacket<T> {
         }
     }
 
+    #[inline]
     pub fn src_addr(&self) -> IpAddr {
         match self {
             IpPacket::V4(ip) => ip.src_addr().into(),
@@ -39,6 +42,7 @@ impl<T: AsRef<[u8]>> IpPacket<T> {
         }
     }
 
+    #[inline]
     pub fn dst_addr(&self) -> IpAddr {
         match self {
             IpPacket::V4(ip) => ip.dst_addr().into(),
@@ -47,6 +51,7 @@ impl<T: AsRef<[u8]>> IpPacket<T> {
     }
 
     /// The packet up to its own length, without lower-layer padding.
+    #[inline]
     pub fn packet(&self) -> &[u8] {
         match self {
             IpPacket::V4(ip) => ip.packet(),
@@ -65,6 +70,7 @@ impl<T: AsRef<[u8]>> IpPacket<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> IpPacket<T> {
     /// Decrement the TTL or hop limit as a router does; false, leaving the packet untouched,
     /// when it would reach zero.
+    #[inline]
     pub fn decrement_hop_limit(&mut self) -> bool {
         match self {
             IpPacket::V4(ip) => ip.decrement_ttl(),

@@ -36,12 +36,14 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         Ipv4Packet { buffer }
     }
 
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let packet = Ipv4Packet { buffer };
         packet.check()?;
         Ok(packet)
     }
 
+    #[inline]
     fn check(&self) -> Result<(), WireError> {
         let data = self.buffer.as_ref();
         if data.len() < MIN_HEADER_LEN {
@@ -61,14 +63,17 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         Ok(())
     }
 
+    #[inline]
     pub fn header_len(&self) -> usize {
         usize::from(self.buffer.as_ref()[field::VER_IHL] & 0x0f) * 4
     }
 
+    #[inline]
     pub fn total_len(&self) -> usize {
         usize::from(read_u16(self.buffer.as_ref(), field::TOTAL_LEN.start))
     }
 
+    #[inline]
     pub fn ttl(&self) -> u8 {
         self.buffer.as_ref()[field::TTL]
     }
@@ -92,10 +97,12 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         read_u16(self.buffer.as_ref(), field::FLAGS_FRAG.start) & 0x4000 != 0
     }
 
+    #[inline]
     pub fn src_addr(&self) -> Ipv4Addr {
         read_addr(self.buffer.as_ref(), field::SRC.start)
     }
 
+    #[inline]
     pub fn dst_addr(&self) -> Ipv4Addr {
         read_addr(self.buffer.as_ref(), field::DST.start)
     }
@@ -109,6 +116,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 
     /// The packet up to `total_len`, without lower-layer padding.
+    #[inline]
     pub fn packet(&self) -> &[u8] {
         &self.buffer.as_ref()[..self.total_len()]
     }
@@ -125,6 +133,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     /// Decrement the TTL as a router does, patching the checksum incrementally (RFC 1624).
     /// Returns false, leaving the packet untouched, when the TTL would reach zero.
+    #[inline]
     pub fn decrement_ttl(&mut self) -> bool {
         let ttl = self.ttl();
         if ttl <= 1 {

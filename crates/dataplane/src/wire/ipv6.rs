@@ -36,12 +36,14 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         Ipv6Packet { buffer }
     }
 
+    #[inline]
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let packet = Ipv6Packet { buffer };
         packet.check()?;
         Ok(packet)
     }
 
+    #[inline]
     fn check(&self) -> Result<(), WireError> {
         let data = self.buffer.as_ref();
         if data.len() < HEADER_LEN {
@@ -59,6 +61,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         Ok(())
     }
 
+    #[inline]
     pub fn payload_len(&self) -> usize {
         let data = self.buffer.as_ref();
         usize::from(u16::from_be_bytes([
@@ -68,27 +71,33 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     }
 
     /// Header and payload: what an IPv4 header's total length says.
+    #[inline]
     pub fn total_len(&self) -> usize {
         HEADER_LEN + self.payload_len()
     }
 
+    #[inline]
     pub fn next_header(&self) -> u8 {
         self.buffer.as_ref()[field::NEXT_HEADER]
     }
 
+    #[inline]
     pub fn hop_limit(&self) -> u8 {
         self.buffer.as_ref()[field::HOP_LIMIT]
     }
 
+    #[inline]
     pub fn src_addr(&self) -> Ipv6Addr {
         read_addr(self.buffer.as_ref(), field::SRC.start)
     }
 
+    #[inline]
     pub fn dst_addr(&self) -> Ipv6Addr {
         read_addr(self.buffer.as_ref(), field::DST.start)
     }
 
     /// The packet up to its payload length, without lower-layer padding.
+    #[inline]
     pub fn packet(&self) -> &[u8] {
         &self.buffer.as_ref()[..self.total_len()]
     }
@@ -105,6 +114,7 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     /// Decrement the hop limit as a router does. Returns false, leaving the packet untouched,
     /// when it would reach zero.
+    #[inline]
     pub fn decrement_hop_limit(&mut self) -> bool {
         let hops = self.hop_limit();
         if hops <= 1 {
