@@ -13,6 +13,7 @@
 //! daemon: [`Dataplane::open`] adopts them on the next start, [`remove`] takes them away.
 
 mod attach;
+mod cleanup;
 mod counters;
 mod dataplane;
 mod device;
@@ -24,11 +25,11 @@ mod pinned;
 mod pins;
 mod probe;
 
+pub use cleanup::remove;
 pub use counters::{Counters, PeerTraffic, Traffic};
 pub use dataplane::{Attachment, Dataplane, Opened};
 pub use loaded::{TestOutput, Verdict};
 pub use maps::MAX_PEERS;
 pub use object::Side;
 pub use pinned::PinnedPeers;
-pub use pins::remove;
 pub use probe::{probe, Unsupported};

@@ -45,20 +45,19 @@ pub(crate) fn ensure_bpffs(dir: &Path) -> anyhow::Result<()> {
     .with_context(|| format!("cannot mount a bpffs on {}", dir.display()))
 }
 
-fn is_bpffs(dir: &Path) -> anyhow::Result<bool> {
+pub(crate) fn is_bpffs(dir: &Path) -> anyhow::Result<bool> {
     let fs = statfs(dir).with_context(|| format!("statfs {}", dir.display()))?;
     Ok(fs.filesystem_type() == BPF_FS_MAGIC)
 }
 
-/// Detach and unpin everything [`crate::Dataplane::open`] left in `pin_dir`, unmount the bpffs
-/// it mounted there, and remove the directory (`twill run --cleanup`). A directory that is
-/// not there is fine; anything else found in it is left, and named in the error.
-pub fn remove(pin_dir: &Path) -> anyhow::Result<()> {
+/// Unpin everything [`crate::Dataplane::open`] pinned in `pin_dir`, unmount the bpffs it
+/// mounted there, and remove the directory. A directory that is not there is fine; anything
+/// else found in it is left, and named in the error.
+pub(crate) fn unpin(pin_dir: &Path) -> anyhow::Result<()> {
     if !pin_dir.exists() {
         return Ok(());
     }
     if is_bpffs(pin_dir)? {
-        crate::attach::detach_filters(pin_dir)?;
         for path in pinned_paths(pin_dir) {
             match fs::remove_file(&path) {
                 Err(e) if e.kind() != ErrorKind::NotFound => {
