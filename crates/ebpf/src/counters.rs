@@ -60,13 +60,14 @@ pub(crate) fn read(maps: &Maps, peers: &PeerSet) -> anyhow::Result<Counters> {
             .with_context(|| format!("reading the drops map ({})", reason.as_str()))?;
         drops.push((reason, per_cpu.iter().sum()));
     }
+    // Slots are handed out lowest first: reading up to the highest held one reads little else.
+    let below = peers.slots().map(|(_, slot)| slot + 1).max().unwrap_or(0);
+    let per_slot = maps.peer_traffic_below(below)?;
+    let cpus = per_slot.len() / below.max(1) as usize;
     let mut by_peer = HashMap::with_capacity(peers.len());
     for (subnet, slot) in peers.slots() {
-        let per_cpu = maps
-            .peer_traffic
-            .get(&slot, 0)
-            .with_context(|| format!("reading the counters of {subnet}"))?;
-        by_peer.insert(subnet, summed(per_cpu.iter()));
+        let at = slot as usize * cpus;
+        by_peer.insert(subnet, summed(per_slot[at..at + cpus].iter()));
     }
     Ok(Counters {
         tx: totals.tx,

@@ -13,6 +13,7 @@
 //! daemon: [`Dataplane::open`] adopts them on the next start, [`remove`] takes them away.
 
 mod attach;
+mod batch;
 mod cleanup;
 mod counters;
 mod dataplane;

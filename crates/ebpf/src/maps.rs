@@ -4,9 +4,10 @@
 
 use anyhow::Context;
 use aya::maps::lpm_trie::{Key, LpmTrie};
-use aya::maps::{Array, HashMap, Map, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray};
 use aya::Ebpf;
 use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
@@ -90,6 +91,11 @@ pub(crate) fn port_of(wire: u16) -> u16 {
 
 pub(crate) type RouteKey = Key<u32>;
 
+/// The CPUs a per-CPU map holds a value for.
+pub(crate) fn possible_cpus() -> anyhow::Result<usize> {
+    aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))
+}
+
 /// Typed handles on the loaded object's maps.
 pub(crate) struct Maps {
     pub config: Array<MapData, Config>,
@@ -120,6 +126,14 @@ impl Maps {
         self.config
             .set(0, config, 0)
             .context("writing the config map")
+    }
+
+    /// Every CPU's counters of the slots `0..slots`, slot by slot, read in a few batch
+    /// syscalls rather than one per slot (see crate::batch).
+    pub fn peer_traffic_below(&self, slots: u32) -> anyhow::Result<Vec<RawTraffic>> {
+        let map = self.peer_traffic.map().fd().as_fd();
+        crate::batch::array_values(map, slots, possible_cpus()?)
+            .context("reading the peers' counters")
     }
 
     /// The config in a pinned config map, without loading anything.

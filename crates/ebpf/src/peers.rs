@@ -4,7 +4,8 @@
 //! while a peer stays as it is and started afresh when it changes.
 
 use crate::maps::{
-    addr_of, port_of, wire_addr, wire_port, Maps, Peer, RawTraffic, Route, RouteKey, MAX_PEERS,
+    addr_of, port_of, possible_cpus, wire_addr, wire_port, Maps, Peer, RawTraffic, Route, RouteKey,
+    MAX_PEERS,
 };
 use anyhow::{bail, Context};
 use aya::maps::PerCpuValues;
@@ -173,8 +174,7 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, peer: Peer, route: Route) -> anyhow:
 }
 
 fn zero_counters(maps: &mut Maps, slot: u32) -> anyhow::Result<()> {
-    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
-    let zero = PerCpuValues::try_from(vec![RawTraffic::default(); cpus])?;
+    let zero = PerCpuValues::try_from(vec![RawTraffic::default(); possible_cpus()?])?;
     maps.peer_traffic
         .set(slot, zero, 0)
         .with_context(|| format!("zeroing the counters in slot {slot}"))

@@ -1,15 +1,16 @@
 //! 60,000 leases are 60,000 peers in the maps: how long filling, listing, counting and
-//! emptying them takes (printed; bounded loosely, the machine is shared); and one peer per
-//! endpoint address.
+//! emptying them takes (printed; bounded loosely, the machine is shared), a packet counted as
+//! its own peer's among them all, and one peer per endpoint address.
 
 mod common;
 
 use anyhow::Result;
+use common::frames::{ethernet, udp, Ip, ETH_IP};
 use common::{Pins, DEVICE, PORT};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
-use twill_ebpf::{Attachment, Dataplane};
+use twill_ebpf::{Attachment, Dataplane, PeerTraffic, Side, Traffic, Verdict};
 use twill_lab::Netns;
 
 const PEERS: u32 = 60_000;
@@ -46,6 +47,7 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
             .counters()
             .map(|c| assert_eq!(c.peers.len(), PEERS as usize))
     })?;
+    counted_as_its_peers(&dataplane, 40_000)?;
     let empty = timed(|| (0..PEERS).try_for_each(|i| dataplane.remove_peer(peer(i).0)))?;
     eprintln!(
         "{PEERS} peers: set {fill:?}, peers() {list:?}, counters() {count:?}, removed {empty:?}"
@@ -53,6 +55,32 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
     assert!(dataplane.peers()?.is_empty());
     assert!(fill < Duration::from_secs(10), "filling took {fill:?}");
     one_peer_per_endpoint(&dataplane)
+}
+
+/// A packet to the `i`-th peer's subnet counts as that peer's traffic and no other's: the
+/// counters are read back by slot, and the slots are many.
+fn counted_as_its_peers(dataplane: &Dataplane, i: u32) -> Result<()> {
+    let (subnet, _) = peer(i);
+    let dst = subnet.hosts().nth(4).unwrap();
+    let packet = Ip::new(Ipv4Addr::new(10, 255, 255, 2), dst, 17).packet(&udp(4000, 5000, b"one"));
+    let sent = dataplane.test_run(Side::Egress, &ethernet(ETH_IP, &packet))?;
+    assert_eq!(sent.verdict, Verdict::Redirect);
+    let counters = dataplane.counters()?;
+    let moved: Vec<_> = counters
+        .peers
+        .iter()
+        .filter(|(_, traffic)| **traffic != PeerTraffic::default())
+        .collect();
+    let tx = Traffic {
+        packets: 1,
+        bytes: packet.len() as u64,
+    };
+    let want = PeerTraffic {
+        tx,
+        rx: Traffic::default(),
+    };
+    assert_eq!(moved, vec![(&subnet, &want)]);
+    Ok(())
 }
 
 /// As in the userspace table: an endpoint belongs to one subnet's peer, and a peer may move.
