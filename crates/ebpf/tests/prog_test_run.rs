@@ -5,25 +5,14 @@
 mod common;
 
 use anyhow::Result;
-use common::frames::{datagram, ethernet, udp, Ip, ETH_IP};
-use common::{Pins, DEVICE, DEVICE_MTU, PORT};
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use common::frames::{datagram, ethernet, hex, udp, Ip, ETH_IP};
+use common::test_run::{peer_subnet, test_bench, HERE, LOCAL, PEER, THERE, UDP};
+use common::{DEVICE_MTU, PORT};
+use std::net::Ipv4Addr;
 use twill_dataplane::stats::DropReason;
-use twill_ebpf::{Attachment, Counters, Dataplane, Opened, Side, Verdict};
-use twill_lab::Netns;
+use twill_ebpf::{Counters, Side, Verdict};
 
-const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
-const PEER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
 const STRANGER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 66);
-/// A container here and one behind the peer.
-const HERE: Ipv4Addr = Ipv4Addr::new(10, 5, 1, 2);
-const THERE: Ipv4Addr = Ipv4Addr::new(10, 5, 2, 7);
-const UDP: u8 = 17;
-
-fn peer_subnet() -> Ipv4Net {
-    "10.5.2.0/24".parse().unwrap()
-}
 
 /// What a frame should come to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,58 +245,6 @@ fn ingress_cases() -> Vec<Case> {
         .collect()
 }
 
-/// A namespace with twill's device and a stand-in underlay (both ifb, see common::add_device): the programs attach there, and no
-/// frame of this test leaves it (BPF_PROG_TEST_RUN only reports redirects).
-struct Bench {
-    _pins: Pins,
-    dataplane: Dataplane,
-    device_mac: [u8; 6],
-    _ns: Netns,
-}
-
-fn bench() -> Result<Bench> {
-    let ns = Netns::new("ebpf-table")?;
-    ns.ip(&[
-        "link",
-        "add",
-        DEVICE,
-        "mtu",
-        &DEVICE_MTU.to_string(),
-        "type",
-        "ifb",
-    ])?;
-    ns.ip(&["link", "add", "eth0", "type", "ifb"])?;
-    let pins = Pins::new(ns.name());
-    let at = Attachment {
-        device: DEVICE.into(),
-        underlay: "eth0".into(),
-        local_ip: LOCAL,
-        port: PORT,
-    };
-    let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
-    assert_eq!(opened, Opened::Fresh);
-    dataplane.set_peer(peer_subnet(), SocketAddrV4::new(PEER, PORT))?;
-    let device_mac = mac_of(&ns, DEVICE)?;
-    Ok(Bench {
-        _pins: pins,
-        dataplane,
-        device_mac,
-        _ns: ns,
-    })
-}
-
-fn mac_of(ns: &Netns, device: &str) -> Result<[u8; 6]> {
-    let out = ns.ip(&["-br", "link", "show", device])?;
-    let mac = out.split_whitespace().nth(2).unwrap_or_default();
-    let bytes: Vec<u8> = mac
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<_, _>>()?;
-    bytes
-        .try_into()
-        .map_err(|_| anyhow::anyhow!("no MAC in {out:?}"))
-}
-
 /// The frame a carried packet should leave as.
 fn carried(case: &Case, device_mac: [u8; 6]) -> Vec<u8> {
     let mut inner = case.frame[14..].to_vec();
@@ -335,7 +272,7 @@ fn carried(case: &Case, device_mac: [u8; 6]) -> Vec<u8> {
 
 #[test]
 fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
-    let bench = bench()?;
+    let bench = test_bench("ebpf-table")?;
     let cases: Vec<Case> = egress_cases().into_iter().chain(ingress_cases()).collect();
     let mut failures = Vec::new();
     for case in &cases {
@@ -432,8 +369,4 @@ fn check(
         ));
     }
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -81,3 +81,8 @@ pub fn udp(src_port: u16, dst_port: u16, payload: &[u8]) -> Vec<u8> {
 pub fn datagram(outer: &Ip, ports: (u16, u16), inner: &[u8]) -> Vec<u8> {
     ethernet(ETH_IP, &outer.packet(&udp(ports.0, ports.1, inner)))
 }
+
+/// Bytes as hex, for messages.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

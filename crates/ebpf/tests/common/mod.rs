@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod frames;
+pub mod test_run;
 
 use anyhow::{Context, Result};
 use ipnet::Ipv4Net;

@@ -1,0 +1,68 @@
+//! One node's programs opened for BPF_PROG_TEST_RUN, with their real maps: a namespace with
+//! twill's device and a stand-in underlay (both ifb, see add_device), the peer of 10.5.2.0/24
+//! at PEER, and frames between a container here and one behind the peer. No frame of these
+//! tests leaves the namespace: BPF_PROG_TEST_RUN only reports redirects.
+
+use super::{Pins, DEVICE, DEVICE_MTU, PORT};
+use anyhow::Result;
+use ipnet::Ipv4Net;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use twill_ebpf::{Attachment, Dataplane, Opened};
+use twill_lab::Netns;
+
+/// This node's underlay address and its peer's.
+pub const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
+pub const PEER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
+/// A container here and one behind the peer.
+pub const HERE: Ipv4Addr = Ipv4Addr::new(10, 5, 1, 2);
+pub const THERE: Ipv4Addr = Ipv4Addr::new(10, 5, 2, 7);
+pub const UDP: u8 = 17;
+
+pub fn peer_subnet() -> Ipv4Net {
+    "10.5.2.0/24".parse().unwrap()
+}
+
+pub struct TestBench {
+    _pins: Pins,
+    pub dataplane: Dataplane,
+    /// twill's device's MAC: a decapsulated frame is addressed to it.
+    pub device_mac: [u8; 6],
+    _ns: Netns,
+}
+
+/// The programs in a namespace of their own (named after `tag`), knowing one peer.
+pub fn test_bench(tag: &str) -> Result<TestBench> {
+    let ns = Netns::new(tag)?;
+    let mtu = DEVICE_MTU.to_string();
+    ns.ip(&["link", "add", DEVICE, "mtu", &mtu, "type", "ifb"])?;
+    ns.ip(&["link", "add", "eth0", "type", "ifb"])?;
+    let pins = Pins::new(ns.name());
+    let at = Attachment {
+        device: DEVICE.into(),
+        underlay: "eth0".into(),
+        local_ip: LOCAL,
+        port: PORT,
+    };
+    let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
+    assert_eq!(opened, Opened::Fresh);
+    dataplane.set_peer(peer_subnet(), SocketAddrV4::new(PEER, PORT))?;
+    let device_mac = mac_of(&ns, DEVICE)?;
+    Ok(TestBench {
+        _pins: pins,
+        dataplane,
+        device_mac,
+        _ns: ns,
+    })
+}
+
+fn mac_of(ns: &Netns, device: &str) -> Result<[u8; 6]> {
+    let out = ns.ip(&["-br", "link", "show", device])?;
+    let mac = out.split_whitespace().nth(2).unwrap_or_default();
+    let bytes: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16))
+        .collect::<Result<_, _>>()?;
+    bytes
+        .try_into()
+        .map_err(|_| anyhow::anyhow!("no MAC in {out:?}"))
+}

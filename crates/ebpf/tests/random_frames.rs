@@ -1,0 +1,429 @@
+//! Both programs decode network input, so, as every decoder of twill's, they are run on input
+//! no one crafted: random bytes, and flannel datagrams and inner packets mutated at random
+//! (truncated, bytes flipped, lengths, versions, IHL and fragment bits changed, bytes added),
+//! through BPF_PROG_TEST_RUN with their real maps. The seed is fixed, so every run (and CI)
+//! tries the same frames.
+//!
+//! Whatever the frame, the program gives a verdict; the kernel refuses only frames too short
+//! for it to build an skb of (EINVAL). The counters move by at most one thing: a passed frame
+//! counts nothing and comes back byte for byte, a dropped one counts one drop, a carried one
+//! one packet of its direction. And a frame is carried only if the userspace engine's own
+//! checks (twill_dataplane) would carry it, and leaves as they would have it leave: from the
+//! underlay only a datagram from the peer whose inner packet decodes and comes from inside
+//! the peer's subnet.
+
+mod common;
+
+use anyhow::anyhow;
+use common::frames::{datagram, ethernet, hex, Ip, ETH_IP};
+use common::test_run::{peer_subnet, test_bench, TestBench, HERE, LOCAL, PEER, UDP};
+use common::{DEVICE_MTU, PORT};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use twill_dataplane::engine::accept_inbound;
+use twill_dataplane::table::{PeerSpec, PeerTable};
+use twill_dataplane::wire::ipv4::Ipv4Packet;
+use twill_ebpf::{Counters, PeerTraffic, Side, Traffic, Verdict};
+
+/// Frames per program and per kind of input.
+const CASES: u32 = 2_000;
+/// Longer than the device's MTU allows (1472 + 28 + 14), well short of the page
+/// BPF_PROG_TEST_RUN's frame must fit in.
+const MAX_FRAME: usize = 1_600;
+const IPV4_HEADER: usize = 20;
+const UDP_HEADER: usize = 8;
+
+/// A frame as a test input, shown as hex when a case fails.
+#[derive(Clone)]
+struct Frame(Vec<u8>);
+
+impl std::fmt::Debug for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes: {}", self.0.len(), hex(&self.0))
+    }
+}
+
+#[test]
+fn random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
+    let bench = test_bench("ebpf-randbytes")?;
+    for side in Side::BOTH {
+        run(&bench, side, random_frames(), 1)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn mutated_flannel_frames_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
+    let bench = test_bench("ebpf-mutated")?;
+    for side in Side::BOTH {
+        run(&bench, side, mutated_frames(side), 2)?;
+    }
+    Ok(())
+}
+
+/// `CASES` frames of `frames` through `side`'s program, from a seed of its own.
+fn run(
+    bench: &TestBench,
+    side: Side,
+    frames: impl Strategy<Value = Frame>,
+    seed: u8,
+) -> anyhow::Result<()> {
+    let config = Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
+    let mut runner = TestRunner::new_with_rng(config, rng);
+    runner
+        .run(&frames, |frame| {
+            check(bench, side, &frame.0).map_err(TestCaseError::fail)
+        })
+        .map_err(|e| anyhow!("{side:?}: {e}"))
+}
+
+/// (a) Random bytes: a whole frame, behind IPv4's ethertype, or inside a datagram from the peer.
+fn random_frames() -> impl Strategy<Value = Frame> {
+    let bytes = || vec(any::<u8>(), 0..MAX_FRAME);
+    prop_oneof![
+        bytes(),
+        bytes().prop_map(|b| ethernet(ETH_IP, &b)),
+        bytes().prop_map(|b| from_peer(&b)),
+    ]
+    .prop_map(Frame)
+}
+
+/// (b) What `side`'s program carries when all is well (a packet for the peer's subnet; a
+/// datagram from the peer around a packet from its subnet), mutated up to three times.
+fn mutated_frames(side: Side) -> impl Strategy<Value = Frame> {
+    let from_there = side == Side::Ingress;
+    let mutations = vec(mutation(side), 0..=3);
+    (packet(from_there), mutations).prop_map(move |(packet, mutations)| {
+        let mut frame = match side {
+            Side::Egress => ethernet(ETH_IP, &packet),
+            Side::Ingress => from_peer(&packet),
+        };
+        for m in &mutations {
+            m.apply(&mut frame);
+        }
+        Frame(frame)
+    })
+}
+
+/// A datagram from the peer to this node on flannel's port around `inner`.
+fn from_peer(inner: &[u8]) -> Vec<u8> {
+    datagram(&Ip::new(PEER, LOCAL, UDP), (PORT, PORT), inner)
+}
+
+/// An IPv4 packet between a container here and one behind the peer (from there, or to
+/// there), with its TTL, fragment bits, options, protocol and payload drawn.
+fn packet(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
+    let ttl = prop_oneof![Just(64), any::<u8>()];
+    let fragment = prop_oneof![Just(0), Just(0x4000), any::<u16>()];
+    let options = prop_oneof![Just(Vec::new()), vec(any::<u8>(), 0..=40)];
+    let payload = vec(any::<u8>(), 0..usize::from(DEVICE_MTU));
+    let fields = (1u8..=254, ttl, fragment, options, any::<u8>(), payload);
+    fields.prop_map(
+        move |(host, ttl, fragment, mut options, protocol, payload)| {
+            options.truncate(options.len() / 4 * 4);
+            let there = Ipv4Addr::new(10, 5, 2, host);
+            let (src, dst) = if from_there {
+                (there, HERE)
+            } else {
+                (HERE, there)
+            };
+            let ip = Ip {
+                src,
+                dst,
+                protocol,
+                ttl,
+                flags_fragment: fragment,
+                options,
+            };
+            ip.packet(&payload)
+        },
+    )
+}
+
+/// A header field, by where it lies in the frame: in the Ethernet header, the first IPv4
+/// header (the packet on egress, the outer one on ingress), the UDP header and the inner IPv4
+/// header of a datagram.
+#[derive(Debug, Clone, Copy)]
+struct Field {
+    offset: usize,
+    width: usize,
+}
+
+const FIRST_IP: usize = 14;
+const UDP_AT: usize = FIRST_IP + IPV4_HEADER;
+const INNER_IP: usize = UDP_AT + UDP_HEADER;
+
+/// The fields of an IPv4 header at `at` that its decoders judge: version and IHL, total
+/// length, fragment bits, TTL and protocol.
+fn ip_fields(at: usize) -> [Field; 5] {
+    [(0, 1), (2, 2), (6, 2), (8, 1), (9, 1)].map(|(offset, width)| Field {
+        offset: at + offset,
+        width,
+    })
+}
+
+/// The fields worth changing in what `side`'s program takes in.
+fn fields(side: Side) -> Vec<Field> {
+    let ethertype = Field {
+        offset: 12,
+        width: 2,
+    };
+    let mut fields = vec![ethertype];
+    fields.extend(ip_fields(FIRST_IP));
+    if side == Side::Ingress {
+        let udp = [0, 2, 4].map(|offset| Field {
+            offset: UDP_AT + offset,
+            width: 2,
+        });
+        fields.extend(udp);
+        fields.extend(ip_fields(INNER_IP));
+    }
+    fields
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    /// Cut the frame to this share (in 1/256ths) of its length.
+    Truncate(u8),
+    /// Flip these bits of the byte at this share (in 1/65536ths) of the frame.
+    Flip(u16, u8),
+    /// Set the field to this value (its low bytes, for a one-byte field).
+    Set(Field, u16),
+    /// Add this to the field, e.g. a length a few bytes off.
+    Nudge(Field, i16),
+    /// Bytes after the frame: padding from a lower layer, or junk.
+    Append(Vec<u8>),
+}
+
+fn mutation(side: Side) -> impl Strategy<Value = Mutation> {
+    let field = || proptest::sample::select(fields(side));
+    prop_oneof![
+        any::<u8>().prop_map(Mutation::Truncate),
+        (any::<u16>(), 1u8..=255).prop_map(|(at, bits)| Mutation::Flip(at, bits)),
+        (field(), prop_oneof![0u16..64, any::<u16>()]).prop_map(|(f, v)| Mutation::Set(f, v)),
+        (field(), -8i16..=8).prop_map(|(f, by)| Mutation::Nudge(f, by)),
+        vec(any::<u8>(), 1..8).prop_map(Mutation::Append),
+    ]
+}
+
+impl Mutation {
+    fn apply(&self, frame: &mut Vec<u8>) {
+        let len = frame.len();
+        let share = |of: usize, scale: usize| len * of / scale;
+        match self {
+            Mutation::Truncate(keep) => frame.truncate(share(usize::from(*keep), 256)),
+            Mutation::Flip(at, bits) => {
+                let at = share(usize::from(*at), 65_536);
+                if let Some(byte) = frame.get_mut(at) {
+                    *byte ^= *bits;
+                }
+            }
+            Mutation::Set(field, value) => set(frame, *field, |_| *value),
+            Mutation::Nudge(field, by) => set(frame, *field, |old| old.wrapping_add_signed(*by)),
+            Mutation::Append(bytes) => frame.extend_from_slice(bytes),
+        }
+    }
+}
+
+/// Rewrites `field` with `new` of its value, if the frame still holds it.
+fn set(frame: &mut [u8], field: Field, new: impl Fn(u16) -> u16) {
+    let Some(bytes) = frame.get_mut(field.offset..field.offset + field.width) else {
+        return;
+    };
+    match bytes {
+        [byte] => *byte = new(u16::from(*byte)) as u8,
+        [hi, lo] => [*hi, *lo] = new(u16::from_be_bytes([*hi, *lo])).to_be_bytes(),
+        _ => unreachable!("fields are one or two bytes"),
+    }
+}
+
+/// One frame through one program, and what its verdict allows.
+fn check(bench: &TestBench, side: Side, frame: &[u8]) -> Result<(), String> {
+    let counters = || bench.dataplane.counters().map_err(|e| format!("{e:#}"));
+    let before = counters()?;
+    let output = bench.dataplane.test_run(side, frame);
+    let moved = Moved::between(&before, &counters()?, side);
+    let output = match output {
+        Ok(output) => output,
+        Err(e) if refused_by_the_kernel(frame) && format!("{e:#}").ends_with("(os error 22)") => {
+            return moved.expect(Moved::default(), "a frame the kernel refused");
+        }
+        Err(e) => return Err(format!("{e:#}")),
+    };
+    match output.verdict {
+        Verdict::Pass if output.frame != frame => {
+            Err(format!("passed, but changed to {}", hex(&output.frame)))
+        }
+        Verdict::Pass => moved.expect(Moved::default(), "a passed frame"),
+        Verdict::Drop => moved.expect(Moved::one_drop(), "a dropped frame"),
+        Verdict::Redirect => {
+            let carried = carried_by_userspace(side, frame, bench.device_mac)
+                .ok_or("carried, but twill's userspace checks would not carry it")?;
+            if output.frame != carried.frame {
+                return Err(format!(
+                    "carried as\n  {}\nnot as\n  {}",
+                    hex(&output.frame),
+                    hex(&carried.frame)
+                ));
+            }
+            moved.expect(Moved::one_packet(carried.bytes), "a carried frame")
+        }
+        Verdict::Other(action) => Err(format!("TC action {action}, not a verdict")),
+    }
+}
+
+/// The kernel builds no skb of a frame shorter than an Ethernet header, nor of an IPv4 frame
+/// shorter than an IPv4 header: BPF_PROG_TEST_RUN refuses them with EINVAL and no program
+/// ever sees one (nor does the stack send one through a device).
+fn refused_by_the_kernel(frame: &[u8]) -> bool {
+    let ipv4 = frame.get(12..14) == Some(&ETH_IP.to_be_bytes()[..]);
+    frame.len() < FIRST_IP || (ipv4 && frame.len() < FIRST_IP + IPV4_HEADER)
+}
+
+/// How a run moved the counters: drops of every reason, and (packets, bytes) in the program's
+/// own direction and the other, in the totals and the peer's.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Moved {
+    drops: u64,
+    this_way: (u64, u64),
+    peer_this_way: (u64, u64),
+    other_way: (u64, u64),
+    peer_other_way: (u64, u64),
+}
+
+impl Moved {
+    fn between(before: &Counters, after: &Counters, side: Side) -> Moved {
+        let totals = |c: &Counters| PeerTraffic { tx: c.tx, rx: c.rx };
+        let peer = |c: &Counters| c.peers.get(&peer_subnet()).copied().unwrap_or_default();
+        let (this_way, other_way) = ways(totals(before), totals(after), side);
+        let (peer_this_way, peer_other_way) = ways(peer(before), peer(after), side);
+        let drops = after.drops.iter().zip(&before.drops);
+        Moved {
+            drops: drops.map(|((_, now), (_, was))| now - was).sum(),
+            this_way,
+            peer_this_way,
+            other_way,
+            peer_other_way,
+        }
+    }
+
+    fn one_drop() -> Moved {
+        Moved {
+            drops: 1,
+            ..Moved::default()
+        }
+    }
+
+    fn one_packet(bytes: u64) -> Moved {
+        Moved {
+            this_way: (1, bytes),
+            peer_this_way: (1, bytes),
+            ..Moved::default()
+        }
+    }
+
+    fn expect(self, want: Moved, what: &str) -> Result<(), String> {
+        if self == want {
+            return Ok(());
+        }
+        Err(format!(
+            "{what} moved the counters by {self:?}, not {want:?}"
+        ))
+    }
+}
+
+/// (packets, bytes) counted between two readings in `side`'s own direction, and the other.
+fn ways(was: PeerTraffic, now: PeerTraffic, side: Side) -> ((u64, u64), (u64, u64)) {
+    let moved = |was: Traffic, now: Traffic| (now.packets - was.packets, now.bytes - was.bytes);
+    let (tx, rx) = (moved(was.tx, now.tx), moved(was.rx, now.rx));
+    match side {
+        Side::Egress => (tx, rx),
+        Side::Ingress => (rx, tx),
+    }
+}
+
+/// A frame as it leaves a program that carries it, and the inner bytes it counts.
+struct Carried {
+    frame: Vec<u8>,
+    bytes: u64,
+}
+
+/// What twill's userspace engine would make of `frame`, the same wire's rules in Rust: the
+/// frame carried, or None if those rules do not carry it.
+fn carried_by_userspace(side: Side, frame: &[u8], device_mac: [u8; 6]) -> Option<Carried> {
+    let (ethernet, ip) = frame.split_at_checked(FIRST_IP)?;
+    if ethernet[12..] != ETH_IP.to_be_bytes() {
+        return None;
+    }
+    match side {
+        Side::Egress => encapsulated(ethernet, ip),
+        Side::Ingress => decapsulated(ethernet, ip, device_mac),
+    }
+}
+
+/// A packet for the peer's subnet with TTL left, in flannel's datagram to the peer as
+/// flanneld's socket sends it (DF, TTL 64, the network's port both ways); bytes after its
+/// total length ride along.
+fn encapsulated(ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
+    let mut packet = ip.to_vec();
+    let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
+    if !peer_subnet().contains(&view.dst_addr()) || !view.decrement_ttl() {
+        return None;
+    }
+    let len = view.total_len();
+    let mut outer = Ip::new(LOCAL, PEER, UDP);
+    outer.flags_fragment = 0x4000;
+    let mut frame = datagram(&outer, (PORT, PORT), &packet[..len]);
+    frame[..FIRST_IP].copy_from_slice(ethernet);
+    frame.extend_from_slice(&packet[len..]);
+    Some(Carried {
+        frame,
+        bytes: len as u64,
+    })
+}
+
+/// A whole, unfragmented datagram from the peer to this node's port, its UDP length its IP
+/// length's, whose payload passes the userspace engine's own inbound checks (one
+/// well-formed IPv4 packet, from inside the peer's subnet, fitting the device, TTL left): the
+/// inner packet, TTL decremented, addressed to twill's device. Bytes after the datagram's
+/// total length (a lower layer's padding) ride along, for the stack to trim as it trims any.
+fn decapsulated(ethernet: &[u8], ip: &[u8], device_mac: [u8; 6]) -> Option<Carried> {
+    let outer = Ipv4Packet::new_checked(ip).ok()?;
+    let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
+    let ours = outer.header_len() == IPV4_HEADER
+        && outer.protocol() == UDP
+        && outer.src_addr() == PEER
+        && outer.dst_addr() == LOCAL
+        && !fragment;
+    let udp = outer.payload();
+    let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
+    if !ours
+        || udp.len() < UDP_HEADER
+        || (port(0), port(2), port(4)) != (PORT, PORT, udp.len() as u16)
+    {
+        return None;
+    }
+    let mut inner = udp[UDP_HEADER..].to_vec();
+    let peers = PeerTable::new(&[PeerSpec {
+        subnet: peer_subnet(),
+        // The programs carry IPv4 only.
+        subnet6: None,
+        endpoint: SocketAddrV4::new(PEER, PORT),
+        version: 1,
+    }]);
+    let peer = peers.get(peer_subnet())?;
+    accept_inbound(&mut inner, peer, usize::from(DEVICE_MTU)).ok()?;
+    let mut frame = ethernet.to_vec();
+    frame[..6].copy_from_slice(&device_mac);
+    let bytes = inner.len() as u64;
+    frame.extend(inner);
+    frame.extend_from_slice(&ip[outer.total_len()..]);
+    Some(Carried { frame, bytes })
+}
