@@ -51,7 +51,16 @@ pub struct EngineView {
     pub name: &'static str,
     pub table: Arc<SharedTable>,
     pub stats: Arc<EngineStats>,
-    pub refresh: Option<Arc<dyn Fn() + Send + Sync>>,
+    pub refresh: Option<Arc<dyn Fn(Counted) + Send + Sync>>,
+}
+
+/// What a reader of the counters needs brought up to date.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// The totals and drops (`/metrics` without per-peer series): cheap at any size.
+    Totals,
+    /// Those and every peer's traffic (`/status`, per-peer metrics).
+    PerPeer,
 }
 
 /// The node's state as the daemon last saw it. The peer leases live here, not in a copy, so
@@ -160,11 +169,11 @@ impl NodeStatus {
         *self.engine.write().unwrap() = Some(view);
     }
 
-    /// The dataplane's view with its counters brought up to date, if there is a dataplane.
-    pub(crate) fn engine_now(&self) -> Option<EngineView> {
+    /// The dataplane's view with `counted` brought up to date, if there is a dataplane.
+    pub(crate) fn engine_now(&self, counted: Counted) -> Option<EngineView> {
         let view = self.engine.read().unwrap().clone()?;
         if let Some(refresh) = &view.refresh {
-            refresh();
+            refresh(counted);
         }
         Some(view)
     }
@@ -197,7 +206,7 @@ impl NodeStatus {
 
     fn to_json(&self) -> Value {
         let lease = self.lease.read().unwrap().clone();
-        let engine = self.engine_now();
+        let engine = self.engine_now(Counted::PerPeer);
         let peers = self.peers.read().unwrap();
         let accepted: Vec<Value> = peers
             .iter()

@@ -45,7 +45,8 @@ impl Counters {
     }
 }
 
-pub(crate) fn read(maps: &Maps, peers: &PeerSet) -> anyhow::Result<Counters> {
+/// The totals and drops alone: a few map reads whatever the number of peers.
+pub(crate) fn read_totals(maps: &Maps) -> anyhow::Result<Counters> {
     let totals = summed(
         maps.totals
             .get(&0, 0)
@@ -60,21 +61,29 @@ pub(crate) fn read(maps: &Maps, peers: &PeerSet) -> anyhow::Result<Counters> {
             .with_context(|| format!("reading the drops map ({})", reason.as_str()))?;
         drops.push((reason, per_cpu.iter().sum()));
     }
-    // Slots are handed out lowest first: reading up to the highest held one reads little else.
-    let below = peers.slots().map(|(_, slot)| slot + 1).max().unwrap_or(0);
-    let per_slot = maps.peer_traffic_below(below)?;
-    let cpus = per_slot.len() / below.max(1) as usize;
-    let mut by_peer = HashMap::with_capacity(peers.len());
-    for (subnet, slot) in peers.slots() {
-        let at = slot as usize * cpus;
-        by_peer.insert(subnet, summed(per_slot[at..at + cpus].iter()));
-    }
     Ok(Counters {
         tx: totals.tx,
         rx: totals.rx,
         drops,
-        peers: by_peer,
+        peers: HashMap::new(),
     })
+}
+
+/// [`read_totals`] and every peer's traffic.
+pub(crate) fn read(maps: &Maps, peers: &PeerSet) -> anyhow::Result<Counters> {
+    let mut counters = read_totals(maps)?;
+    // Slots are handed out lowest first: reading up to the highest held one reads little else.
+    let below = peers.slots().map(|(_, slot)| slot + 1).max().unwrap_or(0);
+    let per_slot = maps.peer_traffic_below(below)?;
+    let cpus = per_slot.len() / below.max(1) as usize;
+    counters.peers.reserve(peers.len());
+    for (subnet, slot) in peers.slots() {
+        let at = slot as usize * cpus;
+        counters
+            .peers
+            .insert(subnet, summed(per_slot[at..at + cpus].iter()));
+    }
+    Ok(counters)
 }
 
 fn summed<'a>(per_cpu: impl Iterator<Item = &'a RawTraffic>) -> PeerTraffic {

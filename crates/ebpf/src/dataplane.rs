@@ -105,6 +105,12 @@ impl Dataplane {
         self.lock().counters()
     }
 
+    /// The totals and drops without the per-peer traffic (`peers` is empty): what /metrics
+    /// needs, at the cost of a few map reads however many peers there are.
+    pub fn totals(&self) -> anyhow::Result<Counters> {
+        self.lock().totals()
+    }
+
     /// Run one of the attached programs on a crafted Ethernet frame (BPF_PROG_TEST_RUN), with
     /// the real maps and counters; nothing is sent.
     pub fn test_run(&self, side: Side, frame: &[u8]) -> anyhow::Result<TestOutput> {

@@ -62,6 +62,10 @@ impl Loaded {
         counters::read(&self.maps, &self.peers)
     }
 
+    pub fn totals(&self) -> anyhow::Result<Counters> {
+        counters::read_totals(&self.maps)
+    }
+
     /// Run one program on `frame` (an Ethernet frame) with BPF_PROG_TEST_RUN: its counters and
     /// maps are the real ones, its redirects are only reported.
     pub fn test_run(&mut self, side: Side, frame: &[u8]) -> anyhow::Result<TestOutput> {

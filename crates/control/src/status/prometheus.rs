@@ -2,7 +2,7 @@
 //! unless `--metrics-per-peer` asks for four series per peer; `twill status` has the per-peer
 //! view either way.
 
-use super::NodeStatus;
+use super::{Counted, NodeStatus};
 use crate::peers::Peers;
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
@@ -12,7 +12,11 @@ use twill_dataplane::table::SharedTable;
 impl NodeStatus {
     pub(super) fn to_prometheus(&self) -> String {
         let mut out = String::new();
-        if let Some(engine) = self.engine_now() {
+        let counted = match self.per_peer_metrics {
+            true => Counted::PerPeer,
+            false => Counted::Totals,
+        };
+        if let Some(engine) = self.engine_now(counted) {
             write_engine_totals(&mut out, &engine.stats);
             gauge(
                 &mut out,

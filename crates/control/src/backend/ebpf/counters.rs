@@ -2,7 +2,7 @@
 //! CPUs and copied into the same totals and per-peer counters the userspace engine counts into,
 //! each time status or metrics are read.
 
-use crate::status::EngineView;
+use crate::status::{Counted, EngineView};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use twill_dataplane::stats::{EngineStats, Flow};
@@ -19,12 +19,20 @@ pub fn view(
         name: "ebpf",
         table: table.clone(),
         stats: stats.clone(),
-        refresh: Some(Arc::new(move || copy(&dataplane, &into_table, &into_stats))),
+        refresh: Some(Arc::new(move |counted| {
+            copy(&dataplane, counted, &into_table, &into_stats)
+        })),
     }
 }
 
-fn copy(dataplane: &Dataplane, table: &SharedTable, stats: &EngineStats) {
-    let counters = match dataplane.counters() {
+/// A metrics scrape wants only the totals: reading 60,000 peers' per-CPU counters on every
+/// scrape would cost ~0.1 s and hold the maps' lock against the reconcile.
+fn copy(dataplane: &Dataplane, counted: Counted, table: &SharedTable, stats: &EngineStats) {
+    let read = match counted {
+        Counted::Totals => dataplane.totals(),
+        Counted::PerPeer => dataplane.counters(),
+    };
+    let counters = match read {
         Ok(counters) => counters,
         Err(e) => {
             tracing::warn!("reading the eBPF dataplane's counters: {e:#}");
@@ -38,6 +46,9 @@ fn copy(dataplane: &Dataplane, table: &SharedTable, stats: &EngineStats) {
     stats.rx_datagrams.store(counters.rx.packets, Relaxed);
     for (reason, count) in counters.drops {
         stats.set_drop_count(reason, count);
+    }
+    if counted == Counted::Totals {
+        return;
     }
     let peers = table.load();
     for peer in peers.peers().iter() {

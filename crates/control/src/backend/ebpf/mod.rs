@@ -144,6 +144,8 @@ pub struct Ebpf {
     mtu: u32,
     /// flannel's udp leases carry no port: every peer listens on the network's.
     port: u16,
+    /// Map updates since start, for status: an idle reconcile makes none.
+    writes: u64,
 }
 
 impl Ebpf {
@@ -154,7 +156,18 @@ impl Ebpf {
             stats: Arc::default(),
             mtu,
             port,
+            writes: 0,
         }
+    }
+
+    fn set(&mut self, subnet: Ipv4Net, endpoint: SocketAddrV4) -> anyhow::Result<()> {
+        self.writes += 1;
+        self.dataplane.set_peer(subnet, endpoint)
+    }
+
+    fn unset(&mut self, subnet: Ipv4Net) -> anyhow::Result<()> {
+        self.writes += 1;
+        self.dataplane.remove_peer(subnet)
     }
 
     fn spec(&self, lease: &Lease) -> PeerSpec {
@@ -177,6 +190,10 @@ impl Backend for Ebpf {
         self.mtu
     }
 
+    fn kernel_writes(&self) -> u64 {
+        self.writes
+    }
+
     fn engine_view(&self) -> Option<EngineView> {
         Some(counters::view(&self.dataplane, &self.table, &self.stats))
     }
@@ -186,12 +203,12 @@ impl Backend for Ebpf {
         self.table
             .set_peer(spec)
             .with_context(|| format!("peer {} left out", lease.subnet))?;
-        self.dataplane.set_peer(spec.subnet, spec.endpoint)
+        self.set(spec.subnet, spec.endpoint)
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
         self.table.remove_peer(lease.subnet);
-        self.dataplane.remove_peer(lease.subnet)
+        self.unset(lease.subnet)
     }
 
     /// The maps end up holding exactly the leases' peers: a restart's adopted maps, or a change
@@ -209,11 +226,11 @@ impl Backend for Ebpf {
         let present: BTreeMap<Ipv4Net, SocketAddrV4> =
             self.dataplane.peers()?.into_iter().collect();
         for subnet in present.keys().filter(|s| !wanted.contains_key(s)) {
-            self.dataplane.remove_peer(*subnet)?;
+            self.unset(*subnet)?;
         }
         for (subnet, endpoint) in &wanted {
             if present.get(subnet) != Some(endpoint) {
-                self.dataplane.set_peer(*subnet, *endpoint)?;
+                self.set(*subnet, *endpoint)?;
             }
         }
         Ok(())
