@@ -347,3 +347,72 @@ fn ebpf_with_another_backend_is_refused_in_one_line() -> Result<()> {
     );
     Ok(())
 }
+
+/// A node that may not load eBPF programs (root with CAP_NET_ADMIN alone, as setpriv leaves it):
+/// `--dataplane ebpf` fails with one line naming what is missing, and `auto` says the same and
+/// runs the TUN engine, whose traffic flows.
+#[test]
+fn without_cap_bpf_ebpf_names_what_is_missing_and_auto_runs_the_tun() -> Result<()> {
+    let mut lab = twill_lab::Lab::new(twill_lab::LabSpec {
+        hosts: 2,
+        tag: "ebpfcaps".into(),
+        ..Default::default()
+    })?;
+    for (host, subnet) in PAIR_SUBNETS.iter().enumerate() {
+        lab.host_mut(host).add_container(subnet.parse()?)?;
+    }
+    let dir = scratch()?;
+    let start = |host: usize, dataplane: &str| -> Result<twill_lab::Proc> {
+        let peer = format!(
+            "{}={}",
+            PAIR_SUBNETS[1 - host],
+            lab.host(1 - host).underlay_ip
+        );
+        let file = path_in(&dir, &format!("h{host}.env"));
+        let args = [
+            "--bounding-set=-all,+net_admin",
+            "--inh-caps=-all",
+            "--no-new-privs",
+            TWILL,
+            "run",
+            "--iface=eth0",
+            "--network=10.5.0.0/16",
+            "--subnet",
+            PAIR_SUBNETS[host],
+            "--peer",
+            &peer,
+            "--backend=udp",
+            "--dataplane",
+            dataplane,
+            "--subnet-file",
+            file.to_str().context("path")?,
+        ];
+        lab.host(host)
+            .ns
+            .spawn_with("setpriv", &args, &[("RUST_LOG", "info")])
+    };
+    let mut refused = start(0, "ebpf")?;
+    let stderr = refused.failure_within(Duration::from_secs(10), "twill kept running")?;
+    let want = "--dataplane ebpf cannot run here: not allowed to load eBPF programs: run twill \
+                as root, or with CAP_BPF and CAP_NET_ADMIN";
+    ensure!(stderr.lines().any(|l| l.ends_with(want)), "{stderr}");
+    let mut nodes = Vec::new();
+    for host in 0..2 {
+        let mut node = start(host, "auto")?;
+        wait_ready(
+            &lab.host(host).ns,
+            &mut node,
+            &path_in(&dir, &format!("h{host}.env")),
+        )?;
+        nodes.push(node);
+    }
+    let said = nodes[0].stderr();
+    ensure!(
+        said.contains("dataplane: tun (--dataplane auto; eBPF cannot run: not allowed"),
+        "{said}"
+    );
+    let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
+    tcp_transfer_intact(a, b, 4 << 20)?;
+    ensure!(status(&lab.host(0).ns)?["dataplane"] == "tun");
+    Ok(())
+}
