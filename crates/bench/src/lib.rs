@@ -8,6 +8,7 @@ mod addressing;
 mod bars;
 pub mod endpoints;
 pub mod flood;
+mod kernel_paths;
 pub mod measure;
 pub mod parse;
 pub mod paths;
