@@ -99,6 +99,14 @@ impl BpfFs {
         self.path.to_str().expect("a UTF-8 scratch path")
     }
 
+    /// [`EBPF`]'s arguments, pinning here.
+    fn ebpf_args(&self) -> Vec<&str> {
+        EBPF.iter()
+            .copied()
+            .chain(["--bpf-dir", self.arg()])
+            .collect()
+    }
+
     /// Entries left under the mount, as `find` lists them.
     fn entries(&self) -> Result<Vec<String>> {
         let mut found = Vec::new();
@@ -174,21 +182,6 @@ fn paced_stream(from: &Container, to: &Container, count: u32, gap: Duration) -> 
     })
 }
 
-/// Host 0's node again, as [`start_pair_with`] started it, with `args`.
-fn start_node_0(pair: &Pair, args: &[&str]) -> Result<twill_lab::Proc> {
-    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
-    let mut all = vec![
-        "--network",
-        "10.5.0.0/16",
-        "--subnet",
-        PAIR_SUBNETS[0],
-        "--peer",
-        &peer,
-    ];
-    all.extend_from_slice(args);
-    start_twill(pair.host(0), &all, &path_in(&pair.dir, "h0.env"))
-}
-
 /// The daemon of an eBPF node is stopped with SIGTERM and started again while datagrams flow
 /// both ways through it and a TCP transfer runs: the programs and maps, pinned, go on
 /// forwarding without it, and the new daemon adopts them.
@@ -196,11 +189,7 @@ fn start_node_0(pair: &Pair, args: &[&str]) -> Result<twill_lab::Proc> {
 fn traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
     let dir = scratch()?;
     let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
-    let args: Vec<&str> = EBPF
-        .iter()
-        .copied()
-        .chain(["--bpf-dir", bpf.arg()])
-        .collect();
+    let args = bpf.ebpf_args();
     let mut pair = start_pair_with("ebpfrestart", [&args, TUN], None)?;
     like_a_wire(&pair)?;
     ping_both_ways_with_ttl_60(&pair)?;
@@ -216,7 +205,7 @@ fn traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
         let stopped = old.stop()?;
         ensure!(stopped.success(), "SIGTERM: {stopped}\n{}", old.stderr());
         std::thread::sleep(Duration::from_millis(500));
-        let new = start_node_0(&pair, &args);
+        let new = pair.start_node(0, &args);
         Ok((
             out.join().expect("outbound stream"),
             inb.join().expect("inbound stream"),
@@ -267,11 +256,7 @@ fn counted_by_ebpf_after_restart(pair: &Pair) -> Result<()> {
 fn cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
     let dir = scratch()?;
     let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
-    let args: Vec<&str> = EBPF
-        .iter()
-        .copied()
-        .chain(["--bpf-dir", bpf.arg()])
-        .collect();
+    let args = bpf.ebpf_args();
     let mut pair = start_pair_with("ebpfclean", [&args, TUN], None)?;
     pair.nodes[0].stop()?;
     let ns = &pair.host(0).ns;
@@ -369,10 +354,7 @@ fn without_cap_bpf_ebpf_names_what_is_missing_and_auto_runs_the_tun() -> Result<
             lab.host(1 - host).underlay_ip
         );
         let file = path_in(&dir, &format!("h{host}.env"));
-        let args = [
-            "--bounding-set=-all,+net_admin",
-            "--inh-caps=-all",
-            "--no-new-privs",
+        let twill = [
             TWILL,
             "run",
             "--iface=eth0",
@@ -387,6 +369,7 @@ fn without_cap_bpf_ebpf_names_what_is_missing_and_auto_runs_the_tun() -> Result<
             "--subnet-file",
             file.to_str().context("path")?,
         ];
+        let args: Vec<&str> = NET_ADMIN_ONLY.iter().chain(&twill).copied().collect();
         lab.host(host)
             .ns
             .spawn_with("setpriv", &args, &[("RUST_LOG", "info")])

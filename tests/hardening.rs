@@ -62,10 +62,7 @@ fn runs_with_only_cap_net_admin_as_the_unit_allows() -> Result<()> {
         let peer = format!("{}={}", subnets[1 - host], lab.host(1 - host).underlay_ip);
         let file = path_in(&dir, &format!("h{host}.env"));
         let file_arg = file.to_str().context("path")?;
-        let args = [
-            "--bounding-set=-all,+net_admin",
-            "--inh-caps=-all",
-            "--no-new-privs",
+        let twill = [
             TWILL,
             "run",
             "--iface=eth0",
@@ -78,6 +75,7 @@ fn runs_with_only_cap_net_admin_as_the_unit_allows() -> Result<()> {
             "--subnet-file",
             file_arg,
         ];
+        let args: Vec<&str> = NET_ADMIN_ONLY.iter().chain(&twill).copied().collect();
         let ns = &lab.host(host).ns;
         let mut node = ns.spawn_with("setpriv", &args, &[("RUST_LOG", "info")])?;
         wait_ready(ns, &mut node, &file)?;

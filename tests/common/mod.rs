@@ -16,6 +16,13 @@ use twill_lab::{Container, Host, Lab, LabSpec, Netns, Proc};
 
 pub const TWILL: &str = env!("CARGO_BIN_EXE_twill");
 
+/// `setpriv` arguments that run the command after them as root with CAP_NET_ADMIN alone.
+pub const NET_ADMIN_ONLY: [&str; 3] = [
+    "--bounding-set=-all,+net_admin",
+    "--inh-caps=-all",
+    "--no-new-privs",
+];
+
 /// Start `twill run ARGS` on a host and wait until its status endpoint answers.
 pub fn start_twill(host: &Host, args: &[&str], subnet_file: &Path) -> Result<Proc> {
     start_twill_with_env(host, args, &[], subnet_file)
@@ -210,8 +217,14 @@ impl Pair {
 
     /// Start host `i`'s node again, after it stopped or was killed, with `args`.
     pub fn restart(&mut self, i: usize, args: &[&str]) -> Result<()> {
-        self.nodes[i] = start_pair_node(&self.lab, &self.dir, i, args, None)?;
+        self.nodes[i] = self.start_node(i, args)?;
         Ok(())
+    }
+
+    /// Host `i`'s node as [`start_pair_with`] starts it, with `args`; the caller keeps it (a
+    /// test that starts it while its containers are in use).
+    pub fn start_node(&self, i: usize, args: &[&str]) -> Result<Proc> {
+        start_pair_node(&self.lab, &self.dir, i, args, None)
     }
 }
 
