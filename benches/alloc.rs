@@ -10,9 +10,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
 use std::cell::Cell;
 use std::io::{Read, Write};
-use std::net::{
-    IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket,
-};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -152,11 +150,12 @@ impl Node {
     fn start(lab: &Lab, kind: EngineKind, i: usize) -> Node {
         let (host, peer) = (lab.host(i), lab.host(1 - i));
         let port = kind.default_port();
+        let bind = SocketAddr::from((host.underlay_ip, port));
         let config = EngineConfig {
             kind,
             tun: TunConfig {
                 name: "twill0".into(),
-                mtu: 1500 - kind.overhead() as u16,
+                mtu: 1500 - kind.overhead(bind.ip()) as u16,
                 address: subnet(i).addr(),
                 offload: true,
                 queues: 1,
@@ -164,7 +163,7 @@ impl Node {
             },
             subnet: subnet(i),
             subnet6: Some(subnet6(i)),
-            bind: SocketAddrV4::new(host.underlay_ip, port),
+            bind,
             socket_buffer: DEFAULT_SOCKET_BUFFER,
         };
         // The engine's threads are spawned here, inside the host's namespace.
@@ -180,7 +179,7 @@ impl Node {
         engine.table().set_peers(&[PeerSpec {
             subnet: subnet(1 - i).trunc(),
             subnet6: Some(subnet6(1 - i)),
-            endpoint: SocketAddrV4::new(peer.underlay_ip, port),
+            endpoint: SocketAddr::from((peer.underlay_ip, port)),
             version: batch::HIGHEST_VERSION,
         }]);
         Node {

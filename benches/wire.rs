@@ -16,7 +16,7 @@ use ipnet::Ipv4Net;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 use twill_dataplane::engine;
 use twill_dataplane::io::gro::{Coalescer, Merge};
@@ -89,8 +89,8 @@ fn subnet(i: u32) -> Ipv4Net {
     Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).expect("valid prefix")
 }
 
-fn endpoint(i: u32) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from(0xc0a8_0000 | i), flannel::DEFAULT_PORT)
+fn endpoint(i: u32) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::from(0xc0a8_0000 | i), flannel::DEFAULT_PORT))
 }
 
 fn host(i: u32, last_octet: u8) -> SocketAddrV4 {
@@ -140,7 +140,7 @@ fn encap(packet: &mut [u8], table: &PeerTable) -> Option<(usize, usize)> {
 }
 
 /// The udp engine's own checks on a datagram before it goes to TUN.
-fn decap(datagram: &mut [u8], from: SocketAddrV4, table: &PeerTable) -> bool {
+fn decap(datagram: &mut [u8], from: SocketAddr, table: &PeerTable) -> bool {
     table
         .by_endpoint(from)
         .is_some_and(|peer| engine::accept_inbound(datagram, peer, MTU).is_ok())

@@ -1,7 +1,7 @@
 //! Dual-stack networks end to end: two twill nodes on real etcd in a lab with an IPv4 and an
 //! IPv6 underlay, dual-stack containers reaching each other over both families. The kernel
 //! backends carry IPv6 over the IPv6 underlay; the userspace ones (udp, twill-batch) carry both
-//! families over the IPv4 underlay, as their datagrams always go.
+//! families over the IPv4 underlay, or over the IPv6 one with `Backend.Underlay` "ipv6".
 
 mod common;
 
@@ -12,8 +12,13 @@ use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
 fn config(backend: &str) -> String {
+    config_over(backend, "ipv4")
+}
+
+/// A dual-stack network of `backend` whose datagrams go over `underlay` (udp, twill-batch).
+fn config_over(backend: &str, underlay: &str) -> String {
     format!(
-        r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{{"Type":"{backend}"}}}}"#
+        r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{{"Type":"{backend}","Underlay":"{underlay}"}}}}"#
     )
 }
 
@@ -24,7 +29,18 @@ fn two_dual_stack_nodes_carry_both_families(
     backend: &str,
     mode: RouteMode,
 ) -> Result<()> {
-    let mut c = dual_stack_cluster(tag, 2, &config(backend))?;
+    let c = dual_stack_cluster(tag, 2, &config(backend))?;
+    carries_both_families(c, backend, mode, |_| Ok(()))
+}
+
+/// The test of [`two_dual_stack_nodes_carry_both_families`] on `c`, with `check` run once
+/// both nodes know their peer.
+fn carries_both_families(
+    mut c: Cluster,
+    backend: &str,
+    mode: RouteMode,
+    check: impl Fn(&Cluster) -> Result<()>,
+) -> Result<()> {
     let _nodes = [
         c.start_with_env(0, mode.env())?,
         c.start_with_env(1, mode.env())?,
@@ -32,6 +48,7 @@ fn two_dual_stack_nodes_carry_both_families(
     eventually("peers known", || {
         Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
     })?;
+    check(&c)?;
     leases_have_flanneld_shape(&c, backend)?;
     c.add_dual_stack_container(0)?;
     c.add_dual_stack_container(1)?;
@@ -173,6 +190,44 @@ fn udp_carries_a_dual_stack_network_over_the_ipv4_underlay() -> Result<()> {
 #[test]
 fn twill_batch_carries_a_dual_stack_network_over_the_ipv4_underlay() -> Result<()> {
     two_dual_stack_nodes_carry_both_families("dsbat", "twill-batch", RouteMode::Nexthops)
+}
+
+/// With `Backend.Underlay` "ipv6" the engines bind their socket on the interface's IPv6 address
+/// and send to peers' PublicIPv6. To prove no datagram takes IPv4, both hosts drop IPv4
+/// datagrams to the engine's port before the nodes start; both families still arrive intact.
+fn over_the_ipv6_underlay(tag: &str, backend: &str, port: u16) -> Result<()> {
+    let c = dual_stack_cluster(tag, 2, &config_over(backend, "ipv6"))?;
+    for host in 0..2 {
+        let ns = &c.lab.host(host).ns;
+        ns.exec("nft", &["add", "table", "ip", "nov4"])?;
+        ns.exec(
+            "nft",
+            &["add chain ip nov4 in { type filter hook input priority 0; }"],
+        )?;
+        ns.exec(
+            "nft",
+            &[&format!("add rule ip nov4 in udp dport {port} drop")],
+        )?;
+    }
+    carries_both_families(c, backend, RouteMode::Nexthops, |c| {
+        for host in 0..2 {
+            let bound = c.lab.host(host).ns.exec("ss", &["-u", "-l", "-n", "-H"])?;
+            let on_ipv6 = bound.contains(&format!("[fd00:200::{}]:{port}", host + 1));
+            let on_ipv4 = bound.contains(&format!("10.200.0.{}:{port}", host + 1));
+            ensure!(on_ipv6 && !on_ipv4, "host {host}'s sockets: {bound}");
+        }
+        Ok(())
+    })
+}
+
+#[test]
+fn udp_carries_a_dual_stack_network_over_the_ipv6_underlay() -> Result<()> {
+    over_the_ipv6_underlay("dsudp6", "udp", 8285)
+}
+
+#[test]
+fn twill_batch_carries_a_dual_stack_network_over_the_ipv6_underlay() -> Result<()> {
+    over_the_ipv6_underlay("dsbat6", "twill-batch", 8286)
 }
 
 /// A userspace node answers IPv6 it cannot forward as a router does, from its TUN's IPv6

@@ -8,7 +8,7 @@ mod common;
 
 use anyhow::{Context, Result};
 use common::cluster::*;
-use common::hostile6::{self, fake_dual_stack_peer, malformed6, Fake6, FAKE_SUBNET6};
+use common::hostile6::{self, fake_dual_stack_peer, malformed6, Fake6, Underlay, FAKE_SUBNET6};
 use common::*;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -217,7 +217,26 @@ fn ipv6_attack(fake: &Fake6) -> Result<[Vec<u8>; 6]> {
 
 #[test]
 fn hostile_ipv6_datagrams_on_the_udp_port_are_counted_and_never_delivered() -> Result<()> {
-    let fake = fake_dual_stack_peer("h6udp", "udp", "")?;
+    udp_port_ipv6_attack("h6udp", Underlay::Ipv4)
+}
+
+#[test]
+fn over_the_ipv6_underlay_hostile_udp_datagrams_are_counted_and_never_delivered() -> Result<()> {
+    udp_port_ipv6_attack("h6udp6", Underlay::Ipv6)
+}
+
+#[test]
+fn hostile_ipv6_records_on_the_batch_port_are_counted_and_never_delivered() -> Result<()> {
+    batch_port_ipv6_attack("h6bat", Underlay::Ipv4)
+}
+
+#[test]
+fn over_the_ipv6_underlay_hostile_batch_records_are_counted_and_never_delivered() -> Result<()> {
+    batch_port_ipv6_attack("h6bat6", Underlay::Ipv6)
+}
+
+fn udp_port_ipv6_attack(tag: &str, underlay: Underlay) -> Result<()> {
+    let fake = fake_dual_stack_peer(tag, "udp", "", underlay)?;
     let packets = ipv6_attack(&fake)?;
     let mut datagrams: Vec<(Vec<u8>, bool)> = packets.iter().map(|p| (p.clone(), true)).collect();
     datagrams.push((packets[5].clone(), false));
@@ -225,10 +244,9 @@ fn hostile_ipv6_datagrams_on_the_udp_port_are_counted_and_never_delivered() -> R
     fake.attack(8285, &datagrams, &expected, 1)
 }
 
-#[test]
-fn hostile_ipv6_records_on_the_batch_port_are_counted_and_never_delivered() -> Result<()> {
+fn batch_port_ipv6_attack(tag: &str, underlay: Underlay) -> Result<()> {
     let batch = r#","BackendType":"twill-batch","BackendData":{"Port":8286,"Version":1}"#;
-    let fake = fake_dual_stack_peer("h6bat", "twill-batch", batch)?;
+    let fake = fake_dual_stack_peer(tag, "twill-batch", batch, underlay)?;
     let packets = ipv6_attack(&fake)?;
     let records: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
     let other: ipnet::Ipv4Net = "10.5.250.0/24".parse()?;

@@ -212,7 +212,7 @@ fn mmsg(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
 /// twill's own socket: one sendmsg with UDP_SEGMENT carries the burst, and with UDP_GRO the
 /// receiver gets it back as one train in one recvmsg.
 fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
-    let bind = || UdpIo::bind(LOOPBACK, DEFAULT_SOCKET_BUFFER).expect("bind UdpIo");
+    let bind = || UdpIo::bind(LOOPBACK.into(), DEFAULT_SOCKET_BUFFER).expect("bind UdpIo");
     let (tx, rx) = sandbox.open(|| (bind(), bind()));
     let to = local_v4(rx.local_addr());
     let rx = {
@@ -230,7 +230,7 @@ fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
             sandbox.rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    tx.send(to, &train, size).expect("GSO send");
+                    tx.send(to.into(), &train, size).expect("GSO send");
                     let mut received = 0;
                     while received < BURST {
                         rx.recv(&mut batch).await.expect("GRO recv");

@@ -1,14 +1,15 @@
 //! The IPv6 side of the hostile suite: a dual-stack network of two twill nodes, a dual-stack
 //! fake peer that host 0 accepts, and hand-made IPv6 datagrams sent to host 0 from the fake
-//! peer's endpoint or a stranger's. Each is counted under its reason, and only the one good
-//! packet reaches host 0's container (a socket there counts what arrives).
+//! peer's endpoint or a stranger's, over the IPv4 underlay or (with `Backend.Underlay` "ipv6")
+//! the IPv6 one. Each is counted under its reason, and only the one good packet reaches host
+//! 0's container (a socket there counts what arrives).
 
 use super::cluster::{dual_stack_cluster, Cluster, PREFIX};
 use super::{eventually, status, tcp_transfer6_intact};
 use anyhow::{ensure, Context, Result};
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
-use std::net::{Ipv6Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 use twill_dataplane::wire::checksum;
 use twill_dataplane::wire::ipv6::{Ipv6Repr, NEXT_HEADER_UDP};
@@ -17,6 +18,8 @@ use twill_lab::Proc;
 /// The fake peer's underlay address (on host 1's eth0) and its IPv6 subnet: far above the
 /// first 100 /64s of fd10::/56 a node draws its own from.
 pub const FAKE_IP: &str = "10.200.0.3";
+/// The fake peer's PublicIPv6, on host 1's eth0 too.
+pub const FAKE_IPV6: &str = "fd00:200::3";
 pub const FAKE_SUBNET6: &str = "fd10:0:0:ff::/64";
 /// Where the good packets go in host 0's container.
 const PORT: u16 = 5001;
@@ -29,13 +32,31 @@ pub struct Fake6 {
     pub subnet: Ipv4Net,
     /// Host 0's container's IPv6 address: every packet is sent to it.
     pub target: Ipv6Addr,
+    /// The network's `Backend.Underlay`: which of the fake's addresses datagrams come from.
+    underlay: Underlay,
+}
+
+/// The family of the network's underlay (`Backend.Underlay`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Underlay {
+    Ipv4,
+    Ipv6,
 }
 
 /// Start two `backend` nodes on a dual-stack network, write the fake peer's lease and wait
 /// until host 0 has it.
-pub fn fake_dual_stack_peer(tag: &str, backend: &str, lease_fields: &str) -> Result<Fake6> {
+pub fn fake_dual_stack_peer(
+    tag: &str,
+    backend: &str,
+    lease_fields: &str,
+    underlay: Underlay,
+) -> Result<Fake6> {
+    let family = match underlay {
+        Underlay::Ipv4 => "ipv4",
+        Underlay::Ipv6 => "ipv6",
+    };
     let config = format!(
-        r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{{"Type":"{backend}"}}}}"#
+        r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{{"Type":"{backend}","Underlay":"{family}"}}}}"#
     );
     let mut c = dual_stack_cluster(tag, 2, &config)?;
     let nodes = [c.start(0)?, c.start(1)?];
@@ -47,7 +68,7 @@ pub fn fake_dual_stack_peer(tag: &str, backend: &str, lease_fields: &str) -> Res
         subnet.prefix_len(),
         FAKE_SUBNET6.replace('/', "-")
     );
-    let lease = format!(r#"{{"PublicIP":"{FAKE_IP}","PublicIPv6":"fd00:200::3"{lease_fields}}}"#);
+    let lease = format!(r#"{{"PublicIP":"{FAKE_IP}","PublicIPv6":"{FAKE_IPV6}"{lease_fields}}}"#);
     c.etcd.etcdctl(&["put", &key, &lease])?;
     eventually("host 0 takes the fake peer", || {
         Ok(c.peer_subnets(0)?.len() == 2)
@@ -59,11 +80,14 @@ pub fn fake_dual_stack_peer(tag: &str, backend: &str, lease_fields: &str) -> Res
         .host(1)
         .ns
         .ip(&["addr", "add", &format!("{FAKE_IP}/24"), "dev", "eth0"])?;
+    let ipv6 = format!("{FAKE_IPV6}/64");
+    (c.lab.host(1).ns).ip(&["-6", "addr", "add", &ipv6, "dev", "eth0", "nodad"])?;
     Ok(Fake6 {
         cluster: c,
         _nodes: nodes,
         subnet,
         target,
+        underlay,
     })
 }
 
@@ -79,14 +103,21 @@ impl Fake6 {
         delivered: usize,
     ) -> Result<()> {
         let (host0, host1) = (&self.cluster.lab.host(0), &self.cluster.lab.host(1));
-        let to = SocketAddrV4::new(host0.underlay_ip, port);
+        let (to, from): (IpAddr, IpAddr) = match self.underlay {
+            Underlay::Ipv4 => (host0.underlay_ip.into(), FAKE_IP.parse()?),
+            Underlay::Ipv6 => (
+                host0.underlay_ipv6.context("IPv6 underlay")?.into(),
+                FAKE_IPV6.parse()?,
+            ),
+        };
+        let to = SocketAddr::new(to, port);
         let container = self.cluster.container(0);
         let arrived = std::thread::scope(|s| -> Result<usize> {
             let receiver = s.spawn(|| container.ns.enter(|| count_arrivals(self.target)));
             std::thread::sleep(Duration::from_millis(200));
             host1.ns.enter(|| -> Result<()> {
-                let peer = UdpSocket::bind((FAKE_IP, port))?;
-                let stranger = UdpSocket::bind((FAKE_IP, 40000))?;
+                let peer = UdpSocket::bind((from, port))?;
+                let stranger = UdpSocket::bind((from, 40000))?;
                 for (datagram, from_peer) in datagrams {
                     let socket = if *from_peer { &peer } else { &stranger };
                     socket.send_to(datagram, to)?;

@@ -32,7 +32,7 @@ fn peer(index: u32, subnet6: Option<Ipv6Net>) -> PeerSpec {
     PeerSpec {
         subnet: Ipv4Net::new((0x0a05_0000 + (index << 8)).into(), 24).unwrap(),
         subnet6,
-        endpoint: SocketAddrV4::new((0xc000_0200 + index).into(), 8285),
+        endpoint: SocketAddrV4::new((0xc000_0200 + index).into(), 8285).into(),
         version: 1,
     }
 }

@@ -415,7 +415,7 @@ fn decapsulated(ethernet: &[u8], ip: &[u8], device_mac: [u8; 6]) -> Option<Carri
         subnet: peer_subnet(),
         // The programs carry IPv4 only.
         subnet6: None,
-        endpoint: SocketAddrV4::new(PEER, PORT),
+        endpoint: SocketAddrV4::new(PEER, PORT).into(),
         version: 1,
     }]);
     let peer = peers.get(peer_subnet())?;

@@ -4,16 +4,18 @@
 //! Like flanneld's udp backend, the TUN gets the lease's network address as a /32 and one route
 //! for the whole network, so the kernel hands every packet for another host's subnet to us. On a
 //! dual-stack network the IPv6 side is the same: the IPv6 subnet's network address as a /128,
-//! and one route for the IPv6Network. The underlay stays IPv4: flanneld's udp backend has no
-//! IPv6 at all, and twill-batch could use PublicIPv6 one day but does not yet.
+//! and one route for the IPv6Network. Datagrams go over IPv4 (to peers' PublicIP), as flanneld's
+//! udp backend, which has no IPv6 at all, sends them; on a dual-stack network with
+//! `Backend.Underlay` "ipv6" they go to peers' PublicIPv6 instead.
 
 use super::{Backend, Setup};
+use crate::config::Underlay;
 use crate::host::{self, Interface};
 use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::TunConfig;
@@ -39,6 +41,7 @@ pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAtt
 pub struct UserspaceSetup {
     kind: EngineKind,
     port: u16,
+    underlay: Underlay,
     /// Everything of the engine's config but the subnet.
     engine: EngineConfig,
     network: Ipv4Net,
@@ -59,7 +62,9 @@ impl UserspaceSetup {
                 kind.default_port()
             );
         }
-        let (iface, overhead) = (&node.iface, Overhead::same(kind.overhead()));
+        let underlay = node.config.backend.underlay;
+        let local = bind_address(node, underlay)?;
+        let (iface, overhead) = (&node.iface, Overhead::same(kind.overhead(local)));
         let mtu = tun_mtu(options.mtu, iface.mtu, &mtu_source(iface), overhead)?;
         let engine = EngineConfig {
             kind,
@@ -73,12 +78,13 @@ impl UserspaceSetup {
                 queues: options.queues,
                 tx_queue_len: options.tun_tx_queue_len,
             },
-            bind: SocketAddrV4::new(node.iface.address, port),
+            bind: SocketAddr::new(local, port),
             socket_buffer: options.udp_buffer,
         };
         Ok(UserspaceSetup {
             kind,
             port,
+            underlay,
             engine,
             network: node.config.network,
             ipv6: node
@@ -88,6 +94,22 @@ impl UserspaceSetup {
                 .map(|v6| v6.network)
                 .zip(node.public_ipv6),
         })
+    }
+}
+
+/// Where the engine's socket binds: the interface's address of the underlay's family, as
+/// flanneld binds its udp socket to the interface's IPv4 address. An interface without a
+/// usable IPv6 address leaves the PublicIPv6 (`--public-ipv6`), which must then be local.
+fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
+    match underlay {
+        Underlay::Ipv4 => Ok(node.iface.address.into()),
+        Underlay::Ipv6 => match host::ipv6_address(&node.iface.name)?.or(node.public_ipv6) {
+            Some(ip) => Ok(ip.into()),
+            None => bail!(
+                "Backend.Underlay is ipv6, but this node has no IPv6 address to send from:                  give interface {} a global or unique-local IPv6 address, or --public-ipv6",
+                node.iface.name
+            ),
+        },
     }
 }
 
@@ -169,7 +191,7 @@ impl Setup for UserspaceSetup {
         if let Some((network6, _)) = self.ipv6 {
             host::route_network_to(network6, dev).await?;
         }
-        Ok(Userspace::new(engine, self.kind, self.port))
+        Ok(Userspace::new(engine, self.kind, self.port, self.underlay))
     }
 }
 
@@ -182,30 +204,43 @@ pub struct Userspace {
     mtu: u32,
     /// The port peers listen on when their lease does not say (flannel leases never do).
     default_port: u16,
+    underlay: Underlay,
 }
 
 impl Userspace {
-    pub fn new(engine: Engine, kind: EngineKind, default_port: u16) -> Userspace {
+    pub fn new(
+        engine: Engine,
+        kind: EngineKind,
+        default_port: u16,
+        underlay: Underlay,
+    ) -> Userspace {
         Userspace {
             kind,
             table: engine.table().clone(),
             mtu: u32::from(engine.mtu()),
             engine,
             default_port,
+            underlay,
         }
     }
 
-    fn spec(&self, lease: &Lease) -> PeerSpec {
+    /// The peer a lease describes; `None` for a lease with no address of the underlay's
+    /// family, which the lease gate refuses before it gets here.
+    fn spec(&self, lease: &Lease) -> Option<PeerSpec> {
         let fields = lease.backend_data.as_ref().and_then(BackendData::fields);
         let field = |name: &str| fields.as_ref()?.get(name)?.as_u64();
         let port = field("Port").and_then(|p| u16::try_from(p).ok());
         let version = field("Version").and_then(|v| u8::try_from(v).ok());
-        PeerSpec {
+        let address: IpAddr = match self.underlay {
+            Underlay::Ipv4 => lease.public_ip.into(),
+            Underlay::Ipv6 => lease.public_ipv6?.into(),
+        };
+        Some(PeerSpec {
             subnet: lease.subnet,
             subnet6: lease.ipv6_subnet,
-            endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(self.default_port)),
+            endpoint: SocketAddr::new(address, port.unwrap_or(self.default_port)),
             version: version.unwrap_or(batch::VERSION),
-        }
+        })
     }
 }
 
@@ -227,7 +262,13 @@ impl Backend for Userspace {
 
     /// Only leases of this backend's type arrive here: the lease gate refuses the others.
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        let set = self.table.set_peer(self.spec(lease));
+        let Some(spec) = self.spec(lease) else {
+            bail!(
+                "peer {} left out: its lease names no PublicIPv6",
+                lease.subnet
+            );
+        };
+        let set = self.table.set_peer(spec);
         set.with_context(|| format!("peer {} left out", lease.subnet))
     }
 
@@ -237,7 +278,7 @@ impl Backend for Userspace {
     }
 
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
-        let specs: Vec<PeerSpec> = leases.iter().map(|l| self.spec(l)).collect();
+        let specs: Vec<PeerSpec> = leases.iter().filter_map(|l| self.spec(l)).collect();
         self.table.set_peers(&specs);
         Ok(())
     }

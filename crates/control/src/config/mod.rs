@@ -6,8 +6,10 @@
 //! The IPv6 half (`EnableIPv6`, `IPv6Network`, ...) is read and checked in [`ipv6`].
 
 mod ipv6;
+mod underlay;
 
 pub use ipv6::Ipv6Config;
+pub use underlay::Underlay;
 
 use ipnet::Ipv4Net;
 use ipv6::Ipv6Fields;
@@ -43,6 +45,8 @@ pub struct BackendConfig {
     pub vni: Option<u32>,
     pub direct_routing: bool,
     pub mtu: Option<u32>,
+    /// `Underlay` (twill's): the family udp and twill-batch datagrams go over.
+    pub underlay: Underlay,
     /// The `Backend` object as found (`Value::Null` when absent), so a backend can read fields
     /// that this module does not know about.
     pub raw: Value,
@@ -151,7 +155,10 @@ impl Config {
                 v6.subnet_len,
                 DUAL_STACK_BACKENDS.join(", ")
             )),
-            _ => Ok(config),
+            _ => {
+                (config.backend.underlay).check(backend, config.ipv6.is_some())?;
+                Ok(config)
+            }
         }
     }
 
@@ -240,6 +247,7 @@ impl BackendConfig {
             vni: number_field(obj, "VNI")?,
             direct_routing: bool_field(obj, "DirectRouting")?.unwrap_or(false),
             mtu: number_field(obj, "MTU")?,
+            underlay: Underlay::read(obj)?,
             raw: raw.clone(),
         })
     }
@@ -251,6 +259,7 @@ impl BackendConfig {
             vni: None,
             direct_routing: false,
             mtu: None,
+            underlay: Underlay::Ipv4,
             raw: Value::Null,
         }
     }
@@ -268,6 +277,7 @@ impl std::fmt::Debug for BackendConfig {
             .field("vni", &self.vni)
             .field("direct_routing", &self.direct_routing)
             .field("mtu", &self.mtu)
+            .field("underlay", &self.underlay)
             .field("raw", &raw)
             .finish()
     }

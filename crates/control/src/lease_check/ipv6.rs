@@ -4,7 +4,7 @@
 //! IPv4 one, in [`super::admit_keyed`].
 
 use super::Rejection;
-use crate::config::Ipv6Config;
+use crate::config::{Ipv6Config, Underlay};
 use crate::lease::Lease;
 use ipnet::Ipv6Net;
 use std::net::Ipv6Addr;
@@ -17,15 +17,19 @@ pub struct Ipv6Rules {
     pub subnet_len: u8,
     pub own_subnet: Option<Ipv6Net>,
     pub own_public_ip: Option<Ipv6Addr>,
+    /// The network's datagrams go over IPv6 (`Backend.Underlay`): a peer is reached only at
+    /// its PublicIPv6, so a lease must name one.
+    pub needs_public_ip: bool,
 }
 
 impl Ipv6Rules {
-    pub(super) fn new(config: &Ipv6Config, own: &Lease) -> Ipv6Rules {
+    pub(super) fn new(config: &Ipv6Config, underlay: Underlay, own: &Lease) -> Ipv6Rules {
         Ipv6Rules {
             network: config.network,
             subnet_len: config.subnet_len,
             own_subnet: own.ipv6_subnet,
             own_public_ip: own.public_ipv6,
+            needs_public_ip: underlay == Underlay::Ipv6,
         }
     }
 
@@ -47,6 +51,7 @@ impl Ipv6Rules {
         }
         match lease.public_ipv6 {
             Some(ip) => check_public_ipv6(ip, self.own_public_ip),
+            None if self.needs_public_ip => Err(Rejection::NoPublicIpv6),
             None => Ok(()),
         }
     }
@@ -184,6 +189,24 @@ mod tests {
             let got = rules().check(&lease).expect_err(want).to_string();
             assert!(got.contains(want), "{lease:?}: got {got:?}, want {want:?}");
         }
+    }
+
+    #[test]
+    fn over_an_ipv6_underlay_a_lease_without_public_ipv6_is_refused() {
+        let config = Config::from_json(
+            r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48",
+                "Backend":{"Type":"udp","Underlay":"ipv6"}}"#,
+        )
+        .unwrap();
+        let rules = LeaseRules::new(&config, &lease(1, "fd10:0:0:1::/64", Some("fd00::1")));
+        let reachable = lease(2, "fd10:0:0:2::/64", Some("fd00::2"));
+        assert_eq!(rules.check(&reachable), Ok(()));
+        let got = rules.check(&lease(2, "fd10:0:0:2::/64", None));
+        assert_eq!(got, Err(Rejection::NoPublicIpv6));
+        assert!(got
+            .unwrap_err()
+            .to_string()
+            .contains("names no PublicIPv6, and this network's Backend.Underlay is ipv6"));
     }
 
     #[test]

@@ -72,6 +72,8 @@ pub enum Rejection {
         ip: Ipv6Addr,
         why: &'static str,
     },
+    /// It names no PublicIPv6, and this network's datagrams go over IPv6 (`Backend.Underlay`).
+    NoPublicIpv6,
 }
 
 impl fmt::Display for Rejection {
@@ -124,6 +126,11 @@ impl fmt::Display for Rejection {
             Rejection::UnusablePublicIpv6 { ip, why } => {
                 write!(f, "its PublicIPv6 {ip} is {why}, not a host's address")
             }
+            Rejection::NoPublicIpv6 => write!(
+                f,
+                "it names no PublicIPv6, and this network's Backend.Underlay is ipv6: there is \
+                 no address to send its datagrams to"
+            ),
         }
     }
 }
@@ -155,7 +162,7 @@ impl LeaseRules {
             own_public_ip: own.public_ip,
             own_key: wireguard_key(own),
             backend_type: own.backend_type.clone(),
-            ipv6: config.ipv6.as_ref().map(|v6| Ipv6Rules::new(v6, own)),
+            ipv6: (config.ipv6.as_ref()).map(|v6| Ipv6Rules::new(v6, config.backend.underlay, own)),
         }
     }
 

@@ -146,7 +146,7 @@ mod tests {
             .map(|i| PeerSpec {
                 subnet: ipnet::Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 + (i << 8)), 24).unwrap(),
                 subnet6: None,
-                endpoint: SocketAddrV4::new(Ipv4Addr::from(0xc612_0000 + i), 8285),
+                endpoint: SocketAddrV4::new(Ipv4Addr::from(0xc612_0000 + i), 8285).into(),
                 version: 1,
             })
             .collect();

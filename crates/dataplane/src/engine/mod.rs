@@ -12,7 +12,7 @@ mod train;
 pub mod udp;
 pub mod wireguard;
 
-use crate::io::udp::SendError;
+use crate::io::udp::{udp_ip_headers, SendError};
 use crate::io::{Tun, TunConfig, TunReader, TunWriter, UdpIo};
 use crate::log_limit::LogLimit;
 use crate::stats::{DropReason, DropTally, EngineStats};
@@ -26,7 +26,7 @@ use crate::wire::{self, flannel, WireError};
 use directions::{Direction, Directions, Ended};
 use ipnet::{Ipv4Net, Ipv6Net};
 use path_mtu::PathMtu;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,12 +49,14 @@ impl EngineKind {
         }
     }
 
-    /// Bytes the underlay and the format add to a packet sent alone: TUN MTU = underlay - this.
-    pub fn overhead(self) -> usize {
-        match self {
+    /// Bytes the underlay (of `underlay`'s family) and the format add to a packet sent alone:
+    /// TUN MTU = underlay MTU - this. The wire's constants count an IPv4 underlay.
+    pub fn overhead(self, underlay: IpAddr) -> usize {
+        let over_ipv4 = match self {
             EngineKind::FlannelUdp => flannel::OVERHEAD,
             EngineKind::Batch { .. } => wire::batch::OVERHEAD,
-        }
+        };
+        over_ipv4 - udp_ip_headers(Ipv4Addr::UNSPECIFIED.into()) + udp_ip_headers(underlay)
     }
 }
 
@@ -67,8 +69,8 @@ pub struct EngineConfig {
     /// The lease's IPv6 subnet on a dual-stack network: its network address goes on the TUN,
     /// as the IPv4 one does, and is the source of twill's ICMPv6 errors.
     pub subnet6: Option<Ipv6Net>,
-    /// Where to bind; peers send to this port on our public IP.
-    pub bind: SocketAddrV4,
+    /// Where to bind; peers send to this port on our public IP (IPv4) or PublicIPv6 (IPv6).
+    pub bind: SocketAddr,
     /// Send and receive buffer of the UDP socket, bytes each.
     pub socket_buffer: usize,
 }
@@ -92,7 +94,7 @@ impl Engine {
             config.subnet6.map(|s| s.network()),
             config.bind,
             config.socket_buffer,
-            config.kind.overhead(),
+            config.kind.overhead(config.bind.ip()),
             |tun, io| match config.kind {
                 EngineKind::FlannelUdp => udp::directions(tun, io),
                 EngineKind::Batch { delay } => batch::directions(tun, io, config.subnet, delay),
@@ -106,7 +108,7 @@ impl Engine {
     pub(crate) fn launch(
         config: &TunConfig,
         address6: Option<Ipv6Addr>,
-        bind: SocketAddrV4,
+        bind: SocketAddr,
         socket_buffer: usize,
         overhead: usize,
         directions: impl FnOnce(&Arc<Tun>, &Shared) -> std::io::Result<Vec<Direction>>,
@@ -123,7 +125,7 @@ impl Engine {
             mtu,
             own: config.address,
             own6: address6,
-            path: Arc::new(PathMtu::new(mtu + overhead)),
+            path: Arc::new(PathMtu::new(mtu + overhead, udp_ip_headers(bind.ip()))),
             overhead,
         };
         let directions = directions(&tun, &io)?;
@@ -183,12 +185,7 @@ impl Shared {
     /// Send a train. A send refused as too big first teaches the path MTU what the route allows
     /// now (a GSO train over the device MTU is refused with EINVAL rather than EMSGSIZE); the
     /// caller counts what was lost.
-    pub fn send(
-        &self,
-        dst: SocketAddrV4,
-        datagrams: &[u8],
-        segment: usize,
-    ) -> Result<(), SendError> {
+    pub fn send(&self, dst: SocketAddr, datagrams: &[u8], segment: usize) -> Result<(), SendError> {
         let result = self.udp.send(dst, datagrams, segment);
         if let Err(e) = &result {
             if matches!(e.error.raw_os_error(), Some(libc::EMSGSIZE | libc::EINVAL)) {
@@ -372,7 +369,7 @@ pub(crate) fn counted_tun_read(
 
 /// Count and log the datagrams of a send the kernel refused. Logged at warn with the errno and
 /// the peer, at most once a second, so a refusing kernel shows at once without a line per packet.
-pub(crate) fn send_failed(dst: SocketAddrV4, e: &SendError, lost: usize, drops: &mut DropTally) {
+pub(crate) fn send_failed(dst: SocketAddr, e: &SendError, lost: usize, drops: &mut DropTally) {
     static LOG: LogLimit = LogLimit::per_second();
     let reason = match e.error.raw_os_error() {
         Some(libc::EMSGSIZE) => DropReason::TooBig,

@@ -8,13 +8,13 @@ use super::directions::Direction;
 use super::{
     accept_inbound, flush_tun, next_tun_batch, route_outbound, send_failed, write_to_tun, Shared,
 };
-use crate::io::udp::{sender_v4, SendError};
+use crate::io::udp::{sender, SendError};
 use crate::io::{RecvBatch, Tun, TunReader, TunWriter, UdpReceiver};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
 use arrayvec::ArrayVec;
 use std::io;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 /// TUN -> UDP for each queue, and UDP -> TUN.
@@ -40,7 +40,7 @@ struct Run {
     count: usize,
     segment: usize,
     bytes: usize,
-    endpoint: SocketAddrV4,
+    endpoint: SocketAddr,
     peer: usize,
     /// How many segments of `segment` bytes one send may carry: fixed by the run's first
     /// packet, since every later one is at most that long.
@@ -54,7 +54,7 @@ impl Run {
         first: usize,
         len: usize,
         peer: usize,
-        endpoint: SocketAddrV4,
+        endpoint: SocketAddr,
         max_segments: usize,
     ) -> Run {
         Run {
@@ -230,7 +230,7 @@ fn deliver(
     let table = io.table.load();
     let (mut packets, mut bytes, mut datagrams) = (0u64, 0u64, 0u64);
     for (addr, train) in batch.messages() {
-        let peer = sender_v4(addr).and_then(|a| table.by_endpoint(a));
+        let peer = table.by_endpoint(sender(addr));
         let (mut peer_packets, mut peer_bytes) = (0u64, 0u64);
         for datagram in train {
             datagrams += 1;
@@ -261,8 +261,8 @@ mod tests {
     use super::*;
     use crate::io::udp::{segments_per_send, MAX_GSO_BYTES};
 
-    fn endpoint() -> SocketAddrV4 {
-        SocketAddrV4::new([192, 0, 2, 1].into(), 8285)
+    fn endpoint() -> SocketAddr {
+        SocketAddr::from(([192, 0, 2, 1], 8285))
     }
 
     /// Group packets of these lengths, all to one peer, as `classify` does.

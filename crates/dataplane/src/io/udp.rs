@@ -12,7 +12,7 @@ use arrayvec::ArrayVec;
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, IoSliceMut};
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, OwnedFd};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
@@ -21,8 +21,18 @@ use tokio::io::Interest;
 pub const DEFAULT_SOCKET_BUFFER: usize = 7 << 20;
 /// Largest GRO read or GSO send: one 64 KB IP datagram's worth.
 pub const MAX_DATAGRAM_TRAIN: usize = 65535;
-/// A GSO send must fit one IP datagram: 65535 minus the outer IPv4 and UDP headers.
+/// A GSO send must fit one IP datagram: 65535 minus the outer IPv4 and UDP headers (an IPv6
+/// datagram may hold 20 bytes more; one limit for both keeps the engines simple).
 pub const MAX_GSO_BYTES: usize = 65535 - 28;
+
+/// The outer IP and UDP headers of a datagram sent from or to `addr`: what the underlay adds
+/// to every datagram, 28 bytes over IPv4 and 48 over IPv6.
+pub fn udp_ip_headers(addr: IpAddr) -> usize {
+    match addr {
+        IpAddr::V4(_) => 20 + 8,
+        IpAddr::V6(_) => 40 + 8,
+    }
+}
 
 /// The bound socket: sends from any thread, and makes the receivers.
 pub struct UdpIo {
@@ -32,11 +42,14 @@ pub struct UdpIo {
 
 impl UdpIo {
     /// Bind on `addr` (flanneld binds iface_ip:port) with `buffer` bytes of send and of
-    /// receive buffer.
-    pub fn bind(addr: SocketAddrV4, buffer: usize) -> anyhow::Result<UdpIo> {
-        let socket = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+    /// receive buffer. An IPv6 address makes an IPv6-only socket: the underlay is one family.
+    pub fn bind(addr: SocketAddr, buffer: usize) -> anyhow::Result<UdpIo> {
+        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+        if addr.is_ipv6() {
+            socket.set_only_v6(true)?;
+        }
         set_buffers(&socket, buffer);
-        socket.bind(&SocketAddr::V4(addr).into()).map_err(|e| {
+        socket.bind(&addr.into()).map_err(|e| {
             if e.kind() == io::ErrorKind::AddrInUse {
                 anyhow::anyhow!(
                     "cannot bind UDP {addr}: port {} is already in use",
@@ -88,12 +101,7 @@ impl UdpIo {
     /// [`UdpIo::segments_per_send`]. A train the kernel refuses whole (too big for one send, or
     /// a device without segmentation offload) is sent again one datagram at a time, so one bad
     /// send never costs the whole train; the error then says how many datagrams still went.
-    pub fn send(
-        &self,
-        dst: SocketAddrV4,
-        contents: &[u8],
-        segment: usize,
-    ) -> Result<(), SendError> {
+    pub fn send(&self, dst: SocketAddr, contents: &[u8], segment: usize) -> Result<(), SendError> {
         let segment = segment.max(1);
         let Err(error) = self.send_once(dst, contents, segment) else {
             return Ok(());
@@ -105,9 +113,9 @@ impl UdpIo {
         self.send_each(dst, contents, segment)
     }
 
-    fn send_once(&self, dst: SocketAddrV4, contents: &[u8], segment: usize) -> io::Result<()> {
+    fn send_once(&self, dst: SocketAddr, contents: &[u8], segment: usize) -> io::Result<()> {
         let transmit = Transmit {
-            destination: SocketAddr::V4(dst),
+            destination: dst,
             ecn: None,
             contents,
             segment_size: (contents.len() > segment).then_some(segment),
@@ -119,12 +127,7 @@ impl UdpIo {
     }
 
     /// The datagrams of a refused train, one send each; the first error is kept.
-    fn send_each(
-        &self,
-        dst: SocketAddrV4,
-        contents: &[u8],
-        segment: usize,
-    ) -> Result<(), SendError> {
+    fn send_each(&self, dst: SocketAddr, contents: &[u8], segment: usize) -> Result<(), SendError> {
         let mut failed = 0u128;
         let mut first_error = None;
         for (i, datagram) in contents.chunks(segment).enumerate() {
@@ -282,6 +285,18 @@ impl<'a> Iterator for GroTrain<'a> {
     type Item = &'a mut [u8];
     fn next(&mut self) -> Option<Self::Item> {
         self.empty.take().or_else(|| self.chunks.next())
+    }
+}
+
+/// A received datagram's sender as peers' endpoints are written: an IPv4-mapped address as
+/// IPv4, an IPv6 one without flow label or scope, so it compares equal to the lease's address.
+pub fn sender(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V4(_) => addr,
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(ip) => SocketAddr::V4(SocketAddrV4::new(ip, v6.port())),
+            None => SocketAddr::V6(SocketAddrV6::new(*v6.ip(), v6.port(), 0, 0)),
+        },
     }
 }
 

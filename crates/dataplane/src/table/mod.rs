@@ -8,13 +8,14 @@
 
 mod lpm;
 
+use crate::io::udp::sender;
 use crate::stats::PeerStats;
 use arc_swap::{ArcSwap, Guard};
 use imbl::Vector;
 use ipnet::{Ipv4Net, Ipv6Net};
 use lpm::{Lpm, Lpm6, Map};
 use std::collections::HashSet;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 /// Another node: the subnets it owns and the underlay address it sends from and listens on.
@@ -25,7 +26,9 @@ pub struct PeerSpec {
     /// The IPv6 subnet of a dual-stack lease. A peer without one (a flanneld udp node, an
     /// IPv4-only network) is sent no IPv6 and has every IPv6 packet it sends dropped.
     pub subnet6: Option<Ipv6Net>,
-    pub endpoint: SocketAddrV4,
+    /// The underlay address, IPv4 or IPv6 as the network's underlay is; compared as the
+    /// receive path sees senders (see [`crate::io::udp::sender`]).
+    pub endpoint: SocketAddr,
     /// The highest batch protocol version the peer reads (its lease's `Version`; 1 if absent).
     /// Only the batch engine looks at it.
     pub version: u8,
@@ -45,7 +48,7 @@ pub type Peers = Vector<Peer>;
 pub enum Conflict {
     /// Datagrams from one endpoint must belong to one peer: the anti-spoofing check keys on it.
     #[error("its endpoint {0} belongs to the peer of {1}")]
-    Endpoint(SocketAddrV4, Ipv4Net),
+    Endpoint(SocketAddr, Ipv4Net),
     /// An IPv6 subnet routes to one peer (the lease gate keeps subnets apart; this keeps the
     /// table consistent whatever it is given).
     #[error("its IPv6 subnet {0} belongs to the peer of {1}")]
@@ -59,15 +62,17 @@ pub struct PeerTable {
     peers: Peers,
     v4: Lpm<u32>,
     v6: Lpm6,
-    by_endpoint: Map<SocketAddrV4>,
+    by_endpoint: Map<SocketAddr>,
 }
 
 impl PeerSpec {
-    /// The same peer with its subnets' host bits cleared.
+    /// The same peer with its subnets' host bits cleared, and its endpoint as received
+    /// datagrams name their sender.
     fn trunc(self) -> PeerSpec {
         PeerSpec {
             subnet: self.subnet.trunc(),
             subnet6: self.subnet6.map(|s| s.trunc()),
+            endpoint: sender(self.endpoint),
             ..self
         }
     }
@@ -199,7 +204,7 @@ impl PeerTable {
 
     /// The peer that sends from `endpoint`, if any: the first anti-spoofing check.
     #[inline]
-    pub fn by_endpoint(&self, endpoint: SocketAddrV4) -> Option<&Peer> {
+    pub fn by_endpoint(&self, endpoint: SocketAddr) -> Option<&Peer> {
         self.by_endpoint.get(&endpoint).map(|&i| &self.peers[i])
     }
 

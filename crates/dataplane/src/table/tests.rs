@@ -6,7 +6,7 @@ fn spec(subnet: &str, ip: [u8; 4]) -> PeerSpec {
     PeerSpec {
         subnet: subnet.parse().unwrap(),
         subnet6: None,
-        endpoint: SocketAddrV4::new(ip.into(), 8285),
+        endpoint: SocketAddr::from((ip, 8285)),
         version: 1,
     }
 }
@@ -42,11 +42,34 @@ fn longest_prefix_wins() {
 #[test]
 fn endpoint_lookup_requires_port() {
     let table = PeerTable::new(&[spec("10.5.3.0/24", [10, 200, 0, 3])]);
-    let ep = SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 3), 8285);
+    let ep = SocketAddr::from(([10, 200, 0, 3], 8285));
     assert!(table.by_endpoint(ep).is_some());
+    assert!(table.by_endpoint(SocketAddr::new(ep.ip(), 9999)).is_none());
+}
+
+#[test]
+fn ipv6_endpoints_match_senders_as_received() {
+    use std::net::SocketAddrV6;
+    let underlay: Ipv6Addr = "fd00:200::3".parse().unwrap();
+    // A lease's address has no flow label or scope; a received sender may carry either.
+    let mut peer = spec("10.5.3.0/24", [0; 4]);
+    peer.endpoint = SocketAddrV6::new(underlay, 8285, 0, 0).into();
+    let mut mapped = spec("10.5.4.0/24", [0; 4]);
+    mapped.endpoint =
+        SocketAddrV6::new(Ipv4Addr::new(10, 200, 0, 4).to_ipv6_mapped(), 8285, 0, 0).into();
+    let table = PeerTable::new(&[peer, mapped]);
+    let received = SocketAddrV6::new(underlay, 8285, 7, 2).into();
+    let found = table.by_endpoint(crate::io::udp::sender(received));
+    assert_eq!(found.map(|p| p.spec.subnet), Some(peer.subnet));
     assert!(table
-        .by_endpoint(SocketAddrV4::new(*ep.ip(), 9999))
+        .by_endpoint(SocketAddrV6::new(underlay, 8286, 0, 0).into())
         .is_none());
+    // An IPv4-mapped endpoint is kept as the IPv4 address an IPv4 socket reports.
+    let v4 = SocketAddr::from(([10, 200, 0, 4], 8285));
+    assert_eq!(
+        table.by_endpoint(v4).map(|p| p.spec.subnet),
+        Some(mapped.subnet)
+    );
 }
 
 #[test]

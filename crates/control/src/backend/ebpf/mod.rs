@@ -23,7 +23,7 @@ use crate::status::EngineView;
 use anyhow::Context;
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twill_dataplane::stats::EngineStats;
@@ -170,10 +170,16 @@ impl Ebpf {
         self.dataplane.remove_peer(subnet)
     }
 
+    /// The programs send over IPv4 only: a dual-stack network, the only one with an IPv6
+    /// underlay, never runs them.
+    fn endpoint(&self, lease: &Lease) -> SocketAddrV4 {
+        SocketAddrV4::new(lease.public_ip, self.port)
+    }
+
     fn spec(&self, lease: &Lease) -> PeerSpec {
         PeerSpec {
             subnet: lease.subnet,
-            endpoint: SocketAddrV4::new(lease.public_ip, self.port),
+            endpoint: self.endpoint(lease).into(),
             version: 1,
             // The programs carry IPv4 only; a dual-stack network never runs them.
             subnet6: None,
@@ -199,11 +205,10 @@ impl Backend for Ebpf {
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        let spec = self.spec(lease);
         self.table
-            .set_peer(spec)
+            .set_peer(self.spec(lease))
             .with_context(|| format!("peer {} left out", lease.subnet))?;
-        self.set(spec.subnet, spec.endpoint)
+        self.set(lease.subnet, self.endpoint(lease))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
@@ -221,7 +226,11 @@ impl Backend for Ebpf {
             .load()
             .peers()
             .iter()
-            .map(|p| (p.spec.subnet, p.spec.endpoint))
+            .filter_map(|p| match p.spec.endpoint {
+                SocketAddr::V4(endpoint) => Some((p.spec.subnet, endpoint)),
+                // None: every endpoint this backend writes is IPv4 ([`Ebpf::endpoint`]).
+                SocketAddr::V6(_) => None,
+            })
             .collect();
         let present: BTreeMap<Ipv4Net, SocketAddrV4> =
             self.dataplane.peers()?.into_iter().collect();

@@ -1,7 +1,7 @@
 //! The not-full datagrams the batch sender holds back under `--batch-delay`.
 
 use super::Counts;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -15,14 +15,14 @@ pub(super) struct Held {
 }
 
 pub(super) struct HeldSlot {
-    pub endpoint: SocketAddrV4,
+    pub endpoint: SocketAddr,
     pub datagram: Vec<u8>,
     pub counts: Counts,
 }
 
 impl Held {
     /// The peer's held datagram, to be packed again in front of its new packets.
-    pub fn take(&mut self, endpoint: SocketAddrV4) -> Vec<u8> {
+    pub fn take(&mut self, endpoint: SocketAddr) -> Vec<u8> {
         self.slots
             .iter_mut()
             .find(|s| s.endpoint == endpoint)
@@ -33,7 +33,7 @@ impl Held {
     /// Hold `datagram` (or, if empty, just keep its buffer) for the peer at `endpoint`.
     pub fn put(
         &mut self,
-        endpoint: SocketAddrV4,
+        endpoint: SocketAddr,
         datagram: Vec<u8>,
         counts: Counts,
         delay: Duration,

@@ -1,7 +1,7 @@
 //! Super-packets put back together from their chunks, per (peer, sender stream).
 
 use crate::wire::chunk::ChunkRepr;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use tun_rs::VIRTIO_NET_HDR_LEN;
 
 /// Super-packets being put together from chunks: one slot per (peer, sender stream), since
@@ -12,7 +12,7 @@ pub(super) struct Reassembly {
 }
 
 impl Reassembly {
-    pub fn slot(&mut self, endpoint: SocketAddrV4, stream: u8) -> &mut SuperSlot {
+    pub fn slot(&mut self, endpoint: SocketAddr, stream: u8) -> &mut SuperSlot {
         let key = (endpoint, stream);
         let i = match self.slots.iter().position(|s| s.key == key) {
             Some(i) => i,
@@ -28,7 +28,7 @@ impl Reassembly {
 /// One stream's super-packet in progress. Chunks must come in order: a gap means a lost chunk,
 /// and the super-packet is given up (TCP sends its data again).
 pub(super) struct SuperSlot {
-    key: (SocketAddrV4, u8),
+    key: (SocketAddr, u8),
     state: SlotState,
     seq: u32,
     total: usize,
@@ -48,7 +48,7 @@ enum SlotState {
 }
 
 impl SuperSlot {
-    fn new(key: (SocketAddrV4, u8)) -> SuperSlot {
+    fn new(key: (SocketAddr, u8)) -> SuperSlot {
         SuperSlot {
             key,
             state: SlotState::Idle,
@@ -125,7 +125,7 @@ mod tests {
     }
 
     fn slot() -> SuperSlot {
-        SuperSlot::new((SocketAddrV4::new([192, 0, 2, 1].into(), 8286), 0))
+        SuperSlot::new((SocketAddr::new([192, 0, 2, 1].into(), 8286), 0))
     }
 
     #[test]

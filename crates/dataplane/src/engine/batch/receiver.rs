@@ -5,7 +5,7 @@ use super::super::{accept_inbound, flush_tun, write_to_tun, Shared};
 use super::reassembly::Reassembly;
 use super::{super_counts, Counts};
 use crate::io::gso;
-use crate::io::udp::sender_v4;
+use crate::io::udp::sender;
 use crate::io::{RecvBatch, TunWriter, UdpReceiver};
 use crate::stats::{DropReason, DropTally};
 use crate::table::Peer;
@@ -53,7 +53,7 @@ impl Receiver {
         let table = self.io.table.load();
         let mut got = Counts::default();
         for (addr, train) in batch.messages() {
-            let peer = sender_v4(addr).and_then(|a| table.by_endpoint(a));
+            let peer = table.by_endpoint(sender(addr));
             let mut from_peer = Counts::default();
             for datagram in train {
                 from_peer.datagrams += 1;

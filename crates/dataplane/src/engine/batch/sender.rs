@@ -14,7 +14,7 @@ use crate::wire::batch::{BatchPacket, BatchWriter, Records, RECORD_PREFIX_LEN};
 use crate::wire::chunk::{self, ChunkRepr, CHUNK_HEADER_LEN};
 use crate::wire::ipv4;
 use ipnet::Ipv4Net;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -328,7 +328,7 @@ impl Sender {
 /// that no longer fit the path, to answer them.
 fn refused(
     io: &Shared,
-    dst: SocketAddrV4,
+    dst: SocketAddr,
     e: &SendError,
     lost_packets: u64,
     (datagrams, segment): (&[u8], usize),

@@ -59,7 +59,7 @@ impl WireGuard {
         let peers = Arc::new(WgPeers::default());
         let crypto = Arc::new(Crypto::new(config.tunnel));
         let (tun, bind, buffer) = (&config.tun, config.bind, config.socket_buffer);
-        let engine = Engine::launch(tun, None, bind, buffer, OVERHEAD, |tun, io| {
+        let engine = Engine::launch(tun, None, bind.into(), buffer, OVERHEAD, |tun, io| {
             let wg = Wg {
                 io: io.clone(),
                 peers: peers.clone(),

@@ -63,7 +63,7 @@ fn route(spec: &WgPeerSpec) -> PeerSpec {
     PeerSpec {
         subnet: spec.subnet,
         subnet6: None,
-        endpoint: SocketAddrV4::new(spec.subnet.network(), 0),
+        endpoint: SocketAddrV4::new(spec.subnet.network(), 0).into(),
         version: 0,
     }
 }

@@ -153,10 +153,10 @@ impl Outgoing {
             return;
         }
         let (datagrams, segment, counts) = self.train.closed();
-        let sent = match io.send(self.endpoint, datagrams, segment) {
+        let sent = match io.send(self.endpoint.into(), datagrams, segment) {
             Ok(()) => counts,
             Err(e) => {
-                send_failed(self.endpoint, &e, e.lost(), drops);
+                send_failed(self.endpoint.into(), &e, e.lost(), drops);
                 self.train.sent(&e)
             }
         };
@@ -170,11 +170,11 @@ impl Outgoing {
 
 /// Send one message that is not data (a handshake or keepalive, a cookie).
 pub(super) fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
-    match io.send(to, message, message.len()) {
+    match io.send(to.into(), message, message.len()) {
         Ok(()) => {
             io.stats.tx_datagrams.fetch_add(1, Relaxed);
         }
-        Err(e) => send_failed(to, &e, e.lost(), drops),
+        Err(e) => send_failed(to.into(), &e, e.lost(), drops),
     }
 }
 
