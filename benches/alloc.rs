@@ -96,7 +96,8 @@ fn main() {
     ];
     let failed = engines
         .into_iter()
-        .flat_map(|(name, kind)| under_load(name, kind))
+        .flat_map(|engine| [Family::V4, Family::V6].map(|underlay| (engine, underlay)))
+        .flat_map(|((name, kind), underlay)| under_load(name, kind, underlay))
         .filter(|window| !window.passes())
         .count();
     assert!(
@@ -122,19 +123,25 @@ impl Family {
 }
 
 /// Both loads in both families on a fresh two-host lab running engines of one kind.
-fn under_load(name: &str, kind: EngineKind) -> [Window; 4] {
+/// The four loads on two `kind` engines whose datagrams go over `underlay`.
+fn under_load(name: &str, kind: EngineKind, underlay: Family) -> [Window; 4] {
     let lab = Lab::new(LabSpec {
         hosts: 2,
-        tag: format!("al{name}"),
+        tag: format!("al{name}{underlay:?}"),
         ..Default::default()
     })
     .expect("two-host lab");
-    let nodes = [Node::start(&lab, kind, 0), Node::start(&lab, kind, 1)];
+    let lab = match underlay {
+        Family::V4 => lab,
+        Family::V6 => lab.with_ipv6_underlay().expect("an IPv6 underlay"),
+    };
+    let nodes = [0, 1].map(|i| Node::start(&lab, kind, i, underlay));
+    let name = format!("{name} over {underlay:?}");
     [
-        udp_bursts(&lab, &nodes, name, Family::V4),
-        tcp_stream(&lab, &nodes, name, Family::V4),
-        udp_bursts(&lab, &nodes, name, Family::V6),
-        tcp_stream(&lab, &nodes, name, Family::V6),
+        udp_bursts(&lab, &nodes, &name, Family::V4),
+        tcp_stream(&lab, &nodes, &name, Family::V4),
+        udp_bursts(&lab, &nodes, &name, Family::V6),
+        tcp_stream(&lab, &nodes, &name, Family::V6),
     ]
 }
 
@@ -147,10 +154,16 @@ struct Node {
 }
 
 impl Node {
-    fn start(lab: &Lab, kind: EngineKind, i: usize) -> Node {
+    fn start(lab: &Lab, kind: EngineKind, i: usize, underlay: Family) -> Node {
         let (host, peer) = (lab.host(i), lab.host(1 - i));
         let port = kind.default_port();
-        let bind = SocketAddr::from((host.underlay_ip, port));
+        let address = |h: &twill_lab::Host| -> IpAddr {
+            match underlay {
+                Family::V4 => h.underlay_ip.into(),
+                Family::V6 => h.underlay_ipv6.expect("an IPv6 underlay").into(),
+            }
+        };
+        let bind = SocketAddr::new(address(host), port);
         let config = EngineConfig {
             kind,
             tun: TunConfig {
@@ -179,7 +192,7 @@ impl Node {
         engine.table().set_peers(&[PeerSpec {
             subnet: subnet(1 - i).trunc(),
             subnet6: Some(subnet6(1 - i)),
-            endpoint: SocketAddr::from((peer.underlay_ip, port)),
+            endpoint: SocketAddr::new(address(peer), port),
             version: batch::HIGHEST_VERSION,
         }]);
         Node {
