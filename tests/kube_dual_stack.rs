@@ -1,12 +1,15 @@
 //! `--kube-subnet-mgr` on a dual-stack network, against a real kube-apiserver: two twill nodes
 //! whose Nodes have an IPv4 and an IPv6 podCIDR carry container traffic of both families over
-//! an IPv4+IPv6 underlay, on vxlan and host-gw, and write flanneld v0.28.9's v6 annotations;
-//! podCIDRs a dual-stack node cannot lease are refused in one line naming the Node.
+//! an IPv4+IPv6 underlay, on vxlan, host-gw, udp and twill-batch (the last over the IPv6
+//! underlay), and write flanneld v0.28.9's v6 annotations; podCIDRs a dual-stack node cannot
+//! lease are refused in one line naming the Node.
 
 mod common;
 
 use anyhow::{ensure, Context, Result};
-use common::kube::{dual_stack_kube_cluster, dual_stack_net_conf, KubeCluster, PREFIX};
+use common::kube::{
+    dual_stack_kube_cluster, dual_stack_net_conf, KubeCluster, IPV6_NETWORK, PREFIX,
+};
 use common::*;
 use twill_lab::Proc;
 
@@ -23,7 +26,12 @@ fn annotation(c: &KubeCluster, node: &str, name: &str) -> Result<String> {
 /// over IPv4 and over IPv6 each way checked by sha256; then the nodes stop and what the
 /// backend leaves behind is removed, so the next backend starts clean.
 fn carries_both_families(c: &KubeCluster, backend: &str) -> Result<()> {
-    c.set_net_conf(&dual_stack_net_conf(backend))?;
+    carries_both_families_with(c, backend, &dual_stack_net_conf(backend))
+}
+
+/// [`carries_both_families`] with the net-conf.json `conf` of `backend`.
+fn carries_both_families_with(c: &KubeCluster, backend: &str, conf: &str) -> Result<()> {
+    c.set_net_conf(conf)?;
     let nodes: Vec<Proc> = vec![c.start(0, &[])?, c.start(1, &[])?];
     c.wait_peers(0, &[KubeCluster::pod_cidr(1)])?;
     c.wait_peers(1, &[KubeCluster::pod_cidr(0)])?;
@@ -40,11 +48,16 @@ fn carries_both_families(c: &KubeCluster, backend: &str) -> Result<()> {
         let out = ping(from, to.ipv6.context("a dual-stack container")?, 2)?;
         ensure!(out.contains("2 received"), "{backend} IPv6: {out}");
     }
-    let peer6 = KubeCluster::pod_cidr6(1).to_string();
-    let routes = c.lab.host(0).ns.ip(&["-6", "route", "show", &peer6])?;
+    // A kernel backend routes the peer's IPv6 podCIDR; a userspace one the IPv6Network into
+    // its TUN.
+    let routed = match backend {
+        "udp" | "twill-batch" => IPV6_NETWORK.to_string(),
+        _ => KubeCluster::pod_cidr6(1).to_string(),
+    };
+    let routes = c.lab.host(0).ns.ip(&["-6", "route", "show", &routed])?;
     ensure!(
-        routes.contains(&peer6),
-        "{backend}: no route to {peer6}: {routes}"
+        routes.contains(&routed),
+        "{backend}: no route to {routed}: {routes}"
     );
     tcp_transfer_intact(a, b, 8 << 20).with_context(|| format!("{backend}: IPv4 0 -> 1"))?;
     tcp_transfer6_intact(a, b, 8 << 20).with_context(|| format!("{backend}: IPv6 0 -> 1"))?;
@@ -67,7 +80,9 @@ fn carries_both_families(c: &KubeCluster, backend: &str) -> Result<()> {
 fn annotations_are_flanneld_s(c: &KubeCluster, host: usize, backend: &str) -> Result<()> {
     let node = KubeCluster::node_name(host);
     let get = |name| annotation(c, &node, name);
-    ensure!(get("backend-type")? == backend, "{node}");
+    // flanneld's udp backend writes an empty type.
+    let backend_type = if backend == "udp" { "" } else { backend };
+    ensure!(get("backend-type")? == backend_type, "{node}");
     ensure!(get("kube-subnet-manager")? == "true", "{node}");
     let underlay = c.lab.host(host).underlay_ip.to_string();
     ensure!(
@@ -106,6 +121,23 @@ fn vxlan_and_host_gw_carry_a_dual_stack_network_with_flanneld_s_annotations() ->
     }
     carries_both_families(&c, "vxlan")?;
     carries_both_families(&c, "host-gw")
+}
+
+/// The userspace backends publish `public-ipv6` too (flanneld's udp has no IPv6 to publish), so
+/// their peers are read as dual-stack leases; twill-batch sends over the IPv6 underlay.
+#[test]
+fn udp_and_twill_batch_carry_a_dual_stack_network_under_kubernetes() -> Result<()> {
+    let mut c = dual_stack_kube_cluster("kube-dsu", 2, &dual_stack_net_conf("udp"))?;
+    for host in 0..2 {
+        c.add_dual_stack_node(host)?;
+        c.add_dual_stack_container(host)?;
+    }
+    carries_both_families(&c, "udp")?;
+    let over_ipv6 = dual_stack_net_conf("twill-batch").replace(
+        r#""Type":"twill-batch""#,
+        r#""Type":"twill-batch","Underlay":"ipv6""#,
+    );
+    carries_both_families_with(&c, "twill-batch", &over_ipv6)
 }
 
 /// Node `name` annotated as a dual-stack flanneld host-gw node, with `cidrs` as its podCIDRs.

@@ -54,15 +54,17 @@ impl Annotations {
 
 /// The IPv6 address and `backend-v6-data` text a node publishes, when flanneld would: vxlan
 /// and wireguard with IPv6 backend data, host-gw with a PublicIPv6 (its data is JSON null),
-/// never another backend (kube.go: `attrs.BackendType == "vxlan" && string(v6Bd) != "null"`,
-/// `"wireguard" && … && attrs.PublicIPv6 != nil`, `"host-gw" && attrs.PublicIPv6 != nil`).
+/// (kube.go: `attrs.BackendType == "vxlan" && string(v6Bd) != "null"`, `"wireguard" && … &&
+/// attrs.PublicIPv6 != nil`, `"host-gw" && attrs.PublicIPv6 != nil`); and where only twill
+/// runs IPv6: udp (flanneld's has no IPv6) and twill-batch with a PublicIPv6, since a peer on a
+/// dual-stack network is read only with its `public-ipv6`. Never ipip.
 fn ipv6_side(attrs: &LeaseAttrs) -> Option<(Ipv6Addr, String)> {
     let public_ipv6 = attrs.public_ipv6?;
     let data = attrs.backend_v6_data.as_ref();
     let publishes = match attrs.backend_type.as_deref() {
         Some(backend_type::VXLAN | backend_type::WIREGUARD) => data.is_some(),
-        Some(backend_type::HOST_GW) => true,
-        _ => false,
+        Some(backend_type::HOST_GW | backend_type::TWILL_BATCH) | None => true,
+        Some(_) => false,
     };
     publishes.then(|| (public_ipv6, json(data)))
 }
@@ -151,10 +153,10 @@ mod tests {
             // IPv4-only networks: no PublicIPv6.
             LeaseAttrs::vxlan(ip, 1, "aa:bb:cc:dd:ee:ff"),
             LeaseAttrs::host_gw(ip),
-            // vxlan without IPv6 data, and backends flanneld writes no IPv6 side for.
+            // vxlan without IPv6 data, and ipip, which carries no IPv6.
             LeaseAttrs::vxlan(ip, 1, "aa:bb:cc:dd:ee:ff").with_ipv6(ipv6, None),
             LeaseAttrs::ipip(ip).with_ipv6(ipv6, None),
-            LeaseAttrs::udp(ip).with_ipv6(ipv6, None),
+            LeaseAttrs::udp(ip),
         ];
         for attrs in cases {
             assert_eq!(names(&own(&attrs, &[])), v4_only, "{attrs:?}");
@@ -167,6 +169,13 @@ mod tests {
         assert_eq!(published[&format!("{KEY}public-ipv6")], "fd00:200::1");
         let wireguard = LeaseAttrs::wireguard(ip, key, 51820).with_ipv6(ipv6, None);
         assert_eq!(names(&own(&wireguard, &[])), v4_only);
+        // twill's userspace backends carry IPv6 where flanneld's udp does not: their peers
+        // need the address.
+        for attrs in [LeaseAttrs::udp(ip), LeaseAttrs::twill_batch(ip)] {
+            let published = own(&attrs.with_ipv6(ipv6, None), &[]);
+            assert_eq!(published[&format!("{KEY}public-ipv6")], "fd00:200::1");
+            assert_eq!(published[&format!("{KEY}backend-v6-data")], "null");
+        }
     }
 
     #[test]
