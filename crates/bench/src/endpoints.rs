@@ -3,7 +3,7 @@
 
 use crate::parse;
 use anyhow::{bail, Result};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use twill_lab::Netns;
 
 /// Where the clients run and whom they talk to.
@@ -17,6 +17,15 @@ pub struct Endpoints<'a> {
     pub underlay: (&'a Netns, &'a str),
     /// The path's long-running processes (daemons, servers), for the pinned run.
     pub processes: Vec<u32>,
+    /// The server's IPv6 side, where the path was set up dual-stack.
+    pub ipv6: Option<Ipv6End<'a>>,
+}
+
+/// The server's IPv6 address, and the namespace and device where the path's IPv6 reaches the
+/// server's host: what arrives there over a run came through the path.
+pub struct Ipv6End<'a> {
+    pub server_ip: Ipv6Addr,
+    pub device: (&'a Netns, &'a str),
 }
 
 /// UDP datagrams the client's namespace sent, and those that reached the server's namespace:

@@ -9,6 +9,7 @@ mod bars;
 pub mod endpoints;
 pub mod flood;
 mod kernel_paths;
+mod kind;
 pub mod measure;
 pub mod parse;
 pub mod paths;

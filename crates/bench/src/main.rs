@@ -115,7 +115,9 @@ fn run(cli: Cli) -> Result<bool> {
     if !results.is_empty() {
         println!(
             "{title}\n×vxlan, ×native: single-stream TCP relative to those paths; \
-             retr: segments its sender sent again; flood: 64-byte UDP datagrams offered at up to {} kpps \
+             retr: segments its sender sent again; tcp6: single-stream TCP over IPv6 between \
+             the same endpoints (dual-stack labs; n/a: the path carries no IPv6), ×ipv4: tcp6 \
+             against tcp; flood: 64-byte UDP datagrams offered at up to {} kpps \
              (sendmmsg), kpps delivered (recvmmsg), loss: share that never reached the receiving \
              namespace (kernel counters), dgram/pkt: underlay datagrams per delivered packet; \
              lat: qperf tcp_lat, one way (half a 1-byte round trip), pinned: with every process of \

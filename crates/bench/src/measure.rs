@@ -1,10 +1,11 @@
-//! One measurement (iperf3 TCP, qperf latency, the 64-byte flood, CPU) between two endpoints
-//! of any path.
+//! One measurement (iperf3 TCP over IPv4 and IPv6, qperf latency, the 64-byte flood, CPU)
+//! between two endpoints of any path.
 
 pub use crate::endpoints::Endpoints;
 use crate::pin::Pinned;
 use crate::{flood, parse};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 use twill_lab::{Netns, Proc};
 
@@ -20,6 +21,11 @@ pub enum Field {
     TcpRetransmits,
     TcpP4Gbps,
     TcpRevGbps,
+    Tcp6Gbps,
+    /// TCP payload iperf3 received over IPv6.
+    Tcp6Bytes,
+    /// Bytes the path's IPv6 device on the server's host received over that run.
+    Tcp6DeviceBytes,
     Flood64Kpps,
     Flood64LossPct,
     Flood64DatagramsPerPacket,
@@ -31,11 +37,14 @@ pub enum Field {
 }
 
 impl Field {
-    pub const ALL: [Field; 12] = [
+    pub const ALL: [Field; 15] = [
         Field::TcpGbps,
         Field::TcpRetransmits,
         Field::TcpP4Gbps,
         Field::TcpRevGbps,
+        Field::Tcp6Gbps,
+        Field::Tcp6Bytes,
+        Field::Tcp6DeviceBytes,
         Field::Flood64Kpps,
         Field::Flood64LossPct,
         Field::Flood64DatagramsPerPacket,
@@ -52,6 +61,9 @@ impl Field {
             Field::TcpRetransmits => "tcp_retransmits",
             Field::TcpP4Gbps => "tcp_p4_gbps",
             Field::TcpRevGbps => "tcp_rev_gbps",
+            Field::Tcp6Gbps => "tcp6_gbps",
+            Field::Tcp6Bytes => "tcp6_bytes",
+            Field::Tcp6DeviceBytes => "tcp6_device_bytes",
             Field::Flood64Kpps => "flood64_kpps",
             Field::Flood64LossPct => "flood64_loss_pct",
             Field::Flood64DatagramsPerPacket => "flood64_datagrams_per_packet",
@@ -71,6 +83,11 @@ impl Field {
             Field::TcpRetransmits | Field::Flood64LossPct | Field::CpuSoftirqPct
         )
     }
+
+    /// Measured over IPv6, so only on the paths that carry it.
+    pub fn is_ipv6(self) -> bool {
+        Measurement::Tcp6.fields().contains(&self)
+    }
 }
 
 /// The runs made for every path, in this order (`--measure` picks some).
@@ -78,6 +95,9 @@ impl Field {
 pub enum Measurement {
     /// Single-stream TCP, with whole-machine CPU use over the run.
     Tcp,
+    /// Single-stream TCP over IPv6 between the same endpoints, on the paths that carry IPv6
+    /// (their labs are then set up dual-stack).
+    Tcp6,
     /// Four TCP streams.
     #[value(name = "tcp-p4")]
     TcpP4,
@@ -96,8 +116,9 @@ pub enum Measurement {
 }
 
 impl Measurement {
-    pub const ALL: [Measurement; 6] = [
+    pub const ALL: [Measurement; 7] = [
         Measurement::Tcp,
+        Measurement::Tcp6,
         Measurement::TcpP4,
         Measurement::TcpReverse,
         Measurement::Flood64,
@@ -108,6 +129,7 @@ impl Measurement {
     pub fn label(self) -> &'static str {
         match self {
             Measurement::Tcp => "tcp single stream + cpu",
+            Measurement::Tcp6 => "tcp over IPv6",
             Measurement::TcpP4 => "tcp -P 4",
             Measurement::TcpReverse => "tcp -R",
             Measurement::Flood64 => "64 B flood",
@@ -127,6 +149,7 @@ impl Measurement {
                 Field::CpuSoftirqPct,
                 Field::CpuPerGbit,
             ],
+            Measurement::Tcp6 => &[Field::Tcp6Gbps, Field::Tcp6Bytes, Field::Tcp6DeviceBytes],
             Measurement::TcpP4 => &[Field::TcpP4Gbps],
             Measurement::TcpReverse => &[Field::TcpRevGbps],
             Measurement::Flood64 => &[
@@ -151,12 +174,14 @@ impl Measurement {
         }
     }
 
-    /// Runs once from `ends.client` to `ends.server_ip` and returns the values it yields.
+    /// Runs once from `ends.client` to `ends.server_ip` (tcp6: the server's IPv6 address) and
+    /// returns the values it yields.
     pub fn run(self, ends: &Endpoints, timing: &Timing) -> Result<Vec<(Field, f64)>> {
+        let server = IpAddr::from(ends.server_ip);
         match self {
             Measurement::Tcp => {
                 let before = cpu_now()?;
-                let out = iperf(ends, timing, &[])?;
+                let out = iperf(ends.client, server, timing, &[])?;
                 let cpu = cpu_now()?.since(&before).context("no CPU ticks passed")?;
                 let gbps = parse::iperf_tcp_gbps(&out)?;
                 Ok(vec![
@@ -168,12 +193,13 @@ impl Measurement {
                     (Field::CpuPerGbit, cpu.busy_cpus / gbps),
                 ])
             }
+            Measurement::Tcp6 => tcp6(ends, timing),
             Measurement::TcpP4 => {
-                let out = iperf(ends, timing, &["-P", "4"])?;
+                let out = iperf(ends.client, server, timing, &["-P", "4"])?;
                 Ok(vec![(Field::TcpP4Gbps, parse::iperf_tcp_gbps(&out)?)])
             }
             Measurement::TcpReverse => {
-                let out = iperf(ends, timing, &["-R"])?;
+                let out = iperf(ends.client, server, timing, &["-R"])?;
                 Ok(vec![(Field::TcpRevGbps, parse::iperf_tcp_gbps(&out)?)])
             }
             Measurement::Flood64 => {
@@ -196,6 +222,35 @@ impl Measurement {
             Measurement::Scale => bail!("scale is measured per backend, not per path"),
         }
     }
+}
+
+/// Single-stream TCP to the server's IPv6 address, with the bytes iperf3 received and those
+/// that reached the server's host on the path's IPv6 device meanwhile. Fewer there than iperf3
+/// received means the traffic went some other way, and the run fails.
+fn tcp6(ends: &Endpoints, timing: &Timing) -> Result<Vec<(Field, f64)>> {
+    let v6 = ends
+        .ipv6
+        .as_ref()
+        .context("the path was set up without IPv6")?;
+    let (ns, dev) = v6.device;
+    let before = rx_bytes(ns, dev)?;
+    let out = iperf(ends.client, v6.server_ip.into(), timing, &[])?;
+    let arrived = rx_bytes(ns, dev)?.saturating_sub(before);
+    let received = parse::iperf_tcp_bytes(&out)?;
+    ensure!(
+        arrived >= received,
+        "IPv6 did not come through {dev}: {arrived} bytes arrived there, iperf3 received {received}"
+    );
+    Ok(vec![
+        (Field::Tcp6Gbps, parse::iperf_tcp_gbps(&out)?),
+        (Field::Tcp6Bytes, received as f64),
+        (Field::Tcp6DeviceBytes, arrived as f64),
+    ])
+}
+
+/// Bytes `dev` in `ns` has received.
+fn rx_bytes(ns: &Netns, dev: &str) -> Result<u64> {
+    parse::link_rx_bytes(&ns.ip(&["-s", "-j", "link", "show", "dev", dev])?)
 }
 
 /// One-way latency by `qperf tcp_lat` from the client, started through `wrapper` (a command
@@ -257,16 +312,17 @@ fn wait_listening(ns: &Netns, ports: &[&str]) -> Result<()> {
     }
 }
 
-fn iperf(ends: &Endpoints, timing: &Timing, extra: &[&str]) -> Result<String> {
+/// An iperf3 client in `client` against the server at `to`.
+fn iperf(client: &Netns, to: IpAddr, timing: &Timing, extra: &[&str]) -> Result<String> {
     let (ip, secs, warmup) = (
-        ends.server_ip.to_string(),
+        to.to_string(),
         timing.duration.to_string(),
         timing.warmup.to_string(),
     );
     let mut args = vec!["-c", &ip, "-p", IPERF_PORT, "-J", "-t", &secs];
     args.extend(["-O", &warmup, "--connect-timeout", "3000"]);
     args.extend_from_slice(extra);
-    run_bounded(ends.client, "iperf3", &args, timing.limit())
+    run_bounded(client, "iperf3", &args, timing.limit())
 }
 
 /// Runs a client to completion within `limit` (killed otherwise, by Proc's drop) and returns

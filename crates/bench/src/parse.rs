@@ -1,5 +1,5 @@
 //! Parsers for what the measuring tools print: `iperf3 -J`, `qperf` text, `tc -s -j`,
-//! `/proc/net/snmp` and `/proc/stat`.
+//! `ip -s -j link`, `/proc/net/snmp` and `/proc/stat`.
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -15,6 +15,12 @@ pub fn iperf_error(json: &str) -> Option<String> {
 pub fn iperf_tcp_gbps(json: &str) -> Result<f64> {
     let sum = iperf_sum(json, "sum_received")?;
     Ok(number(&sum, "bits_per_second")? / 1e9)
+}
+
+/// TCP payload the receiver got, in bytes (`end.sum_received.bytes`).
+pub fn iperf_tcp_bytes(json: &str) -> Result<u64> {
+    let bytes = number(&iperf_sum(json, "sum_received")?, "bytes")?;
+    Ok(bytes as u64)
 }
 
 /// Segments the sender sent again (iperf3's `end.sum_sent.retransmits`): every packet the path
@@ -53,6 +59,15 @@ pub fn tc_clsact_packets(json: &str) -> Result<u64> {
     clsact["packets"]
         .as_u64()
         .with_context(|| format!("clsact qdisc without a packet count: {clsact}"))
+}
+
+/// Bytes a device has received, from `ip -s -j link show dev X` (its 64-bit counters).
+pub fn link_rx_bytes(json: &str) -> Result<u64> {
+    let links: Value = serde_json::from_str(json).context("ip output is not JSON")?;
+    links
+        .pointer("/0/stats64/rx/bytes")
+        .and_then(Value::as_u64)
+        .with_context(|| format!("no stats64.rx.bytes in {json}"))
 }
 
 /// The `latency = 7.8 us` line of `qperf ... tcp_lat`, in µs (qperf picks ns/us/ms/sec itself).

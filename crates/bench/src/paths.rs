@@ -1,102 +1,25 @@
 //! The compared paths. Each gets its own two-host lab, set up the way that path runs for real:
-//! kernel paths with the `ip` commands flannel's backends amount to, twill with its own binary.
+//! kernel paths with the `ip` commands flannel's backends amount to, twill with its own binary;
+//! dual-stack (an IPv6 underlay, containers and network beside the IPv4 ones) when IPv6 is
+//! measured on a path that carries it.
 
-use crate::addressing::{pairs, subnet, NETWORK, UNDERLAY_MTU};
-use crate::kernel_paths::{host_gw, ipip, vxlan, IPIP_MTU, VXLAN_MTU};
+use crate::addressing::{pairs, subnet, subnet6, Family, NETWORK, NETWORK6, UNDERLAY_MTU};
+use crate::endpoints::Ipv6End;
+use crate::kernel_paths::{host_gw, ipip, vxlan, IPIP_MTU, VXLAN6_DEV};
+pub use crate::kind::PathKind;
 use crate::measure::{Endpoints, Servers};
 use crate::parse;
 use crate::wireguard_go;
 use anyhow::{bail, ensure, Context, Result};
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::{Duration, Instant};
-use twill_lab::{Etcd, Host, Ipv4Net, Lab, LabSpec, Proc, WireguardGo};
+use twill_lab::{Etcd, Host, Ipv4Net, Ipv6Net, Lab, LabSpec, Proc, WireguardGo};
 
 /// Per host namespace, so both hosts use the same address.
 pub(crate) const TWILL_STATUS: &str = "127.0.0.1:9585";
+/// `twill run`'s TUN (its default `--tun-name`): what the udp and batch engines write to.
+const TWILL_TUN: &str = "twill0";
 const TWILL_READY_TIMEOUT: Duration = Duration::from_secs(20);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathKind {
-    Native,
-    HostGw,
-    Vxlan,
-    Ipip,
-    TwillUdp,
-    /// flannel's udp wire on twill's eBPF dataplane (`--dataplane ebpf`).
-    TwillEbpf,
-    TwillBatch,
-    TwillWireguard,
-    /// The reference for twill-wireguard: wireguard-go on both hosts.
-    WireguardGo,
-}
-
-impl PathKind {
-    /// The `Backend.Type` a twill path runs.
-    fn twill_backend(self) -> Option<&'static str> {
-        match self {
-            PathKind::TwillUdp | PathKind::TwillEbpf => Some("udp"),
-            PathKind::TwillBatch => Some("twill-batch"),
-            PathKind::TwillWireguard => Some("wireguard"),
-            _ => None,
-        }
-    }
-
-    /// `twill run` arguments of a twill path besides the common ones.
-    fn twill_args(self) -> &'static [&'static str] {
-        match self {
-            PathKind::TwillEbpf => &["--dataplane", "ebpf"],
-            _ => &[],
-        }
-    }
-
-    pub const ALL: [PathKind; 9] = [
-        PathKind::Native,
-        PathKind::HostGw,
-        PathKind::Vxlan,
-        PathKind::Ipip,
-        PathKind::TwillUdp,
-        PathKind::TwillEbpf,
-        PathKind::TwillBatch,
-        PathKind::TwillWireguard,
-        PathKind::WireguardGo,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PathKind::Native => "native",
-            PathKind::HostGw => "host-gw",
-            PathKind::Vxlan => "vxlan",
-            PathKind::Ipip => "ipip",
-            PathKind::TwillUdp => "twill-udp",
-            PathKind::TwillEbpf => "twill-ebpf",
-            PathKind::TwillBatch => "twill-batch",
-            PathKind::TwillWireguard => "twill-wireguard",
-            PathKind::WireguardGo => "wireguard-go",
-        }
-    }
-}
-
-impl fmt::Display for PathKind {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for PathKind {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        PathKind::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = PathKind::ALL.iter().map(|p| p.name()).collect();
-                format!("unknown path {s:?}; known: {}", names.join(","))
-            })
-    }
-}
 
 /// The twill binary the twill paths run, and extra `twill run` arguments (e.g. `--no-offload`).
 #[derive(Debug, Clone)]
@@ -196,6 +119,9 @@ pub(crate) fn still_running(daemon: &mut Proc) -> Result<()> {
 /// A path ready to measure: its lab, the daemons forwarding through it and the servers at the
 /// far end. Everything stops and disappears on drop.
 pub struct PathLab {
+    kind: PathKind,
+    /// Set up dual-stack: the underlay, the containers and the path carry IPv6 too.
+    ipv6: bool,
     // Drop order: processes stop before the namespaces they run in are deleted.
     servers: Servers,
     daemons: Vec<Proc>,
@@ -206,16 +132,31 @@ pub struct PathLab {
 }
 
 impl PathLab {
-    pub fn new(kind: PathKind, twill: &Twill) -> Result<PathLab> {
+    /// The path's lab; `ipv6` sets it up dual-stack, which a path that carries no IPv6 refuses.
+    pub fn new(kind: PathKind, twill: &Twill, ipv6: bool) -> Result<PathLab> {
+        if let (true, Some(why)) = (ipv6, kind.no_ipv6()) {
+            bail!("{kind} cannot be set up dual-stack: {why}");
+        }
+        let families: &[Family] = match ipv6 {
+            true => &[Family::V4, Family::V6],
+            false => &[Family::V4],
+        };
         let mut lab = Lab::new(LabSpec {
             hosts: 2,
             underlay_mtu: UNDERLAY_MTU,
             tag: kind.name().replace('-', ""),
         })?;
+        if ipv6 {
+            lab = lab.with_ipv6_underlay()?;
+        }
         // native runs host to host; every other path carries container traffic.
         if kind != PathKind::Native {
             for i in 0..2 {
-                lab.host_mut(i).add_container(subnet(i))?;
+                let host = lab.host_mut(i);
+                match ipv6 {
+                    true => host.add_dual_stack_container(subnet(i), subnet6(i))?,
+                    false => host.add_container(subnet(i))?,
+                };
             }
         }
         let files = tempfile::tempdir()?;
@@ -224,13 +165,10 @@ impl PathLab {
         let (daemons, container_mtu) = match kind {
             PathKind::Native => (Vec::new(), None),
             PathKind::HostGw => {
-                host_gw(&lab)?;
+                host_gw(&lab, families)?;
                 (Vec::new(), None)
             }
-            PathKind::Vxlan => {
-                vxlan(&lab)?;
-                (Vec::new(), Some(VXLAN_MTU))
-            }
+            PathKind::Vxlan => (Vec::new(), Some(vxlan(&lab, families)?)),
             PathKind::Ipip => {
                 ipip(&lab)?;
                 (Vec::new(), Some(IPIP_MTU))
@@ -240,7 +178,7 @@ impl PathLab {
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {
                 let etcd = etcd.insert(etcd_for(&lab)?);
-                start_twill(&lab, twill, kind, files.path(), etcd)?
+                start_twill(&lab, twill, kind, files.path(), etcd, ipv6)?
             }
             PathKind::WireguardGo => {
                 go_daemons = wireguard_go::start(&lab, files.path())?;
@@ -252,6 +190,8 @@ impl PathLab {
         }
         let servers = Servers::start(endpoints(&lab).server)?;
         Ok(PathLab {
+            kind,
+            ipv6,
             servers,
             daemons,
             wireguard_go: go_daemons,
@@ -266,8 +206,34 @@ impl PathLab {
         let go = self.wireguard_go.iter().map(WireguardGo::pid);
         Endpoints {
             processes: daemons.chain(go).chain(self.servers.pids()).collect(),
+            ipv6: self.ipv6_end(),
             ..endpoints(&self.lab)
         }
+    }
+
+    /// Whether the lab was set up dual-stack.
+    pub fn has_ipv6(&self) -> bool {
+        self.ipv6
+    }
+
+    /// The server's IPv6 address and the device where the path's IPv6 reaches the server's
+    /// host: the tunnel's (vxlan) or the TUN twill writes to, else the underlay iface (native
+    /// and host-gw route IPv6 as it is). None on a lab set up without IPv6.
+    fn ipv6_end(&self) -> Option<Ipv6End<'_>> {
+        let host = self.lab.host(1);
+        let server_ip = match host.containers().first() {
+            Some(container) => container.ipv6?,
+            None => host.underlay_ipv6?,
+        };
+        let device = match self.kind {
+            PathKind::Vxlan => VXLAN6_DEV,
+            PathKind::TwillUdp | PathKind::TwillBatch => TWILL_TUN,
+            _ => &host.iface,
+        };
+        Some(Ipv6End {
+            server_ip,
+            device: (&host.ns, device),
+        })
     }
 
     /// `ping` output from client to server (the demo shows it); Err when no reply came.
@@ -281,7 +247,7 @@ impl PathLab {
 }
 
 /// Host to host for native (no containers); container to container otherwise. No processes
-/// yet: [`PathLab::endpoints`] adds them.
+/// and no IPv6 yet: [`PathLab::endpoints`] adds them.
 fn endpoints(lab: &Lab) -> Endpoints<'_> {
     let server_host = lab.host(1);
     let client_host = lab.host(0);
@@ -296,6 +262,7 @@ fn endpoints(lab: &Lab) -> Endpoints<'_> {
             server_ip: server.ip,
             underlay,
             processes: Vec::new(),
+            ipv6: None,
         },
         _ => Endpoints {
             client: &lab.host(0).ns,
@@ -303,6 +270,7 @@ fn endpoints(lab: &Lab) -> Endpoints<'_> {
             server_ip: server_host.underlay_ip,
             underlay,
             processes: Vec::new(),
+            ipv6: None,
         },
     }
 }
@@ -325,16 +293,17 @@ fn etcd_for(lab: &Lab) -> Result<Etcd> {
     Etcd::listening(Some(&host.ns), host.underlay_ip)
 }
 
-/// `twill run --etcd-endpoints` on both hosts with `backend` in the network config; returns the
-/// daemons and the MTU they wrote to the subnet file (the containers' MTU). The subnet files are
-/// written first, so each node takes the subnet its container was given, as a restarted
-/// flannel node takes its old one.
+/// `twill run --etcd-endpoints` on both hosts with `backend` in the network config (dual-stack
+/// with `ipv6`); returns the daemons and the MTU they wrote to the subnet file (the containers'
+/// MTU). The subnet files are written first, so each node takes the subnets its container was
+/// given, as a restarted flannel node takes its old ones.
 fn start_twill(
     lab: &Lab,
     twill: &Twill,
     kind: PathKind,
     dir: &Path,
     etcd: &Etcd,
+    ipv6: bool,
 ) -> Result<(Vec<Proc>, Option<u32>)> {
     let backend = kind.twill_backend().context("a twill path")?;
     ensure!(
@@ -342,7 +311,12 @@ fn start_twill(
         "no twill binary at {} (cargo build --release)",
         twill.binary.display()
     );
-    let config = format!(r#"{{"Network":"{NETWORK}","Backend":{{"Type":"{backend}"}}}}"#);
+    let dual_stack = match ipv6 {
+        true => format!(r#","EnableIPv6":true,"IPv6Network":"{NETWORK6}""#),
+        false => String::new(),
+    };
+    let config =
+        format!(r#"{{"Network":"{NETWORK}"{dual_stack},"Backend":{{"Type":"{backend}"}}}}"#);
     etcd.etcdctl(&["put", "/coreos.com/network/config", &config])?;
     let endpoint = etcd.endpoint();
     let files: Vec<_> = (0..2)
@@ -350,8 +324,7 @@ fn start_twill(
         .collect();
     let mut daemons = Vec::new();
     for (i, host, _) in pairs(lab) {
-        let first_host = Ipv4Net::new(subnet(i).hosts().next().context("subnet")?, 24)?;
-        std::fs::write(&files[i], format!("FLANNEL_SUBNET={first_host}\n"))?;
+        std::fs::write(&files[i], leased_before(i, ipv6)?)?;
         // The wireguard backend's key; each host needs its own (they share the filesystem).
         let key = dir.join(format!("wgkey-{i}"));
         let env = [("WIREGUARD_KEY_FILE", &*key.to_string_lossy())];
@@ -368,6 +341,19 @@ fn start_twill(
     }
     let mtu = parse::subnet_env_mtu(&std::fs::read_to_string(&files[0])?)?;
     Ok((daemons, Some(mtu)))
+}
+
+/// A subnet file naming host `i`'s subnets (both families' with `ipv6`) by their first host
+/// address, as flanneld writes it.
+fn leased_before(i: usize, ipv6: bool) -> Result<String> {
+    let first = Ipv4Net::new(subnet(i).hosts().next().context("subnet")?, 24)?;
+    let mut text = format!("FLANNEL_SUBNET={first}\n");
+    if ipv6 {
+        let first6 = u128::from(subnet6(i).network()) + 1;
+        let first6 = Ipv6Net::new(first6.into(), subnet6(i).prefix_len())?;
+        text += &format!("FLANNEL_IPV6_SUBNET={first6}\n");
+    }
+    Ok(text)
 }
 
 fn wait_peer_known(host: &Host, twill: &Path) -> Result<()> {

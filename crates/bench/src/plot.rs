@@ -25,6 +25,7 @@ const PANELS: [Panel; 6] = [
         title: "TCP throughput, Gbit/s (higher is better)",
         series: &[
             ("single stream", Field::TcpGbps),
+            ("single stream, IPv6", Field::Tcp6Gbps),
             ("-P 4", Field::TcpP4Gbps),
             ("reverse", Field::TcpRevGbps),
         ],

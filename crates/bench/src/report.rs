@@ -1,5 +1,5 @@
-//! Results of every path: medians, ratios to kernel VXLAN and native, the table, the JSON and
-//! the `--quick` completeness check.
+//! Results of every path: medians, ratios to kernel VXLAN and native and of IPv6 to IPv4, the
+//! table, the JSON and the `--quick` completeness check.
 
 use crate::measure::Field;
 use crate::stats::{median, ratio};
@@ -14,6 +14,8 @@ pub struct PathResult {
     pub available: bool,
     /// Why the path is unavailable, or which measurements failed.
     pub note: String,
+    /// Why the path carries no IPv6, where IPv6 was measured: its IPv6 numbers read n/a.
+    pub no_ipv6: Option<String>,
     pub samples: BTreeMap<Field, Vec<f64>>,
 }
 
@@ -32,21 +34,25 @@ fn baseline(results: &[PathResult], name: &str) -> Option<f64> {
         .value(Field::TcpGbps)
 }
 
-/// `(key, value)` of the two ratio columns for `r`.
-fn ratios(results: &[PathResult], r: &PathResult) -> [(&'static str, Option<f64>); 2] {
+/// `(key, value)` of the ratio columns for `r`: single-stream TCP against vxlan's and native's,
+/// and over IPv6 against over IPv4 on the same path.
+fn ratios(results: &[PathResult], r: &PathResult) -> [(&'static str, Option<f64>); 3] {
     let tcp = r.value(Field::TcpGbps);
     [
         ("tcp_vs_vxlan", ratio(tcp, baseline(results, "vxlan"))),
         ("tcp_vs_native", ratio(tcp, baseline(results, "native"))),
+        ("tcp6_vs_tcp", ratio(r.value(Field::Tcp6Gbps), tcp)),
     ]
 }
 
-const HEADER: [&str; 15] = [
+const HEADER: [&str; 17] = [
     "path",
     "tcp Gbit/s",
     "×vxlan",
     "×native",
     "retr",
+    "tcp6 Gbit/s",
+    "×ipv4",
     "-P4",
     "-R",
     "flood kpps",
@@ -59,13 +65,19 @@ const HEADER: [&str; 15] = [
     "cpu s/Gbit",
 ];
 
-/// The comparison table, one row per path, then the notes of paths that had failures.
+/// The comparison table, one row per path, then the notes of paths that had failures or carry
+/// no IPv6.
 pub fn table(results: &[PathResult]) -> String {
     let rows: Vec<Vec<String>> = results.iter().map(|r| row(results, r)).collect();
     let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
     let mut out = render(&header, &rows);
-    for r in results.iter().filter(|r| r.available && !r.note.is_empty()) {
-        out += &format!("note: {}: {}\n", r.path, r.note);
+    for r in results.iter().filter(|r| r.available) {
+        if !r.note.is_empty() {
+            out += &format!("note: {}: {}\n", r.path, r.note);
+        }
+        if let Some(why) = &r.no_ipv6 {
+            out += &format!("note: {}: IPv6 n/a: {why}\n", r.path);
+        }
     }
     out
 }
@@ -104,13 +116,19 @@ fn row(results: &[PathResult], r: &PathResult) -> Vec<String> {
     if !r.available {
         return vec![r.path.clone(), r.note.clone()];
     }
-    let [vs_vxlan, vs_native] = ratios(results, r).map(|(_, v)| cell(v, 2));
+    let [vs_vxlan, vs_native, vs_ipv4] = ratios(results, r).map(|(_, v)| cell(v, 2));
+    let (tcp6, vs_ipv4) = match r.no_ipv6 {
+        Some(_) => ("n/a".to_string(), "n/a".to_string()),
+        None => (cell(r.value(Field::Tcp6Gbps), 2), vs_ipv4),
+    };
     vec![
         r.path.clone(),
         cell(r.value(Field::TcpGbps), 2),
         vs_vxlan,
         vs_native,
         cell(r.value(Field::TcpRetransmits), 0),
+        tcp6,
+        vs_ipv4,
         cell(r.value(Field::TcpP4Gbps), 2),
         cell(r.value(Field::TcpRevGbps), 2),
         cell(r.value(Field::Flood64Kpps), 1),
@@ -139,13 +157,15 @@ fn line(cells: &[String], widths: &[usize]) -> String {
     padded.join(" | ").trim_end().to_string() + "\n"
 }
 
-/// The `--json` document: an array with one object per path; missing values are null.
+/// The `--json` document: an array with one object per path; missing values are null, and
+/// `no_ipv6` says why a path has no IPv6 numbers (null where it carries IPv6).
 pub fn json(results: &[PathResult]) -> Value {
     let objects = results.iter().map(|r| {
         let mut obj = Map::new();
         obj.insert("path".into(), r.path.clone().into());
         obj.insert("available".into(), r.available.into());
         obj.insert("note".into(), r.note.clone().into());
+        obj.insert("no_ipv6".into(), r.no_ipv6.clone().into());
         for field in Field::ALL {
             obj.insert(field.key().into(), r.value(field).into());
         }
@@ -163,7 +183,8 @@ pub fn json(results: &[PathResult]) -> Value {
 }
 
 /// `--quick`: every number of every available path is present and non-zero (loss and softirq
-/// may be zero), and at least one path was available. No speed thresholds.
+/// may be zero; the IPv6 ones are not wanted from a path that carries no IPv6), and at least one
+/// path was available. No speed thresholds.
 pub fn check_complete(results: &[PathResult]) -> Result<()> {
     ensure!(
         results.iter().any(|r| r.available),
@@ -171,7 +192,10 @@ pub fn check_complete(results: &[PathResult]) -> Result<()> {
     );
     let mut bad = Vec::new();
     for r in results.iter().filter(|r| r.available) {
-        for field in Field::ALL {
+        let wanted = Field::ALL
+            .into_iter()
+            .filter(|f| !f.is_ipv6() || r.no_ipv6.is_none());
+        for field in wanted {
             match r.value(field) {
                 Some(v) if v > 0.0 || (field.may_be_zero() && v == 0.0) => {}
                 v => bad.push(format!("{} {} = {v:?}", r.path, field.key())),

@@ -22,25 +22,34 @@ pub struct Prepared {
     pub lab: Result<PathLab, String>,
 }
 
-/// Builds every selected path's lab; a path that cannot be set up is kept with its reason.
+/// Builds every selected path's lab, dual-stack where IPv6 is measured and the path carries
+/// it; a path that cannot be set up is kept with its reason.
 pub fn prepare(opts: &Options, progress: &Progress) -> Vec<Prepared> {
     opts.paths
         .iter()
         .map(|&kind| {
             progress.show(&format!("setting up {kind}"));
-            let lab = PathLab::new(kind, &opts.twill).map_err(|e| format!("{e:#}"));
+            let ipv6 = opts.measures_ipv6() && kind.no_ipv6().is_none();
+            let lab = PathLab::new(kind, &opts.twill, ipv6).map_err(|e| format!("{e:#}"));
             Prepared { kind, lab }
         })
         .collect()
 }
 
-/// `repeat` rounds of every measurement on every ready path.
+impl Options {
+    fn measures_ipv6(&self) -> bool {
+        self.measurements.contains(&Measurement::Tcp6)
+    }
+}
+
+/// `repeat` rounds of every measurement on every ready path (tcp6 on those set up dual-stack).
 pub fn measure(prepared: &[Prepared], opts: &Options, progress: &Progress) -> Vec<PathResult> {
-    let mut results: Vec<PathResult> = prepared.iter().map(initial_result).collect();
+    let mut results: Vec<PathResult> = prepared.iter().map(|p| initial_result(p, opts)).collect();
     for round in 1..=opts.repeat {
         for (p, result) in prepared.iter().zip(&mut results) {
             let Ok(lab) = &p.lab else { continue };
-            for &m in &opts.measurements {
+            let measurements = opts.measurements.iter();
+            for &m in measurements.filter(|m| **m != Measurement::Tcp6 || lab.has_ipv6()) {
                 progress.show(&format!(
                     "[round {round}/{}] {}: {} ({} s)",
                     opts.repeat,
@@ -56,7 +65,10 @@ pub fn measure(prepared: &[Prepared], opts: &Options, progress: &Progress) -> Ve
     results
 }
 
-fn initial_result(p: &Prepared) -> PathResult {
+/// No samples yet; the reason the path is unavailable, and why it has no IPv6 numbers where
+/// they are measured and it carries none.
+fn initial_result(p: &Prepared, opts: &Options) -> PathResult {
+    let no_ipv6 = opts.measures_ipv6().then(|| p.kind.no_ipv6()).flatten();
     PathResult {
         path: p.kind.name().to_string(),
         available: p.lab.is_ok(),
@@ -66,6 +78,7 @@ fn initial_result(p: &Prepared) -> PathResult {
             .err()
             .map(|why| format!("unavailable: {why}"))
             .unwrap_or_default(),
+        no_ipv6: no_ipv6.map(str::to_string),
         samples: BTreeMap::new(),
     }
 }

@@ -21,6 +21,25 @@ fn tcp_throughput_is_the_receiver_sum_in_gbit() {
 }
 
 #[test]
+fn tcp_bytes_are_what_the_receiver_got() {
+    let out = json!({"end": {"sum_received": {"bytes": 1_250_000_000u64, "bits_per_second": 5e9}}});
+    assert_eq!(iperf_tcp_bytes(&out.to_string()).unwrap(), 1_250_000_000);
+    assert!(iperf_tcp_bytes(r#"{"end": {"sum_received": {}}}"#).is_err());
+}
+
+#[test]
+fn a_devices_received_bytes_come_from_its_64_bit_counters() {
+    // `ip -s -j link show dev flannel-v6.1` (iproute2 6.1, trimmed).
+    let ip = r#"[{"ifindex":5,"ifname":"flannel-v6.1","mtu":1430,"stats64":{
+        "rx":{"bytes":5368709120,"packets":81234,"errors":0},
+        "tx":{"bytes":4312,"packets":51,"errors":0}}}]"#;
+    assert_eq!(link_rx_bytes(ip).unwrap(), 5_368_709_120);
+    assert!(link_rx_bytes(r#"[{"ifname":"eth0"}]"#).is_err());
+    assert!(link_rx_bytes("[]").is_err());
+    assert!(link_rx_bytes("5: eth0: <UP>").is_err());
+}
+
+#[test]
 fn tcp_retransmits_are_the_senders_count() {
     assert_eq!(iperf_tcp_retransmits(&iperf_tcp_json(1e9)).unwrap(), 3.0);
     assert!(iperf_tcp_retransmits(r#"{"end": {}}"#).is_err());

@@ -45,6 +45,7 @@ fn measured(path: &str, tcp: &[f64]) -> PathResult {
         path: path.into(),
         available: true,
         note: String::new(),
+        no_ipv6: None,
         samples,
     }
 }
@@ -148,6 +149,73 @@ fn quick_check_wants_every_number_of_available_paths_but_allows_zero_loss() {
         );
     }
     assert!(check_complete(&[unavailable("ipip")]).is_err());
+}
+
+/// A run that measured IPv6: twill-ebpf carries none, so it has no IPv6 samples and a reason.
+fn run_with_ipv6() -> Vec<PathResult> {
+    let mut run = sample_run();
+    run[1].samples.insert(Field::Tcp6Gbps, vec![42.0]);
+    let mut ebpf = measured("twill-ebpf", &[18.0]);
+    for field in Field::ALL.into_iter().filter(|f| f.is_ipv6()) {
+        ebpf.samples.remove(&field);
+    }
+    ebpf.no_ipv6 = Some("the programs carry IPv4 only".into());
+    run.push(ebpf);
+    run
+}
+
+#[test]
+fn ipv6_tcp_sits_beside_ipv4_and_a_path_without_ipv6_reads_n_a_with_the_reason() {
+    let run = run_with_ipv6();
+    let text = table(&run);
+    let lines: Vec<&str> = text.lines().collect();
+    let header: Vec<&str> = lines[0].split(" | ").map(str::trim).collect();
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (tcp6, vs_ipv4) = (column("tcp6 Gbit/s"), column("×ipv4"));
+    let cells = |path: &str| -> Vec<String> {
+        let line = lines.iter().find(|l| l.starts_with(path)).unwrap();
+        line.split(" | ").map(|c| c.trim().to_string()).collect()
+    };
+    let vxlan = cells("vxlan");
+    assert_eq!(
+        (vxlan[tcp6].as_str(), vxlan[vs_ipv4].as_str()),
+        ("42.00", "2.00")
+    );
+    let ebpf = cells("twill-ebpf");
+    assert_eq!(
+        (ebpf[tcp6].as_str(), ebpf[vs_ipv4].as_str()),
+        ("n/a", "n/a")
+    );
+    assert_eq!(ebpf[1], "18.00", "{text}");
+    assert!(
+        text.contains("note: twill-ebpf: IPv6 n/a: the programs carry IPv4 only"),
+        "{text}"
+    );
+    // An unavailable path has one reason, its own, not an IPv6 note besides.
+    assert!(!text.contains("ipip: IPv6"), "{text}");
+
+    let doc = json(&run);
+    let (vxlan, ebpf) = (&doc[1], &doc[4]);
+    assert_eq!(vxlan["tcp6_gbps"], 42.0);
+    assert_eq!(vxlan["tcp6_vs_tcp"], 2.0);
+    assert!(vxlan["no_ipv6"].is_null());
+    assert!(ebpf["tcp6_gbps"].is_null() && ebpf["tcp6_vs_tcp"].is_null());
+    assert_eq!(ebpf["no_ipv6"], "the programs carry IPv4 only");
+}
+
+#[test]
+fn quick_check_wants_ipv6_numbers_only_from_paths_that_carry_ipv6() {
+    let mut run = run_with_ipv6();
+    check_complete(&run).unwrap();
+    for field in [Field::Tcp6Gbps, Field::Tcp6Bytes, Field::Tcp6DeviceBytes] {
+        let mut missing = run.clone();
+        missing[1].samples.remove(&field);
+        let e = check_complete(&missing).unwrap_err().to_string();
+        assert_eq!(e, format!("missing or zero: vxlan {} = None", field.key()));
+    }
+    run[4].no_ipv6 = None;
+    let e = check_complete(&run).unwrap_err().to_string();
+    assert!(e.contains("twill-ebpf tcp6_gbps = None"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,102 @@
+//! The compared paths by name, and what each carries.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One compared path; `--paths` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    Native,
+    HostGw,
+    Vxlan,
+    Ipip,
+    TwillUdp,
+    /// flannel's udp wire on twill's eBPF dataplane (`--dataplane ebpf`).
+    TwillEbpf,
+    TwillBatch,
+    TwillWireguard,
+    /// The reference for twill-wireguard: wireguard-go on both hosts.
+    WireguardGo,
+}
+
+impl PathKind {
+    /// The `Backend.Type` a twill path runs.
+    pub(crate) fn twill_backend(self) -> Option<&'static str> {
+        match self {
+            PathKind::TwillUdp | PathKind::TwillEbpf => Some("udp"),
+            PathKind::TwillBatch => Some("twill-batch"),
+            PathKind::TwillWireguard => Some("wireguard"),
+            _ => None,
+        }
+    }
+
+    /// Why the path carries no IPv6 (its IPv6 numbers read n/a), or None where it carries IPv6
+    /// on a dual-stack network.
+    pub fn no_ipv6(self) -> Option<&'static str> {
+        match self {
+            PathKind::Ipip => Some("ipip carries IPv4 only (flannel's ipip backend has no IPv6)"),
+            PathKind::TwillEbpf => {
+                Some("twill's eBPF programs carry IPv4 only (twill refuses them on a dual-stack network)")
+            }
+            PathKind::TwillWireguard => Some("twill's wireguard backend carries no IPv6 yet"),
+            PathKind::WireguardGo => {
+                Some("the reference for twill-wireguard, set up for IPv4 only as twill-wireguard is")
+            }
+            _ => None,
+        }
+    }
+
+    /// `twill run` arguments of a twill path besides the common ones.
+    pub(crate) fn twill_args(self) -> &'static [&'static str] {
+        match self {
+            PathKind::TwillEbpf => &["--dataplane", "ebpf"],
+            _ => &[],
+        }
+    }
+
+    pub const ALL: [PathKind; 9] = [
+        PathKind::Native,
+        PathKind::HostGw,
+        PathKind::Vxlan,
+        PathKind::Ipip,
+        PathKind::TwillUdp,
+        PathKind::TwillEbpf,
+        PathKind::TwillBatch,
+        PathKind::TwillWireguard,
+        PathKind::WireguardGo,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PathKind::Native => "native",
+            PathKind::HostGw => "host-gw",
+            PathKind::Vxlan => "vxlan",
+            PathKind::Ipip => "ipip",
+            PathKind::TwillUdp => "twill-udp",
+            PathKind::TwillEbpf => "twill-ebpf",
+            PathKind::TwillBatch => "twill-batch",
+            PathKind::TwillWireguard => "twill-wireguard",
+            PathKind::WireguardGo => "wireguard-go",
+        }
+    }
+}
+
+impl fmt::Display for PathKind {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for PathKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        PathKind::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = PathKind::ALL.iter().map(|p| p.name()).collect();
+                format!("unknown path {s:?}; known: {}", names.join(","))
+            })
+    }
+}
