@@ -292,9 +292,40 @@ fn cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
 /// is made.
 #[test]
 fn ebpf_with_another_backend_is_refused_in_one_line() -> Result<()> {
+    let (lab, line) = refused("ebpfrefuse", &["--backend", "twill-batch"])?;
+    ensure!(
+        line.contains("--dataplane ebpf carries flannel's udp wire only")
+            && line.contains("twill-batch"),
+        "{line}"
+    );
+    ensure!(
+        lab.host(0).ns.ip(&["link", "show", "twill0"]).is_err(),
+        "twill0 was made"
+    );
+    Ok(())
+}
+
+/// A `--bpf-dir` where nothing can be pinned (under /proc) stops the node with one line naming
+/// the directory.
+#[test]
+fn a_bpf_dir_that_cannot_hold_pins_is_named_in_one_line() -> Result<()> {
+    let (_lab, line) = refused(
+        "ebpfbaddir",
+        &["--backend", "udp", "--bpf-dir", "/proc/twill-pins"],
+    )?;
+    ensure!(
+        line.contains("cannot create /proc/twill-pins/twill0"),
+        "{line}"
+    );
+    Ok(())
+}
+
+/// Start a node of host 0 with `--dataplane ebpf` and `args`, which must make it stop within
+/// 10 s; the lab and the last line it wrote.
+fn refused(tag: &str, extra: &[&str]) -> Result<(twill_lab::Lab, String)> {
     let lab = twill_lab::Lab::new(twill_lab::LabSpec {
         hosts: 2,
-        tag: "ebpfrefuse".into(),
+        tag: tag.into(),
         ..Default::default()
     })?;
     let dir = scratch()?;
@@ -309,28 +340,15 @@ fn ebpf_with_another_backend_is_refused_in_one_line() -> Result<()> {
         "10.5.0.0/16",
         "--subnet",
         "10.5.1.0/24",
-        "--backend",
-        "twill-batch",
         "--dataplane",
         "ebpf",
     ];
-    let mut proc = lab.host(0).ns.spawn(TWILL, &args)?;
+    let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+    let mut proc = lab.host(0).ns.spawn(TWILL, &all)?;
     let stderr = proc.failure_within(Duration::from_secs(10), "twill kept running")?;
-    let line = stderr
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("");
-    ensure!(
-        line.contains("--dataplane ebpf carries flannel's udp wire only")
-            && line.contains("twill-batch"),
-        "{stderr}"
-    );
-    ensure!(
-        lab.host(0).ns.ip(&["link", "show", "twill0"]).is_err(),
-        "twill0 was made"
-    );
-    Ok(())
+    let line = stderr.lines().rev().find(|l| !l.trim().is_empty());
+    let line = line.unwrap_or_default().to_string();
+    Ok((lab, line))
 }
 
 /// A node that may not load eBPF programs (root with CAP_NET_ADMIN alone, as setpriv leaves it):

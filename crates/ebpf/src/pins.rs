@@ -28,13 +28,25 @@ fn side_name(side: Side) -> &'static str {
     }
 }
 
-/// Make `dir` and put a bpffs there if it is on another filesystem (/sys/fs/bpf is often not
-/// mounted in containers; `ip netns exec` shows a fresh /sys without it).
+/// The bpffs systemd mounts on every host.
+const SYS_FS_BPF: &str = "/sys/fs/bpf";
+
+/// Make `dir` on a bpffs. Pins under /sys/fs/bpf go on a bpffs mounted there, as systemd does
+/// (a container or `ip netns exec` shows a /sys without it); elsewhere, a directory on another
+/// filesystem gets a bpffs of its own.
 pub(crate) fn ensure_bpffs(dir: &Path) -> anyhow::Result<()> {
+    let root = Path::new(SYS_FS_BPF);
+    if dir.starts_with(root) && root.is_dir() && !is_bpffs(root)? {
+        mount_bpffs(root)?;
+    }
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     if is_bpffs(dir)? {
         return Ok(());
     }
+    mount_bpffs(dir)
+}
+
+fn mount_bpffs(dir: &Path) -> anyhow::Result<()> {
     mount(
         Some("bpffs"),
         dir,

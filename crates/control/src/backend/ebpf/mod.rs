@@ -32,7 +32,6 @@ use twill_ebpf::{Attachment, Opened};
 
 /// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
 pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
-const SYS_FS_BPF: &str = "/sys/fs/bpf";
 
 /// flannel's udp port, when the network config gives none.
 const DEFAULT_PORT: u16 = 8285;
@@ -87,7 +86,6 @@ impl Setup for EbpfSetup {
 
     /// Makes (or adopts) the device and its route, then loads (or adopts) the programs.
     async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
-        mount_sys_fs_bpf(&self.pin_dir)?;
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let name = &self.attachment.device;
         let address = Ipv4Net::new(lease.subnet.network(), 32)?;
@@ -110,28 +108,6 @@ impl Setup for EbpfSetup {
             u32::from(self.mtu),
         ))
     }
-}
-
-/// systemd mounts a bpffs at /sys/fs/bpf, but a container or `ip netns exec` shows a /sys
-/// without it, where nothing can be made: mount one there when the pins go under it.
-fn mount_sys_fs_bpf(pin_dir: &Path) -> anyhow::Result<()> {
-    let root = Path::new(SYS_FS_BPF);
-    if !pin_dir.starts_with(root) || !root.is_dir() || is_bpffs(root)? {
-        return Ok(());
-    }
-    nix::mount::mount(
-        Some("bpffs"),
-        root,
-        Some("bpf"),
-        nix::mount::MsFlags::empty(),
-        None::<&str>,
-    )
-    .with_context(|| format!("{SYS_FS_BPF} is not a bpffs and mounting one there failed"))
-}
-
-fn is_bpffs(dir: &Path) -> anyhow::Result<bool> {
-    let fs = nix::sys::statfs::statfs(dir).with_context(|| format!("statfs {}", dir.display()))?;
-    Ok(fs.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// The eBPF dataplane following the leases: each peer is an entry in its maps. Dropping it
