@@ -5,14 +5,14 @@
 //! touch it either, and flannel's wireguard backend is that device.
 
 use super::peer_map::PeerMap;
-use super::peers::{Sealed, WgPeer};
+use super::peers::{Families, Sealed, WgPeer};
 use super::Wg;
 use crate::engine::train::{Counts, Train};
 use crate::engine::{flush_tun, next_tun_batch, routed, send_failed, Shared};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// A data message adds its header (type, receiver, counter: 16 bytes) and the AEAD tag (16).
@@ -32,7 +32,7 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
         let peers = wg.peers.load();
         for i in 0..n {
             let packet = reader.packet_mut(i);
-            let routed = match route(packet, &table, &peers) {
+            let routed = match route(packet, &table, &peers, wg.crypto.families) {
                 Ok(_) if packet.len() > wg.io.largest_packet() => Err(DropReason::TooBig),
                 routed => routed,
             };
@@ -54,12 +54,18 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
 }
 
 /// The peer for a packet read from TUN: its table index (for counters) and its WireGuard state.
+/// A packet of a family this device does not carry has no peer here, as in the kernel's
+/// device, whose peers' allowed IPs hold none of it.
 fn route<'p>(
     packet: &[u8],
     table: &PeerTable,
     peers: &'p PeerMap,
+    families: Families,
 ) -> Result<(usize, &'p WgPeer), DropReason> {
-    let (_, index) = routed(packet, table)?;
+    let (ip, index) = routed(packet, table)?;
+    if !families.carry(&ip) {
+        return Err(DropReason::NoRoute);
+    }
     let peer = peers.by_subnet(table.peers()[index].spec.subnet);
     Ok((index, peer.ok_or(DropReason::NoRoute)?))
 }
@@ -81,7 +87,7 @@ fn pad<'a>(packet: &'a [u8], room: &'a mut [u8]) -> &'a [u8] {
 /// GSO send.
 struct Outgoing {
     train: Train,
-    endpoint: SocketAddrV4,
+    endpoint: SocketAddr,
     /// The peer's index in the routing table, for its counters.
     peer: usize,
 }
@@ -93,13 +99,13 @@ impl Outgoing {
     fn new() -> Outgoing {
         Outgoing {
             train: Train::default(),
-            endpoint: SocketAddrV4::new([0, 0, 0, 0].into(), 0),
+            endpoint: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             peer: 0,
         }
     }
 
     /// Whether a datagram of `len` bytes to `endpoint` may join.
-    fn takes(&self, io: &Shared, endpoint: SocketAddrV4, peer: usize, len: usize) -> bool {
+    fn takes(&self, io: &Shared, endpoint: SocketAddr, peer: usize, len: usize) -> bool {
         let limit = || {
             io.udp
                 .segments_per_send(self.train.segment)
@@ -134,7 +140,7 @@ impl Outgoing {
         }
     }
 
-    fn push(&mut self, endpoint: SocketAddrV4, peer: usize, len: usize) {
+    fn push(&mut self, endpoint: SocketAddr, peer: usize, len: usize) {
         if self.train.is_empty() {
             (self.endpoint, self.peer) = (endpoint, peer);
         }
@@ -153,10 +159,10 @@ impl Outgoing {
             return;
         }
         let (datagrams, segment, counts) = self.train.closed();
-        let sent = match io.send(self.endpoint.into(), datagrams, segment) {
+        let sent = match io.send(self.endpoint, datagrams, segment) {
             Ok(()) => counts,
             Err(e) => {
-                send_failed(self.endpoint.into(), &e, e.lost(), drops);
+                send_failed(self.endpoint, &e, e.lost(), drops);
                 self.train.sent(&e)
             }
         };
@@ -169,18 +175,45 @@ impl Outgoing {
 }
 
 /// Send one message that is not data (a handshake or keepalive, a cookie).
-pub(super) fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
-    match io.send(to.into(), message, message.len()) {
+pub(super) fn send_one(io: &Shared, to: SocketAddr, message: &[u8], drops: &mut DropTally) {
+    match io.send(to, message, message.len()) {
         Ok(()) => {
             io.stats.tx_datagrams.fetch_add(1, Relaxed);
         }
-        Err(e) => send_failed(to.into(), &e, e.lost(), drops),
+        Err(e) => send_failed(to, &e, e.lost(), drops),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::pair::Node;
     use super::*;
+    use std::net::SocketAddrV4;
+
+    #[test]
+    fn an_ipv6_packet_routes_by_the_ipv6_subnets_on_a_device_that_carries_ipv6() {
+        let (a, b) = (Node::new(1, None), Node::new(2, None));
+        a.knows(&[b.spec()]);
+        let table = PeerTable::new(&[crate::table::PeerSpec {
+            subnet: b.subnet,
+            subnet6: Some(b.subnet6),
+            endpoint: SocketAddrV4::new(b.subnet.network(), 0).into(),
+            version: 0,
+        }]);
+        let peers = a.peers.load();
+        let to_b = |packet: &[u8], families| {
+            route(packet, &table, &peers, families).map(|(i, peer)| (i, peer.subnet))
+        };
+        let (v4, v6) = (a.packet_to(&b, 100), a.packet6_to(&b, 100));
+        assert_eq!(to_b(&v6, Families::Both), Ok((0, b.subnet)));
+        assert_eq!(to_b(&v6, Families::Ipv6), Ok((0, b.subnet)));
+        assert_eq!(to_b(&v6, Families::Ipv4), Err(DropReason::NoRoute));
+        assert_eq!(to_b(&v4, Families::Ipv6), Err(DropReason::NoRoute));
+        assert_eq!(
+            to_b(&a.packet6_to(&a, 100), Families::Both),
+            Err(DropReason::NoRoute)
+        );
+    }
 
     #[test]
     fn padding_rounds_up_to_16_but_never_past_the_mtu() {
