@@ -90,6 +90,76 @@ fn mode_ipv4_carries_both_families_over_the_ipv4_underlay() -> Result<()> {
     Ok(())
 }
 
+/// A host's listening UDP sockets, as `ss` lists them (`addr:port`, IPv6 in brackets).
+fn bound(w: &wg::Connected, host: usize) -> Result<String> {
+    w.ns(host).exec("ss", &["-u", "-l", "-n", "-H"])
+}
+
+#[test]
+fn mode_separate_carries_each_family_on_its_own_device_and_underlay() -> Result<()> {
+    let w = wg::dual_connected("wgdssep", "separate")?;
+    leases_are_flanneds(&w)?;
+    both_families_both_ways(&w)?;
+    for host in 0..2 {
+        let n = host + 1;
+        let sockets = bound(&w, host)?;
+        let want = [
+            format!("10.200.0.{n}:51820"),
+            format!("[fd00:200::{n}]:51821"),
+        ];
+        ensure!(
+            want.iter().all(|s| sockets.contains(s)),
+            "host {host}: {sockets}"
+        );
+    }
+    // flannel-wg: IPv4 alone; flannel-wg-v6: the IPv6 /128 and route, and no IPv4 address.
+    let host0 = w.ns(0);
+    let (own, own6) = (w.c.subnet(0)?.network(), w.c.subnet6(0)?.network());
+    let v4 = host0.ip(&["-o", "addr", "show", "flannel-wg"])?;
+    ensure!(
+        v4.contains(&format!("{own}/32")) && !v4.contains("inet6"),
+        "{v4}"
+    );
+    let v6 = host0.ip(&["-o", "addr", "show", "flannel-wg-v6"])?;
+    ensure!(
+        v6.contains(&format!("{own6}/128")) && !v6.contains("inet "),
+        "{v6}"
+    );
+    let routes = host0.ip(&["-6", "route", "show", "fd10::/56"])?;
+    ensure!(routes.contains("dev flannel-wg-v6"), "{routes}");
+    let v4_version = underlay_version(&w, "-4", "udp and dst port 51820 and greater 100")?;
+    let v6_version = underlay_version(&w, "-6", "udp and dst port 51821 and greater 100")?;
+    ensure!(
+        (v4_version, v6_version) == (4, 6),
+        "{v4_version}, {v6_version}"
+    );
+    Ok(())
+}
+
+#[test]
+fn mode_ipv6_carries_both_families_over_the_ipv6_underlay() -> Result<()> {
+    let w = wg::dual_connected("wgds6", "ipv6")?;
+    leases_are_flanneds(&w)?;
+    both_families_both_ways(&w)?;
+    for host in 0..2 {
+        let sockets = bound(&w, host)?;
+        let on_ipv6 = sockets.contains(&format!("[fd00:200::{}]:51820", host + 1));
+        ensure!(
+            on_ipv6 && !sockets.contains("10.200.0."),
+            "host {host}: {sockets}"
+        );
+    }
+    let filter = "udp and dst port 51820 and greater 100";
+    for family in ["-4", "-6"] {
+        let version = underlay_version(&w, family, filter)?;
+        ensure!(
+            version == 6,
+            "ping {family} crossed an IPv{version} underlay"
+        );
+    }
+    Ok(())
+}
+
 /// Host 1 sends, through its real session with host 0, IPv6 packets whose source lies outside
 /// its IPv6 subnet (WireGuard checks sources where packets arrive, not where they leave). Host
 /// 0 counts them `spoofed_source` and delivers none; host 1's own packets still arrive.
@@ -163,11 +233,11 @@ fn configs_a_node_cannot_run_are_refused_in_one_line() -> Result<()> {
     )
 }
 
-/// A dual-stack lease without what the node's Mode needs of it is no peer: the lease gate
-/// refuses it, status shows why, and the real peer carries on.
+/// A dual-stack lease without what the node's Mode (ipv6) needs of it is no peer: the lease
+/// gate refuses it, status shows why, and the real peer carries on.
 #[test]
 fn a_dual_stack_lease_lacking_its_ipv6_data_is_refused_and_shown() -> Result<()> {
-    let w = wg::dual_connected("wgdsbad", "ipv4")?;
+    let w = wg::dual_connected("wgdsbad", "ipv6")?;
     let c = &w.c;
     let generate = || twill_dataplane::engine::wireguard::PrivateKey::generate().public_key();
     let (key, other) = (generate().to_string(), generate().to_string());
@@ -187,6 +257,11 @@ fn a_dual_stack_lease_lacking_its_ipv6_data_is_refused_and_shown() -> Result<()>
                 "its BackendV6Data.PublicKey \"{other}\" is not its BackendData.PublicKey \
                  \"{key}\": flanneld writes its node's one key in both"
             ),
+        ),
+        (
+            r#""PublicIPv6":"fd00:200::9""#.to_string(),
+            r#""PublicIPv6":null"#.to_string(),
+            "it has no PublicIPv6, and Mode ipv6 reaches peers over the IPv6 underlay".to_string(),
         ),
     ];
     let subnet = c.unheld_subnet()?;
