@@ -10,10 +10,8 @@ use crate::host;
 use crate::node::Node;
 use anyhow::Context;
 use ipnet::Ipv4Net;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use twill_dataplane::engine::wireguard::{
-    Device, Families, WgDeviceConfig, WgEngineConfig, WireGuard,
-};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use twill_dataplane::engine::wireguard::{Device, WgDeviceConfig, WgEngineConfig, WireGuard};
 use twill_dataplane::engine::Engine;
 use twill_dataplane::io::TunConfig;
 
@@ -48,7 +46,7 @@ impl Chosen {
                 let fix = "stop it first: Mode separate's IPv6 device is always flannel-wg-v6";
                 host::ensure_tun_unclaimed(DEVICE_V6, fix).await?;
             }
-            let config = engine_config(node, &devices, mtu)?;
+            let config = engine_config(node, &devices, mtu);
             return Ok(Chosen::Userspace(devices, Box::new(config)));
         };
         let mut kernel = vec![made];
@@ -109,40 +107,42 @@ async fn drop_ipv4(name: &str, address: Ipv4Net) -> anyhow::Result<()> {
 }
 
 /// The userspace engine's config for `devices`, but for the lease's addresses: each TUN named
-/// as flannel's device, its socket on the underlay the device sends over.
-fn engine_config(node: &Node, devices: &[DevicePlan], mtu: u32) -> anyhow::Result<WgEngineConfig> {
+/// as flannel's device, its sockets on the underlays the device sends over. An IPv4 socket
+/// binds the interface's address, as flanneld's udp backend does; an IPv6 one every address,
+/// as the kernel's WireGuard binds, so that replies leave from the address the kernel picks
+/// for each peer.
+fn engine_config(node: &Node, devices: &[DevicePlan], mtu: u32) -> WgEngineConfig {
     let options = &node.options;
-    let device = |plan: &DevicePlan| -> anyhow::Result<WgDeviceConfig> {
-        Ok(WgDeviceConfig {
+    let device = |plan: &DevicePlan| {
+        let port = plan.settings.listen_port;
+        let v4 = SocketAddr::new(node.iface.address.into(), port);
+        let v6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+        let (bind, bind6) = match (plan.underlay.ipv4(), plan.underlay.ipv6()) {
+            (true, true) => (v4, Some(v6)),
+            (false, _) => (v6, None),
+            (true, false) => (v4, None),
+        };
+        WgDeviceConfig {
             tun: TunConfig {
                 name: plan.name.to_string(),
                 mtu: u16::try_from(mtu).unwrap_or(u16::MAX),
-                address: std::net::Ipv4Addr::UNSPECIFIED,
+                address: Ipv4Addr::UNSPECIFIED,
                 offload: !options.no_offload,
                 queues: options.queues,
                 tx_queue_len: options.tun_tx_queue_len,
             },
             address6: None,
             families: plan.settings.families,
-            bind: SocketAddr::new(underlay(node, plan.underlay)?, plan.settings.listen_port),
-        })
+            bind,
+            bind6,
+        }
     };
-    Ok(WgEngineConfig {
-        main: device(&devices[0])?,
-        v6: devices.get(1).map(device).transpose()?,
+    WgEngineConfig {
+        main: device(&devices[0]),
+        v6: devices.get(1).map(device),
         socket_buffer: options.udp_buffer,
         tunnel: devices[0].settings.tunnel.clone(),
-    })
-}
-
-/// The address a device's socket binds: the interface's IPv4 address (as flanneld's udp
-/// binds), or for the IPv6 underlay its IPv6 one (any, where it has none of its own).
-fn underlay(node: &Node, families: Families) -> anyhow::Result<IpAddr> {
-    if families.ipv4() {
-        return Ok(IpAddr::V4(node.iface.address));
     }
-    let own = host::ipv6_address(&node.iface.name)?;
-    Ok(IpAddr::V6(own.unwrap_or(Ipv6Addr::UNSPECIFIED)))
 }
 
 /// The devices forwarding.

@@ -8,6 +8,7 @@
 //! and run each on its own thread ([`crate::engine::directions`]); flannel's Mode separate
 //! has two devices, `flannel-wg` and `flannel-wg-v6`, in one engine.
 
+mod device;
 mod flood;
 pub mod keys;
 mod open;
@@ -27,10 +28,9 @@ pub use peers::{Families, Sealed, TunnelParams, WgPeer, WgPeerSpec};
 pub use send::{DATA_OVERHEAD, HANDSHAKE_INIT_LEN};
 
 use super::directions::Direction;
-use super::path_mtu::PathMtu;
 use super::{Engine, Shared};
-use crate::io::udp::udp_ip_headers;
-use crate::io::{Tun, TunConfig, UdpIo};
+use crate::io::{Tun, TunConfig};
+use device::{Beside, Socket};
 use ipnet::Ipv4Net;
 use std::io;
 use std::net::{Ipv6Addr, SocketAddr};
@@ -59,6 +59,9 @@ pub struct WgDeviceConfig {
     pub families: Families,
     /// Where to bind: this node's address and the device's listen port.
     pub bind: SocketAddr,
+    /// Mode auto's second socket, on the IPv6 underlay (`bind` is then on the IPv4 one): its
+    /// peers are reached over either.
+    pub bind6: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -85,34 +88,28 @@ pub struct WireGuard {
 impl WireGuard {
     /// Open the TUNs and the sockets and start forwarding, each loop on its own thread.
     pub fn start(config: WgEngineConfig) -> anyhow::Result<WireGuard> {
-        let v6 = config
-            .v6
-            .as_ref()
-            .map(|d| Beside::open(d, &config))
-            .transpose()?;
+        let buffer = config.socket_buffer;
+        let v6 = config.v6.as_ref();
+        let v6 = v6.map(|d| Beside::open(d, &config)).transpose()?;
         let peers6 = v6.as_ref().map(|device| device.peers.clone());
-        let (main, buffer) = (&config.main, config.socket_buffer);
+        let main = &config.main;
+        let socket6 = main.bind6.map(|at| Socket::bind(at, buffer)).transpose()?;
         let peers = Arc::new(WgPeers::default());
         let crypto = Arc::new(Crypto::new(config.tunnel.clone(), main.families));
-        let engine = Engine::launch(
-            &main.tun,
-            main.address6,
-            main.bind,
-            buffer,
-            OVERHEAD,
-            |tun, io| {
-                let wg = Wg {
-                    io: io.clone(),
-                    peers: peers.clone(),
-                    crypto,
-                };
-                let mut all = directions(tun, &wg, "wg")?;
-                if let Some(v6) = v6 {
-                    all.extend(v6.directions(io)?);
-                }
-                Ok(all)
-            },
-        )?;
+        let (tun, address6) = (&main.tun, main.address6);
+        let engine = Engine::launch(tun, address6, main.bind, buffer, OVERHEAD, |tun, io| {
+            let wg = Wg {
+                io: io.clone(),
+                io6: socket6.map(|socket| socket.shared(io, io.own6)),
+                peers: peers.clone(),
+                crypto,
+            };
+            let mut all = directions(tun, &wg, "wg")?;
+            if let Some(v6) = v6 {
+                all.extend(v6.directions(io)?);
+            }
+            Ok(all)
+        })?;
         let peering = Peering::new(peers, engine.table().clone());
         Ok(WireGuard {
             engine,
@@ -161,58 +158,24 @@ impl WireGuard {
 #[derive(Clone)]
 pub(crate) struct Wg {
     io: Shared,
+    /// Mode auto's socket on the IPv6 underlay, beside `io`'s on the IPv4 one.
+    io6: Option<Shared>,
     peers: Arc<WgPeers>,
     crypto: Arc<Crypto>,
 }
 
-/// A second device beside `flannel-wg` (Mode separate's `flannel-wg-v6`), opened before the
-/// engine starts and run by it: its own TUN, socket, peers and handshake limit, and the
-/// engine's table and counters.
-struct Beside {
-    tun: Arc<Tun>,
-    udp: Arc<UdpIo>,
-    /// The outer IP and UDP headers of its underlay's family.
-    headers: usize,
-    address6: Option<Ipv6Addr>,
-    peers: Arc<WgPeers>,
-    crypto: Arc<Crypto>,
-}
-
-impl Beside {
-    fn open(device: &WgDeviceConfig, engine: &WgEngineConfig) -> anyhow::Result<Beside> {
-        let udp = UdpIo::bind(device.bind, engine.socket_buffer)?;
-        let tun = Tun::open_dual(&device.tun, device.address6)?;
-        Ok(Beside {
-            tun: Arc::new(tun),
-            udp: Arc::new(udp),
-            headers: udp_ip_headers(device.bind.ip()),
-            address6: device.address6,
-            peers: Arc::default(),
-            crypto: Arc::new(Crypto::new(engine.tunnel.clone(), device.families)),
-        })
-    }
-
-    /// Its directions, sharing the table and counters of `main`'s.
-    fn directions(self, main: &Shared) -> io::Result<Vec<Direction>> {
-        let mtu = usize::from(self.tun.mtu());
-        let io = Shared {
-            udp: self.udp,
-            own6: self.address6,
-            mtu,
-            path: Arc::new(PathMtu::new(mtu + OVERHEAD, self.headers)),
-            ..main.clone()
-        };
-        let wg = Wg {
-            io,
-            peers: self.peers,
-            crypto: self.crypto,
-        };
-        directions(&self.tun, &wg, "wg6 ")
+impl Wg {
+    /// The I/O that reaches `to`: the socket of its family, where the device has two.
+    fn underlay(&self, to: SocketAddr) -> &Shared {
+        match (to, &self.io6) {
+            (SocketAddr::V6(_), Some(io6)) => io6,
+            _ => &self.io,
+        }
     }
 }
 
-/// TUN -> UDP for each queue, UDP -> TUN, and the timers, of the device `name`d in its
-/// threads' names (`wg`, `wg6 `: Linux keeps 15 bytes of a thread's name).
+/// TUN -> UDP for each queue, UDP -> TUN for each socket, and the timers, of the device
+/// `name`d in its threads' names (`wg`, `wg6 `: Linux keeps 15 bytes of a thread's name).
 fn directions(tun: &Arc<Tun>, wg: &Wg, name: &str) -> io::Result<Vec<Direction>> {
     let mut directions = Vec::new();
     for q in 0..tun.queues() {
@@ -221,11 +184,14 @@ fn directions(tun: &Arc<Tun>, wg: &Wg, name: &str) -> io::Result<Vec<Direction>>
             Ok(send::tun_to_udp(tun.reader(q)?, icmp, wg))
         }));
     }
-    let (writer, rx) = (tun.writer(0)?, wg.clone());
     let name = name.trim_end();
-    directions.push(Direction::new(format!("twill udp>{name}"), move || {
-        Ok(recv::udp_to_tun(rx.io.udp.receiver()?, writer, rx))
-    }));
+    for (udp, socket) in std::iter::once(&wg.io).chain(&wg.io6).zip(["udp", "udp6"]) {
+        let (udp, writer, rx) = (udp.udp.clone(), tun.writer(0)?, wg.clone());
+        directions.push(Direction::new(
+            format!("twill {socket}>{name}"),
+            move || Ok(recv::udp_to_tun(udp.receiver()?, writer, rx)),
+        ));
+    }
     let timers = wg.clone();
     directions.push(Direction::new(format!("twill {name} timer"), move || {
         Ok(timers::run(timers))

@@ -52,7 +52,7 @@ fn deliver(
                 Opened::Reply(peer, len) => reply(wg, from, peer, buf, len, drops),
                 Opened::Cookie(len) => {
                     drops.count(DropReason::HandshakeFlood);
-                    send_one(&wg.io, from, &buf[..len], drops);
+                    send_one(wg, from, &buf[..len], drops);
                 }
                 Opened::Nothing => {}
                 Opened::Dropped(reason) => drops.count(reason),
@@ -71,10 +71,10 @@ fn reply(
     len: usize,
     drops: &mut DropTally,
 ) {
-    send_one(&wg.io, to, &buf[..len], drops);
+    send_one(wg, to, &buf[..len], drops);
     let Some(peer) = peer else { return };
     while let Some(len) = peer.next_staged(buf) {
-        send_one(&wg.io, peer.endpoint(), &buf[..len], drops);
+        send_one(wg, peer.endpoint(), &buf[..len], drops);
     }
 }
 

@@ -8,7 +8,7 @@ use super::peer_map::PeerMap;
 use super::peers::{Families, Sealed, WgPeer};
 use super::Wg;
 use crate::engine::train::{Counts, Train};
-use crate::engine::{flush_tun, next_tun_batch, routed, send_failed, Shared};
+use crate::engine::{flush_tun, next_tun_batch, routed, send_failed};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
@@ -33,11 +33,13 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
         for i in 0..n {
             let packet = reader.packet_mut(i);
             let routed = match route(packet, &table, &peers, wg.crypto.families) {
-                Ok(_) if packet.len() > wg.io.largest_packet() => Err(DropReason::TooBig),
+                Ok(to) if packet.len() > wg.underlay(to.endpoint).largest_packet() => {
+                    Err(DropReason::TooBig)
+                }
                 routed => routed,
             };
-            let (index, peer) = match routed {
-                Ok(found) => found,
+            let to = match routed {
+                Ok(to) => to,
                 Err(reason) => {
                     wg.io.answer_drop(reason, packet, &mut icmp);
                     drops.count(reason);
@@ -45,29 +47,43 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
                 }
             };
             let packet = pad(packet, &mut padded);
-            train.seal(&wg, &table, index, peer, packet, &mut drops);
+            train.seal(&wg, &table, to, packet, &mut drops);
         }
-        train.send(&wg.io, &table, &mut drops);
+        train.send(&wg, &table, &mut drops);
         flush_tun(&mut icmp, &mut drops);
         drops.publish(&wg.io.stats);
     }
 }
 
-/// The peer for a packet read from TUN: its table index (for counters) and its WireGuard state.
-/// A packet of a family this device does not carry has no peer here, as in the kernel's
-/// device, whose peers' allowed IPs hold none of it.
+/// Where a packet read from TUN goes.
+#[derive(Clone, Copy)]
+struct To<'p> {
+    /// The peer's index in the routing table, for its counters.
+    index: usize,
+    peer: &'p WgPeer,
+    /// Where its datagrams go now.
+    endpoint: SocketAddr,
+}
+
+/// The peer for a packet read from TUN. A packet of a family this device does not carry has
+/// no peer here, as in the kernel's device, whose peers' allowed IPs hold none of it.
 fn route<'p>(
     packet: &[u8],
     table: &PeerTable,
     peers: &'p PeerMap,
     families: Families,
-) -> Result<(usize, &'p WgPeer), DropReason> {
+) -> Result<To<'p>, DropReason> {
     let (ip, index) = routed(packet, table)?;
     if !families.carry(&ip) {
         return Err(DropReason::NoRoute);
     }
     let peer = peers.by_subnet(table.peers()[index].spec.subnet);
-    Ok((index, peer.ok_or(DropReason::NoRoute)?))
+    let peer = peer.ok_or(DropReason::NoRoute)?;
+    Ok(To {
+        index,
+        peer,
+        endpoint: peer.endpoint(),
+    })
 }
 
 /// WireGuard pads the plaintext to a multiple of 16 bytes, never past the MTU, so that a
@@ -104,37 +120,31 @@ impl Outgoing {
         }
     }
 
-    /// Whether a datagram of `len` bytes to `endpoint` may join.
-    fn takes(&self, io: &Shared, endpoint: SocketAddr, peer: usize, len: usize) -> bool {
+    /// Whether a datagram of `len` bytes to `to` may join.
+    fn takes(&self, wg: &Wg, to: &To, len: usize) -> bool {
         let limit = || {
+            let io = wg.underlay(to.endpoint);
             io.udp
                 .segments_per_send(self.train.segment)
                 .min(MAX_SEGMENTS)
         };
         self.train.is_empty()
-            || (self.endpoint == endpoint && self.peer == peer && self.train.accepts(len, limit()))
+            || (self.endpoint == to.endpoint
+                && self.peer == to.index
+                && self.train.accepts(len, limit()))
     }
 
-    /// Encrypt `packet` for `peer` onto the train, sending the train first if the datagram
+    /// Encrypt `packet` for its peer onto the train, sending the train first if the datagram
     /// can not join it. A handshake initiation (no session yet) goes out at once on its own.
-    fn seal(
-        &mut self,
-        wg: &Wg,
-        table: &PeerTable,
-        index: usize,
-        peer: &WgPeer,
-        packet: &[u8],
-        drops: &mut DropTally,
-    ) {
-        let endpoint = peer.endpoint();
+    fn seal(&mut self, wg: &Wg, table: &PeerTable, to: To, packet: &[u8], drops: &mut DropTally) {
         let sealed_len = packet.len() + DATA_OVERHEAD;
-        if !self.takes(&wg.io, endpoint, index, sealed_len) {
-            self.send(&wg.io, table, drops);
+        if !self.takes(wg, &to, sealed_len) {
+            self.send(wg, table, drops);
         }
         let slot = self.train.space(sealed_len.max(HANDSHAKE_INIT_LEN));
-        match peer.seal(&wg.crypto.params, packet, slot) {
-            Sealed::Data(len) => self.push(endpoint, index, len),
-            Sealed::Handshake(len) => send_one(&wg.io, endpoint, self.train.open(len), drops),
+        match to.peer.seal(&wg.crypto.params, packet, slot) {
+            Sealed::Data(len) => self.push(to.endpoint, to.index, len),
+            Sealed::Handshake(len) => send_one(wg, to.endpoint, self.train.open(len), drops),
             Sealed::Staged => {}
             Sealed::Dropped => drops.count(DropReason::NoSession),
         }
@@ -154,11 +164,12 @@ impl Outgoing {
         self.train.push(len, counts);
     }
 
-    fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
+    fn send(&mut self, wg: &Wg, table: &PeerTable, drops: &mut DropTally) {
         if self.train.is_empty() {
             return;
         }
         let (datagrams, segment, counts) = self.train.closed();
+        let io = wg.underlay(self.endpoint);
         let sent = match io.send(self.endpoint, datagrams, segment) {
             Ok(()) => counts,
             Err(e) => {
@@ -174,8 +185,10 @@ impl Outgoing {
     }
 }
 
-/// Send one message that is not data (a handshake or keepalive, a cookie).
-pub(super) fn send_one(io: &Shared, to: SocketAddr, message: &[u8], drops: &mut DropTally) {
+/// Send one message that is not data (a handshake or keepalive, a cookie), on the socket of
+/// `to`'s family.
+pub(super) fn send_one(wg: &Wg, to: SocketAddr, message: &[u8], drops: &mut DropTally) {
+    let io = wg.underlay(to);
     match io.send(to, message, message.len()) {
         Ok(()) => {
             io.stats.tx_datagrams.fetch_add(1, Relaxed);
@@ -202,7 +215,7 @@ mod tests {
         }]);
         let peers = a.peers.load();
         let to_b = |packet: &[u8], families| {
-            route(packet, &table, &peers, families).map(|(i, peer)| (i, peer.subnet))
+            route(packet, &table, &peers, families).map(|to| (to.index, to.peer.subnet))
         };
         let (v4, v6) = (a.packet_to(&b, 100), a.packet6_to(&b, 100));
         assert_eq!(to_b(&v6, Families::Both), Ok((0, b.subnet)));
