@@ -204,14 +204,14 @@ fn mode_auto_reaches_peers_over_the_underlay_flannel_picks() -> Result<()> {
     Ok(())
 }
 
-/// Host 1 sends, through its real session with host 0, IPv6 packets whose source lies outside
-/// its IPv6 subnet (WireGuard checks sources where packets arrive, not where they leave). Host
-/// 0 counts them `spoofed_source` and delivers none; host 1's own packets still arrive.
-#[test]
-fn an_ipv6_packet_from_outside_its_senders_subnet_is_counted_and_not_delivered() -> Result<()> {
-    let w = wg::dual_connected("wgds6spoof", "ipv4")?;
+/// Host 1 sends, through its real session with host 0 in Mode `mode`, IPv6 packets whose source
+/// lies outside its IPv6 subnet (WireGuard checks sources where packets arrive, not where they
+/// leave). Host 0 counts them `spoofed_source` and delivers none; host 1's own packets still
+/// arrive.
+fn spoofed_ipv6_is_counted_and_not_delivered(tag: &str, mode: &str) -> Result<()> {
+    let w = wg::dual_connected(tag, mode)?;
     let (host0, host1) = (w.ns(0), w.ns(1));
-    // Inside the IPv6Network (so host 1 routes it into flannel-wg), outside host 1's subnet.
+    // Inside the IPv6Network (so host 1 routes it into its device), outside host 1's subnet.
     let outside = "fd10:0:0:ff::1";
     ensure!(!w
         .c
@@ -241,6 +241,17 @@ fn an_ipv6_packet_from_outside_its_senders_subnet_is_counted_and_not_delivered()
         "the real session carries on: {out}"
     );
     Ok(())
+}
+
+#[test]
+fn a_spoofed_ipv6_packet_over_the_ipv4_underlay_is_counted_and_not_delivered() -> Result<()> {
+    spoofed_ipv6_is_counted_and_not_delivered("wgds6spoof", "ipv4")
+}
+
+/// The same through flannel-wg-v6, whose drops count in the node's one set of counters.
+#[test]
+fn a_spoofed_ipv6_packet_on_flannel_wg_v6_is_counted_and_not_delivered() -> Result<()> {
+    spoofed_ipv6_is_counted_and_not_delivered("wgds6spsep", "separate")
 }
 
 /// What a node refuses to start with, each in one line: a dual-stack network on a node whose
