@@ -2,8 +2,9 @@
 //! a lab with an IPv4 and an IPv6 underlay. This kernel has no WireGuard, so twill's userspace
 //! WireGuard carries both families: ping, ping6 and sha256-checked TCP over IPv4 and IPv6 both
 //! ways, in each of flannel's modes, over the underlay the mode names; flanneld's leases byte
-//! for byte; and an IPv6 packet from outside its sender's IPv6 subnet, sent through a real
-//! session, counted and not delivered.
+//! for byte; ICMPv6 errors for what cannot be forwarded; an IPv6 packet from outside its
+//! sender's IPv6 subnet, sent through a real session, counted and not delivered; and what a
+//! node refuses, in one line or as a refused lease with its reason.
 
 mod common;
 
@@ -26,6 +27,19 @@ fn both_families_both_ways(w: &wg::Connected) -> Result<()> {
         tcp_transfer_intact(from, to, 16 << 20)?;
         tcp_transfer6_intact(from, to, 16 << 20)?;
     }
+    Ok(())
+}
+
+/// An IPv6 packet to an IPv6 subnet no lease holds is answered as a router would, from the
+/// device's IPv6 address (the udp engine's ICMPv6 errors).
+fn unleased_ipv6_gets_no_route(w: &wg::Connected) -> Result<()> {
+    let own6 = w.c.subnet6(0)?.network();
+    let out =
+        w.c.container(0)
+            .ns
+            .sh("ping -c 1 -W 2 fd10:0:0:fe::1 || true")?;
+    let want = format!("From {own6} icmp_seq=1 Destination unreachable: No route");
+    ensure!(out.contains(&want), "{out}");
     Ok(())
 }
 
@@ -71,6 +85,7 @@ fn mode_ipv4_carries_both_families_over_the_ipv4_underlay() -> Result<()> {
     let w = wg::dual_connected("wgds4", "ipv4")?;
     leases_are_flanneds(&w)?;
     both_families_both_ways(&w)?;
+    unleased_ipv6_gets_no_route(&w)?;
     // One device for both families, holding both lease addresses and both network routes.
     let host0 = w.ns(0);
     let link = host0.ip(&["-o", "addr", "show", "flannel-wg"])?;
@@ -100,6 +115,7 @@ fn mode_separate_carries_each_family_on_its_own_device_and_underlay() -> Result<
     let w = wg::dual_connected("wgdssep", "separate")?;
     leases_are_flanneds(&w)?;
     both_families_both_ways(&w)?;
+    unleased_ipv6_gets_no_route(&w)?;
     for host in 0..2 {
         let n = host + 1;
         let sockets = bound(&w, host)?;
