@@ -1,10 +1,11 @@
-//! Checks that twill's engines allocate nothing per packet: two real engines, one per host of
-//! a two-host lab, forward traffic both ways, over IPv4 and over IPv6 (the engines run
-//! dual-stack), while a counting global allocator watches the whole process (engine threads
-//! included). After a warm-up, allocations are counted over a window and
+//! Checks that twill's engines allocate nothing per packet: two real engines (udp, twill-batch,
+//! WireGuard), one per host of a two-host lab, forward traffic both ways, over IPv4 and over
+//! IPv6 (the engines run dual-stack), while a counting global allocator watches the whole
+//! process (engine threads included). After a warm-up, allocations are counted over a window and
 //! divided by the packets the engines delivered to TUN in it; more than 0.01 per packet fails.
 //!
 //! Run with `sudo cargo bench --bench alloc`; without root it prints a note and does nothing.
+//! Engine names after `--` (`udp`, `batch`, `wireguard`) run those alone.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
@@ -14,6 +15,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
+use twill_dataplane::engine::wireguard::{
+    self, Device, Families, PrivateKey, TunnelParams, WgDeviceConfig, WgEngineConfig, WgPeerSpec,
+    WireGuard,
+};
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::{TunConfig, DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
 use twill_dataplane::table::PeerSpec;
@@ -91,11 +96,18 @@ fn main() {
         return;
     }
     let engines = [
-        ("udp", EngineKind::FlannelUdp),
-        ("batch", EngineKind::Batch { delay: None }),
+        ("udp", Kind::Engine(EngineKind::FlannelUdp)),
+        ("batch", Kind::Engine(EngineKind::Batch { delay: None })),
+        ("wireguard", Kind::WireGuard),
     ];
+    // cargo passes `--bench`; any other word names an engine to run.
+    let named: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let failed = engines
         .into_iter()
+        .filter(|(name, _)| named.is_empty() || named.iter().any(|n| n == name))
         .flat_map(|engine| [Family::V4, Family::V6].map(|underlay| (engine, underlay)))
         .flat_map(|((name, kind), underlay)| under_load(name, kind, underlay))
         .filter(|window| !window.passes())
@@ -104,6 +116,30 @@ fn main() {
         failed == 0,
         "steady-state allocations exceed {LIMIT_PER_PACKET} per packet under {failed} load(s)"
     );
+}
+
+/// An engine the bench runs.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Engine(EngineKind),
+    /// Userspace WireGuard, one device carrying both families (flannel's Modes but separate).
+    WireGuard,
+}
+
+impl Kind {
+    fn port(self) -> u16 {
+        match self {
+            Kind::Engine(kind) => kind.default_port(),
+            Kind::WireGuard => wireguard::DEFAULT_PORT,
+        }
+    }
+
+    fn overhead(self, underlay: IpAddr) -> usize {
+        match self {
+            Kind::Engine(kind) => kind.overhead(underlay),
+            Kind::WireGuard => wireguard::OVERHEAD,
+        }
+    }
 }
 
 /// The family an app's traffic uses.
@@ -124,7 +160,7 @@ impl Family {
 
 /// Both loads in both families on a fresh two-host lab running engines of one kind.
 /// The four loads on two `kind` engines whose datagrams go over `underlay`.
-fn under_load(name: &str, kind: EngineKind, underlay: Family) -> [Window; 4] {
+fn under_load(name: &str, kind: Kind, underlay: Family) -> [Window; 4] {
     let lab = Lab::new(LabSpec {
         hosts: 2,
         tag: format!("al{name}{underlay:?}"),
@@ -135,7 +171,8 @@ fn under_load(name: &str, kind: EngineKind, underlay: Family) -> [Window; 4] {
         Family::V4 => lab,
         Family::V6 => lab.with_ipv6_underlay().expect("an IPv6 underlay"),
     };
-    let nodes = [0, 1].map(|i| Node::start(&lab, kind, i, underlay));
+    let keys = [0, 1].map(|_| PrivateKey::generate());
+    let nodes = [0, 1].map(|i| Node::start(&lab, kind, i, underlay, &keys));
     let name = format!("{name} over {underlay:?}");
     [
         udp_bursts(&lab, &nodes, &name, Family::V4),
@@ -148,15 +185,22 @@ fn under_load(name: &str, kind: EngineKind, underlay: Family) -> [Window; 4] {
 /// A host running a real engine, whose TUN holds the lease's network addresses as flanneld's
 /// does; apps bind to those, so their traffic to the other host crosses both engines.
 struct Node {
-    engine: Engine,
+    running: Running,
     address: Ipv4Addr,
     address6: Ipv6Addr,
 }
 
+enum Running {
+    Engine(Engine),
+    WireGuard(WireGuard),
+}
+
 impl Node {
-    fn start(lab: &Lab, kind: EngineKind, i: usize, underlay: Family) -> Node {
+    /// Host `i`'s engine of `kind`, with the other host as its one peer (WireGuard's keys are
+    /// `keys[i]`, the peer's public key that of `keys[1 - i]`).
+    fn start(lab: &Lab, kind: Kind, i: usize, underlay: Family, keys: &[PrivateKey; 2]) -> Node {
         let (host, peer) = (lab.host(i), lab.host(1 - i));
-        let port = kind.default_port();
+        let port = kind.port();
         let address = |h: &twill_lab::Host| -> IpAddr {
             match underlay {
                 Family::V4 => h.underlay_ip.into(),
@@ -164,41 +208,81 @@ impl Node {
             }
         };
         let bind = SocketAddr::new(address(host), port);
-        let config = EngineConfig {
-            kind,
-            tun: TunConfig {
-                name: "twill0".into(),
-                mtu: 1500 - kind.overhead(bind.ip()) as u16,
-                address: subnet(i).addr(),
-                offload: true,
-                queues: 1,
-                tx_queue_len: DEFAULT_TX_QUEUE_LEN,
-            },
-            subnet: subnet(i),
-            subnet6: Some(subnet6(i)),
-            bind,
-            socket_buffer: DEFAULT_SOCKET_BUFFER,
+        let tun = TunConfig {
+            name: "twill0".into(),
+            mtu: 1500 - kind.overhead(bind.ip()) as u16,
+            address: subnet(i).addr(),
+            offload: true,
+            queues: 1,
+            tx_queue_len: DEFAULT_TX_QUEUE_LEN,
         };
         // The engine's threads are spawned here, inside the host's namespace.
-        let engine = host
+        let running = host
             .ns
-            .enter(|| Engine::start(&config))
+            .enter(|| match kind {
+                Kind::Engine(kind) => Engine::start(&EngineConfig {
+                    kind,
+                    tun,
+                    subnet: subnet(i),
+                    subnet6: Some(subnet6(i)),
+                    bind,
+                    socket_buffer: DEFAULT_SOCKET_BUFFER,
+                })
+                .map(Running::Engine),
+                Kind::WireGuard => WireGuard::start(WgEngineConfig {
+                    main: WgDeviceConfig {
+                        tun,
+                        address6: Some(subnet6(i).network()),
+                        families: Families::Both,
+                        bind,
+                        bind6: None,
+                    },
+                    v6: None,
+                    socket_buffer: DEFAULT_SOCKET_BUFFER,
+                    tunnel: TunnelParams {
+                        private_key: keys[i].clone(),
+                        preshared_key: None,
+                        keepalive: None,
+                    },
+                })
+                .map(Running::WireGuard),
+            })
             .expect("start the engine");
         for network in [NETWORK, NETWORK6] {
             host.ns
                 .ip(&["route", "add", network, "dev", "twill0"])
                 .expect("route the network into the TUN");
         }
-        engine.table().set_peers(&[PeerSpec {
-            subnet: subnet(1 - i).trunc(),
-            subnet6: Some(subnet6(1 - i)),
-            endpoint: SocketAddr::new(address(peer), port),
-            version: batch::HIGHEST_VERSION,
-        }]);
+        let (peer_subnet, peer_subnet6) = (subnet(1 - i).trunc(), subnet6(1 - i));
+        let endpoint = SocketAddr::new(address(peer), port);
+        match &running {
+            Running::Engine(engine) => engine.table().set_peers(&[PeerSpec {
+                subnet: peer_subnet,
+                subnet6: Some(peer_subnet6),
+                endpoint,
+                version: batch::HIGHEST_VERSION,
+            }]),
+            Running::WireGuard(wg) => wg.set_peers(
+                Device::Main,
+                &[WgPeerSpec {
+                    subnet: peer_subnet,
+                    subnet6: Some(peer_subnet6),
+                    endpoint,
+                    public_key: keys[1 - i].public_key(),
+                }],
+            ),
+        }
         Node {
-            engine,
+            running,
             address: subnet(i).addr(),
             address6: subnet6(i).network(),
+        }
+    }
+
+    fn engine(&self) -> &Engine {
+        match &self.running {
+            Running::Engine(engine) => engine,
+            Running::WireGuard(wg) => wg.engine(),
         }
     }
 
@@ -223,7 +307,7 @@ fn subnet6(i: usize) -> ipnet::Ipv6Net {
 /// Inner packets the engines checked and wrote to TUN: each one was also read from the other
 /// host's TUN, routed and sent, so it has crossed the whole hot path once.
 fn delivered(nodes: &[Node]) -> u64 {
-    nodes.iter().map(|n| n.engine.stats().rx.packets()).sum()
+    nodes.iter().map(|n| n.engine().stats().rx.packets()).sum()
 }
 
 struct Window {

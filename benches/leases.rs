@@ -8,7 +8,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use ipnet::Ipv4Net;
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use twill_dataplane::engine::wireguard::{Peering, PublicKey, WgPeerSpec};
@@ -39,7 +39,8 @@ fn spec(i: u32) -> WgPeerSpec {
     key[..4].copy_from_slice(&(i + 1).to_le_bytes());
     WgPeerSpec {
         subnet: Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).expect("a /24"),
-        endpoint: SocketAddrV4::new(Ipv4Addr::from(0xc0a8_0000 | i), 51820),
+        subnet6: None,
+        endpoint: SocketAddr::from((Ipv4Addr::from(0xc0a8_0000 | i), 51820)),
         public_key: PublicKey(key),
     }
 }

@@ -267,7 +267,7 @@ fn a_dual_stack_network_on_a_backend_without_ipv6_is_refused_in_one_line() -> Re
     let last = c.failing_start(0)?;
     ensure!(
         last.contains(
-            "twill's ipip backend carries no IPv6 yet (dual-stack runs on vxlan, host-gw, udp, twill-batch)"
+            "twill's ipip backend carries no IPv6 yet (dual-stack runs on vxlan, host-gw, udp, twill-batch, wireguard)"
         ),
         "{last}"
     );

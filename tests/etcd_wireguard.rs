@@ -7,7 +7,6 @@
 mod common;
 
 use anyhow::Result;
-use common::cluster::*;
 use common::wireguard::{self as wg, PSK};
 use common::*;
 use std::net::Ipv4Addr;
@@ -139,17 +138,6 @@ fn a_lease_with_a_malformed_public_key_is_refused_with_one_warning() -> Result<(
     assert!(
         out.contains("1 received"),
         "the other peers carry on: {out}"
-    );
-    Ok(())
-}
-
-#[test]
-fn an_unsupported_wireguard_mode_is_one_clear_line_naming_the_field() -> Result<()> {
-    let c = cluster("ewgmode", 2, &wg::config(PSK, r#","Mode":"auto""#))?;
-    let last = c.failing_start(0)?;
-    assert!(
-        last.contains("Backend.Mode \"auto\" is not supported"),
-        "{last}"
     );
     Ok(())
 }

@@ -189,6 +189,7 @@ fn a_handshake_flood_is_counted_and_an_established_tunnel_carries_on() -> Result
 fn initiations_to(key: PublicKey, n: usize) -> Result<Vec<Vec<u8>>> {
     let spec = WgPeerSpec {
         subnet: "10.5.250.0/24".parse()?,
+        subnet6: None,
         endpoint: "10.200.0.2:51820".parse()?,
         public_key: key,
     };

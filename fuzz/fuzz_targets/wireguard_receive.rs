@@ -1,7 +1,7 @@
 //! WireGuard's receive step on a node with a live session: arbitrary bytes as a datagram, and
 //! arbitrary plaintexts sealed by the node's real peer (so the checks after decryption see any
-//! inner packet). Nothing may panic, and what is delivered must come from the peer's subnet
-//! and be exactly what the peer sealed.
+//! inner packet). Nothing may panic, and what is delivered must come from the peer's subnet of
+//! its family (the nodes are dual-stack) and be exactly what the peer sealed.
 
 #![no_main]
 
@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 use twill_dataplane::engine::wireguard::pair::{self, Node, Received, MTU};
 use twill_dataplane::engine::wireguard::Sealed;
-use twill_dataplane::wire::ipv4::Ipv4Packet;
+use twill_dataplane::wire::ip::IpPacket;
 
 fn nodes() -> &'static (Node, Node) {
     static NODES: OnceLock<(Node, Node)> = OnceLock::new();
@@ -44,8 +44,11 @@ fn check(from: &Node, got: Received, out: &[u8], plaintext: Option<&[u8]>) {
     };
     assert_eq!(subnet, from.subnet);
     assert!(len <= MTU);
-    let packet = Ipv4Packet::new_checked(&out[..len]).expect("delivered packets are IPv4");
-    assert!(from.subnet.contains(&packet.src_addr()));
+    let inside = match IpPacket::new_checked(&out[..len]).expect("delivered packets are IP") {
+        IpPacket::V4(packet) => from.subnet.contains(&packet.src_addr()),
+        IpPacket::V6(packet) => from.subnet6.contains(&packet.src_addr()),
+    };
+    assert!(inside);
     if let Some(sent) = plaintext {
         assert_eq!(&out[..len], &sent[..len]);
     }

@@ -1,9 +1,10 @@
 //! What the WireGuard tests share: the network config, a key file per host, the lease a node
-//! must write, two connected nodes and the status server's metrics.
+//! must write, two connected nodes (IPv4-only or dual-stack) and the status server's metrics.
 
-use super::cluster::{cluster, Cluster, PREFIX};
+use super::cluster::{cluster, dual_stack_cluster, Cluster, PREFIX};
 use super::*;
 use anyhow::{Context, Result};
+use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use twill_dataplane::engine::wireguard::PrivateKey;
 
@@ -15,6 +16,13 @@ pub const PORT: u16 = 51820;
 /// flannel's wireguard network config with a preshared key, and `extra` Backend fields.
 pub fn config(psk: &str, extra: &str) -> String {
     format!(r#"{{"Network":"10.5.0.0/16","Backend":{{"Type":"wireguard","PSK":"{psk}"{extra}}}}}"#)
+}
+
+/// flannel's wireguard config on a dual-stack network (fd10::/56), in Mode `mode`.
+pub fn dual_config(mode: &str) -> String {
+    format!(
+        r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{{"Type":"wireguard","PSK":"{PSK}","Mode":"{mode}"}}}}"#
+    )
 }
 
 /// Each host keeps its private key in its own file (they share one filesystem).
@@ -49,6 +57,17 @@ pub fn lease_value(public_ip: Ipv4Addr, public_key: &str, port: u16) -> String {
     )
 }
 
+/// A dual-stack wireguard lease value exactly as flanneld writes it: BackendV6Data names the
+/// key again and ListenPortV6.
+pub fn dual_lease_value(public_ip: Ipv4Addr, public_ipv6: Ipv6Addr, key: &str) -> String {
+    format!(
+        r#"{{"PublicIP":"{public_ip}","PublicIPv6":"{public_ipv6}","BackendType":"wireguard","BackendData":{{"PublicKey":"{key}","Port":{PORT}}},"BackendV6Data":{{"PublicKey":"{key}","Port":{PORT_V6}}}}}"#
+    )
+}
+
+/// flannel's default ListenPortV6.
+pub const PORT_V6: u16 = 51821;
+
 /// The etcd value of a node's lease.
 pub fn lease_of(c: &Cluster, host: usize) -> Result<String> {
     let key = c.lease_key(c.subnet(host)?);
@@ -74,6 +93,25 @@ pub fn connected(tag: &str, config: &str) -> Result<Connected> {
     })?;
     let out = ping(c.container(0), c.container(1).ip, 2)?;
     anyhow::ensure!(out.contains("2 received"), "{out}");
+    Ok(Connected { c, nodes })
+}
+
+/// Two wireguard nodes on a dual-stack network of Mode `mode` with a dual-stack container
+/// each, which have pinged each other over both families.
+pub fn dual_connected(tag: &str, mode: &str) -> Result<Connected> {
+    let mut c = dual_stack_cluster(tag, 2, &dual_config(mode))?;
+    let nodes = vec![start(&c, 0)?, start(&c, 1)?];
+    c.add_dual_stack_container(0)?;
+    c.add_dual_stack_container(1)?;
+    eventually("peers known", || {
+        Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
+    })?;
+    let (a, b) = (c.container(0), c.container(1));
+    let to6 = b.ipv6.context("a dual-stack container")?;
+    for to in [IpAddr::from(b.ip), IpAddr::from(to6)] {
+        let out = ping(a, to, 2)?;
+        anyhow::ensure!(out.contains("2 received"), "{out}");
+    }
     Ok(Connected { c, nodes })
 }
 

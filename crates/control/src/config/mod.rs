@@ -65,7 +65,7 @@ impl ConfigError {
 }
 
 /// The backends that carry a dual-stack network's IPv6 side.
-const DUAL_STACK_BACKENDS: [&str; 4] = ["vxlan", "host-gw", "udp", "twill-batch"];
+const DUAL_STACK_BACKENDS: [&str; 5] = ["vxlan", "host-gw", "udp", "twill-batch", "wireguard"];
 
 /// Backend fields whose values are secrets: a change to one is named, its value never shown.
 const SECRET_FIELDS: [&str; 1] = ["PSK"];

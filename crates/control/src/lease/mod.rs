@@ -113,6 +113,12 @@ pub struct LeaseAttrs {
 pub struct BackendData(Arc<str>);
 
 impl BackendData {
+    /// wireguard's BackendData, and its BackendV6Data: the node's public key (base64) and a
+    /// listen port, in the order of flannel's Go struct (PublicKey, then Port).
+    pub fn wireguard(public_key: &str, port: u16) -> BackendData {
+        serde_json::json!({"PublicKey": public_key, "Port": port}).into()
+    }
+
     /// The field's value, if the data is an object that has it.
     pub fn get(&self, field: &str) -> Option<Value> {
         self.fields()?.remove(field)
@@ -175,11 +181,11 @@ impl LeaseAttrs {
         Self::typed(public_ip, Some(backend_type::TWILL_BATCH), None)
     }
 
-    /// wireguard: BackendData carries the node's public key (base64) and listen port, in the
-    /// order of flannel's Go struct (PublicKey, then Port).
+    /// wireguard: BackendData carries the node's public key and listen port
+    /// ([`BackendData::wireguard`]).
     pub fn wireguard(public_ip: Ipv4Addr, public_key: &str, port: u16) -> Self {
-        let data = serde_json::json!({"PublicKey": public_key, "Port": port});
-        Self::typed(public_ip, Some(backend_type::WIREGUARD), Some(data.into()))
+        let data = BackendData::wireguard(public_key, port);
+        Self::typed(public_ip, Some(backend_type::WIREGUARD), Some(data))
     }
 
     fn typed(
@@ -265,25 +271,16 @@ impl Lease {
     /// (flannel before leases carried `Port` did not). [`crate::lease_check`] refuses leases
     /// where this fails, with the reason it gives.
     pub fn wireguard_data(&self) -> Result<(PublicKey, Option<u16>), String> {
-        let fields = self.backend_data.as_ref().and_then(BackendData::fields);
-        let field = |name: &str| fields.as_ref()?.get(name);
-        let key = match field("PublicKey") {
-            Some(Value::String(text)) => text
-                .parse::<PublicKey>()
-                .map_err(|e| format!("its PublicKey {text:?} is not a WireGuard key: {e}"))?,
-            Some(other) => return Err(format!("its PublicKey {other} is not a string")),
-            None => return Err("it has no BackendData.PublicKey".into()),
-        };
-        let port = match field("Port") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .and_then(|p| u16::try_from(p).ok())
-                    .filter(|&p| p > 0)
-                    .ok_or_else(|| format!("its Port {v} is not a UDP port"))?,
-            ),
-        };
-        Ok((key, port))
+        let data = self.backend_data.as_ref();
+        let none = || String::from("it has no BackendData.PublicKey");
+        wireguard_fields(data, "").ok_or_else(none)?
+    }
+
+    /// The same of its BackendV6Data, which flanneld writes on a dual-stack network (the key
+    /// again, and `ListenPortV6`); `Ok(None)` when it has none.
+    pub fn wireguard_v6_data(&self) -> Result<Option<(PublicKey, Option<u16>)>, String> {
+        let data = self.backend_v6_data.as_ref();
+        wireguard_fields(data, "BackendV6Data.").transpose()
     }
 
     /// Rebuilds a lease from an etcd key and value.
@@ -294,6 +291,31 @@ impl Lease {
             ..Lease::new(subnet, LeaseAttrs::from_json(value)?)
         })
     }
+}
+
+/// A wireguard `PublicKey` and `Port` from `data`; `None` when it has no `PublicKey`. A reason
+/// names a field as `{prefix}PublicKey`.
+fn wireguard_fields(
+    data: Option<&BackendData>,
+    prefix: &str,
+) -> Option<Result<(PublicKey, Option<u16>), String>> {
+    let fields = data.and_then(BackendData::fields)?;
+    let key = match fields.get("PublicKey")? {
+        Value::String(text) => text
+            .parse::<PublicKey>()
+            .map_err(|e| format!("its {prefix}PublicKey {text:?} is not a WireGuard key: {e}")),
+        other => Err(format!("its {prefix}PublicKey {other} is not a string")),
+    };
+    let port = match fields.get("Port") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|&p| p > 0)
+            .map(Some)
+            .ok_or_else(|| format!("its {prefix}Port {v} is not a UDP port")),
+    };
+    Some(key.and_then(|key| Ok((key, port?))))
 }
 
 #[cfg(test)]

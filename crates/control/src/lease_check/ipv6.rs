@@ -1,11 +1,13 @@
 //! The lease checks of a dual-stack node for a lease's IPv6 side: the IPv6 subnet has the
-//! config's `IPv6SubnetLen`, lies inside `IPv6Network` and is not ours, and `PublicIPv6` can
-//! be another host's address. The overlap with other peers' IPv6 subnets is checked with the
-//! IPv4 one, in [`super::admit_keyed`].
+//! config's `IPv6SubnetLen`, lies inside `IPv6Network` and is not ours, `PublicIPv6` can be
+//! another host's address, and a wireguard lease carries what this node's `Mode` needs of it.
+//! The overlap with other peers' IPv6 subnets is checked with the IPv4 one, in
+//! [`super::admit_keyed`].
 
 use super::Rejection;
-use crate::config::{Ipv6Config, Underlay};
-use crate::lease::Lease;
+use crate::backend::wireguard::LeaseReader;
+use crate::config::{Config, Ipv6Config, Underlay};
+use crate::lease::{backend_type, Lease};
 use ipnet::Ipv6Net;
 use std::net::Ipv6Addr;
 
@@ -20,16 +22,19 @@ pub struct Ipv6Rules {
     /// The network's datagrams go over IPv6 (`Backend.Underlay`): a peer is reached only at
     /// its PublicIPv6, so a lease must name one.
     pub needs_public_ip: bool,
+    /// On a wireguard node, how its Mode reads a lease: one it cannot read is no peer.
+    pub wireguard: Option<LeaseReader>,
 }
 
 impl Ipv6Rules {
-    pub(super) fn new(config: &Ipv6Config, underlay: Underlay, own: &Lease) -> Ipv6Rules {
+    pub(super) fn new(config: &Config, v6: &Ipv6Config, own: &Lease) -> Ipv6Rules {
         Ipv6Rules {
-            network: config.network,
-            subnet_len: config.subnet_len,
+            network: v6.network,
+            subnet_len: v6.subnet_len,
             own_subnet: own.ipv6_subnet,
             own_public_ip: own.public_ipv6,
-            needs_public_ip: underlay == Underlay::Ipv6,
+            needs_public_ip: config.backend.underlay == Underlay::Ipv6,
+            wireguard: LeaseReader::of_dual_stack_node(config, own),
         }
     }
 
@@ -50,8 +55,16 @@ impl Ipv6Rules {
             }
         }
         match lease.public_ipv6 {
-            Some(ip) => check_public_ipv6(ip, self.own_public_ip),
-            None if self.needs_public_ip => Err(Rejection::NoPublicIpv6),
+            Some(ip) => check_public_ipv6(ip, self.own_public_ip)?,
+            None if self.needs_public_ip => return Err(Rejection::NoPublicIpv6),
+            None => {}
+        }
+        let wireguard = lease.backend_type.as_deref() == Some(backend_type::WIREGUARD);
+        match self.wireguard.as_ref().filter(|_| wireguard) {
+            Some(reader) => reader
+                .read(lease)
+                .map(drop)
+                .map_err(Rejection::WireguardData),
             None => Ok(()),
         }
     }
@@ -95,7 +108,7 @@ pub fn unusable_ipv6(ip: Ipv6Addr) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
-    use crate::lease::{Lease, LeaseAttrs};
+    use crate::lease::{BackendData, Lease, LeaseAttrs};
     use crate::lease_check::{admit, LeaseRules, Rejection};
     use std::collections::BTreeMap;
 
@@ -207,6 +220,47 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("names no PublicIPv6, and this network's Backend.Underlay is ipv6"));
+    }
+
+    #[test]
+    fn a_wireguard_node_refuses_a_lease_its_mode_cannot_read() {
+        const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+        let wireguard = |mode: &str| {
+            let config = Config::from_json(&format!(
+                r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48","Backend":{{"Type":"wireguard","Mode":"{mode}"}}}}"#
+            ))
+            .unwrap();
+            let own = Lease {
+                backend_type: Some("wireguard".into()),
+                ..lease(1, "fd10:0:0:1::/64", Some("fd00::1"))
+            };
+            LeaseRules::new(&config, &own)
+        };
+        let peer = |v6_data: bool, public_ipv6: Option<&str>| {
+            let attrs = LeaseAttrs::wireguard("10.200.0.2".parse().unwrap(), KEY, 51820);
+            let attrs = LeaseAttrs {
+                public_ipv6: public_ipv6.map(|ip| ip.parse().unwrap()),
+                backend_v6_data: v6_data.then(|| BackendData::wireguard(KEY, 51821)),
+                ..attrs
+            };
+            Lease::new("10.5.2.0/24".parse().unwrap(), attrs)
+                .with_ipv6_subnet("fd10:0:0:2::/64".parse().unwrap())
+        };
+        let separate = wireguard("separate");
+        assert_eq!(separate.check(&peer(true, Some("fd00::2"))), Ok(()));
+        let check = |rules: &LeaseRules, lease| rules.check(&lease).unwrap_err().to_string();
+        assert_eq!(
+            check(&separate, peer(false, Some("fd00::2"))),
+            "it has an IPv6 subnet but no BackendV6Data.PublicKey, which flanneld writes on a \
+             dual-stack network"
+        );
+        assert_eq!(
+            check(&wireguard("ipv6"), peer(true, None)),
+            "it has no PublicIPv6, and Mode ipv6 reaches peers over the IPv6 underlay"
+        );
+        // Another backend's lease is refused for its type, as before.
+        let host_gw = lease(2, "fd10:0:0:2::/64", Some("fd00::2"));
+        assert!(check(&separate, host_gw).contains("its backend type host-gw"));
     }
 
     #[test]

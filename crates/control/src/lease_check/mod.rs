@@ -36,7 +36,8 @@ pub enum Rejection {
     UnusablePublicIp(Ipv4Addr),
     /// A vxlan lease whose VtepMAC is missing, malformed, zero, or multicast.
     VtepMac(String),
-    /// A wireguard lease whose PublicKey is missing or malformed, or whose Port is no port.
+    /// A wireguard lease whose PublicKey is missing or malformed, or whose Port is no port, or
+    /// that lacks what this node's Mode needs of it (BackendV6Data, a PublicIPv6).
     WireguardData(String),
     /// A wireguard lease with this node's own PublicKey: we cannot be our own peer.
     OwnKey(PublicKey),
@@ -162,7 +163,10 @@ impl LeaseRules {
             own_public_ip: own.public_ip,
             own_key: wireguard_key(own),
             backend_type: own.backend_type.clone(),
-            ipv6: (config.ipv6.as_ref()).map(|v6| Ipv6Rules::new(v6, config.backend.underlay, own)),
+            ipv6: config
+                .ipv6
+                .as_ref()
+                .map(|v6| Ipv6Rules::new(config, v6, own)),
         }
     }
 

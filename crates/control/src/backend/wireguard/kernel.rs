@@ -1,17 +1,17 @@
-//! The hand-off to the kernel's WireGuard, where it exists: `flannel-wg` is made as an rtnetlink
-//! link of kind "wireguard" and configured over generic netlink (the `wireguard` family), as
-//! flannel does through wgctrl: private key and listen port, then one peer per lease (public
-//! key, preshared key, endpoint, allowed IPs replaced by the lease's subnet, keepalive).
+//! The hand-off to the kernel's WireGuard, where it exists: `flannel-wg` (and Mode separate's
+//! `flannel-wg-v6`) is made as an rtnetlink link of kind "wireguard" and configured over
+//! generic netlink (the `wireguard` family), as flannel does through wgctrl: private key and
+//! listen port, then one peer per lease (public key, preshared key, endpoint, allowed IPs
+//! replaced by the lease's subnets of the families the device carries, keepalive).
 //!
 //! A kernel without WireGuard refuses the link kind with EOPNOTSUPP; [`create`] then returns
 //! `None` and the caller runs twill's userspace WireGuard instead.
 
-use super::DeviceSettings;
+use super::{Addressing, DeviceSettings};
 use crate::backend::netlink::Netlink;
 use anyhow::{bail, Context};
 use futures::StreamExt;
 use genetlink::GenetlinkHandle;
-use ipnet::Ipv4Net;
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_wireguard::{
@@ -20,14 +20,14 @@ use netlink_packet_wireguard::{
     WireguardPeerFlags,
 };
 use rtnetlink::LinkWireguard;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use twill_dataplane::engine::wireguard::{PublicKey, WgPeerSpec};
 
 /// Peers per set-device message: each takes about 150 bytes, and a message must fit the
 /// netlink socket's buffer (wireguard-tools splits the same way).
 const PEERS_PER_MESSAGE: usize = 32;
 
-/// `flannel-wg` as a kernel WireGuard device.
+/// `flannel-wg` or `flannel-wg-v6` as a kernel WireGuard device.
 pub struct KernelDevice {
     nl: Netlink,
     genl: GenetlinkHandle,
@@ -70,13 +70,19 @@ pub async fn create(
 }
 
 impl KernelDevice {
-    /// flannel's `Configure`: the lease's network address as /32, up, and a route for the
-    /// whole network through the device.
-    pub async fn attach(&self, subnet: Ipv4Net, network: Ipv4Net) -> anyhow::Result<()> {
-        let addr = Ipv4Net::new(subnet.network(), 32)?;
-        self.nl.add_address(self.index, addr.into()).await?;
+    /// flannel's `Configure` and `ConfigureV6`: for each family the device carries, the
+    /// lease's network address as /32 or /128, then the device up, then a route for the whole
+    /// network of that family through it.
+    pub async fn attach(&self, addressing: &Addressing) -> anyhow::Result<()> {
+        let own = addressing.of_families(self.settings.families);
+        for (address, _) in &own {
+            self.nl.add_address(self.index, *address).await?;
+        }
         self.nl.set_up(self.index).await?;
-        crate::host::route_network_via(&self.nl, network, self.index, &self.name).await
+        for (_, network) in own {
+            crate::host::route_network_via(&self.nl, network, self.index, &self.name).await?;
+        }
+        Ok(())
     }
 
     /// Add or update a peer; a changed key removes the peer of the old one first.
@@ -165,8 +171,9 @@ pub fn device_message(
     }
 }
 
-/// One lease's peer: its key, the network's preshared key, `PublicIP:Port`, the lease's subnet
-/// as its only allowed IPs, and the keepalive (0 turns it off).
+/// One lease's peer: its key, the network's preshared key, its endpoint, the lease's subnets
+/// of the families the device carries as its only allowed IPs, and the keepalive (0 turns it
+/// off).
 pub fn peer(spec: &WgPeerSpec, settings: &DeviceSettings) -> WireguardPeer {
     let mut attributes = vec![
         WireguardPeerAttribute::PublicKey(spec.public_key.0),
@@ -175,16 +182,36 @@ pub fn peer(spec: &WgPeerSpec, settings: &DeviceSettings) -> WireguardPeer {
     if let Some(psk) = &settings.tunnel.preshared_key {
         attributes.push(WireguardPeerAttribute::PresharedKey(*psk.bytes()));
     }
+    let families = settings.families;
+    let v4 = families.ipv4().then(|| {
+        let subnet = spec.subnet;
+        allowed(
+            WireguardAddressFamily::Ipv4,
+            subnet.network().into(),
+            subnet.prefix_len(),
+        )
+    });
+    let v6 = spec.subnet6.filter(|_| families.ipv6()).map(|subnet| {
+        allowed(
+            WireguardAddressFamily::Ipv6,
+            subnet.network().into(),
+            subnet.prefix_len(),
+        )
+    });
     attributes.extend([
-        WireguardPeerAttribute::Endpoint(SocketAddr::V4(spec.endpoint)),
+        WireguardPeerAttribute::Endpoint(spec.endpoint),
         WireguardPeerAttribute::PersistentKeepalive(settings.tunnel.keepalive.unwrap_or(0)),
-        WireguardPeerAttribute::AllowedIps(vec![WireguardAllowedIp(vec![
-            WireguardAllowedIpAttr::Family(WireguardAddressFamily::Ipv4),
-            WireguardAllowedIpAttr::IpAddr(IpAddr::V4(spec.subnet.network())),
-            WireguardAllowedIpAttr::Cidr(spec.subnet.prefix_len()),
-        ])]),
+        WireguardPeerAttribute::AllowedIps(v4.into_iter().chain(v6).collect()),
     ]);
     WireguardPeer(attributes)
+}
+
+fn allowed(family: WireguardAddressFamily, network: IpAddr, prefix: u8) -> WireguardAllowedIp {
+    WireguardAllowedIp(vec![
+        WireguardAllowedIpAttr::Family(family),
+        WireguardAllowedIpAttr::IpAddr(network),
+        WireguardAllowedIpAttr::Cidr(prefix),
+    ])
 }
 
 fn removal(key: &PublicKey) -> WireguardPeer {
@@ -197,7 +224,8 @@ fn removal(key: &PublicKey) -> WireguardPeer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use twill_dataplane::engine::wireguard::{PresharedKey, PrivateKey, TunnelParams};
+    use std::net::SocketAddr;
+    use twill_dataplane::engine::wireguard::{Families, PresharedKey, PrivateKey, TunnelParams};
 
     const PRIVATE: &str = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
     const PSK: &str = "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MDA=";
@@ -210,12 +238,14 @@ mod tests {
                 keepalive: Some(25),
             },
             listen_port: 51820,
+            families: Families::Ipv4,
         }
     }
 
     fn spec(third: u8) -> WgPeerSpec {
         WgPeerSpec {
             subnet: format!("10.5.{third}.0/24").parse().unwrap(),
+            subnet6: None,
             endpoint: format!("10.200.0.{third}:51820").parse().unwrap(),
             public_key: PublicKey([third; 32]),
         }
@@ -273,6 +303,63 @@ mod tests {
         assert_eq!(peers[..], [WireguardPeer(want.to_vec())]);
         let without_psk = peer(&spec(2), &settings(false));
         assert!(!format!("{without_psk:?}").contains("PresharedKey"));
+    }
+
+    /// The allowed IPs and endpoint of the one peer of `message`, as the kernel reads them.
+    fn allowed_and_endpoint(message: WireguardMessage) -> (Vec<WireguardAllowedIp>, SocketAddr) {
+        let got = on_the_wire(message);
+        let Some(WireguardAttribute::Peers(peers)) = got.attributes.last() else {
+            panic!("no peers in {got:?}");
+        };
+        let (mut allowed, mut endpoint) = (None, None);
+        for attribute in &peers[0].0 {
+            match attribute {
+                WireguardPeerAttribute::AllowedIps(ips) => allowed = Some(ips.clone()),
+                WireguardPeerAttribute::Endpoint(at) => endpoint = Some(*at),
+                _ => {}
+            }
+        }
+        (allowed.unwrap(), endpoint.unwrap())
+    }
+
+    #[test]
+    fn a_dual_stack_peer_carries_the_subnets_of_the_families_its_device_carries() {
+        let dual = WgPeerSpec {
+            subnet6: Some("fd10:0:0:2::/64".parse().unwrap()),
+            endpoint: "[fd00:200::2]:51821".parse().unwrap(),
+            ..spec(2)
+        };
+        let v4 = allowed(
+            WireguardAddressFamily::Ipv4,
+            "10.5.2.0".parse().unwrap(),
+            24,
+        );
+        let v6 = allowed(
+            WireguardAddressFamily::Ipv6,
+            "fd10:0:0:2::".parse().unwrap(),
+            64,
+        );
+        for (families, port, want) in [
+            // Modes auto, ipv4 and ipv6: one device, both families.
+            (Families::Both, 51820, vec![v4.clone(), v6.clone()]),
+            // Mode separate: flannel-wg, and flannel-wg-v6 at ListenPortV6.
+            (Families::Ipv4, 51820, vec![v4]),
+            (Families::Ipv6, 51821, vec![v6]),
+        ] {
+            let settings = DeviceSettings {
+                families,
+                listen_port: port,
+                ..settings(false)
+            };
+            let name = "flannel-wg-v6";
+            let message = device_message(name, &settings, false, vec![peer(&dual, &settings)]);
+            assert!(message
+                .attributes
+                .contains(&WireguardAttribute::ListenPort(port)));
+            let (got, endpoint) = allowed_and_endpoint(message);
+            assert_eq!(got, want, "{families:?}");
+            assert_eq!(endpoint, dual.endpoint, "an IPv6 endpoint crosses as one");
+        }
     }
 
     #[test]

@@ -1,17 +1,18 @@
-//! The WireGuard peers the other nodes' leases describe, by subnet. [`crate::lease_check`]
-//! already refuses a wireguard lease whose data is unusable; a lease of another backend type
-//! is skipped here, with one warning, repeated only when that lease changes.
+//! The WireGuard peers the other nodes' leases describe, by subnet, on each of this node's
+//! devices. The lease gate already refuses a wireguard lease this node's Mode cannot read
+//! ([`super::reading`]); one that still fails is skipped here, on every device, with one
+//! warning, repeated only when that lease changes. A lease of another backend type is
+//! skipped the same way.
 
+use super::reading::{LeasePeers, LeaseReader};
 use crate::lease::Lease;
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
-use std::net::SocketAddrV4;
-use twill_dataplane::engine::wireguard::WgPeerSpec;
+use twill_dataplane::engine::wireguard::{Device, WgPeerSpec};
 
-/// What a lease event did to the peers.
+/// What a lease event did to the peers of one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    Unchanged,
     /// A peer came, or changed (`old` is what it was: a new key means a new peer).
     Set {
         old: Option<WgPeerSpec>,
@@ -21,72 +22,64 @@ pub enum Change {
 }
 
 pub struct PeerBook {
-    /// The port of a lease that names none (flannel before leases carried `Port`): ours.
-    default_port: u16,
-    peers: BTreeMap<Ipv4Net, WgPeerSpec>,
+    reader: LeaseReader,
+    peers: BTreeMap<Ipv4Net, LeasePeers>,
     /// Why a lease was skipped, so each reason is logged once.
     skipped: BTreeMap<Ipv4Net, String>,
 }
 
 impl PeerBook {
-    pub fn new(default_port: u16) -> PeerBook {
+    pub fn new(reader: LeaseReader) -> PeerBook {
         PeerBook {
-            default_port,
+            reader,
             peers: BTreeMap::new(),
             skipped: BTreeMap::new(),
         }
     }
 
-    pub fn add(&mut self, lease: &Lease) -> Change {
-        match self.spec(lease) {
-            Some(new) => match self.peers.insert(lease.subnet, new) {
-                Some(old) if old == new => Change::Unchanged,
-                old => Change::Set { old, new },
-            },
-            None => self
-                .peers
-                .remove(&lease.subnet)
-                .map_or(Change::Unchanged, Change::Removed),
-        }
+    pub fn add(&mut self, lease: &Lease) -> Vec<(Device, Change)> {
+        let new = self.read(lease);
+        let old = match new {
+            Some(new) => self.peers.insert(lease.subnet, new),
+            None => self.peers.remove(&lease.subnet),
+        };
+        changes(old.as_ref(), new.as_ref())
     }
 
-    pub fn remove(&mut self, lease: &Lease) -> Change {
+    pub fn remove(&mut self, lease: &Lease) -> Vec<(Device, Change)> {
         self.skipped.remove(&lease.subnet);
-        self.peers
-            .remove(&lease.subnet)
-            .map_or(Change::Unchanged, Change::Removed)
+        changes(self.peers.remove(&lease.subnet).as_ref(), None)
     }
 
     /// Make the peers exactly those of `leases`; returns what that changed, peer by peer.
-    pub fn reconcile(&mut self, leases: &[Lease]) -> Vec<Change> {
+    pub fn reconcile(&mut self, leases: &[Lease]) -> Vec<(Device, Change)> {
         self.skipped
             .retain(|s, _| leases.iter().any(|l| l.subnet == *s));
         let now: BTreeMap<_, _> = leases
             .iter()
-            .filter_map(|l| Some((l.subnet, self.spec(l)?)))
+            .filter_map(|l| Some((l.subnet, self.read(l)?)))
             .collect();
         let before = std::mem::replace(&mut self.peers, now);
-        let set = self.peers.iter().filter_map(|(subnet, new)| {
-            let old = before.get(subnet).copied();
-            (old != Some(*new)).then_some(Change::Set { old, new: *new })
-        });
-        let mut changes: Vec<Change> = set.collect();
-        let gone = before
-            .into_iter()
-            .filter(|(s, _)| !self.peers.contains_key(s));
-        changes.extend(gone.map(|(_, old)| Change::Removed(old)));
-        changes
+        let mut changed: Vec<(Device, Change)> = self
+            .peers
+            .iter()
+            .flat_map(|(subnet, new)| changes(before.get(subnet), Some(new)))
+            .collect();
+        let gone = before.iter().filter(|(s, _)| !self.peers.contains_key(s));
+        changed.extend(gone.flat_map(|(_, old)| changes(Some(old), None)));
+        changed
     }
 
-    pub fn specs(&self) -> Vec<WgPeerSpec> {
-        self.peers.values().copied().collect()
+    /// The peers of `device`.
+    pub fn specs(&self, device: Device) -> Vec<WgPeerSpec> {
+        self.peers.values().filter_map(|p| on(device, p)).collect()
     }
 
-    fn spec(&mut self, lease: &Lease) -> Option<WgPeerSpec> {
-        match parse(lease, self.default_port) {
-            Ok(spec) => {
+    fn read(&mut self, lease: &Lease) -> Option<LeasePeers> {
+        match self.reader.read(lease) {
+            Ok(peers) => {
                 self.skipped.remove(&lease.subnet);
-                Some(spec)
+                Some(peers)
             }
             Err(why) => {
                 if self.skipped.get(&lease.subnet) != Some(&why) {
@@ -99,23 +92,50 @@ impl PeerBook {
     }
 }
 
-/// A lease as a WireGuard peer: its subnet, `PublicIP:Port` and `PublicKey`.
-fn parse(lease: &Lease, default_port: u16) -> Result<WgPeerSpec, String> {
-    let (public_key, port) = lease.wireguard_data()?;
-    Ok(WgPeerSpec {
-        subnet: lease.subnet,
-        endpoint: SocketAddrV4::new(lease.public_ip, port.unwrap_or(default_port)),
-        public_key,
-    })
+/// A lease's peer on `device`, if it has one there.
+fn on(device: Device, peers: &LeasePeers) -> Option<WgPeerSpec> {
+    match device {
+        Device::Main => Some(peers.main),
+        Device::V6 => peers.v6,
+    }
+}
+
+/// What going from `old` to `new` changes on each device.
+fn changes(old: Option<&LeasePeers>, new: Option<&LeasePeers>) -> Vec<(Device, Change)> {
+    [Device::Main, Device::V6]
+        .into_iter()
+        .filter_map(|device| {
+            let (old, new) = (
+                old.and_then(|p| on(device, p)),
+                new.and_then(|p| on(device, p)),
+            );
+            let change = match (old, new) {
+                (old, Some(new)) if old != Some(new) => Change::Set { old, new },
+                (Some(old), None) => Change::Removed(old),
+                _ => return None,
+            };
+            Some((device, change))
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lease::LeaseAttrs;
+    use crate::backend::wireguard::config::Mode;
+    use crate::lease::{BackendData, LeaseAttrs};
     use serde_json::Value;
 
     const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+
+    fn book(mode: Mode) -> PeerBook {
+        PeerBook::new(LeaseReader {
+            mode,
+            listen_port: 51820,
+            listen_port_v6: 51821,
+            own_public_ipv6: Some("fd00:200::1".parse().unwrap()),
+        })
+    }
 
     fn lease(subnet: &str, data: Value) -> Lease {
         let attrs = LeaseAttrs {
@@ -132,32 +152,75 @@ mod tests {
         lease(subnet, serde_json::json!({"PublicKey": KEY, "Port": 51999}))
     }
 
+    /// `good(subnet)` with an IPv6 side, as flanneld writes a dual-stack lease.
+    fn dual(subnet: &str, subnet6: &str) -> Lease {
+        let attrs = good(subnet).attrs().with_ipv6(
+            "fd00:200::2".parse().unwrap(),
+            Some(BackendData::wireguard(KEY, 51998)),
+        );
+        Lease::new(subnet.parse().unwrap(), attrs).with_ipv6_subnet(subnet6.parse().unwrap())
+    }
+
+    fn set(device: Device, change: &(Device, Change)) -> Option<WgPeerSpec> {
+        match change {
+            (d, Change::Set { new, .. }) if *d == device => Some(*new),
+            _ => None,
+        }
+    }
+
     #[test]
     fn a_lease_becomes_a_peer_at_its_public_ip_and_port() {
-        let mut book = PeerBook::new(51820);
-        let Change::Set { old: None, new } = book.add(&good("10.5.2.0/24")) else {
-            panic!("not added");
+        let mut book = book(Mode::Separate);
+        let changes = book.add(&good("10.5.2.0/24"));
+        let [(Device::Main, Change::Set { old: None, new })] = changes[..] else {
+            panic!("not added: {changes:?}");
         };
         assert_eq!(new.endpoint.to_string(), "10.200.0.2:51999");
         assert_eq!(new.public_key.to_string(), KEY);
-        assert_eq!(book.add(&good("10.5.2.0/24")), Change::Unchanged);
+        assert_eq!(book.add(&good("10.5.2.0/24")), []);
         let old_flannel = lease("10.5.3.0/24", serde_json::json!({ "PublicKey": KEY }));
-        let Change::Set { new, .. } = book.add(&old_flannel) else {
-            panic!("not added");
-        };
+        let new = set(Device::Main, &book.add(&old_flannel)[0]).unwrap();
         assert_eq!(new.endpoint.port(), 51820, "no Port: our own ListenPort");
     }
 
     #[test]
+    fn a_dual_stack_lease_is_a_peer_on_each_device_in_mode_separate_and_on_one_in_the_others() {
+        let mut separate = book(Mode::Separate);
+        let changes = separate.add(&dual("10.5.2.0/24", "fd10:0:0:2::/64"));
+        let main = set(Device::Main, &changes[0]).unwrap();
+        let v6 = set(Device::V6, &changes[1]).unwrap();
+        assert_eq!(main.endpoint.to_string(), "10.200.0.2:51999");
+        assert_eq!(v6.endpoint.to_string(), "[fd00:200::2]:51998");
+        assert_eq!(separate.specs(Device::V6), [v6]);
+        // The lease loses its IPv6 side: its flannel-wg-v6 peer goes, flannel-wg's changes.
+        let changes = separate.add(&good("10.5.2.0/24"));
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        assert_eq!(changes[1], (Device::V6, Change::Removed(v6)));
+        assert!(separate.specs(Device::V6).is_empty());
+
+        let mut one = book(Mode::Ipv6);
+        let changes = one.add(&dual("10.5.2.0/24", "fd10:0:0:2::/64"));
+        let [(Device::Main, Change::Set { new, .. })] = changes[..] else {
+            panic!("{changes:?}");
+        };
+        assert_eq!(new.endpoint.to_string(), "[fd00:200::2]:51999");
+        assert_eq!(new.subnet6, Some("fd10:0:0:2::/64".parse().unwrap()));
+    }
+
+    #[test]
     fn a_new_key_replaces_the_peer() {
-        let mut book = PeerBook::new(51820);
+        let mut book = book(Mode::Separate);
         book.add(&good("10.5.2.0/24"));
         let other = "yAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk=";
         let rekeyed = lease("10.5.2.0/24", serde_json::json!({ "PublicKey": other }));
-        let Change::Set {
-            old: Some(old),
-            new,
-        } = book.add(&rekeyed)
+        let changes = book.add(&rekeyed);
+        let [(
+            Device::Main,
+            Change::Set {
+                old: Some(old),
+                new,
+            },
+        )] = changes[..]
         else {
             panic!("not replaced");
         };
@@ -165,69 +228,86 @@ mod tests {
     }
 
     #[test]
-    fn malformed_leases_are_skipped_and_remove_what_they_replace() {
-        let mut book = PeerBook::new(51820);
-        book.add(&good("10.5.2.0/24"));
+    fn malformed_leases_are_skipped_on_every_device_and_remove_what_they_replace() {
+        let mut book = book(Mode::Separate);
+        book.add(&dual("10.5.2.0/24", "fd10:0:0:2::/64"));
         let bad = lease("10.5.2.0/24", serde_json::json!({"PublicKey": "short"}));
-        assert!(matches!(book.add(&bad), Change::Removed(_)));
+        let changes = book.add(&bad);
+        assert!(changes.iter().all(|(_, c)| matches!(c, Change::Removed(_))));
+        assert_eq!(changes.len(), 2);
         assert_eq!(
             book.skipped[&bad.subnet],
             "its PublicKey \"short\" is not a WireGuard key: not base64"
         );
-        for data in [
-            serde_json::json!({}),
-            serde_json::json!({"PublicKey": 5}),
-            serde_json::json!({"PublicKey": KEY, "Port": 0}),
+        let mut no_v6_data = dual("10.5.4.0/24", "fd10:0:0:4::/64");
+        no_v6_data.backend_v6_data = None;
+        for lease in [
+            lease("10.5.4.0/24", serde_json::json!({})),
+            lease("10.5.4.0/24", serde_json::json!({"PublicKey": 5})),
+            lease(
+                "10.5.4.0/24",
+                serde_json::json!({"PublicKey": KEY, "Port": 0}),
+            ),
+            no_v6_data,
         ] {
-            assert_eq!(book.add(&lease("10.5.4.0/24", data)), Change::Unchanged);
+            assert_eq!(book.add(&lease), []);
         }
-        assert!(book.specs().is_empty());
+        assert!(book.specs(Device::Main).is_empty() && book.specs(Device::V6).is_empty());
     }
 
     #[test]
     fn reconcile_keeps_exactly_the_good_leases() {
-        let mut book = PeerBook::new(51820);
+        let mut book = book(Mode::Separate);
         book.add(&good("10.5.9.0/24"));
         let bad = lease("10.5.3.0/24", serde_json::json!({}));
-        book.reconcile(&[good("10.5.2.0/24"), bad.clone()]);
-        let subnets: Vec<String> = book.specs().iter().map(|s| s.subnet.to_string()).collect();
-        assert_eq!(subnets, ["10.5.2.0/24"]);
+        book.reconcile(&[dual("10.5.2.0/24", "fd10:0:0:2::/64"), bad.clone()]);
+        let subnets = |device| -> Vec<String> {
+            let specs = book.specs(device);
+            specs.iter().map(|s| s.subnet.to_string()).collect()
+        };
+        assert_eq!(subnets(Device::Main), ["10.5.2.0/24"]);
+        assert_eq!(subnets(Device::V6), ["10.5.2.0/24"]);
         assert!(book.skipped.contains_key(&bad.subnet));
         book.reconcile(&[]);
-        assert!(book.skipped.is_empty() && book.specs().is_empty());
+        assert!(book.skipped.is_empty() && book.specs(Device::Main).is_empty());
     }
 
     #[test]
     fn reconcile_returns_only_what_changed() {
-        let mut book = PeerBook::new(51820);
+        let mut book = book(Mode::Separate);
         let (kept, moved, gone) = (
             good("10.5.2.0/24"),
             good("10.5.3.0/24"),
-            good("10.5.4.0/24"),
+            dual("10.5.4.0/24", "fd10:0:0:4::/64"),
         );
         let first = book.reconcile(&[kept.clone(), moved.clone(), gone.clone()]);
-        assert_eq!(first.len(), 3);
+        assert_eq!(first.len(), 4);
         assert!(first
             .iter()
-            .all(|c| matches!(c, Change::Set { old: None, .. })));
+            .all(|(_, c)| matches!(c, Change::Set { old: None, .. })));
         assert!(book
             .reconcile(&[kept.clone(), moved.clone(), gone.clone()])
             .is_empty());
 
-        let (before, removed) = (book.specs()[1], book.specs()[2]);
+        let (before, removed) = (book.specs(Device::Main)[1], book.specs(Device::Main)[2]);
+        let removed6 = book.specs(Device::V6)[0];
         assert_eq!(removed.subnet, gone.subnet);
         let mut moved_now = moved.clone();
         moved_now.public_ip = "10.200.0.77".parse().unwrap();
         let changes = book.reconcile(&[kept, moved_now]);
-        let after = book.specs()[1];
+        let after = book.specs(Device::Main)[1];
         assert_eq!(
             changes,
             [
-                Change::Set {
-                    old: Some(before),
-                    new: after
-                },
-                Change::Removed(removed),
+                (
+                    Device::Main,
+                    Change::Set {
+                        old: Some(before),
+                        new: after
+                    }
+                ),
+                (Device::Main, Change::Removed(removed)),
+                (Device::V6, Change::Removed(removed6)),
             ]
         );
     }

@@ -5,9 +5,9 @@
 //! - beyond that the node is under load: a message without a cookie gets a cookie reply instead
 //!   of an answer, which only its sender's real address receives, so that answering it proves
 //!   the address, and a message whose cookie proves its address is taken up;
-//! - under load, each source address has a token bucket ([`SOURCE_PER_SECOND`], bursts of
-//!   [`SOURCE_BURST`], the kernel's figures), and a message from an address with no token left
-//!   is dropped before any cryptography. The kernel spends those tokens on messages with a
+//! - under load, each source address (an IPv6 one by its /64) has a token bucket
+//!   ([`SOURCE_PER_SECOND`], bursts of [`SOURCE_BURST`], the kernel's figures), and a message
+//!   from an address with no token left is dropped before any cryptography. The kernel spends those tokens on messages with a
 //!   cookie only, and answers every other with a cookie on whichever of its CPUs is free; twill
 //!   opens datagrams on one thread, where a cookie for every datagram of a flood would starve
 //!   the data messages behind them. The price: while the node is under load, an attacker who
@@ -22,7 +22,7 @@ use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Packet, TunnResult};
 use boringtun::x25519;
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -60,7 +60,9 @@ pub struct Gate {
     /// node is under load is not told otherwise.
     this_second: AtomicU64,
     last_reset: Mutex<Instant>,
-    sources: Mutex<HashMap<Ipv4Addr, Bucket>>,
+    /// Buckets by source: an IPv4 address, or an IPv6 /64 (as the kernel's ratelimiter keys
+    /// them: one host holds a whole /64, and would otherwise have a bucket per address).
+    sources: Mutex<HashMap<IpAddr, Bucket>>,
 }
 
 impl Gate {
@@ -90,17 +92,15 @@ impl Gate {
     }
 
     /// Admits a handshake initiation or response from `from`; a cookie reply goes to `dst`.
-    pub fn check<'a>(&self, from: SocketAddrV4, datagram: &'a [u8], dst: &mut [u8]) -> Verdict<'a> {
+    pub fn check<'a>(&self, from: SocketAddr, datagram: &'a [u8], dst: &mut [u8]) -> Verdict<'a> {
         // Under load, an address past its share gets nothing, before any cryptography: a
         // cookie costs as much as forwarding dozens of packets, and one address flooding
         // must cost this node a table lookup per datagram, not a cookie.
         let under_load = self.this_second.load(Relaxed) >= HANDSHAKES_PER_SECOND;
-        if under_load && !self.source_may(*from.ip()) {
+        if under_load && !self.source_may(source(from.ip())) {
             return Verdict::Dropped(DropReason::HandshakeFlood);
         }
-        let verified = self
-            .limiter
-            .verify_packet(Some(IpAddr::V4(*from.ip())), datagram, dst);
+        let verified = self.limiter.verify_packet(Some(from.ip()), datagram, dst);
         // Counted as the limiter counts: every message whose mac1 is good.
         let counted = || self.this_second.fetch_add(1, Relaxed);
         match verified {
@@ -120,7 +120,7 @@ impl Gate {
     }
 
     /// Takes a token from `source`'s bucket, if it has one.
-    fn source_may(&self, source: Ipv4Addr) -> bool {
+    fn source_may(&self, source: IpAddr) -> bool {
         let now = Instant::now();
         let mut sources = lock(&self.sources);
         let full = sources.len() >= MAX_SOURCES;
@@ -134,6 +134,14 @@ impl Gate {
                 taken
             }
         }
+    }
+}
+
+/// The bucket `ip` spends from: its own for IPv4, its /64's for IPv6.
+fn source(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
     }
 }
 
@@ -191,5 +199,13 @@ mod tests {
         assert!(bucket.take(later));
         assert!(!bucket.take(later));
         assert!(bucket.is_full(later + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn an_ipv6_source_spends_from_its_64s_bucket() {
+        let host = |s: &str| source(s.parse().unwrap());
+        assert_eq!(host("fd00:200::1"), host("fd00:200::ffff:1"));
+        assert_ne!(host("fd00:200::1"), host("fd00:200:0:1::1"));
+        assert_eq!(host("10.200.0.1"), "10.200.0.1".parse::<IpAddr>().unwrap());
     }
 }

@@ -5,7 +5,7 @@
 
 use super::flood::{Gate, Verdict};
 use super::peer_map::PeerMap;
-use super::peers::{TunnelParams, WgPeer};
+use super::peers::{Families, TunnelParams, WgPeer};
 use super::PublicKey;
 use crate::engine::check_from;
 use crate::stats::DropReason;
@@ -14,7 +14,7 @@ use boringtun::noise::errors::WireGuardError;
 use boringtun::noise::handshake::parse_handshake_anon;
 use boringtun::noise::{Packet, Tunn, TunnResult};
 use boringtun::x25519;
-use std::net::{IpAddr, SocketAddrV4};
+use std::net::SocketAddr;
 
 /// What became of one datagram.
 #[derive(Debug, Clone, Copy)]
@@ -43,20 +43,23 @@ enum Kind {
     Other,
 }
 
-/// This node's side of every handshake: its keys and the limit on handshakes.
+/// One device's side of every tunnel: this node's keys, the limit on handshakes, and the
+/// families its peers' allowed IPs hold.
 pub struct Crypto {
     pub params: TunnelParams,
+    pub families: Families,
     public: x25519::PublicKey,
     gate: Gate,
 }
 
 impl Crypto {
-    pub fn new(params: TunnelParams) -> Crypto {
+    pub fn new(params: TunnelParams, families: Families) -> Crypto {
         let public = x25519::PublicKey::from(params.private_key.public_key().0);
         Crypto {
             gate: Gate::new(&public),
             public,
             params,
+            families,
         }
     }
 
@@ -70,7 +73,7 @@ impl Crypto {
     pub fn open<'p>(
         &self,
         peers: &'p PeerMap,
-        from: SocketAddrV4,
+        from: SocketAddr,
         datagram: &[u8],
         dst: &mut [u8],
         mtu: usize,
@@ -79,7 +82,7 @@ impl Crypto {
             Ok(found) => found,
             Err(opened) => return opened,
         };
-        let source = Some(IpAddr::V4(*from.ip()));
+        let source = Some(from.ip());
         let result = peer.with_tunnel(&self.params, kind == Kind::Initiation, |tunn| {
             Outcome::of(tunn.decapsulate(source, datagram, dst))
         });
@@ -95,9 +98,8 @@ impl Crypto {
             tracing::info!(peer = %peer.subnet, endpoint = %from, "WireGuard peer roamed");
         }
         match outcome {
-            Outcome::Packet(len) => check_inner(peer, &dst[..len], mtu)
+            Outcome::Packet(len) => check_inner(peer, self.families, &dst[..len], mtu)
                 .map_or_else(Opened::Dropped, |()| Opened::Packet(peer, len)),
-            Outcome::NotIpv4 => Opened::Dropped(DropReason::NotIpv4),
             Outcome::Reply(len) => Opened::Reply(Some(peer), len),
             Outcome::Nothing => Opened::Nothing,
         }
@@ -108,7 +110,7 @@ impl Crypto {
     fn sender<'p>(
         &self,
         peers: &'p PeerMap,
-        from: SocketAddrV4,
+        from: SocketAddr,
         datagram: &[u8],
         dst: &mut [u8],
     ) -> Result<(&'p WgPeer, Kind), Opened<'p>> {
@@ -132,7 +134,7 @@ impl Crypto {
     fn initiator<'p>(
         &self,
         peers: &'p PeerMap,
-        from: SocketAddrV4,
+        from: SocketAddr,
         datagram: &[u8],
         dst: &mut [u8],
     ) -> Result<(&'p WgPeer, Kind), Opened<'p>> {
@@ -149,7 +151,7 @@ impl Crypto {
 
     fn admit_handshake<'a>(
         &self,
-        from: SocketAddrV4,
+        from: SocketAddr,
         datagram: &'a [u8],
         dst: &mut [u8],
     ) -> Result<Packet<'a>, Opened<'static>> {
@@ -164,7 +166,6 @@ impl Crypto {
 /// A tunnel's answer to an authentic message, without the borrow of the buffer it wrote to.
 enum Outcome {
     Packet(usize),
-    NotIpv4,
     Reply(usize),
     Nothing,
 }
@@ -172,8 +173,9 @@ enum Outcome {
 impl Outcome {
     fn of(result: TunnResult<'_>) -> Result<Outcome, DropReason> {
         Ok(match result {
-            TunnResult::WriteToTunnelV4(packet, _) => Outcome::Packet(packet.len()),
-            TunnResult::WriteToTunnelV6(..) => Outcome::NotIpv4,
+            TunnResult::WriteToTunnelV4(packet, _) | TunnResult::WriteToTunnelV6(packet, _) => {
+                Outcome::Packet(packet.len())
+            }
             TunnResult::WriteToNetwork(reply) => Outcome::Reply(reply.len()),
             TunnResult::Done => Outcome::Nothing,
             TunnResult::Err(e) => return Err(reason(&e)),
@@ -182,10 +184,19 @@ impl Outcome {
 }
 
 /// WireGuard's cryptokey routing on receive: the inner packet must come from the peer's
-/// allowed IPs (its lease's subnet), and fit the TUN.
-fn check_inner(peer: &WgPeer, packet: &[u8], mtu: usize) -> Result<(), DropReason> {
+/// allowed IPs (its lease's subnet of the packet's family, on a device that carries that
+/// family), and fit the TUN.
+fn check_inner(
+    peer: &WgPeer,
+    families: Families,
+    packet: &[u8],
+    mtu: usize,
+) -> Result<(), DropReason> {
     let ip = IpPacket::new_checked(packet).map_err(|_| DropReason::Malformed)?;
-    check_from(&ip, peer.subnet, None, mtu)
+    if !families.carry(&ip) {
+        return Err(DropReason::SpoofedSource);
+    }
+    check_from(&ip, peer.subnet, peer.subnet6, mtu)
 }
 
 /// The drop counter each of boringtun's refusals goes to.

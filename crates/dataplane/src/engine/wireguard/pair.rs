@@ -4,35 +4,46 @@
 
 use super::open::{Crypto, Opened};
 use super::peer_map::WgPeers;
-use super::peers::{Sealed, TunnelParams, WgPeerSpec};
+use super::peers::{Families, Sealed, TunnelParams, WgPeerSpec};
 use super::{PresharedKey, PrivateKey, DEFAULT_PORT};
 use crate::wire::ipv4::{Ipv4Repr, PROTO_UDP};
+use crate::wire::ipv6::{Ipv6Repr, NEXT_HEADER_UDP};
 use anyhow::bail;
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The TUN MTU these nodes check inner packets against: a 1500-byte underlay less flannel's 80.
 pub const MTU: usize = 1420;
 
-/// A node `10.200.0.<n>:51820` owning `10.5.<n>.0/24`.
+/// A dual-stack node `10.200.0.<n>:51820` owning `10.5.<n>.0/24` and `fd10:0:0:<n>::/64`,
+/// whose one device carries both families.
 pub struct Node {
     pub crypto: Crypto,
     pub peers: WgPeers,
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     pub subnet: Ipv4Net,
+    pub subnet6: Ipv6Net,
 }
 
 impl Node {
     pub fn new(n: u8, preshared_key: Option<PresharedKey>) -> Node {
+        Node::carrying(n, preshared_key, Families::Both)
+    }
+
+    /// A node whose device carries `families` only.
+    pub fn carrying(n: u8, preshared_key: Option<PresharedKey>, families: Families) -> Node {
+        let params = TunnelParams {
+            private_key: PrivateKey::generate(),
+            preshared_key,
+            keepalive: None,
+        };
         Node {
-            crypto: Crypto::new(TunnelParams {
-                private_key: PrivateKey::generate(),
-                preshared_key,
-                keepalive: None,
-            }),
+            crypto: Crypto::new(params, families),
             peers: WgPeers::default(),
-            addr: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, n), DEFAULT_PORT),
+            addr: SocketAddr::from((Ipv4Addr::new(10, 200, 0, n), DEFAULT_PORT)),
             subnet: Ipv4Net::new(Ipv4Addr::new(10, 5, n, 0), 24).expect("a /24"),
+            subnet6: Ipv6Net::new(Ipv6Addr::new(0xfd10, 0, 0, n.into(), 0, 0, 0, 0), 64)
+                .expect("a /64"),
         }
     }
 
@@ -40,6 +51,7 @@ impl Node {
     pub fn spec(&self) -> WgPeerSpec {
         WgPeerSpec {
             subnet: self.subnet,
+            subnet6: Some(self.subnet6),
             endpoint: self.addr,
             public_key: self.crypto.params.private_key.public_key(),
         }
@@ -60,7 +72,7 @@ impl Node {
 
     /// Receive `datagram` from `from`'s address, as the receive step does. The outcome's peer
     /// is copied out as its subnet, since the peer table is loaded only for this call.
-    pub fn open(&self, from: SocketAddrV4, datagram: &[u8], dst: &mut [u8]) -> Received {
+    pub fn open(&self, from: SocketAddr, datagram: &[u8], dst: &mut [u8]) -> Received {
         let peers = self.peers.load();
         match self.crypto.open(&peers, from, datagram, dst, MTU) {
             Opened::Packet(peer, len) => Received::Packet(peer.subnet, len),
@@ -73,6 +85,25 @@ impl Node {
     /// The address of the container behind this node (`10.5.<n>.2`, as the lab gives it).
     pub fn container_ip(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.subnet.network()) + 2)
+    }
+
+    /// The IPv6 address of the container behind this node (`fd10:0:0:<n>::2`).
+    pub fn container_ip6(&self) -> Ipv6Addr {
+        Ipv6Addr::from(u128::from(self.subnet6.network()) + 2)
+    }
+
+    /// A UDP packet over IPv6 from this node's container to `to`'s, `len` bytes in all.
+    pub fn packet6_to(&self, to: &Node, len: usize) -> Vec<u8> {
+        let repr = Ipv6Repr {
+            src: self.container_ip6(),
+            dst: to.container_ip6(),
+            next_header: NEXT_HEADER_UDP,
+            hop_limit: 64,
+            payload_len: len - 40,
+        };
+        let mut packet = vec![0x5a; len];
+        repr.emit(&mut packet).expect("len fits IPv6");
+        packet
     }
 
     /// A UDP packet from this node's container to `to`'s, `len` bytes in all.
@@ -153,11 +184,90 @@ mod tests {
 
     /// `a` seals one packet for `b`; the datagram.
     fn datagram(a: &Node, b: &Node, len: usize) -> Vec<u8> {
+        sealed(a, b, &a.packet_to(b, len))
+    }
+
+    /// `a` seals `packet` for `b`; the datagram.
+    fn sealed(a: &Node, b: &Node, packet: &[u8]) -> Vec<u8> {
         let mut buf = vec![0u8; 2048];
-        match a.seal(b, &a.packet_to(b, len), &mut buf) {
+        match a.seal(b, packet, &mut buf) {
             Sealed::Data(n) => buf[..n].to_vec(),
             other => panic!("sealing gave {other:?}"),
         }
+    }
+
+    #[test]
+    fn ipv6_packets_cross_both_ways_inside_the_peers_ipv6_subnets() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let mut out = vec![0u8; 2048];
+        let sent = a.packet6_to(&b, 120);
+        let got = b.open(a.addr, &sealed(&a, &b, &sent), &mut out);
+        assert_eq!(got, Received::Packet(a.subnet, 120));
+        assert_eq!(&out[..120], &sent[..]);
+        let back = sealed(&b, &a, &b.packet6_to(&a, MTU));
+        assert_eq!(
+            a.open(b.addr, &back, &mut out),
+            Received::Packet(b.subnet, MTU)
+        );
+    }
+
+    #[test]
+    fn an_inner_ipv6_source_outside_the_peers_ipv6_subnet_is_dropped_as_spoofed() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let mut packet = a.packet6_to(&b, 100);
+        // Another node's IPv6 subnet, fd10:0:0:9::/64.
+        packet[8..24].copy_from_slice(&"fd10:0:0:9::9".parse::<Ipv6Addr>().unwrap().octets());
+        let got = b.open(a.addr, &sealed(&a, &b, &packet), &mut vec![0u8; 2048]);
+        assert_eq!(got, Received::Dropped(DropReason::SpoofedSource));
+        // A peer whose lease has no IPv6 subnet sends no IPv6 at all.
+        let (a, b) = connected(None, None);
+        b.knows(&[WgPeerSpec {
+            subnet6: None,
+            ..a.spec()
+        }]);
+        handshake(&a, &b).unwrap();
+        let packet = a.packet6_to(&b, 100);
+        let got = b.open(a.addr, &sealed(&a, &b, &packet), &mut vec![0u8; 2048]);
+        assert_eq!(got, Received::Dropped(DropReason::SpoofedSource));
+    }
+
+    #[test]
+    fn a_device_of_one_family_takes_no_inner_packet_of_the_other() {
+        for families in [Families::Ipv4, Families::Ipv6] {
+            let a = Node::new(1, None);
+            let b = Node::carrying(2, None, families);
+            a.knows(&[b.spec()]);
+            b.knows(&[a.spec()]);
+            handshake(&a, &b).unwrap();
+            let (v4, v6) = (a.packet_to(&b, 100), a.packet6_to(&b, 100));
+            let (carried, other) = match families {
+                Families::Ipv4 => (v4, v6),
+                _ => (v6, v4),
+            };
+            let mut out = vec![0u8; 2048];
+            let got = b.open(a.addr, &sealed(&a, &b, &other), &mut out);
+            assert_eq!(
+                got,
+                Received::Dropped(DropReason::SpoofedSource),
+                "{families:?}"
+            );
+            let got = b.open(a.addr, &sealed(&a, &b, &carried), &mut out);
+            assert_eq!(got, Received::Packet(a.subnet, 100), "{families:?}");
+        }
+    }
+
+    #[test]
+    fn a_peer_roams_to_an_ipv6_endpoint_and_back() {
+        let (a, b) = connected(None, None);
+        handshake(&a, &b).unwrap();
+        let endpoint = || b.peers.load().by_subnet(a.subnet).unwrap().endpoint();
+        let v6: SocketAddr = "[fd00:200::1]:51820".parse().unwrap();
+        b.open(v6, &datagram(&a, &b, 100), &mut vec![0u8; 2048]);
+        assert_eq!(endpoint(), v6);
+        b.open(a.addr, &datagram(&a, &b, 100), &mut vec![0u8; 2048]);
+        assert_eq!(endpoint(), a.addr);
     }
 
     #[test]
@@ -251,7 +361,7 @@ mod tests {
     fn a_peer_follows_the_source_of_authentic_datagrams_only() {
         let (a, b) = connected(None, None);
         handshake(&a, &b).unwrap();
-        let roamed = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 7), 40000);
+        let roamed = SocketAddr::from((Ipv4Addr::new(192, 0, 2, 7), 40000));
         let endpoint = || b.peers.load().by_subnet(a.subnet).unwrap().endpoint();
         let mut d = datagram(&a, &b, 100);
         d[40] ^= 1;
@@ -266,7 +376,7 @@ mod tests {
     }
 
     /// `b` opens `datagram` from `from` `n` times; how often each came out.
-    fn flood(b: &Node, from: SocketAddrV4, datagram: &[u8], n: usize) -> Vec<Received> {
+    fn flood(b: &Node, from: SocketAddr, datagram: &[u8], n: usize) -> Vec<Received> {
         let mut out = vec![0u8; 2048];
         (0..n).map(|_| b.open(from, datagram, &mut out)).collect()
     }
@@ -279,7 +389,7 @@ mod tests {
         let init = initiation(&a, &b, &mut buf).unwrap();
         let replayed = buf[..init].to_vec();
         // a's initiation over and over from elsewhere, as anyone who saw it can send it.
-        let attacker = SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 66), 40000);
+        let attacker = SocketAddr::from((Ipv4Addr::new(10, 200, 0, 66), 40000));
         let (load, burst) = (HANDSHAKES_PER_SECOND as usize, SOURCE_BURST as usize);
         let results = flood(&b, attacker, &replayed, load + 20);
         let flood_drop = Received::Dropped(DropReason::HandshakeFlood);

@@ -5,7 +5,7 @@
 //! Changed one lease at a time, as the routing table is (`crate::table`): the three maps are
 //! persistent (structure-sharing, `imbl`), so the control plane clones the current generation
 //! in O(1), changes one peer in O(log K) and swaps it in, while the engine's loops read theirs
-//! without a lock. A peer whose subnet and key stay is the same peer in every generation: it
+//! without a lock. A peer whose subnets and key stay is the same peer in every generation: it
 //! keeps its tunnel, sessions and index whatever happens to the others.
 
 use super::keys::PublicKey;
@@ -105,7 +105,7 @@ impl WgPeers {
         self.map.load()
     }
 
-    /// Makes the peers exactly `specs`, changing only what differs: a peer whose subnet and key
+    /// Makes the peers exactly `specs`, changing only what differs: a peer whose subnets and key
     /// stay keeps its tunnel (and follows its lease's endpoint); one whose lease changed its key
     /// gets a new one, so the next packet starts a handshake with the new key; an idle
     /// reconcile leaves the peers as they are. Of two specs with one subnet or one key, the
@@ -121,12 +121,12 @@ impl WgPeers {
         let current = self.map.load_full();
         let mut next = PeerMap::clone(&current);
         let mut changed = false;
-        // First every peer that goes or changes its key, so that no key stays taken by a peer
-        // on its way out.
+        // First every peer that goes or changes its key or IPv6 subnet, so that no key stays
+        // taken by a peer on its way out.
         for peer in current.iter() {
             let stays = wanted
                 .get(&peer.subnet)
-                .is_some_and(|w| w.public_key == peer.public_key);
+                .is_some_and(|w| w.public_key == peer.public_key && w.subnet6 == peer.subnet6);
             if !stays {
                 changed |= next.remove(peer.subnet);
             }
@@ -176,10 +176,12 @@ impl WgPeers {
         spec: &WgPeerSpec,
     ) -> Result<bool, KeyTaken> {
         match next.by_key.get(&spec.public_key) {
-            Some(peer) if peer.subnet == spec.subnet => {
+            Some(peer) if peer.subnet == spec.subnet && peer.subnet6 == spec.subnet6 => {
                 peer.follow_lease(spec.endpoint);
                 return Ok(false);
             }
+            // Its lease's IPv6 subnet changed: allowed IPs are a peer's own, so a new peer.
+            Some(peer) if peer.subnet == spec.subnet => {}
             Some(holder) => {
                 return Err(KeyTaken {
                     holder: holder.subnet,
@@ -187,7 +189,7 @@ impl WgPeers {
             }
             None => {}
         }
-        // A new peer, or a new key for its subnet: a new tunnel and index.
+        // A new peer, or a new key or IPv6 subnet for its subnet: a new tunnel and index.
         next.remove(spec.subnet);
         let index = self.free_index(current, next);
         next.insert(Arc::new(WgPeer::new(spec, index)));
@@ -211,12 +213,13 @@ mod tests {
     use super::super::keys::PrivateKey;
     use super::super::peers::{Sealed, TunnelParams};
     use super::*;
-    use std::net::{Ipv4Addr, SocketAddrV4};
+    use std::net::{Ipv4Addr, SocketAddr};
 
     fn spec(subnet: &str, port: u16, key: u8) -> WgPeerSpec {
         WgPeerSpec {
             subnet: subnet.parse().unwrap(),
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, key), port),
+            subnet6: None,
+            endpoint: SocketAddr::from((Ipv4Addr::new(10, 200, 0, key), port)),
             public_key: PublicKey([key; 32]),
         }
     }
@@ -272,7 +275,7 @@ mod tests {
         peers.set(&[a]);
         start_handshake(&peers, a.subnet, &params);
         let moved = WgPeerSpec {
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 9), 51820),
+            endpoint: SocketAddr::from((Ipv4Addr::new(10, 200, 0, 9), 51820)),
             ..a
         };
         peers.set(&[moved]);
@@ -289,11 +292,34 @@ mod tests {
     }
 
     #[test]
+    fn a_new_ipv6_subnet_makes_a_new_peer_by_event_and_by_reconcile() {
+        let (peers, params) = (WgPeers::default(), params());
+        let a = spec("10.5.1.0/24", 51820, 1);
+        let dual = WgPeerSpec {
+            subnet6: Some("fd10:0:0:1::/64".parse().unwrap()),
+            ..a
+        };
+        peers.set(&[a]);
+        start_handshake(&peers, a.subnet, &params);
+        peers.set_peer(&dual).unwrap();
+        let map = peers.load();
+        let peer = map.by_subnet(a.subnet).unwrap();
+        assert_eq!((peer.subnet6, peer.has_tunnel()), (dual.subnet6, false));
+        assert_consistent(&map);
+        start_handshake(&peers, a.subnet, &params);
+        peers.set(&[a]);
+        let map = peers.load();
+        let peer = map.by_subnet(a.subnet).unwrap();
+        assert_eq!((peer.subnet6, peer.has_tunnel()), (None, false));
+        assert_consistent(&map);
+    }
+
+    #[test]
     fn roaming_moves_the_endpoint_until_the_lease_moves_it() {
         let peers = WgPeers::default();
         let a = spec("10.5.1.0/24", 51820, 1);
         peers.set(&[a]);
-        let roamed = SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 1), 40000);
+        let roamed = SocketAddr::from((Ipv4Addr::new(192, 0, 2, 1), 40000));
         let map = peers.load();
         let peer = map.by_subnet(a.subnet).unwrap();
         assert!(peer.roam(roamed));
@@ -307,7 +333,7 @@ mod tests {
         peers.set_peer(&a).unwrap();
         assert_eq!(peer.endpoint(), roamed, "so does an unchanged lease event");
         let moved = WgPeerSpec {
-            endpoint: SocketAddrV4::new(Ipv4Addr::new(10, 200, 0, 9), 51820),
+            endpoint: SocketAddr::from((Ipv4Addr::new(10, 200, 0, 9), 51820)),
             ..a
         };
         peers.set_peer(&moved).unwrap();

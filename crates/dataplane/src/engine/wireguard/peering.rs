@@ -23,6 +23,9 @@ pub enum Refused {
     Key(#[from] KeyTaken),
     #[error(transparent)]
     Route(#[from] Conflict),
+    /// A peer for `flannel-wg-v6` on an engine that runs no such device.
+    #[error("this engine runs no flannel-wg-v6")]
+    NoDevice,
 }
 
 impl Peering {
@@ -53,8 +56,8 @@ impl Peering {
     }
 }
 
-/// A peer's entry in the routing table, which finds it by subnet for sending and holds its
-/// counters. The table keeps one peer per endpoint, for the engines that tell peers apart by
+/// A peer's entry in the routing table, which finds it by subnet (IPv4 or IPv6) for sending
+/// and holds its counters. The table keeps one peer per endpoint, for the engines that tell peers apart by
 /// the address a datagram comes from; WireGuard tells them apart by key, and two nodes behind
 /// one NAT publish one `PublicIP:Port`. So the entry's endpoint names the subnet instead
 /// (`10.5.2.0:0`, port 0 being no one's): where datagrams go is the peer's own business
@@ -62,7 +65,7 @@ impl Peering {
 fn route(spec: &WgPeerSpec) -> PeerSpec {
     PeerSpec {
         subnet: spec.subnet,
-        subnet6: None,
+        subnet6: spec.subnet6,
         endpoint: SocketAddrV4::new(spec.subnet.network(), 0).into(),
         version: 0,
     }
@@ -76,6 +79,7 @@ mod tests {
     fn spec(n: u8, key: u8) -> WgPeerSpec {
         WgPeerSpec {
             subnet: format!("10.5.{n}.0/24").parse().unwrap(),
+            subnet6: Some(format!("fd10:0:0:{n}::/64").parse().unwrap()),
             endpoint: format!("10.200.0.{n}:51820").parse().unwrap(),
             public_key: PublicKey([key; 32]),
         }
@@ -114,6 +118,8 @@ mod tests {
         let route_b = table.get(b.subnet).unwrap();
         route_b.stats.tx.add(3, 300);
         assert_eq!(route_b.spec.endpoint.to_string(), "10.5.2.0:0");
+        let to_b6 = table.route6("fd10:0:0:2::5".parse().unwrap());
+        assert_eq!(to_b6.map(|i| table.peers()[i].spec.subnet), Some(b.subnet));
 
         p.set(&WgPeerSpec {
             public_key: PublicKey([9; 32]),

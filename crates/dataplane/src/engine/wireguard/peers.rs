@@ -4,12 +4,14 @@
 
 use super::keys::{PresharedKey, PrivateKey, PublicKey};
 use crate::log_limit::LogLimit;
+use crate::wire::ip::IpPacket;
+use arc_swap::ArcSwap;
 use boringtun::noise::rate_limiter::RateLimiter;
 use boringtun::noise::{Tunn, TunnResult};
 use boringtun::x25519;
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddrV4};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -25,11 +27,45 @@ const FAILED_RESPONSES_WARN_EVERY: Duration = Duration::from_secs(600);
 /// What a lease says about a WireGuard peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WgPeerSpec {
-    /// Its allowed IPs: packets to this subnet go to it, and packets from it must come from here.
+    /// The lease's subnet, which names the peer in every table, and its allowed IPv4 addresses
+    /// on a device that carries IPv4: packets to it go to this peer, and its packets must come
+    /// from inside it.
     pub subnet: Ipv4Net,
-    /// Where it listens (`PublicIP:Port`); replies follow where it really sends from.
-    pub endpoint: SocketAddrV4,
+    /// A dual-stack lease's IPv6 subnet: its allowed IPv6 addresses, on a device that carries
+    /// IPv6.
+    pub subnet6: Option<Ipv6Net>,
+    /// Where it listens (`PublicIP:Port`, `[PublicIPv6]:Port`); replies follow where it
+    /// really sends from.
+    pub endpoint: SocketAddr,
     pub public_key: PublicKey,
+}
+
+/// The inner families a WireGuard device carries, which its peers' allowed IPs hold: flannel's
+/// Mode separate gives each family a device of its own, its other modes carry both on one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Families {
+    Ipv4,
+    Ipv6,
+    Both,
+}
+
+impl Families {
+    pub fn ipv4(self) -> bool {
+        self != Families::Ipv6
+    }
+
+    pub fn ipv6(self) -> bool {
+        self != Families::Ipv4
+    }
+
+    /// Whether `packet` is of a family this device carries.
+    #[inline]
+    pub fn carry<T: AsRef<[u8]>>(self, packet: &IpPacket<T>) -> bool {
+        match packet {
+            IpPacket::V4(_) => self.ipv4(),
+            IpPacket::V6(_) => self.ipv6(),
+        }
+    }
 }
 
 /// What every tunnel of this node shares. Its `Debug` shows no key (theirs print as `..`).
@@ -44,13 +80,15 @@ pub struct TunnelParams {
 /// One peer's WireGuard state.
 pub struct WgPeer {
     pub subnet: Ipv4Net,
+    pub subnet6: Option<Ipv6Net>,
     pub public_key: PublicKey,
     index: u32,
-    /// The endpoint its lease names.
-    leased: AtomicU64,
+    /// The endpoint its lease names; only the control plane reads and writes it.
+    leased: Mutex<SocketAddr>,
     /// Where datagrams for it go: the leased endpoint until an authenticated datagram arrives
-    /// from somewhere else (roaming).
-    endpoint: AtomicU64,
+    /// from somewhere else (roaming). Read for every datagram and changed only when the peer
+    /// moves, so a swap of a pointer: an IPv6 endpoint fits in no atomic integer.
+    endpoint: ArcSwap<SocketAddr>,
     tunnel: Mutex<Option<Tunnel>>,
     /// Handshake responses from it that failed to authenticate since the last good one.
     failed_responses: AtomicU32,
@@ -99,21 +137,21 @@ pub enum Tick {
 
 impl WgPeer {
     pub(super) fn new(spec: &WgPeerSpec, index: u32) -> WgPeer {
-        let endpoint = encode(spec.endpoint);
         WgPeer {
             subnet: spec.subnet,
+            subnet6: spec.subnet6,
             public_key: spec.public_key,
             index,
-            leased: AtomicU64::new(endpoint),
-            endpoint: AtomicU64::new(endpoint),
+            leased: Mutex::new(spec.endpoint),
+            endpoint: ArcSwap::from_pointee(spec.endpoint),
             tunnel: Mutex::new(None),
             failed_responses: AtomicU32::new(0),
             failed_responses_log: LogLimit::new(FAILED_RESPONSES_WARN_EVERY),
         }
     }
 
-    pub fn endpoint(&self) -> SocketAddrV4 {
-        decode(self.endpoint.load(Relaxed))
+    pub fn endpoint(&self) -> SocketAddr {
+        **self.endpoint.load()
     }
 
     /// The peer's part of a message's receiver index (boringtun's: peer, session).
@@ -123,17 +161,21 @@ impl WgPeer {
 
     /// Its lease names `endpoint`: send there from now on if that moved it, else keep sending
     /// where it roamed to.
-    pub(super) fn follow_lease(&self, endpoint: SocketAddrV4) {
-        let leased = encode(endpoint);
-        if self.leased.swap(leased, Relaxed) != leased {
-            self.endpoint.store(leased, Relaxed);
+    pub(super) fn follow_lease(&self, endpoint: SocketAddr) {
+        let mut leased = self.leased.lock().unwrap_or_else(|e| e.into_inner());
+        if std::mem::replace(&mut *leased, endpoint) != endpoint {
+            self.endpoint.store(Arc::new(endpoint));
         }
     }
 
     /// Roaming: send to where this peer's last authenticated datagram came from. Returns
-    /// whether that changed the endpoint.
-    pub fn roam(&self, from: SocketAddrV4) -> bool {
-        self.endpoint.swap(encode(from), Relaxed) != encode(from)
+    /// whether that changed the endpoint (which alone costs an allocation).
+    pub fn roam(&self, from: SocketAddr) -> bool {
+        let moved = **self.endpoint.load() != from;
+        if moved {
+            self.endpoint.store(Arc::new(from));
+        }
+        moved
     }
 
     /// Notes how a handshake response from this peer fared. A response that passed the MAC
@@ -257,14 +299,6 @@ impl Tunnel {
     }
 }
 
-fn encode(addr: SocketAddrV4) -> u64 {
-    (u64::from(u32::from(*addr.ip())) << 16) | u64::from(addr.port())
-}
-
-fn decode(bits: u64) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from((bits >> 16) as u32), bits as u16)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,6 +313,7 @@ mod tests {
         let peer = WgPeer::new(
             &WgPeerSpec {
                 subnet: "10.5.1.0/24".parse().unwrap(),
+                subnet6: None,
                 endpoint: "10.200.0.1:51820".parse().unwrap(),
                 public_key: PublicKey([1; 32]),
             },

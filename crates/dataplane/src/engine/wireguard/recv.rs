@@ -7,12 +7,12 @@ use super::peers::WgPeer;
 use super::send::send_one;
 use super::Wg;
 use crate::engine::{flush_tun, write_to_tun};
-use crate::io::udp::sender_v4;
+use crate::io::udp::sender;
 use crate::io::{RecvBatch, TunWriter, UdpReceiver};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
 use ipnet::Ipv4Net;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 
 pub(super) async fn udp_to_tun(udp: UdpReceiver, mut writer: TunWriter, wg: Wg) {
@@ -41,10 +41,7 @@ fn deliver(
     let peers = wg.peers.load();
     let mut received = Received::default();
     for (addr, train) in batch.messages() {
-        let Some(from) = sender_v4(addr) else {
-            drops.count(DropReason::UnknownPeer);
-            continue;
-        };
+        let from = sender(addr);
         for datagram in train {
             received.datagrams += 1;
             match wg.crypto.open(&peers, from, datagram, buf, wg.io.mtu) {
@@ -55,7 +52,7 @@ fn deliver(
                 Opened::Reply(peer, len) => reply(wg, from, peer, buf, len, drops),
                 Opened::Cookie(len) => {
                     drops.count(DropReason::HandshakeFlood);
-                    send_one(&wg.io, from, &buf[..len], drops);
+                    send_one(wg, from, &buf[..len], drops);
                 }
                 Opened::Nothing => {}
                 Opened::Dropped(reason) => drops.count(reason),
@@ -68,16 +65,16 @@ fn deliver(
 /// Answer a handshake message, then send what waited for the session it made.
 fn reply(
     wg: &Wg,
-    to: SocketAddrV4,
+    to: SocketAddr,
     peer: Option<&WgPeer>,
     buf: &mut [u8],
     len: usize,
     drops: &mut DropTally,
 ) {
-    send_one(&wg.io, to, &buf[..len], drops);
+    send_one(wg, to, &buf[..len], drops);
     let Some(peer) = peer else { return };
     while let Some(len) = peer.next_staged(buf) {
-        send_one(&wg.io, peer.endpoint(), &buf[..len], drops);
+        send_one(wg, peer.endpoint(), &buf[..len], drops);
     }
 }
 

@@ -5,14 +5,14 @@
 //! touch it either, and flannel's wireguard backend is that device.
 
 use super::peer_map::PeerMap;
-use super::peers::{Sealed, WgPeer};
+use super::peers::{Families, Sealed, WgPeer};
 use super::Wg;
 use crate::engine::train::{Counts, Train};
-use crate::engine::{flush_tun, next_tun_batch, routed, send_failed, Shared};
+use crate::engine::{flush_tun, next_tun_batch, routed, send_failed};
 use crate::io::{TunReader, TunWriter};
 use crate::stats::{DropReason, DropTally};
 use crate::table::PeerTable;
-use std::net::SocketAddrV4;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// A data message adds its header (type, receiver, counter: 16 bytes) and the AEAD tag (16).
@@ -32,12 +32,14 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
         let peers = wg.peers.load();
         for i in 0..n {
             let packet = reader.packet_mut(i);
-            let routed = match route(packet, &table, &peers) {
-                Ok(_) if packet.len() > wg.io.largest_packet() => Err(DropReason::TooBig),
+            let routed = match route(packet, &table, &peers, wg.crypto.families) {
+                Ok(to) if packet.len() > wg.underlay(to.endpoint).largest_packet() => {
+                    Err(DropReason::TooBig)
+                }
                 routed => routed,
             };
-            let (index, peer) = match routed {
-                Ok(found) => found,
+            let to = match routed {
+                Ok(to) => to,
                 Err(reason) => {
                     wg.io.answer_drop(reason, packet, &mut icmp);
                     drops.count(reason);
@@ -45,23 +47,43 @@ pub(super) async fn tun_to_udp(mut reader: TunReader, mut icmp: TunWriter, wg: W
                 }
             };
             let packet = pad(packet, &mut padded);
-            train.seal(&wg, &table, index, peer, packet, &mut drops);
+            train.seal(&wg, &table, to, packet, &mut drops);
         }
-        train.send(&wg.io, &table, &mut drops);
+        train.send(&wg, &table, &mut drops);
         flush_tun(&mut icmp, &mut drops);
         drops.publish(&wg.io.stats);
     }
 }
 
-/// The peer for a packet read from TUN: its table index (for counters) and its WireGuard state.
+/// Where a packet read from TUN goes.
+#[derive(Clone, Copy)]
+struct To<'p> {
+    /// The peer's index in the routing table, for its counters.
+    index: usize,
+    peer: &'p WgPeer,
+    /// Where its datagrams go now.
+    endpoint: SocketAddr,
+}
+
+/// The peer for a packet read from TUN. A packet of a family this device does not carry has
+/// no peer here, as in the kernel's device, whose peers' allowed IPs hold none of it.
 fn route<'p>(
     packet: &[u8],
     table: &PeerTable,
     peers: &'p PeerMap,
-) -> Result<(usize, &'p WgPeer), DropReason> {
-    let (_, index) = routed(packet, table)?;
+    families: Families,
+) -> Result<To<'p>, DropReason> {
+    let (ip, index) = routed(packet, table)?;
+    if !families.carry(&ip) {
+        return Err(DropReason::NoRoute);
+    }
     let peer = peers.by_subnet(table.peers()[index].spec.subnet);
-    Ok((index, peer.ok_or(DropReason::NoRoute)?))
+    let peer = peer.ok_or(DropReason::NoRoute)?;
+    Ok(To {
+        index,
+        peer,
+        endpoint: peer.endpoint(),
+    })
 }
 
 /// WireGuard pads the plaintext to a multiple of 16 bytes, never past the MTU, so that a
@@ -81,7 +103,7 @@ fn pad<'a>(packet: &'a [u8], room: &'a mut [u8]) -> &'a [u8] {
 /// GSO send.
 struct Outgoing {
     train: Train,
-    endpoint: SocketAddrV4,
+    endpoint: SocketAddr,
     /// The peer's index in the routing table, for its counters.
     peer: usize,
 }
@@ -93,48 +115,42 @@ impl Outgoing {
     fn new() -> Outgoing {
         Outgoing {
             train: Train::default(),
-            endpoint: SocketAddrV4::new([0, 0, 0, 0].into(), 0),
+            endpoint: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
             peer: 0,
         }
     }
 
-    /// Whether a datagram of `len` bytes to `endpoint` may join.
-    fn takes(&self, io: &Shared, endpoint: SocketAddrV4, peer: usize, len: usize) -> bool {
+    /// Whether a datagram of `len` bytes to `to` may join.
+    fn takes(&self, wg: &Wg, to: &To, len: usize) -> bool {
         let limit = || {
+            let io = wg.underlay(to.endpoint);
             io.udp
                 .segments_per_send(self.train.segment)
                 .min(MAX_SEGMENTS)
         };
         self.train.is_empty()
-            || (self.endpoint == endpoint && self.peer == peer && self.train.accepts(len, limit()))
+            || (self.endpoint == to.endpoint
+                && self.peer == to.index
+                && self.train.accepts(len, limit()))
     }
 
-    /// Encrypt `packet` for `peer` onto the train, sending the train first if the datagram
+    /// Encrypt `packet` for its peer onto the train, sending the train first if the datagram
     /// can not join it. A handshake initiation (no session yet) goes out at once on its own.
-    fn seal(
-        &mut self,
-        wg: &Wg,
-        table: &PeerTable,
-        index: usize,
-        peer: &WgPeer,
-        packet: &[u8],
-        drops: &mut DropTally,
-    ) {
-        let endpoint = peer.endpoint();
+    fn seal(&mut self, wg: &Wg, table: &PeerTable, to: To, packet: &[u8], drops: &mut DropTally) {
         let sealed_len = packet.len() + DATA_OVERHEAD;
-        if !self.takes(&wg.io, endpoint, index, sealed_len) {
-            self.send(&wg.io, table, drops);
+        if !self.takes(wg, &to, sealed_len) {
+            self.send(wg, table, drops);
         }
         let slot = self.train.space(sealed_len.max(HANDSHAKE_INIT_LEN));
-        match peer.seal(&wg.crypto.params, packet, slot) {
-            Sealed::Data(len) => self.push(endpoint, index, len),
-            Sealed::Handshake(len) => send_one(&wg.io, endpoint, self.train.open(len), drops),
+        match to.peer.seal(&wg.crypto.params, packet, slot) {
+            Sealed::Data(len) => self.push(to.endpoint, to.index, len),
+            Sealed::Handshake(len) => send_one(wg, to.endpoint, self.train.open(len), drops),
             Sealed::Staged => {}
             Sealed::Dropped => drops.count(DropReason::NoSession),
         }
     }
 
-    fn push(&mut self, endpoint: SocketAddrV4, peer: usize, len: usize) {
+    fn push(&mut self, endpoint: SocketAddr, peer: usize, len: usize) {
         if self.train.is_empty() {
             (self.endpoint, self.peer) = (endpoint, peer);
         }
@@ -148,15 +164,16 @@ impl Outgoing {
         self.train.push(len, counts);
     }
 
-    fn send(&mut self, io: &Shared, table: &PeerTable, drops: &mut DropTally) {
+    fn send(&mut self, wg: &Wg, table: &PeerTable, drops: &mut DropTally) {
         if self.train.is_empty() {
             return;
         }
         let (datagrams, segment, counts) = self.train.closed();
-        let sent = match io.send(self.endpoint.into(), datagrams, segment) {
+        let io = wg.underlay(self.endpoint);
+        let sent = match io.send(self.endpoint, datagrams, segment) {
             Ok(()) => counts,
             Err(e) => {
-                send_failed(self.endpoint.into(), &e, e.lost(), drops);
+                send_failed(self.endpoint, &e, e.lost(), drops);
                 self.train.sent(&e)
             }
         };
@@ -168,19 +185,48 @@ impl Outgoing {
     }
 }
 
-/// Send one message that is not data (a handshake or keepalive, a cookie).
-pub(super) fn send_one(io: &Shared, to: SocketAddrV4, message: &[u8], drops: &mut DropTally) {
-    match io.send(to.into(), message, message.len()) {
+/// Send one message that is not data (a handshake or keepalive, a cookie), on the socket of
+/// `to`'s family.
+pub(super) fn send_one(wg: &Wg, to: SocketAddr, message: &[u8], drops: &mut DropTally) {
+    let io = wg.underlay(to);
+    match io.send(to, message, message.len()) {
         Ok(()) => {
             io.stats.tx_datagrams.fetch_add(1, Relaxed);
         }
-        Err(e) => send_failed(to.into(), &e, e.lost(), drops),
+        Err(e) => send_failed(to, &e, e.lost(), drops),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::pair::Node;
     use super::*;
+    use std::net::SocketAddrV4;
+
+    #[test]
+    fn an_ipv6_packet_routes_by_the_ipv6_subnets_on_a_device_that_carries_ipv6() {
+        let (a, b) = (Node::new(1, None), Node::new(2, None));
+        a.knows(&[b.spec()]);
+        let table = PeerTable::new(&[crate::table::PeerSpec {
+            subnet: b.subnet,
+            subnet6: Some(b.subnet6),
+            endpoint: SocketAddrV4::new(b.subnet.network(), 0).into(),
+            version: 0,
+        }]);
+        let peers = a.peers.load();
+        let to_b = |packet: &[u8], families| {
+            route(packet, &table, &peers, families).map(|to| (to.index, to.peer.subnet))
+        };
+        let (v4, v6) = (a.packet_to(&b, 100), a.packet6_to(&b, 100));
+        assert_eq!(to_b(&v6, Families::Both), Ok((0, b.subnet)));
+        assert_eq!(to_b(&v6, Families::Ipv6), Ok((0, b.subnet)));
+        assert_eq!(to_b(&v6, Families::Ipv4), Err(DropReason::NoRoute));
+        assert_eq!(to_b(&v4, Families::Ipv6), Err(DropReason::NoRoute));
+        assert_eq!(
+            to_b(&a.packet6_to(&a, 100), Families::Both),
+            Err(DropReason::NoRoute)
+        );
+    }
 
     #[test]
     fn padding_rounds_up_to_16_but_never_past_the_mtu() {

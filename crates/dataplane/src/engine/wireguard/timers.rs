@@ -22,7 +22,7 @@ pub(super) async fn run(wg: Wg) {
         for peer in peers.iter() {
             match peer.tick(&mut buf) {
                 Tick::Nothing => {}
-                Tick::Send(len) => send_one(&wg.io, peer.endpoint(), &buf[..len], &mut drops),
+                Tick::Send(len) => send_one(&wg, peer.endpoint(), &buf[..len], &mut drops),
                 Tick::Expired(lost) => drops.add(DropReason::NoSession, lost as u64),
             }
         }
