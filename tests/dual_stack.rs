@@ -192,6 +192,21 @@ fn twill_batch_carries_a_dual_stack_network_over_the_ipv4_underlay() -> Result<(
     two_dual_stack_nodes_carry_both_families("dsbat", "twill-batch", RouteMode::Nexthops)
 }
 
+/// A dual-stack userspace node keeps the IPv6Network routed into its TUN as it keeps the
+/// Network: deleted, it is back at once, and IPv6 flows again.
+#[test]
+fn a_deleted_ipv6_network_route_into_the_tun_comes_back() -> Result<()> {
+    let mut c = dual_stack_cluster("dsroute", 2, &config("udp"))?;
+    let _nodes = [c.start(0)?, c.start(1)?];
+    eventually("peers known", || {
+        Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
+    })?;
+    c.add_dual_stack_container(0)?;
+    c.add_dual_stack_container(1)?;
+    deleted_route_comes_back(&c.lab.host(0).ns, "fd10::/56", "twill0")?;
+    tcp_transfer6_intact(c.container(0), c.container(1), 1 << 20)
+}
+
 /// With `Backend.Underlay` "ipv6" the engines bind their socket on the interface's IPv6 address
 /// and send to peers' PublicIPv6. To prove no datagram takes IPv4, both hosts drop IPv4
 /// datagrams to the engine's port before the nodes start; both families still arrive intact.

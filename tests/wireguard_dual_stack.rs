@@ -140,6 +140,7 @@ fn mode_separate_carries_each_family_on_its_own_device_and_underlay() -> Result<
     );
     let routes = host0.ip(&["-6", "route", "show", "fd10::/56"])?;
     ensure!(routes.contains("dev flannel-wg-v6"), "{routes}");
+    deleted_route_comes_back(host0, "fd10::/56", "flannel-wg-v6")?;
     let v4_version = underlay_version(&w, "-4", "udp and dst port 51820 and greater 100")?;
     let v6_version = underlay_version(&w, "-6", "udp and dst port 51821 and greater 100")?;
     ensure!(

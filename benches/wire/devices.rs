@@ -11,7 +11,6 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
-use twill_dataplane::io::udp::sender_v4;
 use twill_dataplane::io::{
     RecvBatch, Tun, TunConfig, TunReader, TunWriter, UdpIo, DEFAULT_SOCKET_BUFFER,
 };
@@ -137,16 +136,14 @@ fn udp_loopback(c: &mut Criterion, sandbox: &Sandbox) {
     group.finish();
 }
 
-fn local_v4(addr: std::io::Result<SocketAddr>) -> SocketAddrV4 {
-    addr.ok()
-        .and_then(sender_v4)
-        .expect("an IPv4 local address")
+fn local(addr: std::io::Result<SocketAddr>) -> SocketAddr {
+    addr.expect("a bound socket's address")
 }
 
-fn std_pair(sandbox: &Sandbox) -> (UdpSocket, UdpSocket, SocketAddrV4) {
+fn std_pair(sandbox: &Sandbox) -> (UdpSocket, UdpSocket, SocketAddr) {
     let bind = || UdpSocket::bind(LOOPBACK).expect("bind");
     let (tx, rx) = sandbox.open(|| (bind(), bind()));
-    let to = local_v4(rx.local_addr());
+    let to = local(rx.local_addr());
     (tx, rx, to)
 }
 
@@ -168,6 +165,9 @@ fn per_syscall(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
 
 fn mmsg(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
     let (tx, rx, to) = std_pair(sandbox);
+    let SocketAddr::V4(to) = to else {
+        panic!("a socket bound on IPv4 loopback has an IPv4 address")
+    };
     let to = SockaddrIn::from(to);
     let payload = vec![0xab; size];
     let mut buf = vec![0; 2048 * BURST];
@@ -214,7 +214,7 @@ fn mmsg(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
 fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
     let bind = || UdpIo::bind(LOOPBACK.into(), DEFAULT_SOCKET_BUFFER).expect("bind UdpIo");
     let (tx, rx) = sandbox.open(|| (bind(), bind()));
-    let to = local_v4(rx.local_addr());
+    let to = local(rx.local_addr());
     let rx = {
         let _runtime = sandbox.rt.enter();
         rx.receiver().expect("UDP receiver")
@@ -230,7 +230,7 @@ fn gso_gro(group: &mut Group<'_>, sandbox: &Sandbox, size: usize) {
             sandbox.rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    tx.send(to.into(), &train, size).expect("GSO send");
+                    tx.send(to, &train, size).expect("GSO send");
                     let mut received = 0;
                     while received < BURST {
                         rx.recv(&mut batch).await.expect("GRO recv");

@@ -84,6 +84,17 @@ pub fn drops(ns: &Netns, reason: &str) -> Result<u64> {
         .with_context(|| format!("no drop counter {reason} in {s}"))
 }
 
+/// Delete the route `network dev device` in `ns` and wait until the node put it back: a guarded
+/// device's route comes back at the kernel's notice, long before the minute's reconcile.
+pub fn deleted_route_comes_back(ns: &twill_lab::Netns, network: &str, device: &str) -> Result<()> {
+    let family = if network.contains(':') { "-6" } else { "-4" };
+    ns.ip(&[family, "route", "del", network, "dev", device])?;
+    eventually("the route back", || {
+        let routes = ns.ip(&[family, "route", "show", network])?;
+        Ok(routes.contains(&format!("dev {device}")))
+    })
+}
+
 /// Wait (bounded) until `f` holds, for counters published once per batch.
 pub fn eventually(what: &str, f: impl FnMut() -> Result<bool>) -> Result<()> {
     eventually_within(what, Duration::from_secs(5), f)

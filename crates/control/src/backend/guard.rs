@@ -1,6 +1,7 @@
 //! The running backend's devices (one; vxlan's two on a dual-stack node), kept as the backend
 //! set them up: up, with their address, their MTU and, for the backends that send the whole
-//! network into their device (udp, twill-batch, wireguard), the route `<network> dev <device>`.
+//! network into their device (udp, twill-batch, wireguard), the route `<network> dev <device>`
+//! (and the IPv6Network's, on a dual-stack node).
 //!
 //! `ip link set twill0 down; ip link set twill0 up` is enough to lose that route for good: the
 //! kernel flushes every route through a link that goes down and restores none when it comes
@@ -10,7 +11,7 @@
 //! device that comes back up, or whose address, MTU or route changed, is repaired at once.
 
 use anyhow::Context;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use std::time::Duration;
 use tracing::{info, warn};
 
@@ -27,8 +28,9 @@ pub struct DeviceSpec {
     /// IPv6 device: the IPv6 subnet's network address as a /128).
     pub address: IpNet,
     pub mtu: u32,
-    /// The whole network, routed into the device (`None`: the backend routes per peer).
-    pub network_route: Option<Ipv4Net>,
+    /// The networks routed whole into the device: the Network, and the IPv6Network where the
+    /// device carries IPv6 (none: the backend routes per peer).
+    pub network_routes: Vec<IpNet>,
 }
 
 /// A device and its index, to pick its notices from the kernel's.
@@ -111,7 +113,7 @@ impl DeviceGuard {
         }
         self.restore_address(spec, &link).await?;
         self.restore_mtu(spec, link.clone()).await?;
-        self.restore_route(spec, &link).await?;
+        self.restore_routes(spec, &link).await?;
         Ok(None)
     }
 
@@ -137,21 +139,23 @@ impl DeviceGuard {
         Ok(())
     }
 
-    async fn restore_route(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {
-        let Some(network) = spec.network_route else {
+    async fn restore_routes(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {
+        if spec.network_routes.is_empty() {
             return Ok(());
-        };
-        let route = Route {
-            dst: network.into(),
-            gateway: None,
-            oif: link.index,
-            onlink: false,
-            nhid: None,
-        };
+        }
         let routes = self.nl.boot_routes().await.context("listing routes")?;
-        if !routes.contains(&route) {
-            host::route_network_via(&self.nl, network, link.index, &link.name).await?;
-            info!(device = %link.name, "restored the route {network} dev {}", link.name);
+        for &network in &spec.network_routes {
+            let route = Route {
+                dst: network,
+                gateway: None,
+                oif: link.index,
+                onlink: false,
+                nhid: None,
+            };
+            if !routes.contains(&route) {
+                host::route_network_via(&self.nl, network, link.index, &link.name).await?;
+                info!(device = %link.name, "restored the route {network} dev {}", link.name);
+            }
         }
         Ok(())
     }

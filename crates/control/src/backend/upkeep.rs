@@ -8,14 +8,15 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::warn;
 
 use super::guard::{DeviceGuard, DeviceSpec};
-use super::netlink::{Netlink, Watch};
+use super::ipip;
+use super::netlink::{Groups, Netlink, Watch};
 use super::sweep::{Scope, Sweep};
 use super::vxlan::VxlanConfig;
-use super::{ipip, wireguard};
+use super::wireguard::{self, Mode, WireguardConfig};
 use crate::lease::{backend_type, Lease};
 use crate::node::Node;
 use crate::status::NodeStatus;
@@ -25,10 +26,11 @@ use crate::status::NodeStatus;
 struct Layout {
     /// The backend's own device; host-gw has none.
     device: Option<String>,
-    /// vxlan's IPv6 device, on a dual-stack node.
+    /// The IPv6 device of vxlan, or of wireguard's Mode separate, on a dual-stack node.
     device6: Option<String>,
-    /// Whether that device carries the route for the whole network (the TUN backends and
-    /// wireguard) rather than one route per peer (vxlan, ipip).
+    /// Whether the devices carry the route for the whole network (the TUN backends and
+    /// wireguard) rather than one route per peer (vxlan, ipip). The IPv6Network's route goes
+    /// into the IPv6 device where there is one, else into the device.
     network_route: bool,
     /// Devices whose routes the backend programs and reconciles itself.
     keep: Vec<String>,
@@ -43,10 +45,18 @@ fn layout(node: &Node) -> Layout {
             .ipv6
             .is_some()
             .then(|| format!("flannel-v6.{vni}")),
+        wireguard6: wireguard6(node),
         tun: node.options.tun_name.clone(),
         underlay: node.iface.name.clone(),
     };
     names.layout(&node.config.backend.backend_type)
+}
+
+/// `flannel-wg-v6`, made by wireguard's Mode separate on a dual-stack node.
+fn wireguard6(node: &Node) -> Option<String> {
+    let mode = WireguardConfig::parse(&node.config.backend).map(|c| c.mode);
+    let separate = node.config.ipv6.is_some() && mode == Ok(Mode::Separate);
+    separate.then(|| wireguard::DEVICE_V6.to_string())
 }
 
 /// The devices a node's backends would use.
@@ -55,6 +65,8 @@ struct Names {
     vxlan: String,
     /// `flannel-v6.<VNI>`, on a dual-stack node.
     vxlan6: Option<String>,
+    /// `flannel-wg-v6`, on a dual-stack node of wireguard's Mode separate.
+    wireguard6: Option<String>,
     /// `--tun-name`.
     tun: String,
     underlay: String,
@@ -71,16 +83,18 @@ impl Names {
                 .chain(dev6)
                 .collect(),
         };
-        let whole_network = |dev: String| Layout {
+        let whole_network = |dev: String, dev6: Option<String>| Layout {
             device: Some(dev.clone()),
-            device6: None,
+            device6: dev6.clone(),
             network_route: true,
-            keep: vec![dev],
+            keep: std::iter::once(dev).chain(dev6).collect(),
         };
         match backend {
             backend_type::VXLAN => tunnel(self.vxlan.clone(), self.vxlan6.clone()),
             backend_type::IPIP => tunnel(ipip::DEVICE.to_string(), None),
-            backend_type::WIREGUARD => whole_network(wireguard::DEVICE.to_string()),
+            backend_type::WIREGUARD => {
+                whole_network(wireguard::DEVICE.to_string(), self.wireguard6.clone())
+            }
             backend_type::HOST_GW => Layout {
                 device: None,
                 device6: None,
@@ -88,23 +102,34 @@ impl Names {
                 keep: vec![self.underlay.clone()],
             },
             // udp and twill-batch; the daemon refuses any other type before this.
-            _ => whole_network(self.tun.clone()),
+            _ => whole_network(self.tun.clone(), None),
         }
     }
 }
 
 /// The kernel's notices about the devices; without them only the periodic reconcile repairs.
-fn subscribe(spec: &DeviceSpec) -> Option<Watch> {
-    let watch = Watch::subscribe(spec.network_route.is_some());
-    let name = &spec.name;
-    let why = "the periodic reconcile repairs it";
-    watch
-        .inspect_err(|e| warn!("no kernel notices about {name}: {e}; {why}"))
+fn subscribe(specs: &[DeviceSpec]) -> Option<Watch> {
+    let ipv6 = |net: &IpNet| matches!(net, IpNet::V6(_));
+    let groups = Groups {
+        routes: specs.iter().any(|s| !s.network_routes.is_empty()),
+        ipv6: specs
+            .iter()
+            .any(|s| ipv6(&s.address) || s.network_routes.iter().any(ipv6)),
+    };
+    let why = "the periodic reconcile repairs them";
+    Watch::subscribe(groups)
+        .inspect_err(|e| warn!("no kernel notices about the devices: {e}; {why}"))
         .ok()
 }
 
-/// vxlan's IPv6 device as its backend set it up: the IPv6 subnet's network address as a /128.
-fn ipv6_device(name: String, lease: &Lease, mtu: u32) -> anyhow::Result<DeviceSpec> {
+/// An IPv6 device as its backend set it up: the IPv6 subnet's network address as a /128, and
+/// `network_routes` into it.
+fn ipv6_device(
+    name: String,
+    lease: &Lease,
+    mtu: u32,
+    network_routes: Vec<IpNet>,
+) -> anyhow::Result<DeviceSpec> {
     let subnet = lease
         .ipv6_subnet
         .with_context(|| format!("{name} is made, but our lease has no IPv6 subnet"))?;
@@ -112,8 +137,22 @@ fn ipv6_device(name: String, lease: &Lease, mtu: u32) -> anyhow::Result<DeviceSp
         name,
         address: Ipv6Net::new(subnet.network(), 128)?.into(),
         mtu,
-        network_route: None,
+        network_routes,
     })
+}
+
+/// The networks routed whole into the device and into the IPv6 device: none where the backend
+/// routes per peer; the IPv6Network goes into the IPv6 device where there is one.
+fn network_routes(layout: &Layout, node: &Node) -> (Vec<IpNet>, Vec<IpNet>) {
+    if !layout.network_route {
+        return (Vec::new(), Vec::new());
+    }
+    let routes = vec![IpNet::from(node.config.network)];
+    match node.config.ipv6.as_ref().map(|v6| IpNet::from(v6.network)) {
+        None => (routes, Vec::new()),
+        Some(network6) if layout.device6.is_some() => (routes, vec![network6]),
+        Some(network6) => ([routes, vec![network6]].concat(), Vec::new()),
+    }
 }
 
 /// The device guard, its notices, and the sweep.
@@ -134,6 +173,7 @@ impl Upkeep {
     ) -> anyhow::Result<Upkeep> {
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let layout = layout(node);
+        let (routes, routes6) = network_routes(&layout, node);
         let scope = Scope {
             network: node.config.network,
             own_subnet: lease.subnet,
@@ -152,19 +192,18 @@ impl Upkeep {
         };
         let (guard, watch) = match layout.device {
             Some(name) => {
-                let network_route = layout.network_route.then_some(node.config.network);
                 let spec = DeviceSpec {
                     name,
                     address: Ipv4Net::new(lease.subnet.network(), 32)?.into(),
                     mtu,
-                    network_route,
+                    network_routes: routes,
                 };
-                // Subscribed before the first check, so no change after it goes unheard.
-                let watch = subscribe(&spec);
-                let v6 = layout.device6.map(|name| ipv6_device(name, lease, mtu));
-                let specs = std::iter::once(Ok(spec))
+                let v6 = (layout.device6).map(|name| ipv6_device(name, lease, mtu, routes6));
+                let specs: Vec<DeviceSpec> = std::iter::once(Ok(spec))
                     .chain(v6)
                     .collect::<anyhow::Result<_>>()?;
+                // Subscribed before the first check, so no change after it goes unheard.
+                let watch = subscribe(&specs);
                 let guard = DeviceGuard::new(nl.clone(), specs, reconcile_every).await?;
                 (Some(guard), watch)
             }
@@ -227,6 +266,7 @@ mod tests {
         let names = Names {
             vxlan: "flannel.7".into(),
             vxlan6: None,
+            wireguard6: None,
             tun: "tun9".into(),
             underlay: "ens3".into(),
         };
@@ -238,12 +278,28 @@ mod tests {
         let names = Names {
             vxlan: "flannel.7".into(),
             vxlan6: Some("flannel-v6.7".into()),
+            wireguard6: None,
             tun: "tun9".into(),
             underlay: "ens3".into(),
         };
         let vxlan = names.layout("vxlan");
         assert_eq!(vxlan.device6.as_deref(), Some("flannel-v6.7"));
         assert_eq!(vxlan.keep, ["flannel.7", "ens3", "flannel-v6.7"]);
+    }
+
+    #[test]
+    fn wireguard_s_mode_separate_keeps_both_devices_with_their_network_routes() {
+        let names = Names {
+            vxlan: "flannel.7".into(),
+            vxlan6: None,
+            wireguard6: Some("flannel-wg-v6".into()),
+            tun: "tun9".into(),
+            underlay: "ens3".into(),
+        };
+        let wireguard = names.layout("wireguard");
+        assert_eq!(wireguard.device6.as_deref(), Some("flannel-wg-v6"));
+        assert!(wireguard.network_route);
+        assert_eq!(wireguard.keep, ["flannel-wg", "flannel-wg-v6"]);
     }
 
     #[test]

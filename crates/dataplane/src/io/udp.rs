@@ -300,17 +300,6 @@ pub fn sender(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// The IPv4 address of a received datagram's sender; the socket is IPv4-only.
-pub fn sender_v4(addr: SocketAddr) -> Option<SocketAddrV4> {
-    match addr {
-        SocketAddr::V4(v4) => Some(v4),
-        SocketAddr::V6(v6) => v6
-            .ip()
-            .to_ipv4_mapped()
-            .map(|ip| SocketAddrV4::new(ip, v6.port())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

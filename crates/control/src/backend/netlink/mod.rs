@@ -30,7 +30,7 @@ use message::*;
 pub use message::{ipip_link_message, route_message, vxlan_link_message};
 use nexthop::RtnlMessage;
 pub use state::*;
-pub use watch::{Notice, Watch};
+pub use watch::{Groups, Notice, Watch};
 pub use write::{Write, NEXTHOP_PROTOCOL};
 
 /// Connections to the kernel's routing netlink, serviced by tasks on the current tokio runtime:

@@ -19,9 +19,9 @@ use std::io;
 pub enum Notice {
     /// A link was added, changed (up, down, MTU, name) or deleted.
     Link(u32),
-    /// An IPv4 address of the link was added or deleted.
+    /// An address of the link was added or deleted.
     Address(u32),
-    /// An IPv4 route through the link was added or deleted.
+    /// A route through the link was added or deleted.
     Route(u32),
 }
 
@@ -33,6 +33,16 @@ impl Notice {
     }
 }
 
+/// What a watcher hears besides link changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Groups {
+    /// Address and route changes (a node with thousands of routes of its own would otherwise
+    /// hear each of its writes, so only a device that carries the network's route asks).
+    pub routes: bool,
+    /// IPv6 addresses (and IPv6 routes, with `routes`) too: a dual-stack device's.
+    pub ipv6: bool,
+}
+
 /// A subscription; its connection ends when this is dropped.
 pub struct Watch {
     messages: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, SocketAddr)>,
@@ -40,12 +50,17 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Subscribes to link changes, and to IPv4 address and route changes when `routes` is set
-    /// (a node with thousands of routes of its own would otherwise hear each of its writes).
-    pub fn subscribe(routes: bool) -> io::Result<Watch> {
+    /// Subscribes to link changes, and to the address and route changes `wanted` says.
+    pub fn subscribe(wanted: Groups) -> io::Result<Watch> {
         let mut groups = vec![MulticastGroup::Link];
-        if routes {
+        if wanted.routes {
             groups.extend([MulticastGroup::Ipv4Ifaddr, MulticastGroup::Ipv4Route]);
+        }
+        if wanted.ipv6 {
+            groups.push(MulticastGroup::Ipv6Ifaddr);
+        }
+        if wanted.routes && wanted.ipv6 {
+            groups.push(MulticastGroup::Ipv6Route);
         }
         let (connection, _handle, messages) = rtnetlink::new_multicast_connection(&groups)?;
         Ok(Watch {
