@@ -5,7 +5,7 @@
 //! [`super::admit_keyed`].
 
 use super::Rejection;
-use crate::backend::wireguard::LeaseReader;
+use crate::backend::wireguard::reading::LeaseReader;
 use crate::config::{Config, Ipv6Config, Underlay};
 use crate::lease::{backend_type, Lease};
 use ipnet::Ipv6Net;

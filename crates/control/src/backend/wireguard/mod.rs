@@ -14,7 +14,7 @@ mod kernel;
 pub mod keyfile;
 mod path;
 mod peers;
-mod reading;
+pub mod reading;
 
 pub use config::{Mode, WireguardConfig};
 pub use reading::{LeasePeers, LeaseReader};
