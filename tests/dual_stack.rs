@@ -192,10 +192,10 @@ fn twill_batch_carries_a_dual_stack_network_over_the_ipv4_underlay() -> Result<(
     two_dual_stack_nodes_carry_both_families("dsbat", "twill-batch", RouteMode::Nexthops)
 }
 
-/// A dual-stack userspace node keeps the IPv6Network routed into its TUN as it keeps the
-/// Network: deleted, it is back at once, and IPv6 flows again.
+/// A dual-stack userspace node keeps the IPv6Network routed into its TUN, and the TUN's IPv6
+/// address, as it keeps the IPv4 ones: deleted, each is back at once, and IPv6 flows again.
 #[test]
-fn a_deleted_ipv6_network_route_into_the_tun_comes_back() -> Result<()> {
+fn the_tuns_ipv6_route_and_address_come_back_when_deleted() -> Result<()> {
     let mut c = dual_stack_cluster("dsroute", 2, &config("udp"))?;
     let _nodes = [c.start(0)?, c.start(1)?];
     eventually("peers known", || {
@@ -203,7 +203,13 @@ fn a_deleted_ipv6_network_route_into_the_tun_comes_back() -> Result<()> {
     })?;
     c.add_dual_stack_container(0)?;
     c.add_dual_stack_container(1)?;
-    deleted_route_comes_back(&c.lab.host(0).ns, "fd10::/56", "twill0")?;
+    let ns = &c.lab.host(0).ns;
+    deleted_route_comes_back(ns, "fd10::/56", "twill0")?;
+    let own6 = format!("{}/128", c.subnet6(0)?.network());
+    ns.ip(&["-6", "addr", "del", &own6, "dev", "twill0"])?;
+    eventually("the address back", || {
+        Ok(ns.ip(&["-6", "addr", "show", "dev", "twill0"])?.contains(&own6))
+    })?;
     tcp_transfer6_intact(c.container(0), c.container(1), 1 << 20)
 }
 

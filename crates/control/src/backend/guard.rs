@@ -24,9 +24,10 @@ use crate::status::NodeStatus;
 #[derive(Debug, Clone)]
 pub struct DeviceSpec {
     pub name: String,
-    /// The lease's network address as a /32, as every flannel backend gives its device (vxlan's
-    /// IPv6 device: the IPv6 subnet's network address as a /128).
-    pub address: IpNet,
+    /// The lease's network address as a /32, as every flannel backend gives its device, and the
+    /// IPv6 subnet's network address as a /128 where the device carries IPv6 (vxlan's IPv6
+    /// device has only that one).
+    pub addresses: Vec<IpNet>,
     pub mtu: u32,
     /// The networks routed whole into the device: the Network, and the IPv6Network where the
     /// device carries IPv6 (none: the backend routes per peer).
@@ -111,21 +112,23 @@ impl DeviceGuard {
             set.with_context(|| format!("setting {name} up"))?;
             info!(device = %name, "the device was down: set it up again");
         }
-        self.restore_address(spec, &link).await?;
+        self.restore_addresses(spec, &link).await?;
         self.restore_mtu(spec, link.clone()).await?;
         self.restore_routes(spec, &link).await?;
         Ok(None)
     }
 
-    async fn restore_address(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {
-        let present = match spec.address {
-            IpNet::V4(v4) => self.nl.ipv4_addresses(link.index).await?.contains(&v4),
-            IpNet::V6(v6) => self.nl.ipv6_addresses(link.index).await?.contains(&v6),
-        };
-        if !present {
-            let added = self.nl.add_address(link.index, spec.address).await;
-            added.with_context(|| format!("adding {} to {}", spec.address, link.name))?;
-            info!(device = %link.name, address = %spec.address, "restored the address");
+    async fn restore_addresses(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {
+        for &address in &spec.addresses {
+            let present = match address {
+                IpNet::V4(v4) => self.nl.ipv4_addresses(link.index).await?.contains(&v4),
+                IpNet::V6(v6) => self.nl.ipv6_addresses(link.index).await?.contains(&v6),
+            };
+            if !present {
+                let added = self.nl.add_address(link.index, address).await;
+                added.with_context(|| format!("adding {address} to {}", link.name))?;
+                info!(device = %link.name, %address, "restored the address");
+            }
         }
         Ok(())
     }

@@ -114,7 +114,7 @@ fn subscribe(specs: &[DeviceSpec]) -> Option<Watch> {
         routes: specs.iter().any(|s| !s.network_routes.is_empty()),
         ipv6: specs
             .iter()
-            .any(|s| ipv6(&s.address) || s.network_routes.iter().any(ipv6)),
+            .any(|s| s.addresses.iter().chain(&s.network_routes).any(ipv6)),
     };
     let why = "the periodic reconcile repairs them";
     Watch::subscribe(groups)
@@ -122,23 +122,45 @@ fn subscribe(specs: &[DeviceSpec]) -> Option<Watch> {
         .ok()
 }
 
-/// An IPv6 device as its backend set it up: the IPv6 subnet's network address as a /128, and
-/// `network_routes` into it.
-fn ipv6_device(
-    name: String,
+/// The devices as their backend set them up. The device has the lease's network address as a
+/// /32, and the IPv6 subnet's as a /128 too where it carries the IPv6Network (the TUN
+/// backends, wireguard's one-device modes); an IPv6 device (vxlan's, wireguard's Mode separate)
+/// has only the /128.
+fn device_specs(
+    layout: &Layout,
+    node: &Node,
     lease: &Lease,
     mtu: u32,
-    network_routes: Vec<IpNet>,
-) -> anyhow::Result<DeviceSpec> {
-    let subnet = lease
-        .ipv6_subnet
-        .with_context(|| format!("{name} is made, but our lease has no IPv6 subnet"))?;
-    Ok(DeviceSpec {
+) -> anyhow::Result<Vec<DeviceSpec>> {
+    let Some(name) = layout.device.clone() else {
+        return Ok(Vec::new());
+    };
+    let (routes, routes6) = network_routes(layout, node);
+    let own = IpNet::from(Ipv4Net::new(lease.subnet.network(), 32)?);
+    let own6 = match lease.ipv6_subnet {
+        Some(subnet) => Some(IpNet::from(Ipv6Net::new(subnet.network(), 128)?)),
+        None => None,
+    };
+    let carries_ipv6 = routes.iter().any(|n| matches!(n, IpNet::V6(_)));
+    let mut specs = vec![DeviceSpec {
         name,
-        address: Ipv6Net::new(subnet.network(), 128)?.into(),
+        addresses: std::iter::once(own)
+            .chain(own6.filter(|_| carries_ipv6))
+            .collect(),
         mtu,
-        network_routes,
-    })
+        network_routes: routes,
+    }];
+    if let Some(name) = layout.device6.clone() {
+        let own6 =
+            own6.with_context(|| format!("{name} is made, but our lease has no IPv6 subnet"))?;
+        specs.push(DeviceSpec {
+            name,
+            addresses: vec![own6],
+            mtu,
+            network_routes: routes6,
+        });
+    }
+    Ok(specs)
 }
 
 /// The networks routed whole into the device and into the IPv6 device: none where the backend
@@ -173,7 +195,7 @@ impl Upkeep {
     ) -> anyhow::Result<Upkeep> {
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let layout = layout(node);
-        let (routes, routes6) = network_routes(&layout, node);
+        let specs = device_specs(&layout, node, lease, mtu)?;
         let scope = Scope {
             network: node.config.network,
             own_subnet: lease.subnet,
@@ -190,24 +212,13 @@ impl Upkeep {
             // One route per peer: a kernel backend, whose reconcile owns twill's nexthops.
             nexthops_kept: !layout.network_route,
         };
-        let (guard, watch) = match layout.device {
-            Some(name) => {
-                let spec = DeviceSpec {
-                    name,
-                    address: Ipv4Net::new(lease.subnet.network(), 32)?.into(),
-                    mtu,
-                    network_routes: routes,
-                };
-                let v6 = (layout.device6).map(|name| ipv6_device(name, lease, mtu, routes6));
-                let specs: Vec<DeviceSpec> = std::iter::once(Ok(spec))
-                    .chain(v6)
-                    .collect::<anyhow::Result<_>>()?;
-                // Subscribed before the first check, so no change after it goes unheard.
-                let watch = subscribe(&specs);
-                let guard = DeviceGuard::new(nl.clone(), specs, reconcile_every).await?;
-                (Some(guard), watch)
-            }
-            None => (None, None),
+        let (guard, watch) = if specs.is_empty() {
+            (None, None)
+        } else {
+            // Subscribed before the first check, so no change after it goes unheard.
+            let watch = subscribe(&specs);
+            let guard = DeviceGuard::new(nl.clone(), specs, reconcile_every).await?;
+            (Some(guard), watch)
         };
         Ok(Upkeep {
             sweep: Sweep::new(nl, scope),
