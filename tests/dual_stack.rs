@@ -208,7 +208,9 @@ fn the_tuns_ipv6_route_and_address_come_back_when_deleted() -> Result<()> {
     let own6 = format!("{}/128", c.subnet6(0)?.network());
     ns.ip(&["-6", "addr", "del", &own6, "dev", "twill0"])?;
     eventually("the address back", || {
-        Ok(ns.ip(&["-6", "addr", "show", "dev", "twill0"])?.contains(&own6))
+        Ok(ns
+            .ip(&["-6", "addr", "show", "dev", "twill0"])?
+            .contains(&own6))
     })?;
     tcp_transfer6_intact(c.container(0), c.container(1), 1 << 20)
 }
