@@ -38,10 +38,9 @@ impl PathKind {
             PathKind::TwillEbpf => {
                 Some("twill's eBPF programs carry IPv4 only (twill refuses them on a dual-stack network)")
             }
-            PathKind::TwillWireguard => Some("twill's wireguard backend carries no IPv6 yet"),
-            PathKind::WireguardGo => {
-                Some("the reference for twill-wireguard, set up for IPv4 only as twill-wireguard is")
-            }
+            PathKind::WireguardGo => Some(
+                "the reference for twill-wireguard's IPv4 number, set up for IPv4 only",
+            ),
             _ => None,
         }
     }

@@ -19,6 +19,8 @@ use twill_lab::{Etcd, Host, Ipv4Net, Ipv6Net, Lab, LabSpec, Proc, WireguardGo};
 pub(crate) const TWILL_STATUS: &str = "127.0.0.1:9585";
 /// `twill run`'s TUN (its default `--tun-name`): what the udp and batch engines write to.
 const TWILL_TUN: &str = "twill0";
+/// The device of twill-wireguard's IPv6 (flannel's default Mode separate).
+const WIREGUARD6_DEV: &str = "flannel-wg-v6";
 const TWILL_READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The twill binary the twill paths run, and extra `twill run` arguments (e.g. `--no-offload`).
@@ -228,6 +230,7 @@ impl PathLab {
         let device = match self.kind {
             PathKind::Vxlan => VXLAN6_DEV,
             PathKind::TwillUdp | PathKind::TwillBatch => TWILL_TUN,
+            PathKind::TwillWireguard => WIREGUARD6_DEV,
             _ => &host.iface,
         };
         Some(Ipv6End {
