@@ -150,6 +150,19 @@ fn mode_separate_carries_each_family_on_its_own_device_and_underlay() -> Result<
     Ok(())
 }
 
+/// Pings of both families leave on port 51820 over the IPv6 underlay (captured).
+fn both_families_cross_the_ipv6_underlay(w: &wg::Connected) -> Result<()> {
+    let filter = "udp and dst port 51820 and greater 100";
+    for family in ["-4", "-6"] {
+        let version = underlay_version(w, family, filter)?;
+        ensure!(
+            version == 6,
+            "ping {family} crossed an IPv{version} underlay"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn mode_ipv6_carries_both_families_over_the_ipv6_underlay() -> Result<()> {
     let w = wg::dual_connected("wgds6", "ipv6")?;
@@ -163,15 +176,7 @@ fn mode_ipv6_carries_both_families_over_the_ipv6_underlay() -> Result<()> {
             "host {host}: {sockets}"
         );
     }
-    let filter = "udp and dst port 51820 and greater 100";
-    for family in ["-4", "-6"] {
-        let version = underlay_version(&w, family, filter)?;
-        ensure!(
-            version == 6,
-            "ping {family} crossed an IPv{version} underlay"
-        );
-    }
-    Ok(())
+    both_families_cross_the_ipv6_underlay(&w)
 }
 
 /// Mode auto reaches each peer over the underlay flannel's selectMode picks: with the lab's
@@ -210,15 +215,7 @@ fn mode_auto_reaches_peers_over_the_underlay_flannel_picks() -> Result<()> {
         sockets.contains("10.200.0.1:51820") && sockets.contains("[::]:51820"),
         "{sockets}"
     );
-    let filter = "udp and dst port 51820 and greater 100";
-    for family in ["-4", "-6"] {
-        let version = underlay_version(&w, family, filter)?;
-        ensure!(
-            version == 6,
-            "ping {family} crossed an IPv{version} underlay"
-        );
-    }
-    Ok(())
+    both_families_cross_the_ipv6_underlay(&w)
 }
 
 /// Host 1 sends, through its real session with host 0 in Mode `mode`, IPv6 packets whose source

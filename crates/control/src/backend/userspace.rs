@@ -106,7 +106,8 @@ fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
         Underlay::Ipv6 => match host::ipv6_address(&node.iface.name)?.or(node.public_ipv6) {
             Some(ip) => Ok(ip.into()),
             None => bail!(
-                "Backend.Underlay is ipv6, but this node has no IPv6 address to send from:                  give interface {} a global or unique-local IPv6 address, or --public-ipv6",
+                "Backend.Underlay is ipv6, but this node has no IPv6 address to send from: \
+                 give interface {} a global or unique-local IPv6 address, or --public-ipv6",
                 node.iface.name
             ),
         },
