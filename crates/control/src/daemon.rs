@@ -24,7 +24,7 @@ pub use crate::node::NodeOptions;
 use crate::peers::Peers;
 use crate::registry::{LeaseEvent, Registry};
 use crate::status;
-use crate::subnet_env::{Ipv6Env, SubnetEnv};
+use crate::subnet_env::{Ipv4Env, Ipv6Env, SubnetEnv};
 use crate::traffic;
 use anyhow::{bail, Context};
 use std::future::Future;
@@ -128,7 +128,7 @@ async fn join<R: Registry, S: Setup>(
     let nft_rules = nft_rules.install(&node.config, &lease).await?;
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(
-        subnet = %lease.subnet,
+        subnet = %lease.id(),
         ipv6_subnet = ?lease.ipv6_subnet,
         public_ip = %node.public_ip,
         "lease acquired; forwarding"
@@ -153,14 +153,21 @@ async fn join<R: Registry, S: Setup>(
 fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> {
     let path = &node.options.subnet_file;
     SubnetEnv {
-        network: node.config.network,
-        subnet: lease.subnet,
+        ipv4: ipv4_env(node, lease),
         mtu,
         ipmasq: node.options.traffic.ip_masq,
         ipv6: ipv6_env(node, lease),
     }
     .write(path)
     .with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// subnet.env's IPv4 lines, on a node whose network has IPv4.
+fn ipv4_env(node: &Node, lease: &Lease) -> Option<Ipv4Env> {
+    Some(Ipv4Env {
+        network: node.config.ipv4.as_ref()?.network,
+        subnet: lease.ipv4_subnet()?,
+    })
 }
 
 /// subnet.env's IPv6 lines, on a dual-stack node whose lease has its IPv6 subnet.
@@ -325,20 +332,20 @@ fn describe(event: &LeaseEvent) -> String {
 /// Handles the events about this node rather than its peers; `Some` ends the node.
 fn on_node_event(node: &Node, own: &Lease, event: &LeaseEvent) -> Option<anyhow::Result<()>> {
     match event {
-        LeaseEvent::OwnLease(_) => tracing::info!(subnet = %own.subnet, "own lease re-acquired"),
+        LeaseEvent::OwnLease(_) => tracing::info!(subnet = %own.id(), "own lease re-acquired"),
         // Devices, routes and the subnet file all carry our subnet, and so do this host's
         // containers: a node that lost it cannot carry on, and must not take another.
         LeaseEvent::OwnLeaseTaken(holder) => {
             return Some(Err(anyhow::anyhow!(
                 "our lease {} was taken over by the node at {}; this host's containers are numbered from it, so twill stops instead of taking another subnet (restart it to acquire a new one, and restart the containers)",
-                own.subnet,
+                own.id(),
                 holder.public_ip
             )))
         }
         LeaseEvent::OwnLeaseGone(why) => {
             return Some(Err(anyhow::anyhow!(
                 "our lease {} is gone: {why}; this host's containers are numbered from it, so twill stops (restart it to join with the new subnet, and restart the containers)",
-                own.subnet
+                own.id()
             )))
         }
         LeaseEvent::ConfigChanged(Some(change)) => {

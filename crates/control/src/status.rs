@@ -240,7 +240,7 @@ impl NodeStatus {
 
 fn lease_json(lease: &Lease) -> Value {
     json!({
-        "subnet": lease.subnet.to_string(),
+        "subnet": lease.id().to_string(),
         "public_ip": lease.public_ip.to_string(),
         "backend_type": lease.backend_type.as_deref(),
     })
@@ -248,8 +248,8 @@ fn lease_json(lease: &Lease) -> Value {
 
 fn refused_json(namer: &LeaseNamer, refused: &Refused) -> Value {
     json!({
-        "key": namer.name(refused.lease.subnet),
-        "subnet": refused.lease.subnet.to_string(),
+        "key": namer.name(refused.lease.id()),
+        "subnet": refused.lease.id().to_string(),
         "public_ip": refused.lease.public_ip.to_string(),
         "reason": refused.reason.to_string(),
     })

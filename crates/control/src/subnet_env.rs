@@ -19,17 +19,24 @@ pub const DEFAULT_PATH: &str = "/run/flannel/subnet.env";
 /// The contents of subnet.env.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubnetEnv {
-    /// `FLANNEL_NETWORK`: the whole container network.
-    pub network: Ipv4Net,
-    /// This node's lease. Written as its first host address (`10.5.8.1/24`), as flannel does,
-    /// because that is the bridge address the runtime should use.
-    pub subnet: Ipv4Net,
+    /// `FLANNEL_NETWORK` and `FLANNEL_SUBNET`, on a network with IPv4 (all but IPv6-only).
+    pub ipv4: Option<Ipv4Env>,
     /// `FLANNEL_MTU`: the MTU containers should use.
     pub mtu: u32,
     /// `FLANNEL_IPMASQ`: whether the daemon masquerades traffic leaving the network.
     pub ipmasq: bool,
     /// A dual-stack node's `FLANNEL_IPV6_NETWORK` and `FLANNEL_IPV6_SUBNET`.
     pub ipv6: Option<Ipv6Env>,
+}
+
+/// The IPv4 variables of subnet.env, as flanneld writes them when `EnableIPv4` is true.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv4Env {
+    /// `FLANNEL_NETWORK`: the whole container network.
+    pub network: Ipv4Net,
+    /// This node's lease. Written as its first host address (`10.5.8.1/24`), as flannel does,
+    /// because that is the bridge address the runtime should use.
+    pub subnet: Ipv4Net,
 }
 
 /// The IPv6 variables of subnet.env, as flanneld writes them when `EnableIPv6` is true.
@@ -42,15 +49,18 @@ pub struct Ipv6Env {
 }
 
 impl SubnetEnv {
-    /// The file's text, line for line what flanneld writes: the IPv4 lines, the IPv6 ones on
-    /// a dual-stack node, then MTU and masquerading.
+    /// The file's text, line for line what flanneld writes: the IPv4 lines and the IPv6 ones,
+    /// each where the network has that family, then MTU and masquerading.
     pub fn render(&self) -> String {
-        let mut text = format!(
-            "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\n",
-            self.network,
-            first_host(self.subnet),
-            self.subnet.prefix_len(),
-        );
+        let mut text = String::new();
+        if let Some(v4) = &self.ipv4 {
+            text += &format!(
+                "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}/{}\n",
+                v4.network,
+                first_host(v4.subnet),
+                v4.subnet.prefix_len(),
+            );
+        }
         if let Some(v6) = &self.ipv6 {
             text += &format!(
                 "FLANNEL_IPV6_NETWORK={}\nFLANNEL_IPV6_SUBNET={}/{}\n",
@@ -62,17 +72,20 @@ impl SubnetEnv {
         text + &format!("FLANNEL_MTU={}\nFLANNEL_IPMASQ={}\n", self.mtu, self.ipmasq)
     }
 
-    /// Parses the file's text. Unknown variables are ignored; the IPv6 ones are read when
-    /// `FLANNEL_IPV6_SUBNET` is there.
+    /// Parses the file's text. Unknown variables are ignored; the IPv4 ones are read when
+    /// `FLANNEL_SUBNET` is there, the IPv6 ones when `FLANNEL_IPV6_SUBNET` is; one of them must be.
     pub fn parse(text: &str) -> anyhow::Result<SubnetEnv> {
         let vars = Vars::parse(text);
-        Ok(SubnetEnv {
-            network: vars.value("FLANNEL_NETWORK")?,
-            subnet: subnet_of(&vars)?.context("FLANNEL_SUBNET is missing")?,
+        let env = SubnetEnv {
+            ipv4: ipv4_of(&vars)?,
             mtu: vars.value("FLANNEL_MTU")?,
             ipmasq: vars.value("FLANNEL_IPMASQ")?,
             ipv6: ipv6_of(&vars)?,
-        })
+        };
+        if env.ipv4.is_none() && env.ipv6.is_none() {
+            bail!("FLANNEL_SUBNET and FLANNEL_IPV6_SUBNET are both missing");
+        }
+        Ok(env)
     }
 
     /// Writes the file atomically: readers see the old file or the new one, never a torn one,
@@ -122,6 +135,16 @@ fn first_host(subnet: Ipv4Net) -> Ipv4Addr {
 
 fn first_host_v6(subnet: Ipv6Net) -> Ipv6Addr {
     Ipv6Addr::from(u128::from(subnet.network()) + 1)
+}
+
+fn ipv4_of(vars: &Vars) -> anyhow::Result<Option<Ipv4Env>> {
+    let Some(subnet) = subnet_of(vars)? else {
+        return Ok(None);
+    };
+    Ok(Some(Ipv4Env {
+        network: vars.value("FLANNEL_NETWORK")?,
+        subnet,
+    }))
 }
 
 fn ipv6_of(vars: &Vars) -> anyhow::Result<Option<Ipv6Env>> {
@@ -223,8 +246,10 @@ mod tests {
 
     fn sample() -> SubnetEnv {
         SubnetEnv {
-            network: "10.5.0.0/16".parse().unwrap(),
-            subnet: "10.5.8.0/24".parse().unwrap(),
+            ipv4: Some(Ipv4Env {
+                network: "10.5.0.0/16".parse().unwrap(),
+                subnet: "10.5.8.0/24".parse().unwrap(),
+            }),
             mtu: 1472,
             ipmasq: false,
             ipv6: None,
@@ -248,6 +273,24 @@ mod tests {
                     FLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n";
         assert_eq!(dual_stack().render(), want);
         assert_eq!(SubnetEnv::parse(want).unwrap(), dual_stack());
+    }
+
+    /// flanneld with EnableIPv4 false writes no IPv4 line at all.
+    #[test]
+    fn renders_flannels_ipv6_only_format() {
+        let env = SubnetEnv {
+            ipv4: None,
+            ..dual_stack()
+        };
+        let want = "FLANNEL_IPV6_NETWORK=fd10::/48\nFLANNEL_IPV6_SUBNET=fd10:0:0:8::1/64\n\
+                    FLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n";
+        assert_eq!(env.render(), want);
+        assert_eq!(SubnetEnv::parse(want).unwrap(), env);
+        let neither = SubnetEnv::parse("FLANNEL_MTU=1472\nFLANNEL_IPMASQ=false\n").unwrap_err();
+        assert_eq!(
+            neither.to_string(),
+            "FLANNEL_SUBNET and FLANNEL_IPV6_SUBNET are both missing"
+        );
     }
 
     #[test]
@@ -292,7 +335,7 @@ mod tests {
         assert_eq!(SubnetEnv::read(&path).unwrap(), Some(sample()));
         assert_eq!(
             previous_subnets(&path).unwrap(),
-            (Some(sample().subnet), None)
+            (Some("10.5.8.0/24".parse().unwrap()), None)
         );
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o644);
@@ -322,10 +365,7 @@ mod tests {
         let text = "# written by flanneld\nexport FLANNEL_NETWORK=\"10.5.0.0/16\"\nFLANNEL_SUBNET=10.5.8.1/24\n\
                     FLANNEL_IPV6_NETWORK=fc00::/48\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n";
         let env = SubnetEnv::parse(text).unwrap();
-        assert_eq!(
-            (env.subnet, env.mtu, env.ipmasq),
-            (sample().subnet, 1450, true)
-        );
+        assert_eq!((env.ipv4, env.mtu, env.ipmasq), (sample().ipv4, 1450, true));
     }
 
     #[test]

@@ -25,7 +25,7 @@ fn vtep_mac(ns: &Netns) -> String {
         let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
             .await
             .unwrap();
-        dev.mac().to_string()
+        dev.mac().unwrap().to_string()
     })
 }
 

@@ -86,7 +86,10 @@ async fn unreachable_etcd_at_start_is_retried_until_it_comes_up() {
         .expect("connect did not succeed after etcd came up")
         .unwrap()
         .unwrap();
-    assert_eq!(registry.config().network, "10.5.0.0/16".parse().unwrap());
+    assert_eq!(
+        registry.config().ipv4.as_ref().unwrap().network,
+        "10.5.0.0/16".parse().unwrap()
+    );
     let (lease, _events) = registry
         .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
         .await

@@ -58,7 +58,7 @@ impl Setup for HostGwSetup {
         };
         let mtu = uplink.mtu;
         let ours = Ours {
-            subnet: lease.subnet,
+            subnet: lease.id(),
             owned,
             nexthops: config.nexthops(&nl).await,
         };

@@ -43,7 +43,7 @@ impl IpipDevice {
         let link = ensure_link(&nl, &want, mtu).await?;
         let tunnel = Tunnel {
             nl,
-            link,
+            link: Some(link),
             link6: None,
             uplink,
             config: config.clone(),
@@ -76,7 +76,7 @@ impl PeerPlan for IpipPlan {
         let tunnelled = Route {
             dst: lease.subnet.into(),
             gateway: Some(lease.public_ip.into()),
-            oif: self.0.dev,
+            oif: self.0.dev()?,
             onlink: true,
             nhid: None,
         };

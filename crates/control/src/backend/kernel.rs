@@ -17,7 +17,7 @@ use super::nexthops::{self, NexthopTable, Nexthops};
 pub use super::peer_state::PeerState;
 use super::peer_state::{Owned, Snapshot};
 use super::Backend;
-use crate::lease::Lease;
+use crate::lease::{Lease, SubnetId};
 use crate::node::Node;
 
 /// What every kernel backend needs to know about this node.
@@ -25,19 +25,20 @@ use crate::node::Node;
 pub struct KernelConfig {
     /// The external interface (`--iface`): tunnel endpoint and next hop for direct routes.
     pub iface: String,
-    /// The flannel `Network`. Routes are only ever removed inside it.
-    pub network: Ipv4Net,
+    /// The flannel `Network`, `None` on an IPv6-only network. Routes are only ever removed
+    /// inside it.
+    pub network: Option<Ipv4Net>,
     /// vxlan and ipip: peers on the iface's own subnet get a plain route via their PublicIP
     /// instead of the tunnel. host-gw always routes that way and ignores this.
     pub direct_routing: bool,
     /// Each peer's route through a nexthop object of its own, where the kernel has them;
     /// off (`--no-nexthop-objects`): gateway routes, as flanneld writes them.
     pub nexthop_objects: bool,
-    /// On a dual-stack network: its IPv6 half.
+    /// On a dual-stack or IPv6-only network: its IPv6 half.
     pub ipv6: Option<Ipv6Side>,
 }
 
-/// A dual-stack node's IPv6 half, as the kernel backends need it.
+/// A dual-stack or IPv6-only node's IPv6 half, as the kernel backends need it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv6Side {
     /// `IPv6Network`: IPv6 routes are only ever removed inside it.
@@ -51,7 +52,7 @@ impl KernelConfig {
         let ipv6 = node.config.ipv6.as_ref().zip(node.public_ipv6);
         KernelConfig {
             iface: node.iface.name.clone(),
-            network: node.config.network,
+            network: node.config.ipv4.as_ref().map(|v4| v4.network),
             direct_routing: node.config.backend.direct_routing,
             nexthop_objects: node.options.nexthop_objects,
             ipv6: ipv6.map(|(config, public_ip)| Ipv6Side {
@@ -61,10 +62,12 @@ impl KernelConfig {
         }
     }
 
-    /// The networks whose routes the backend owns: `Network`, and `IPv6Network` if dual-stack.
+    /// The networks whose routes the backend owns: `Network` and `IPv6Network`, each where the
+    /// network has that family.
     pub(crate) fn networks(&self) -> Vec<IpNet> {
+        let v4 = self.network.map(IpNet::V4);
         let v6 = self.ipv6.map(|side| IpNet::V6(side.network));
-        std::iter::once(IpNet::V4(self.network)).chain(v6).collect()
+        v4.into_iter().chain(v6).collect()
     }
 
     /// How this node's kernel takes peers' routes, asked once at start.
@@ -88,10 +91,11 @@ pub trait PeerPlan {
     }
 }
 
-/// What a kernel backend holds as its own: our subnet, the kernel state it may delete, and
+/// What a kernel backend holds as its own: our lease's id, the kernel state it may delete, and
 /// how its peers' routes go.
 pub(crate) struct Ours {
-    pub subnet: Ipv4Net,
+    /// An IPv6-only node's is [`SubnetId::V6`], as are its peers': the network has no IPv4.
+    pub subnet: SubnetId,
     pub owned: Owned,
     pub nexthops: Nexthops,
 }
@@ -100,7 +104,7 @@ pub(crate) struct Ours {
 pub struct KernelBackend<P> {
     nl: Netlink,
     plan: P,
-    own_subnet: Ipv4Net,
+    own_subnet: SubnetId,
     owned: Owned,
     nexthops: Nexthops,
     mtu: u32,
@@ -118,32 +122,43 @@ impl<P: PeerPlan> KernelBackend<P> {
         }
     }
 
-    /// Whether `lease` is a peer this backend programs: any but our own subnet. Leases of
-    /// another backend type never arrive: the lease gate refuses them.
+    /// Whether `lease` is a peer this backend programs: any but our own. Leases of another
+    /// backend type never arrive: the lease gate refuses them.
     fn is_peer(&self, lease: &Lease) -> bool {
-        lease.subnet != self.own_subnet
+        lease.id() != self.own_subnet
+    }
+
+    /// The lease's IPv4 subnet, where this node's network has IPv4 (not IPv6-only).
+    fn ipv4_side(&self, lease: &Lease) -> Option<Ipv4Net> {
+        let carries_ipv4 = matches!(self.own_subnet, SubnetId::V4(_));
+        lease.ipv4_subnet().filter(|_| carries_ipv4)
     }
 
     /// What `lease` needs: its IPv4 side, the route through its own nexthop where it can
-    /// have one, and on a dual-stack node its IPv6 side (gateway routes: twill's nexthop ids
-    /// number IPv4 subnets).
+    /// have one, and its IPv6 side where the node has one (gateway routes: twill's nexthop
+    /// ids number IPv4 subnets).
     fn peer_states(
         &mut self,
         lease: &Lease,
         have: &NexthopTable,
     ) -> anyhow::Result<Vec<PeerState>> {
-        let state = self.plan.peer_state(lease)?;
-        let nexthop = self.nexthops.through(lease.subnet, &state.route, have);
+        let v4 = match self.ipv4_side(lease) {
+            Some(subnet) => {
+                let state = self.plan.peer_state(lease)?;
+                let nexthop = self.nexthops.through(subnet, &state.route, have);
+                Some(state.through(nexthop))
+            }
+            None => None,
+        };
         let v6 = self.plan.peer_state_v6(lease)?;
-        Ok(std::iter::once(state.through(nexthop)).chain(v6).collect())
+        Ok(v4.into_iter().chain(v6).collect())
     }
 
     /// Both sides of a peer as planned, without nexthops: what removing it must find.
     fn planned(&self, lease: &Lease) -> anyhow::Result<Vec<PeerState>> {
+        let v4 = self.ipv4_side(lease).map(|_| self.plan.peer_state(lease));
         let v6 = self.plan.peer_state_v6(lease)?;
-        Ok(std::iter::once(self.plan.peer_state(lease)?)
-            .chain(v6)
-            .collect())
+        Ok(v4.transpose()?.into_iter().chain(v6).collect())
     }
 
     /// The changes that make `peer` present, leaving out what `have` already holds.
@@ -201,11 +216,11 @@ impl<P: PeerPlan> KernelBackend<P> {
         Ok(())
     }
 
-    fn desired(&mut self, leases: &[Lease], have: &NexthopTable) -> Vec<(Ipv4Net, PeerState)> {
+    fn desired(&mut self, leases: &[Lease], have: &NexthopTable) -> Vec<(SubnetId, PeerState)> {
         let mut desired = Vec::with_capacity(leases.len());
         let own = self.own_subnet;
-        for lease in leases.iter().filter(|l| l.subnet != own) {
-            let subnet = lease.subnet;
+        for lease in leases.iter().filter(|l| l.id() != own) {
+            let subnet = lease.id();
             match self.peer_states(lease, have) {
                 Ok(states) => desired.extend(states.into_iter().map(|s| (subnet, s))),
                 Err(e) => warn!(%subnet, "skipping peer: {e:#}"),
@@ -266,14 +281,14 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         }
         let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
         let peer = self.peer_states(lease, &held)?;
-        info!(subnet = %lease.subnet, public_ip = %lease.public_ip, "adding peer");
+        info!(subnet = %lease.id(), public_ip = %lease.public_ip, "adding peer");
         let have = Snapshot {
             nexthops: held.ours,
             ..Snapshot::default()
         };
         let writes: Vec<Write> = peer.iter().flat_map(|p| self.install(p, &have)).collect();
         let result = self.apply(&writes).await;
-        result.with_context(|| format!("programming peer {}", lease.subnet))
+        result.with_context(|| format!("programming peer {}", lease.id()))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
@@ -282,10 +297,10 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         }
         let peer = self.planned(lease)?;
         let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
-        info!(subnet = %lease.subnet, "removing peer");
+        info!(subnet = %lease.id(), "removing peer");
         let writes: Vec<Write> = peer.iter().flat_map(|p| self.uninstall(p, &held)).collect();
         let result = self.apply(&writes).await;
-        result.with_context(|| format!("removing peer {}", lease.subnet))
+        result.with_context(|| format!("removing peer {}", lease.id()))
     }
 
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {

@@ -65,7 +65,8 @@ pub(crate) struct Nexthops {
     /// The kernel lists nexthop objects, so twill's (from a run that used them) can be
     /// adopted or removed, whichever way routes go now.
     listable: bool,
-    network: Ipv4Net,
+    /// `Network`; `None` on an IPv6-only network, whose peers all get gateway routes.
+    network: Option<Ipv4Net>,
     /// Ids found held by someone else, each logged once.
     collisions: HashSet<u32>,
 }
@@ -73,7 +74,7 @@ pub(crate) struct Nexthops {
 impl Nexthops {
     /// Asks the kernel whether it has nexthop objects; says once which way routes go.
     /// `wanted` is false under `--no-nexthop-objects`.
-    pub async fn probe(nl: &Netlink, network: Ipv4Net, wanted: bool) -> Nexthops {
+    pub async fn probe(nl: &Netlink, network: Option<Ipv4Net>, wanted: bool) -> Nexthops {
         let listable = match nl.nexthops().await {
             Ok(_) => true,
             Err(e) => {
@@ -98,7 +99,8 @@ impl Nexthops {
     /// The id of `subnet`'s nexthop: its index among the network's subnets of its size (every
     /// lease has the network's SubnetLen), so distinct subnets have distinct ids.
     fn id(&self, subnet: Ipv4Net) -> Option<u32> {
-        let offset = u32::from(subnet.network()).checked_sub(u32::from(self.network.network()))?;
+        let network = self.network?;
+        let offset = u32::from(subnet.network()).checked_sub(u32::from(network.network()))?;
         let index = offset.checked_shr(32 - u32::from(subnet.prefix_len()))?;
         (index < ID_SPAN).then_some(ID_BASE | index)
     }
@@ -168,7 +170,7 @@ mod tests {
         Nexthops {
             enabled,
             listable: true,
-            network: "10.5.0.0/16".parse().unwrap(),
+            network: Some("10.5.0.0/16".parse().unwrap()),
             collisions: HashSet::new(),
         }
     }
@@ -207,7 +209,7 @@ mod tests {
         assert_eq!(id("10.5.3.128/25"), Some(0x7400_0007));
         assert_eq!(id("10.4.0.0/24"), None, "outside the network");
         let wide = Nexthops {
-            network: "0.0.0.0/0".parse().unwrap(),
+            network: Some("0.0.0.0/0".parse().unwrap()),
             ..nexthops(true)
         };
         assert_eq!(
@@ -219,6 +221,11 @@ mod tests {
             None,
             "2^25 subnets"
         );
+        let ipv6_only = Nexthops {
+            network: None,
+            ..nexthops(true)
+        };
+        assert_eq!(ipv6_only.id("10.5.2.0/24".parse().unwrap()), None);
     }
 
     #[test]

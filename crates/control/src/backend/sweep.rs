@@ -76,8 +76,8 @@ impl fmt::Display for Shape {
 /// The node as the sweep sees it.
 #[derive(Debug, Clone)]
 pub struct Scope {
-    pub network: Ipv4Net,
-    pub own_subnet: Ipv4Net,
+    /// `Network` and our IPv4 subnet; `None` on an IPv6-only node.
+    pub ipv4: Option<(Ipv4Net, Ipv4Net)>,
     /// `IPv6Network` and our IPv6 subnet, on a dual-stack node.
     pub ipv6: Option<(Ipv6Net, Ipv6Net)>,
     pub underlay: String,
@@ -92,10 +92,20 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// The node's networks, for the log: `10.5.0.0/16`, `fd10::/48`, or both.
+    fn networks(&self) -> String {
+        let v4 = self.ipv4.map(|(network, _)| network.to_string());
+        let v6 = self.ipv6.map(|(network, _)| network.to_string());
+        v4.into_iter().chain(v6).collect::<Vec<_>>().join(" and ")
+    }
+
     /// The backend shape of `route` on the device `dev`, if it is one the sweep may remove.
     fn stale_shape(&self, route: &Route, dev: &str) -> Option<Shape> {
         let (network, own) = match route.dst {
-            IpNet::V4(_) => (IpNet::V4(self.network), IpNet::V4(self.own_subnet)),
+            IpNet::V4(_) => {
+                let (network, own) = self.ipv4?;
+                (IpNet::V4(network), IpNet::V4(own))
+            }
             IpNet::V6(_) => {
                 let (network, own) = self.ipv6?;
                 (IpNet::V6(network), IpNet::V6(own))
@@ -216,9 +226,11 @@ impl Sweep {
 
     /// Whether the device holds an address inside our networks: made for them, not another's.
     async fn in_network(&self, link: &Link) -> anyhow::Result<bool> {
-        let addrs = self.nl.ipv4_addresses(link.index).await?;
-        if addrs.iter().any(|a| self.scope.network.contains(&a.addr())) {
-            return Ok(true);
+        if let Some((network, _)) = self.scope.ipv4 {
+            let addrs = self.nl.ipv4_addresses(link.index).await?;
+            if addrs.iter().any(|a| network.contains(&a.addr())) {
+                return Ok(true);
+            }
         }
         let Some((network6, _)) = self.scope.ipv6 else {
             return Ok(false);
@@ -234,7 +246,9 @@ impl Sweep {
             device = %link.name,
             "deleted {}, a tunnel device an earlier run of another backend made for {}: \
              this node now runs {}, and the old device would still carry traffic",
-            link.name, self.scope.network, self.scope.backend
+            link.name,
+            self.scope.networks(),
+            self.scope.backend
         );
         Ok(())
     }
@@ -273,8 +287,10 @@ mod tests {
 
     fn scope(keep: &[&str]) -> Scope {
         Scope {
-            network: "10.5.0.0/16".parse().unwrap(),
-            own_subnet: "10.5.1.0/24".parse().unwrap(),
+            ipv4: Some((
+                "10.5.0.0/16".parse().unwrap(),
+                "10.5.1.0/24".parse().unwrap(),
+            )),
             ipv6: Some((
                 "fd10::/56".parse().unwrap(),
                 "fd10:0:0:1::/64".parse().unwrap(),
@@ -362,6 +378,17 @@ mod tests {
             ..scope(&["flannel-wg"])
         };
         assert_eq!(ipv4_only.stale_shape(&host_gw, "eth0"), None);
+        // An IPv6-only node has no IPv4 network: no IPv4 route is its to sweep.
+        let ipv6_only = Scope {
+            ipv4: None,
+            ..scope(&["flannel-v6.1"])
+        };
+        let ipv4_peer = route("10.5.2.0/24", Some("10.200.0.2"), false);
+        assert_eq!(ipv6_only.stale_shape(&ipv4_peer, "eth0"), None);
+        assert_eq!(
+            scope(&["flannel-v6.1"]).stale_shape(&ipv4_peer, "eth0"),
+            Some(Shape::HostGw)
+        );
     }
 
     #[test]

@@ -51,10 +51,12 @@ pub(crate) async fn ensure_mtu(nl: &Netlink, mut link: Link, mtu: u32) -> anyhow
 }
 
 /// A backend's tunnel device (`flannel.<VNI>`, `flannel.ipip`), made before our lease exists;
-/// on a dual-stack vxlan node also its IPv6 device (`flannel-v6.<VNI>`).
+/// on a dual-stack vxlan node also its IPv6 device (`flannel-v6.<VNI>`), which is the only one
+/// on an IPv6-only node.
 pub(crate) struct Tunnel {
     pub nl: Netlink,
-    pub link: Link,
+    /// The IPv4 device; `None` on an IPv6-only network.
+    pub link: Option<Link>,
     pub link6: Option<Link>,
     pub uplink: Uplink,
     pub config: KernelConfig,
@@ -69,8 +71,13 @@ impl Tunnel {
         lease: &Lease,
         plan: impl FnOnce(TunnelRoutes) -> P,
     ) -> anyhow::Result<KernelBackend<P>> {
-        let addr = Ipv4Net::new(lease.subnet.network(), 32)?;
-        self.configure(&self.link, addr.into()).await?;
+        if let Some(link) = &self.link {
+            let subnet = lease.ipv4_subnet().with_context(|| {
+                format!("{} is made, but our lease has no IPv4 subnet", link.name)
+            })?;
+            self.configure(link, Ipv4Net::new(subnet.network(), 32)?.into())
+                .await?;
+        }
         if let Some(link6) = &self.link6 {
             let subnet = lease.ipv6_subnet.with_context(|| {
                 format!("{} is made, but our lease has no IPv6 subnet", link6.name)
@@ -78,35 +85,35 @@ impl Tunnel {
             self.configure(link6, Ipv6Net::new(subnet.network(), 128)?.into())
                 .await?;
         }
+        let index = self.link.as_ref().map(|l| l.index);
         let index6 = self.link6.as_ref().map(|l| l.index);
         let owned = Owned {
             networks: self.config.networks(),
-            route_links: [self.link.index, self.uplink.index]
+            route_links: index
                 .into_iter()
+                .chain([self.uplink.index])
                 .chain(index6)
                 .collect(),
             l2: L2Links {
-                v4: Some(self.link.index),
+                v4: index,
                 v6: index6,
             },
         };
         let plan = plan(TunnelRoutes {
-            dev: self.link.index,
+            dev: index,
             dev6: index6,
             uplink: self.uplink,
             direct_routing: self.config.direct_routing,
         });
         let nexthops = self.config.nexthops(&self.nl).await;
         let ours = Ours {
-            subnet: lease.subnet,
+            subnet: lease.id(),
             owned,
             nexthops,
         };
         // Containers get one MTU for both families: the smaller device's.
-        let mtu = self
-            .link6
-            .iter()
-            .fold(self.link.mtu, |mtu, l| mtu.min(l.mtu));
+        let mtus = self.link.iter().chain(&self.link6).map(|l| l.mtu);
+        let mtu = mtus.min().context("a tunnel backend without a device")?;
         Ok(KernelBackend::new(self.nl, plan, ours, mtu))
     }
 
@@ -123,7 +130,8 @@ impl Tunnel {
 /// out of the iface when DirectRouting is on and the peer shares our L2 segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TunnelRoutes {
-    pub dev: u32,
+    /// The IPv4 device; `None` on an IPv6-only node, which plans no IPv4 side.
+    pub dev: Option<u32>,
     /// The IPv6 device, on a dual-stack node.
     pub dev6: Option<u32>,
     pub uplink: Uplink,
@@ -131,6 +139,12 @@ pub(crate) struct TunnelRoutes {
 }
 
 impl TunnelRoutes {
+    /// The IPv4 device, for a peer's IPv4 side.
+    pub fn dev(&self) -> anyhow::Result<u32> {
+        self.dev
+            .context("this node has no IPv4 tunnel device (an IPv6-only network)")
+    }
+
     pub fn direct(&self, lease: &Lease) -> Option<Route> {
         let same_segment = self.uplink.addr.contains(&lease.public_ip);
         (self.direct_routing && same_segment).then(|| self.uplink.route_via(lease))
@@ -151,7 +165,7 @@ pub(crate) mod tests {
 
     pub fn routes(direct_routing: bool) -> TunnelRoutes {
         TunnelRoutes {
-            dev: 7,
+            dev: Some(7),
             dev6: Some(8),
             uplink: uplink(),
             direct_routing,

@@ -24,9 +24,10 @@ use crate::status::NodeStatus;
 /// Where a backend's traffic goes, as far as upkeep cares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Layout {
-    /// The backend's own device; host-gw has none.
+    /// The backend's own device; host-gw has none, nor has vxlan on an IPv6-only node.
     device: Option<String>,
-    /// The IPv6 device of vxlan, or of wireguard's Mode separate, on a dual-stack node.
+    /// The IPv6 device of vxlan, or of wireguard's Mode separate, on a dual-stack node, and of
+    /// vxlan on an IPv6-only one.
     device6: Option<String>,
     /// Whether the devices carry the route for the whole network (the TUN backends and
     /// wireguard) rather than one route per peer (vxlan, ipip). The IPv6Network's route goes
@@ -39,7 +40,7 @@ struct Layout {
 fn layout(node: &Node) -> Layout {
     let vni = VxlanConfig::of(node).vni;
     let names = Names {
-        vxlan: format!("flannel.{vni}"),
+        vxlan: node.config.ipv4.is_some().then(|| format!("flannel.{vni}")),
         vxlan6: node
             .config
             .ipv6
@@ -61,9 +62,9 @@ fn wireguard6(node: &Node) -> Option<String> {
 
 /// The devices a node's backends would use.
 struct Names {
-    /// `flannel.<VNI>`.
-    vxlan: String,
-    /// `flannel-v6.<VNI>`, on a dual-stack node.
+    /// `flannel.<VNI>`, on a node with IPv4.
+    vxlan: Option<String>,
+    /// `flannel-v6.<VNI>`, on a node with IPv6.
     vxlan6: Option<String>,
     /// `flannel-wg-v6`, on a dual-stack node of wireguard's Mode separate.
     wireguard6: Option<String>,
@@ -74,12 +75,13 @@ struct Names {
 
 impl Names {
     fn layout(self, backend: &str) -> Layout {
-        let tunnel = |dev: String, dev6: Option<String>| Layout {
-            device: Some(dev.clone()),
+        let tunnel = |dev: Option<String>, dev6: Option<String>| Layout {
+            device: dev.clone(),
             device6: dev6.clone(),
             network_route: false,
-            keep: [dev, self.underlay.clone()]
+            keep: dev
                 .into_iter()
+                .chain([self.underlay.clone()])
                 .chain(dev6)
                 .collect(),
         };
@@ -91,7 +93,7 @@ impl Names {
         };
         match backend {
             backend_type::VXLAN => tunnel(self.vxlan.clone(), self.vxlan6.clone()),
-            backend_type::IPIP => tunnel(ipip::DEVICE.to_string(), None),
+            backend_type::IPIP => tunnel(Some(ipip::DEVICE.to_string()), None),
             backend_type::WIREGUARD => {
                 whole_network(wireguard::DEVICE.to_string(), self.wireguard6.clone())
             }
@@ -132,24 +134,27 @@ fn device_specs(
     lease: &Lease,
     mtu: u32,
 ) -> anyhow::Result<Vec<DeviceSpec>> {
-    let Some(name) = layout.device.clone() else {
-        return Ok(Vec::new());
-    };
     let (routes, routes6) = network_routes(layout, node);
-    let own = IpNet::from(Ipv4Net::new(lease.subnet.network(), 32)?);
     let own6 = match lease.ipv6_subnet {
         Some(subnet) => Some(IpNet::from(Ipv6Net::new(subnet.network(), 128)?)),
         None => None,
     };
-    let carries_ipv6 = routes.iter().any(|n| matches!(n, IpNet::V6(_)));
-    let mut specs = vec![DeviceSpec {
-        name,
-        addresses: std::iter::once(own)
-            .chain(own6.filter(|_| carries_ipv6))
-            .collect(),
-        mtu,
-        network_routes: routes,
-    }];
+    let mut specs = Vec::new();
+    if let Some(name) = layout.device.clone() {
+        let subnet = lease.ipv4_subnet();
+        let subnet =
+            subnet.with_context(|| format!("{name} is made, but our lease has no IPv4 subnet"))?;
+        let own = IpNet::from(Ipv4Net::new(subnet.network(), 32)?);
+        let carries_ipv6 = routes.iter().any(|n| matches!(n, IpNet::V6(_)));
+        specs.push(DeviceSpec {
+            name,
+            addresses: std::iter::once(own)
+                .chain(own6.filter(|_| carries_ipv6))
+                .collect(),
+            mtu,
+            network_routes: routes,
+        });
+    }
     if let Some(name) = layout.device6.clone() {
         let own6 =
             own6.with_context(|| format!("{name} is made, but our lease has no IPv6 subnet"))?;
@@ -169,7 +174,12 @@ fn network_routes(layout: &Layout, node: &Node) -> (Vec<IpNet>, Vec<IpNet>) {
     if !layout.network_route {
         return (Vec::new(), Vec::new());
     }
-    let routes = vec![IpNet::from(node.config.network)];
+    let routes: Vec<IpNet> = node
+        .config
+        .ipv4
+        .iter()
+        .map(|v4| v4.network.into())
+        .collect();
     match node.config.ipv6.as_ref().map(|v6| IpNet::from(v6.network)) {
         None => (routes, Vec::new()),
         Some(network6) if layout.device6.is_some() => (routes, vec![network6]),
@@ -197,8 +207,12 @@ impl Upkeep {
         let layout = layout(node);
         let specs = device_specs(&layout, node, lease, mtu)?;
         let scope = Scope {
-            network: node.config.network,
-            own_subnet: lease.subnet,
+            ipv4: node
+                .config
+                .ipv4
+                .as_ref()
+                .zip(lease.ipv4_subnet())
+                .map(|(v4, own)| (v4.network, own)),
             ipv6: node
                 .config
                 .ipv6
@@ -275,7 +289,7 @@ mod tests {
 
     fn layout(backend: &str) -> Layout {
         let names = Names {
-            vxlan: "flannel.7".into(),
+            vxlan: Some("flannel.7".into()),
             vxlan6: None,
             wireguard6: None,
             tun: "tun9".into(),
@@ -287,7 +301,7 @@ mod tests {
     #[test]
     fn a_dual_stack_vxlan_node_keeps_both_of_its_devices() {
         let names = Names {
-            vxlan: "flannel.7".into(),
+            vxlan: Some("flannel.7".into()),
             vxlan6: Some("flannel-v6.7".into()),
             wireguard6: None,
             tun: "tun9".into(),
@@ -299,9 +313,24 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_only_vxlan_node_keeps_only_its_ipv6_device() {
+        let names = Names {
+            vxlan: None,
+            vxlan6: Some("flannel-v6.7".into()),
+            wireguard6: None,
+            tun: "tun9".into(),
+            underlay: "ens3".into(),
+        };
+        let vxlan = names.layout("vxlan");
+        assert_eq!(vxlan.device, None);
+        assert_eq!(vxlan.device6.as_deref(), Some("flannel-v6.7"));
+        assert_eq!(vxlan.keep, ["ens3", "flannel-v6.7"]);
+    }
+
+    #[test]
     fn wireguard_s_mode_separate_keeps_both_devices_with_their_network_routes() {
         let names = Names {
-            vxlan: "flannel.7".into(),
+            vxlan: Some("flannel.7".into()),
             vxlan6: None,
             wireguard6: Some("flannel-wg-v6".into()),
             tun: "tun9".into(),

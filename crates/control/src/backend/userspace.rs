@@ -86,7 +86,7 @@ impl UserspaceSetup {
             port,
             underlay,
             engine,
-            network: node.config.network,
+            network: node.config.need_ipv4("a userspace backend")?.network,
             ipv6: node
                 .config
                 .ipv6

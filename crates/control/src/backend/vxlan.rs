@@ -1,7 +1,9 @@
 //! flannel's `vxlan` backend: the kernel's VXLAN device `flannel.<VNI>`, and per peer a permanent
 //! neighbour, an fdb entry and an onlink route. On a dual-stack node the same again for IPv6 on
 //! a second device, `flannel-v6.<VNI>`, tunnelling over the underlay's IPv6: its MAC goes in the
-//! lease's BackendV6Data, its entries point at the peers' PublicIPv6.
+//! lease's BackendV6Data, its entries point at the peers' PublicIPv6. On an IPv6-only network
+//! (`EnableIPv4` false) `flannel-v6.<VNI>` is the only device, and the lease has no
+//! BackendData, as flanneld writes it.
 //!
 //! The device comes first and the lease second, as in flanneld: the lease's BackendData carries
 //! the device's MAC (VtepMAC), so the device must exist before the lease is written.
@@ -20,7 +22,7 @@ use super::netlink::{
 use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
 use super::uplink::connect;
 use super::Setup;
-use crate::lease::{BackendData, Lease, LeaseAttrs};
+use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -63,7 +65,8 @@ pub type VxlanBackend = KernelBackend<VxlanPlan>;
 /// our lease exists.
 pub struct VxlanDevice {
     tunnel: Tunnel,
-    mac: MacAddr,
+    /// `flannel.<VNI>`'s MAC; `None` on an IPv6-only node, which has no such device.
+    mac: Option<MacAddr>,
     /// `flannel-v6.<VNI>`'s MAC, on a dual-stack node.
     mac6: Option<MacAddr>,
     vni: u32,
@@ -86,12 +89,15 @@ impl VxlanDevice {
             name,
             mtu: uplink.mtu.saturating_sub(overhead),
         };
-        let v4 = device(
-            format!("flannel.{}", vxlan.vni),
-            uplink.addr.addr().into(),
-            ENCAP_OVERHEAD,
-        );
-        let (link, mac) = v4.ensure(&nl).await?;
+        let (link, mac) = match config.network {
+            Some(_) => {
+                let name = format!("flannel.{}", vxlan.vni);
+                let v4 = device(name, uplink.addr.addr().into(), ENCAP_OVERHEAD);
+                let (link, mac) = v4.ensure(&nl).await?;
+                (Some(link), Some(mac))
+            }
+            None => (None, None),
+        };
         let (link6, mac6) = match config.ipv6 {
             Some(v6) => {
                 let name = format!("flannel-v6.{}", vxlan.vni);
@@ -117,18 +123,9 @@ impl VxlanDevice {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.tunnel.link.name
-    }
-
-    /// The VtepMAC peers put in their fdb for us.
-    pub fn mac(&self) -> MacAddr {
+    /// The VtepMAC peers put in their fdb for us; `None` on an IPv6-only node.
+    pub fn mac(&self) -> Option<MacAddr> {
         self.mac
-    }
-
-    /// Our lease's BackendData, exactly as flanneld writes it: `{"VNI":1,"VtepMAC":"…"}`.
-    pub fn backend_data(&self) -> serde_json::Value {
-        backend_data(self.vni, self.mac)
     }
 }
 
@@ -136,7 +133,10 @@ impl Setup for VxlanDevice {
     type Backend = VxlanBackend;
 
     fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        let attrs = LeaseAttrs::vxlan(public_ip, self.vni, &self.mac.to_string());
+        let attrs = match self.mac {
+            Some(mac) => LeaseAttrs::vxlan(public_ip, self.vni, &mac.to_string()),
+            None => LeaseAttrs::typed(public_ip, Some(backend_type::VXLAN), None),
+        };
         match (self.tunnel.config.ipv6, self.mac6) {
             (Some(v6), Some(mac6)) => {
                 attrs.with_ipv6(v6.public_ip, Some(backend_data(self.vni, mac6).into()))
@@ -167,7 +167,7 @@ impl PeerPlan for VxlanPlan {
             lease.subnet.into(),
             lease.public_ip.into(),
             mac,
-            self.0.dev,
+            self.0.dev()?,
         ))
     }
 

@@ -222,7 +222,7 @@ mod tests {
             "fd10:0:0:ffff::".parse::<std::net::Ipv6Addr>().unwrap()
         );
         assert_eq!(
-            c.network,
+            c.ipv4.unwrap().network,
             "10.5.0.0/16".parse().unwrap(),
             "IPv4 half as before"
         );
@@ -371,14 +371,27 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_only_network_is_checked_then_refused() {
-        let only = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd10::/48"}"#;
-        let err = error(only);
-        assert!(
-            err.contains("EnableIPv4 is false: the IPv6-only network fd10::/48 is valid")
-                && err.contains("need an IPv4 Network"),
-            "{err}"
-        );
+    fn an_ipv6_only_network_runs_on_vxlan_and_host_gw_and_is_refused_elsewhere() {
+        let only = |backend: &str| {
+            format!(
+                r#"{{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd10::/48","Network":"bogus","Backend":{{"Type":"{backend}"}}}}"#
+            )
+        };
+        for backend in ["vxlan", "host-gw"] {
+            // flanneld does not read Network with EnableIPv4 false; neither does twill.
+            let config = Config::parse(&only(backend)).unwrap();
+            assert_eq!(config.ipv4, None);
+            assert_eq!(config.ipv6.unwrap().network, "fd10::/48".parse().unwrap());
+        }
+        for backend in ["udp", "twill-batch", "wireguard", "ipip"] {
+            let err = Config::parse(&only(backend)).unwrap_err().to_string();
+            let want = format!(
+                "invalid network config: EnableIPv4 is false: the IPv6-only network fd10::/48 is \
+                 valid, but twill runs an IPv6-only network on vxlan and host-gw only, not on \
+                 {backend}; choose one of those, or set EnableIPv4 to true with a Network"
+            );
+            assert_eq!(err, want);
+        }
         let bad = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd10::/48","IPv6SubnetLen":130}"#;
         assert!(error(bad).contains("IPv6SubnetLen 130 is too long"));
         let neither = r#"{"Network":"10.5.0.0/16","EnableIPv4":false}"#;

@@ -5,16 +5,17 @@
 //! line that names the offending field (the operator reads it in a log, not in a debugger).
 //! The IPv6 half (`EnableIPv6`, `IPv6Network`, ...) is read and checked in [`ipv6`].
 
+mod ipv4;
 mod ipv6;
 mod underlay;
 
+pub use ipv4::Ipv4Config;
 pub use ipv6::Ipv6Config;
 pub use underlay::Underlay;
 
 use ipnet::Ipv4Net;
 use ipv6::Ipv6Fields;
 use serde_json::{Map, Value};
-use std::net::Ipv4Addr;
 
 /// Backend type used when the config has no `Backend` object, as in flannel.
 pub const DEFAULT_BACKEND: &str = "udp";
@@ -22,15 +23,10 @@ pub const DEFAULT_BACKEND: &str = "udp";
 /// A validated network config with flannel's defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The whole container network; every lease lies inside it.
-    pub network: Ipv4Net,
-    /// Prefix length of one host's subnet.
-    pub subnet_len: u8,
-    /// Network address of the lowest subnet that may be leased.
-    pub subnet_min: Ipv4Addr,
-    /// Network address of the highest subnet that may be leased.
-    pub subnet_max: Ipv4Addr,
-    /// The IPv6 network, when `EnableIPv6` is true (a dual-stack network).
+    /// The IPv4 network, when `EnableIPv4` is true (flannel's default); `None` on an IPv6-only
+    /// network.
+    pub ipv4: Option<Ipv4Config>,
+    /// The IPv6 network, when `EnableIPv6` is true (a dual-stack or IPv6-only network).
     pub ipv6: Option<Ipv6Config>,
     pub backend: BackendConfig,
 }
@@ -67,6 +63,9 @@ impl ConfigError {
 /// The backends that carry a dual-stack network's IPv6 side.
 const DUAL_STACK_BACKENDS: [&str; 5] = ["vxlan", "host-gw", "udp", "twill-batch", "wireguard"];
 
+/// The backends that run an IPv6-only network (`EnableIPv4` false), as flannel's do.
+const IPV6_ONLY_BACKENDS: [&str; 2] = ["vxlan", "host-gw"];
+
 /// Backend fields whose values are secrets: a change to one is named, its value never shown.
 const SECRET_FIELDS: [&str; 1] = ["PSK"];
 
@@ -75,34 +74,19 @@ impl Config {
     /// `None` when they match. Backend fields are compared one by one and a secret's value
     /// (`PSK`) is never written out, since the text goes to the log and `twill status`.
     pub fn difference(&self, now: &Config) -> Option<String> {
-        let mut changed: Vec<String> = [
-            ("Network", self.network.to_string(), now.network.to_string()),
-            (
-                "SubnetLen",
-                self.subnet_len.to_string(),
-                now.subnet_len.to_string(),
-            ),
-            (
-                "SubnetMin",
-                self.subnet_min.to_string(),
-                now.subnet_min.to_string(),
-            ),
-            (
-                "SubnetMax",
-                self.subnet_max.to_string(),
-                now.subnet_max.to_string(),
-            ),
-        ]
-        .into_iter()
-        .chain(
-            Ipv6Config::shown(self.ipv6.as_ref())
-                .into_iter()
-                .zip(Ipv6Config::shown(now.ipv6.as_ref()))
-                .map(|((name, old), (_, new))| (name, old, new)),
-        )
-        .filter(|(_, old, new)| old != new)
-        .map(|(name, old, new)| format!("{name} {old} -> {new}"))
-        .collect();
+        let mut changed: Vec<String> = Ipv4Config::shown(self.ipv4.as_ref())
+            .into_iter()
+            .zip(Ipv4Config::shown(now.ipv4.as_ref()))
+            .map(|((name, old), (_, new))| (name, old, new))
+            .chain(
+                Ipv6Config::shown(self.ipv6.as_ref())
+                    .into_iter()
+                    .zip(Ipv6Config::shown(now.ipv6.as_ref()))
+                    .map(|((name, old), (_, new))| (name, old, new)),
+            )
+            .filter(|(_, old, new)| old != new)
+            .map(|(name, old, new)| format!("{name} {old} -> {new}"))
+            .collect();
         changed.extend(backend_difference(&self.backend.raw, &now.backend.raw));
         (!changed.is_empty()).then(|| changed.join(", "))
     }
@@ -141,13 +125,20 @@ fn invalid<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
 
 impl Config {
     /// Parses and validates the JSON stored at `<prefix>/config`, and refuses a network this
-    /// twill cannot run: a dual-stack one on a backend that carries no IPv6 yet
-    /// ([`Config::from_json`] reads those).
+    /// twill cannot run: a dual-stack one on a backend that carries no IPv6 yet, an IPv6-only
+    /// one on a backend other than vxlan and host-gw ([`Config::from_json`] reads those).
     pub fn parse(json: &str) -> Result<Config, ConfigError> {
         let config = Config::from_json(json)?;
         let backend = config.backend.backend_type.as_str();
-        match &config.ipv6 {
-            Some(v6) if !DUAL_STACK_BACKENDS.contains(&backend) => invalid(format!(
+        match (&config.ipv4, &config.ipv6) {
+            (None, Some(v6)) if !IPV6_ONLY_BACKENDS.contains(&backend) => invalid(format!(
+                "EnableIPv4 is false: the IPv6-only network {} is valid, but twill runs an \
+                 IPv6-only network on {} only, not on {backend}; choose one of those, or set \
+                 EnableIPv4 to true with a Network",
+                v6.network,
+                IPV6_ONLY_BACKENDS.join(" and ")
+            )),
+            (_, Some(v6)) if !DUAL_STACK_BACKENDS.contains(&backend) => invalid(format!(
                 "EnableIPv6 is true: IPv6Network {} (IPv6SubnetLen /{}) is valid, but twill's \
                  {backend} backend carries no IPv6 yet (dual-stack runs on {}); set EnableIPv6 \
                  to false, choose one of those, or run flanneld",
@@ -162,9 +153,8 @@ impl Config {
         }
     }
 
-    /// Parses and validates a config as flanneld does (`ParseConfig` + `CheckNetworkConfig`),
-    /// dual-stack included. An IPv6-only network (`EnableIPv4` false) is checked, then refused:
-    /// twill's leases need an IPv4 subnet.
+    /// Parses and validates a config as flanneld does (`ParseConfig` + `CheckNetworkConfig`):
+    /// IPv4-only, dual-stack, and IPv6-only (`EnableIPv4` false, where `Network` is not read).
     pub fn from_json(json: &str) -> Result<Config, ConfigError> {
         let value: Value =
             serde_json::from_str(json).map_err(|e| ConfigError(format!("not valid JSON ({e})")))?;
@@ -174,27 +164,16 @@ impl Config {
         let enable_ipv4 = bool_field(&obj, "EnableIPv4")?.unwrap_or(true);
         let enable_ipv6 = bool_field(&obj, "EnableIPv6")?.unwrap_or(false);
         let ipv6_fields = Ipv6Fields::read(&obj)?;
-        if !enable_ipv4 {
-            return refuse_ipv6_only(enable_ipv6.then(|| ipv6_fields.validate()).transpose()?);
+        if !enable_ipv4 && !enable_ipv6 {
+            return invalid(
+                "EnableIPv4 and EnableIPv6 are both false: the network has no addresses",
+            );
         }
-        let network = parse_network(field(&obj, "Network"))?;
-        let subnet_len = parse_subnet_len(field(&obj, "SubnetLen"), network)?;
-        let subnet_min = parse_bound(&obj, "SubnetMin", network, subnet_len)?
-            .unwrap_or_else(|| second_subnet(network, subnet_len));
-        let subnet_max = parse_bound(&obj, "SubnetMax", network, subnet_len)?
-            .unwrap_or_else(|| last_subnet(network, subnet_len));
-        if subnet_min > subnet_max {
-            return invalid(format!(
-                "SubnetMin {subnet_min} is above SubnetMax {subnet_max}"
-            ));
-        }
+        let ipv4 = enable_ipv4.then(|| Ipv4Config::read(&obj)).transpose()?;
         let ipv6 = enable_ipv6.then(|| ipv6_fields.validate()).transpose()?;
         let backend = BackendConfig::parse(field(&obj, "Backend"))?;
         Ok(Config {
-            network,
-            subnet_len,
-            subnet_min,
-            subnet_max,
+            ipv4,
             ipv6,
             backend,
         })
@@ -208,19 +187,14 @@ impl Config {
         Config::parse(&json.to_string())
     }
 
-    /// Whether `subnet` is one this config may lease (flannel's `isSubnetConfigCompat`).
-    pub fn is_leasable(&self, subnet: Ipv4Net) -> bool {
-        subnet.prefix_len() == self.subnet_len
-            && subnet.network() >= self.subnet_min
-            && subnet.network() <= self.subnet_max
-    }
-
-    /// Every leasable subnet, lowest first.
-    pub fn subnets(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
-        let step = subnet_size(self.subnet_len);
-        (u32::from(self.subnet_min)..=u32::from(self.subnet_max))
-            .step_by(step as usize)
-            .map(move |ip| Ipv4Net::new(Ipv4Addr::from(ip), self.subnet_len).expect("len <= 30"))
+    /// The IPv4 network, for what runs only on one (udp, twill-batch, wireguard, ipip, eBPF,
+    /// `--peer` flags): an IPv6-only network is refused in one line naming `what`.
+    pub fn need_ipv4(&self, what: &str) -> Result<&Ipv4Config, ConfigError> {
+        self.ipv4.as_ref().ok_or_else(|| {
+            ConfigError(format!(
+                "EnableIPv4 is false: {what} needs an IPv4 Network, and this network is IPv6-only"
+            ))
+        })
     }
 }
 
@@ -291,112 +265,6 @@ pub(crate) fn field<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a V
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v)
     })
-}
-
-/// `EnableIPv4` false: flanneld runs an IPv6-only network (its `ipv6` when valid), twill not yet.
-fn refuse_ipv6_only(ipv6: Option<Ipv6Config>) -> Result<Config, ConfigError> {
-    match ipv6 {
-        None => invalid("EnableIPv4 and EnableIPv6 are both false: the network has no addresses"),
-        Some(v6) => invalid(format!(
-            "EnableIPv4 is false: the IPv6-only network {} is valid, but twill cannot run it: \
-             its leases, backends and engines need an IPv4 Network; set EnableIPv4 to true \
-             with a Network",
-            v6.network
-        )),
-    }
-}
-
-fn parse_network(value: Option<&Value>) -> Result<Ipv4Net, ConfigError> {
-    let text = match value {
-        Some(Value::String(s)) => s,
-        Some(other) => return invalid(format!("Network must be a CIDR string, got {other}")),
-        None => return invalid("Network is missing (e.g. \"Network\":\"10.5.0.0/16\")"),
-    };
-    // flannel masks host bits (Go's net.ParseCIDR), so "10.5.1.0/16" means 10.5.0.0/16.
-    let network = text
-        .parse::<Ipv4Net>()
-        .map_err(|_| ConfigError(format!("Network {text:?} is not an IPv4 CIDR")))?
-        .trunc();
-    if network.prefix_len() == 0 {
-        return invalid(format!("Network {network} is empty"));
-    }
-    Ok(network)
-}
-
-fn parse_subnet_len(value: Option<&Value>, network: Ipv4Net) -> Result<u8, ConfigError> {
-    let prefix = network.prefix_len();
-    let Some(len) = as_number::<u8>(value, "SubnetLen")?.filter(|&l| l > 0) else {
-        return default_subnet_len(network);
-    };
-    if len > 30 {
-        return invalid(format!(
-            "SubnetLen {len} is too long: it must be at most 30"
-        ));
-    }
-    if len < prefix + 2 {
-        return invalid(format!(
-            "SubnetLen {len} is too short for Network {network}: it must be at least {} so the network holds four subnets",
-            prefix + 2
-        ));
-    }
-    Ok(len)
-}
-
-fn default_subnet_len(network: Ipv4Net) -> Result<u8, ConfigError> {
-    match network.prefix_len() {
-        p if p > 28 => invalid(format!(
-            "Network {network} is too small: the minimum useful prefix is /28"
-        )),
-        p if p <= 22 => Ok(24),
-        p => Ok(p + 2),
-    }
-}
-
-/// SubnetMin / SubnetMax: `None` when absent or "0.0.0.0" (flannel's zero value means default).
-fn parse_bound(
-    obj: &Map<String, Value>,
-    name: &str,
-    network: Ipv4Net,
-    subnet_len: u8,
-) -> Result<Option<Ipv4Addr>, ConfigError> {
-    let ip = match field(obj, name) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s
-            .parse::<Ipv4Addr>()
-            .map_err(|_| ConfigError(format!("{name} {s:?} is not an IPv4 address")))?,
-        Some(other) => {
-            return invalid(format!(
-                "{name} must be an IPv4 address string, got {other}"
-            ))
-        }
-    };
-    if ip.is_unspecified() {
-        return Ok(None);
-    }
-    if !network.contains(&ip) {
-        return invalid(format!(
-            "{name} {ip} is not in the range of the Network {network}"
-        ));
-    }
-    if u32::from(ip) % subnet_size(subnet_len) != 0 {
-        return invalid(format!(
-            "{name} {ip} is not on a SubnetLen /{subnet_len} boundary"
-        ));
-    }
-    Ok(Some(ip))
-}
-
-fn subnet_size(subnet_len: u8) -> u32 {
-    1u32 << (32 - u32::from(subnet_len))
-}
-
-/// The first subnet is skipped, as flannel does: its network address equals the Network's.
-fn second_subnet(network: Ipv4Net, subnet_len: u8) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(network.network()) + subnet_size(subnet_len))
-}
-
-fn last_subnet(network: Ipv4Net, subnet_len: u8) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(network.broadcast()) - subnet_size(subnet_len) + 1)
 }
 
 fn number_field<T: TryFrom<u64>>(

@@ -1,4 +1,5 @@
 use super::*;
+use std::net::Ipv4Addr;
 
 fn parse(json: &str) -> Config {
     Config::parse(json).unwrap_or_else(|e| panic!("{json}: {e}"))
@@ -20,10 +21,16 @@ fn flannel_reference_config() {
     let c = parse(
         r#"{"Network":"10.5.0.0/16","SubnetLen":24,"SubnetMin":"10.5.1.0","SubnetMax":"10.5.254.0","Backend":{"Type":"udp","Port":8285}}"#,
     );
-    assert_eq!(c.network, "10.5.0.0/16".parse().unwrap());
-    assert_eq!(c.subnet_len, 24);
     assert_eq!(
-        (c.subnet_min, c.subnet_max),
+        c.ipv4.as_ref().unwrap().network,
+        "10.5.0.0/16".parse().unwrap()
+    );
+    assert_eq!(c.ipv4.as_ref().unwrap().subnet_len, 24);
+    assert_eq!(
+        (
+            c.ipv4.as_ref().unwrap().subnet_min,
+            c.ipv4.as_ref().unwrap().subnet_max
+        ),
         (ip("10.5.1.0"), ip("10.5.254.0"))
     );
     assert_eq!(c.backend.backend_type, "udp");
@@ -34,9 +41,9 @@ fn flannel_reference_config() {
 #[test]
 fn defaults_for_a_large_network() {
     let c = parse(r#"{"Network":"10.5.0.0/16"}"#);
-    assert_eq!(c.subnet_len, 24);
-    assert_eq!(c.subnet_min, ip("10.5.1.0"));
-    assert_eq!(c.subnet_max, ip("10.5.255.0"));
+    assert_eq!(c.ipv4.as_ref().unwrap().subnet_len, 24);
+    assert_eq!(c.ipv4.as_ref().unwrap().subnet_min, ip("10.5.1.0"));
+    assert_eq!(c.ipv4.as_ref().unwrap().subnet_max, ip("10.5.255.0"));
     assert_eq!(c.backend.backend_type, DEFAULT_BACKEND);
     assert_eq!(c.backend.raw, Value::Null);
 }
@@ -44,14 +51,17 @@ fn defaults_for_a_large_network() {
 #[test]
 fn defaults_for_networks_smaller_than_22() {
     let c = parse(r#"{"Network":"10.5.0.0/22"}"#);
-    assert_eq!(c.subnet_len, 24);
+    assert_eq!(c.ipv4.as_ref().unwrap().subnet_len, 24);
     let c = parse(r#"{"Network":"10.5.0.0/25"}"#);
-    assert_eq!(c.subnet_len, 27);
+    assert_eq!(c.ipv4.as_ref().unwrap().subnet_len, 27);
     assert_eq!(
-        (c.subnet_min, c.subnet_max),
+        (
+            c.ipv4.as_ref().unwrap().subnet_min,
+            c.ipv4.as_ref().unwrap().subnet_max
+        ),
         (ip("10.5.0.32"), ip("10.5.0.96"))
     );
-    assert_eq!(c.subnets().count(), 3);
+    assert_eq!(c.ipv4.as_ref().unwrap().subnets().count(), 3);
 }
 
 #[test]
@@ -60,7 +70,10 @@ fn unknown_fields_and_lowercase_names_are_tolerated() {
         r#"{"network":"10.6.0.0/16","EnableIPv4":true,"EnableNFTables":false,"Future":{"x":1},
         "Backend":{"Type":"vxlan","VNI":7,"Port":4789,"DirectRouting":true,"MTU":1400,"GBP":true}}"#,
     );
-    assert_eq!(c.network, "10.6.0.0/16".parse().unwrap());
+    assert_eq!(
+        c.ipv4.as_ref().unwrap().network,
+        "10.6.0.0/16".parse().unwrap()
+    );
     let b = &c.backend;
     assert_eq!(
         (b.backend_type.as_str(), b.vni, b.port, b.mtu),
@@ -73,7 +86,7 @@ fn unknown_fields_and_lowercase_names_are_tolerated() {
 #[test]
 fn host_bits_of_network_are_masked_like_flannel() {
     assert_eq!(
-        parse(r#"{"Network":"10.5.3.7/16"}"#).network,
+        parse(r#"{"Network":"10.5.3.7/16"}"#).ipv4.unwrap().network,
         "10.5.0.0/16".parse().unwrap()
     );
 }
@@ -81,7 +94,13 @@ fn host_bits_of_network_are_masked_like_flannel() {
 #[test]
 fn zero_bounds_mean_default() {
     let c = parse(r#"{"Network":"10.5.0.0/16","SubnetLen":0,"SubnetMin":"0.0.0.0"}"#);
-    assert_eq!((c.subnet_len, c.subnet_min), (24, ip("10.5.1.0")));
+    assert_eq!(
+        (
+            c.ipv4.as_ref().unwrap().subnet_len,
+            c.ipv4.as_ref().unwrap().subnet_min
+        ),
+        (24, ip("10.5.1.0"))
+    );
 }
 
 #[test]
@@ -161,11 +180,29 @@ fn invalid_configs_name_the_field() {
 #[test]
 fn leasable_subnets() {
     let c = parse(r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.2.0","SubnetMax":"10.5.4.0"}"#);
-    let all: Vec<String> = c.subnets().map(|s| s.to_string()).collect();
+    let all: Vec<String> = c
+        .ipv4
+        .as_ref()
+        .unwrap()
+        .subnets()
+        .map(|s| s.to_string())
+        .collect();
     assert_eq!(all, ["10.5.2.0/24", "10.5.3.0/24", "10.5.4.0/24"]);
-    assert!(c.is_leasable("10.5.3.0/24".parse().unwrap()));
-    assert!(!c.is_leasable("10.5.1.0/24".parse().unwrap()));
-    assert!(!c.is_leasable("10.5.3.0/25".parse().unwrap()));
+    assert!(c
+        .ipv4
+        .as_ref()
+        .unwrap()
+        .is_leasable("10.5.3.0/24".parse().unwrap()));
+    assert!(!c
+        .ipv4
+        .as_ref()
+        .unwrap()
+        .is_leasable("10.5.1.0/24".parse().unwrap()));
+    assert!(!c
+        .ipv4
+        .as_ref()
+        .unwrap()
+        .is_leasable("10.5.3.0/25".parse().unwrap()));
 }
 
 #[test]
@@ -184,7 +221,10 @@ fn debug_output_leaves_out_the_preshared_key() {
 fn for_network_applies_defaults() {
     let c = Config::for_network("10.7.0.0/16".parse().unwrap(), "twill-batch").unwrap();
     assert_eq!(
-        (c.subnet_len, c.backend.backend_type.as_str()),
+        (
+            c.ipv4.as_ref().unwrap().subnet_len,
+            c.backend.backend_type.as_str()
+        ),
         (24, "twill-batch")
     );
 }

@@ -65,6 +65,30 @@ impl PartialEq for Lease {
     }
 }
 
+/// What names a lease among the others: its IPv4 subnet, or, on an IPv6-only network (whose
+/// leases flanneld keys as `0.0.0.0-0&<v6>-<len>`, the same IPv4 part for every node), its IPv6
+/// subnet. Leases on one network are all of one kind, so the order is the subnets' order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SubnetId {
+    V4(Ipv4Net),
+    V6(Ipv6Net),
+}
+
+impl std::fmt::Display for SubnetId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SubnetId::V4(subnet) => subnet.fmt(f),
+            SubnetId::V6(subnet) => subnet.fmt(f),
+        }
+    }
+}
+
+impl From<Ipv4Net> for SubnetId {
+    fn from(subnet: Ipv4Net) -> Self {
+        SubnetId::V4(subnet)
+    }
+}
+
 /// Where a lease stands in the order its registry created the leases, the same on every node:
 /// of two leases that cannot both be peers (one WireGuard key, say), every node keeps the
 /// older one, whatever order it heard of them in. Compared by `at`, then by `name`.
@@ -188,7 +212,8 @@ impl LeaseAttrs {
         Self::typed(public_ip, Some(backend_type::WIREGUARD), Some(data))
     }
 
-    fn typed(
+    /// A lease of `backend_type` (`None`: flannel's udp) whose BackendData is `backend_data`.
+    pub fn typed(
         public_ip: Ipv4Addr,
         backend_type: Option<&str>,
         backend_data: Option<BackendData>,
@@ -223,6 +248,25 @@ impl Lease {
             backend_data: attrs.backend_data,
             backend_v6_data: attrs.backend_v6_data,
             created: Created::default(),
+        }
+    }
+
+    /// An IPv6-only network's lease: flanneld's empty IPv4 subnet, `0.0.0.0/0`, beside the IPv6
+    /// one.
+    pub fn ipv6_only(ipv6_subnet: Ipv6Net, attrs: LeaseAttrs) -> Self {
+        Lease::new(Ipv4Net::default(), attrs).with_ipv6_subnet(ipv6_subnet)
+    }
+
+    /// The lease's IPv4 subnet; `None` for an IPv6-only lease, whose key says `0.0.0.0-0`.
+    pub fn ipv4_subnet(&self) -> Option<Ipv4Net> {
+        Some(self.subnet).filter(|s| s.prefix_len() > 0)
+    }
+
+    /// What names this lease among the others: see [`SubnetId`].
+    pub fn id(&self) -> SubnetId {
+        match (self.ipv4_subnet(), self.ipv6_subnet) {
+            (None, Some(v6)) => SubnetId::V6(v6),
+            _ => SubnetId::V4(self.subnet),
         }
     }
 

@@ -19,9 +19,11 @@ pub struct Ipv6Rules {
     pub subnet_len: u8,
     pub own_subnet: Option<Ipv6Net>,
     pub own_public_ip: Option<Ipv6Addr>,
-    /// The network's datagrams go over IPv6 (`Backend.Underlay`): a peer is reached only at
-    /// its PublicIPv6, so a lease must name one.
+    /// The network's datagrams go over IPv6 (`Backend.Underlay`), or it is IPv6-only: a peer
+    /// is reached only at its PublicIPv6, so a lease must name one.
     pub needs_public_ip: bool,
+    /// An IPv6-only network: a lease's IPv6 subnet is all it has.
+    pub needs_subnet: bool,
     /// On a wireguard node, how its Mode reads a lease: one it cannot read is no peer.
     pub wireguard: Option<LeaseReader>,
 }
@@ -33,13 +35,17 @@ impl Ipv6Rules {
             subnet_len: v6.subnet_len,
             own_subnet: own.ipv6_subnet,
             own_public_ip: own.public_ipv6,
-            needs_public_ip: config.backend.underlay == Underlay::Ipv6,
+            needs_public_ip: config.backend.underlay == Underlay::Ipv6 || config.ipv4.is_none(),
+            needs_subnet: config.ipv4.is_none(),
             wireguard: LeaseReader::of_dual_stack_node(config, own),
         }
     }
 
     /// The checks of a lease's IPv6 subnet and PublicIPv6 on their own.
     pub(super) fn check(&self, lease: &Lease) -> Result<(), Rejection> {
+        if self.needs_subnet && lease.ipv6_subnet.is_none() {
+            return Err(Rejection::NoIpv6Subnet);
+        }
         if let Some(subnet) = lease.ipv6_subnet {
             if subnet.prefix_len() != self.subnet_len {
                 return Err(Rejection::Ipv6PrefixLength {
@@ -108,7 +114,7 @@ pub fn unusable_ipv6(ip: Ipv6Addr) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
-    use crate::lease::{BackendData, Lease, LeaseAttrs};
+    use crate::lease::{BackendData, Lease, LeaseAttrs, SubnetId};
     use crate::lease_check::{admit, LeaseRules, Rejection};
     use std::collections::BTreeMap;
 
@@ -219,7 +225,7 @@ mod tests {
         assert!(got
             .unwrap_err()
             .to_string()
-            .contains("names no PublicIPv6, and this network's Backend.Underlay is ipv6"));
+            .contains("names no PublicIPv6, and this network reaches peers over IPv6 (its Backend.Underlay is ipv6"));
     }
 
     #[test]
@@ -292,7 +298,7 @@ mod tests {
             admit(&rules, &peers, &copy),
             Err(Rejection::OverlapsPeerIpv6 {
                 subnet: "fd10:0:0:2::/64".parse().unwrap(),
-                peer: "10.5.2.0/24".parse().unwrap()
+                peer: SubnetId::V4("10.5.2.0/24".parse().unwrap())
             })
         );
         assert_eq!(

@@ -8,7 +8,7 @@ mod ipv6;
 
 pub use ipv6::{overlaps_v6, unusable_ipv6, Ipv6Rules};
 
-use crate::lease::{backend_type, Lease};
+use crate::lease::{backend_type, Lease, SubnetId};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -51,7 +51,7 @@ pub enum Rejection {
     /// names one WireGuard peer, so only one lease can have it: the first (see [`first_made`]).
     DuplicateKey {
         key: PublicKey,
-        first: Ipv4Net,
+        first: SubnetId,
     },
     /// Its IPv6 subnet's prefix length is not the config's `IPv6SubnetLen`.
     Ipv6PrefixLength {
@@ -64,7 +64,7 @@ pub enum Rejection {
     /// Its IPv6 subnet overlaps `subnet`, the IPv6 subnet of the peer lease `peer`.
     OverlapsPeerIpv6 {
         subnet: Ipv6Net,
-        peer: Ipv4Net,
+        peer: SubnetId,
     },
     /// Its PublicIPv6 is this node's: traffic for it would loop back to us.
     OwnPublicIpv6(Ipv6Addr),
@@ -75,6 +75,10 @@ pub enum Rejection {
     },
     /// It names no PublicIPv6, and this network's datagrams go over IPv6 (`Backend.Underlay`).
     NoPublicIpv6,
+    /// It has an IPv4 subnet, and this network is IPv6-only (`EnableIPv4` false).
+    Ipv4OnIpv6Only(Ipv4Net),
+    /// It has no IPv6 subnet, and this network is IPv6-only.
+    NoIpv6Subnet,
 }
 
 impl fmt::Display for Rejection {
@@ -127,10 +131,19 @@ impl fmt::Display for Rejection {
             Rejection::UnusablePublicIpv6 { ip, why } => {
                 write!(f, "its PublicIPv6 {ip} is {why}, not a host's address")
             }
+            Rejection::Ipv4OnIpv6Only(subnet) => write!(
+                f,
+                "it has the IPv4 subnet {subnet}, and this network is IPv6-only (EnableIPv4 false)"
+            ),
+            Rejection::NoIpv6Subnet => write!(
+                f,
+                "it has no IPv6 subnet, and this network is IPv6-only (EnableIPv4 false)"
+            ),
             Rejection::NoPublicIpv6 => write!(
                 f,
-                "it names no PublicIPv6, and this network's Backend.Underlay is ipv6: there is \
-                 no address to send its datagrams to"
+                "it names no PublicIPv6, and this network reaches peers over IPv6 (its \
+                 Backend.Underlay is ipv6, or it is IPv6-only): there is no address to send \
+                 its traffic to"
             ),
         }
     }
@@ -139,28 +152,57 @@ impl fmt::Display for Rejection {
 /// What every peer lease must satisfy, whatever the backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRules {
-    pub network: Ipv4Net,
-    pub subnet_len: u8,
-    pub own_subnet: Ipv4Net,
-    pub own_public_ip: Ipv4Addr,
+    /// The rules for leases' IPv4 side; `None` on an IPv6-only network.
+    pub ipv4: Option<Ipv4Rules>,
     /// This node's WireGuard key, when it runs the wireguard backend.
     pub own_key: Option<PublicKey>,
     /// This node's BackendType (`None` for flannel's udp); a peer's must be the same.
     pub backend_type: Option<Arc<str>>,
-    /// The rules for leases' IPv6 side, on a dual-stack node; an IPv4-only node ignores it, as
-    /// flanneld does.
+    /// The rules for leases' IPv6 side, on a dual-stack or IPv6-only node; an IPv4-only node
+    /// ignores it, as flanneld does.
     pub ipv6: Option<Ipv6Rules>,
+}
+
+/// What a lease's IPv4 side must satisfy, on a network with IPv4.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ipv4Rules {
+    pub network: Ipv4Net,
+    pub subnet_len: u8,
+    pub own_subnet: Ipv4Net,
+    pub own_public_ip: Ipv4Addr,
+}
+
+impl Ipv4Rules {
+    fn check(&self, lease: &Lease) -> Result<(), Rejection> {
+        let subnet = lease.subnet;
+        if subnet.prefix_len() != self.subnet_len {
+            return Err(Rejection::PrefixLength {
+                got: subnet.prefix_len(),
+                want: self.subnet_len,
+            });
+        }
+        if !self.network.contains(&subnet) {
+            return Err(Rejection::OutsideNetwork(self.network));
+        }
+        if overlaps(subnet, self.own_subnet) {
+            return Err(Rejection::OverlapsOwn(self.own_subnet));
+        }
+        check_public_ip(lease.public_ip, self.own_public_ip)
+    }
 }
 
 impl LeaseRules {
     pub fn new(config: &Config, own: &Lease) -> LeaseRules {
         LeaseRules {
-            network: config.network,
-            // Every lease has the prefix length of ours: the config's SubnetLen with etcd, the
-            // controller manager's node CIDR size in Kubernetes (net-conf.json need not name it).
-            subnet_len: own.subnet.prefix_len(),
-            own_subnet: own.subnet,
-            own_public_ip: own.public_ip,
+            ipv4: config.ipv4.as_ref().map(|v4| Ipv4Rules {
+                network: v4.network,
+                // Every lease has the prefix length of ours: the config's SubnetLen with etcd,
+                // the controller manager's node CIDR size in Kubernetes (net-conf.json need not
+                // name it).
+                subnet_len: own.subnet.prefix_len(),
+                own_subnet: own.subnet,
+                own_public_ip: own.public_ip,
+            }),
             own_key: wireguard_key(own),
             backend_type: own.backend_type.clone(),
             ipv6: config
@@ -177,20 +219,13 @@ impl LeaseRules {
 
     /// [`LeaseRules::check`], which also gives a wireguard lease's key.
     pub fn check_keyed(&self, lease: &Lease) -> Result<Option<PublicKey>, Rejection> {
-        let subnet = lease.subnet;
-        if subnet.prefix_len() != self.subnet_len {
-            return Err(Rejection::PrefixLength {
-                got: subnet.prefix_len(),
-                want: self.subnet_len,
-            });
+        match &self.ipv4 {
+            Some(v4) => v4.check(lease)?,
+            None if lease.ipv4_subnet().is_some() => {
+                return Err(Rejection::Ipv4OnIpv6Only(lease.subnet))
+            }
+            None => {}
         }
-        if !self.network.contains(&subnet) {
-            return Err(Rejection::OutsideNetwork(self.network));
-        }
-        if overlaps(subnet, self.own_subnet) {
-            return Err(Rejection::OverlapsOwn(self.own_subnet));
-        }
-        check_public_ip(lease.public_ip, self.own_public_ip)?;
         if let Some(v6) = &self.ipv6 {
             v6.check(lease)?;
         }
@@ -201,7 +236,7 @@ impl LeaseRules {
             return Err(Rejection::BackendType { got, want });
         }
         match lease.backend_type.as_deref() {
-            Some(backend_type::VXLAN) => check_vtep_mac(lease).map(|()| None),
+            Some(backend_type::VXLAN) => check_vtep_mac(lease, self.ipv4.is_none()).map(|()| None),
             Some(backend_type::WIREGUARD) => {
                 let (key, _) = lease.wireguard_data().map_err(Rejection::WireguardData)?;
                 match self.own_key {
@@ -226,7 +261,7 @@ pub fn wireguard_key(lease: &Lease) -> Option<PublicKey> {
 /// the order events arrived in), then, for a tie (two etcd keys made in one transaction,
 /// leases with no known order), the subnet, which every node also agrees on.
 pub fn by_creation(a: &Lease, b: &Lease) -> Ordering {
-    (&a.created, a.subnet).cmp(&(&b.created, b.subnet))
+    (&a.created, a.id()).cmp(&(&b.created, b.id()))
 }
 
 /// Whether `a` was made before `b` ([`by_creation`]).
@@ -235,13 +270,13 @@ pub fn first_made(a: &Lease, b: &Lease) -> bool {
 }
 
 /// The accepted peers a lease must not overlap. A lease for a subnet that is already a peer
-/// replaces that peer, so the peer at the lease's own (IPv4) subnet is never in the way.
+/// replaces that peer, so the peer with the lease's own [`SubnetId`] is never in the way.
 pub trait AcceptedPeers {
     /// The IPv4 subnet of a peer, other than the one at `subnet`, that overlaps `subnet`.
     fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net>;
-    /// The IPv6 subnet, and the peer's IPv4 subnet, of a peer other than the one at `own` whose
-    /// IPv6 subnet overlaps `subnet`.
-    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: Ipv4Net) -> Option<(Ipv6Net, Ipv4Net)>;
+    /// The IPv6 subnet, and the peer's id, of a peer other than `own` whose IPv6 subnet
+    /// overlaps `subnet`.
+    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: SubnetId) -> Option<(Ipv6Net, SubnetId)>;
 }
 
 /// Leases keyed by subnet: O(log K) for IPv4, a walk over all for IPv6, which suits the few
@@ -254,10 +289,10 @@ impl AcceptedPeers for BTreeMap<Ipv4Net, Lease> {
         near.find(|other| overlaps(subnet, *other))
     }
 
-    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: Ipv4Net) -> Option<(Ipv6Net, Ipv4Net)> {
+    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: SubnetId) -> Option<(Ipv6Net, SubnetId)> {
         self.values()
-            .filter(|peer| peer.subnet != own)
-            .filter_map(|peer| Some((peer.ipv6_subnet?, peer.subnet)))
+            .filter(|peer| peer.id() != own)
+            .filter_map(|peer| Some((peer.ipv6_subnet?, peer.id())))
             .find(|(other, _)| overlaps_v6(subnet, *other))
     }
 }
@@ -280,19 +315,20 @@ pub fn admit_keyed(
     lease: &Lease,
 ) -> Result<Option<PublicKey>, Rejection> {
     let key = rules.check_keyed(lease)?;
-    if let Some(other) = peers.overlapping(lease.subnet) {
+    let ipv4_subnet = lease.ipv4_subnet().filter(|_| rules.ipv4.is_some());
+    if let Some(other) = ipv4_subnet.and_then(|subnet| peers.overlapping(subnet)) {
         return Err(Rejection::OverlapsPeer(other));
     }
     let ipv6_subnet = lease.ipv6_subnet.filter(|_| rules.ipv6.is_some());
     if let Some(subnet) = ipv6_subnet {
-        if let Some((subnet, peer)) = peers.overlapping_ipv6(subnet, lease.subnet) {
+        if let Some((subnet, peer)) = peers.overlapping_ipv6(subnet, lease.id()) {
             return Err(Rejection::OverlapsPeerIpv6 { subnet, peer });
         }
     }
     Ok(key)
 }
 
-fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
+pub(crate) fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
@@ -307,12 +343,16 @@ fn check_public_ip(ip: Ipv4Addr, own: Ipv4Addr) -> Result<(), Rejection> {
 }
 
 /// The MAC a vxlan peer's traffic goes to: a zero or multicast (broadcast included) MAC would
-/// leave a neighbour entry that sends the peer's subnet nowhere, or everywhere.
-fn check_vtep_mac(lease: &Lease) -> Result<(), Rejection> {
-    let data = lease.backend_data.as_ref();
+/// leave a neighbour entry that sends the peer's subnet nowhere, or everywhere. An IPv6-only
+/// lease has it in BackendV6Data only.
+fn check_vtep_mac(lease: &Lease, ipv6_only: bool) -> Result<(), Rejection> {
+    let (data, field) = match ipv6_only {
+        false => (lease.backend_data.as_ref(), "BackendData"),
+        true => (lease.backend_v6_data.as_ref(), "BackendV6Data"),
+    };
     let mac = data.and_then(|d| d.get("VtepMAC"));
     let Some(text) = mac.as_ref().and_then(|m| m.as_str()) else {
-        return Err(Rejection::VtepMac("it has no BackendData.VtepMAC".into()));
+        return Err(Rejection::VtepMac(format!("it has no {field}.VtepMAC")));
     };
     let mac: MacAddr = text
         .parse()

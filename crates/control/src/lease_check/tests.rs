@@ -8,14 +8,22 @@ fn net(s: &str) -> Ipv4Net {
 
 fn rules() -> LeaseRules {
     LeaseRules {
-        network: net("10.5.0.0/16"),
-        subnet_len: 24,
-        own_subnet: net("10.5.1.0/24"),
-        own_public_ip: Ipv4Addr::new(10, 200, 0, 1),
+        ipv4: Some(Ipv4Rules {
+            network: net("10.5.0.0/16"),
+            subnet_len: 24,
+            own_subnet: net("10.5.1.0/24"),
+            own_public_ip: Ipv4Addr::new(10, 200, 0, 1),
+        }),
         own_key: Some(OWN_KEY.parse().unwrap()),
         backend_type: None,
         ipv6: None,
     }
+}
+
+/// [`rules`] with another SubnetLen.
+fn with_subnet_len(subnet_len: u8) -> LeaseRules {
+    let ipv4 = rules().ipv4.map(|v4| Ipv4Rules { subnet_len, ..v4 });
+    LeaseRules { ipv4, ..rules() }
 }
 
 /// The checks of `lease` on a node of its own backend type, for the tests of the other rules.
@@ -166,10 +174,7 @@ fn each_bad_lease_gets_its_reason() {
 
 #[test]
 fn a_lease_overlapping_a_peer_is_refused_and_an_update_is_not() {
-    let wide = LeaseRules {
-        subnet_len: 23,
-        ..rules()
-    };
+    let wide = with_subnet_len(23);
     let mut peers = BTreeMap::new();
     let first = Lease {
         subnet: net("10.5.4.0/23"),
@@ -192,10 +197,7 @@ fn a_lease_overlapping_a_peer_is_refused_and_an_update_is_not() {
         subnet: net("10.5.5.0/24"),
         ..first
     };
-    let any_len = LeaseRules {
-        subnet_len: 24,
-        ..wide
-    };
+    let any_len = with_subnet_len(24);
     assert_eq!(
         admit(&any_len, &peers, &inner),
         Err(Rejection::OverlapsPeer(net("10.5.4.0/23")))

@@ -52,3 +52,100 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
         Some(LeaseEvent::Snapshot(vec![first]))
     );
 }
+
+/// An IPv6-only vxlan lease, as flanneld writes one: PublicIP 0.0.0.0, the key's IPv4 part
+/// `0.0.0.0-0`, the VtepMAC in BackendV6Data.
+fn ipv6_only_lease(n: u8) -> Lease {
+    let data = serde_json::json!({"VNI": 1, "VtepMAC": format!("0a:00:00:00:00:{n:02x}")});
+    let attrs = LeaseAttrs::typed(std::net::Ipv4Addr::UNSPECIFIED, Some("vxlan"), None)
+        .with_ipv6(format!("fd00:200::{n}").parse().unwrap(), Some(data.into()));
+    Lease::ipv6_only(format!("fd10:0:0:{n}::/64").parse().unwrap(), attrs)
+}
+
+fn ipv6_only_peers() -> Peers {
+    let json = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd10::/48","Backend":{"Type":"vxlan"}}"#;
+    let config = Config::parse(json).unwrap();
+    let rules = LeaseRules::new(&config, &ipv6_only_lease(1));
+    Peers::new(rules, LeaseNamer::EtcdKey("/p/subnets/".into()))
+}
+
+/// Every lease of an IPv6-only network has the IPv4 part 0.0.0.0/0: each is still a peer of
+/// its own, named by its IPv6 subnet, and one goes without taking the others along.
+#[test]
+fn ipv6_only_leases_are_peers_of_their_own() {
+    let mut peers = ipv6_only_peers();
+    let (two, three) = (ipv6_only_lease(2), ipv6_only_lease(3));
+    assert_eq!(two.id(), SubnetId::V6("fd10:0:0:2::/64".parse().unwrap()));
+    for lease in [&two, &three] {
+        let added = peers.admit(LeaseEvent::Added(lease.clone()));
+        assert_eq!(added, Some(LeaseEvent::Added(lease.clone())));
+    }
+    assert_eq!(peers.accepted().count(), 2);
+    assert_eq!(peers.refused().count(), 0);
+    // Our own subnet, and one overlapping a peer's, are refused like any IPv6 subnet.
+    let mut own = ipv6_only_lease(9);
+    own.ipv6_subnet = Some("fd10:0:0:1::/64".parse().unwrap());
+    let mut wide = ipv6_only_lease(8);
+    wide.ipv6_subnet = Some("fd10:0:0:2::/63".parse().unwrap());
+    wide.public_ipv6 = Some("fd00:200::8".parse().unwrap());
+    assert_eq!(peers.admit(LeaseEvent::Added(own)), None);
+    let removed = peers.admit(LeaseEvent::Removed(two.clone()));
+    assert_eq!(removed, Some(LeaseEvent::Removed(two)));
+    assert_eq!(peers.accepted().collect::<Vec<_>>(), [&three]);
+    assert_eq!(peers.admit(LeaseEvent::Added(wide)), None);
+    let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.contains("overlaps this node's own IPv6 subnet")),
+        "{refused:?}"
+    );
+    assert!(
+        refused.iter().any(|r| r.contains("prefix length /63")),
+        "{refused:?}"
+    );
+}
+
+/// On an IPv6-only network, a lease with an IPv4 subnet, or without an IPv6 one, or without
+/// a PublicIPv6 or an IPv6 VtepMAC, is refused with the reason.
+#[test]
+fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
+    let mut peers = ipv6_only_peers();
+    let with_ipv4 = Lease {
+        subnet: "10.5.4.0/24".parse().unwrap(),
+        ..ipv6_only_lease(4)
+    };
+    let without_ipv6 = Lease {
+        ipv6_subnet: None,
+        ..ipv6_only_lease(5)
+    };
+    let without_public_ipv6 = Lease {
+        public_ipv6: None,
+        ..ipv6_only_lease(6)
+    };
+    let without_mac = Lease {
+        backend_v6_data: None,
+        ..ipv6_only_lease(7)
+    };
+    for lease in [with_ipv4, without_ipv6, without_public_ipv6, without_mac] {
+        assert_eq!(peers.admit(LeaseEvent::Added(lease)), None);
+    }
+    let mut refused: Vec<String> = peers
+        .refused()
+        .map(|r| format!("{}: {}", peers.namer().name(r.lease.id()), r.reason))
+        .collect();
+    refused.sort();
+    assert_eq!(
+        refused,
+        [
+            "/p/subnets/0.0.0.0-0&fd10:0:0:6::-64: it names no PublicIPv6, and this network \
+             reaches peers over IPv6 (its Backend.Underlay is ipv6, or it is IPv6-only): there \
+             is no address to send its traffic to",
+            "/p/subnets/0.0.0.0-0&fd10:0:0:7::-64: it has no BackendV6Data.VtepMAC",
+            "/p/subnets/0.0.0.0-0: it has no IPv6 subnet, and this network is IPv6-only \
+             (EnableIPv4 false)",
+            "/p/subnets/10.5.4.0-24: it has the IPv4 subnet 10.5.4.0/24, and this network is \
+             IPv6-only (EnableIPv4 false)",
+        ]
+    );
+}

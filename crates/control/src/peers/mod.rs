@@ -9,7 +9,7 @@
 //! the peer that has its key takes the key over, and when the holder goes away (or changes its
 //! key) the next one in line becomes the peer with that very event.
 
-use crate::lease::Lease;
+use crate::lease::{Lease, SubnetId};
 use crate::lease_check::{self, AcceptedPeers, LeaseRules, Rejection};
 use crate::registry::{LeaseEvent, LeaseNamer};
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -23,37 +23,44 @@ pub struct Refused {
     pub reason: Rejection,
 }
 
-/// Accepted and refused peer leases, each keyed by subnet.
+/// Accepted and refused peer leases, each keyed by its [`SubnetId`].
 #[derive(Debug)]
 pub struct Peers {
     rules: LeaseRules,
     /// How a lease is named in the log: its etcd key, or the flag that gave it.
     namer: LeaseNamer,
-    accepted: BTreeMap<Ipv4Net, Lease>,
-    refused: BTreeMap<Ipv4Net, Refused>,
+    accepted: BTreeMap<SubnetId, Lease>,
+    refused: BTreeMap<SubnetId, Refused>,
     /// Entries among the leases that are not leases at all: key, and what is wrong.
     unreadable: BTreeMap<String, String>,
-    /// The subnet of the accepted lease that has each WireGuard key.
-    keys: HashMap<PublicKey, Ipv4Net>,
-    /// On a dual-stack node, the subnet of the accepted lease that has each IPv6 subnet, so a
-    /// lease's IPv6 overlap check is O(log K) too.
-    ipv6: BTreeMap<Ipv6Net, Ipv4Net>,
+    /// The accepted lease that has each WireGuard key.
+    keys: HashMap<PublicKey, SubnetId>,
+    /// On a node with IPv6, the accepted lease that has each IPv6 subnet, so a lease's IPv6
+    /// overlap check is O(log K) too.
+    ipv6: BTreeMap<Ipv6Net, SubnetId>,
 }
 
 /// The accepted leases as the overlap checks see them.
 struct Accepted<'a> {
-    leases: &'a BTreeMap<Ipv4Net, Lease>,
-    ipv6: &'a BTreeMap<Ipv6Net, Ipv4Net>,
+    leases: &'a BTreeMap<SubnetId, Lease>,
+    ipv6: &'a BTreeMap<Ipv6Net, SubnetId>,
 }
 
 impl AcceptedPeers for Accepted<'_> {
+    /// Accepted IPv4 subnets never overlap each other, so only the nearest one on each side
+    /// can overlap `subnet`.
     fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net> {
-        self.leases.overlapping(subnet)
+        let id = SubnetId::V4(subnet);
+        let below = self.leases.range(..id).next_back();
+        let above = self.leases.range(id..).find(|(s, _)| **s != id);
+        let near = below.into_iter().chain(above);
+        let mut near = near.filter_map(|(_, lease)| lease.ipv4_subnet());
+        near.find(|other| lease_check::overlaps(subnet, *other))
     }
 
     /// Accepted IPv6 subnets never overlap each other, so only the nearest one on each side
     /// can overlap `subnet`.
-    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: Ipv4Net) -> Option<(Ipv6Net, Ipv4Net)> {
+    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: SubnetId) -> Option<(Ipv6Net, SubnetId)> {
         let below = self.ipv6.range(..=subnet).rev().find(|(_, s)| **s != own);
         let above = self.ipv6.range(subnet..).find(|(_, s)| **s != own);
         let mut near = below.into_iter().chain(above).map(|(v6, s)| (*v6, *s));
@@ -63,7 +70,7 @@ impl AcceptedPeers for Accepted<'_> {
 
 /// The subnets one event changed, each with its accepted lease before the event.
 #[derive(Default)]
-struct Touched(Vec<(Ipv4Net, Option<Lease>)>);
+struct Touched(Vec<(SubnetId, Option<Lease>)>);
 
 impl Peers {
     pub fn new(rules: LeaseRules, namer: LeaseNamer) -> Peers {
@@ -86,7 +93,7 @@ impl Peers {
         match event {
             LeaseEvent::Snapshot(all) => Some(LeaseEvent::Snapshot(self.replace_all(all))),
             LeaseEvent::Added(lease) => self.add(lease),
-            LeaseEvent::Removed(lease) => self.remove(lease.subnet),
+            LeaseEvent::Removed(lease) => self.remove(lease.id()),
             LeaseEvent::Unreadable { key, why } => {
                 match why {
                     Some(why) => self.unreadable.insert(key, why),
@@ -110,14 +117,14 @@ impl Peers {
         self.ipv6.clear();
         all.sort_by(lease_check::by_creation);
         for lease in all {
-            let known = refused.remove(&lease.subnet);
+            let known = refused.remove(&lease.id());
             self.judge(lease, known.as_ref(), &mut Touched::default());
         }
         self.accepted.values().cloned().collect()
     }
 
     fn add(&mut self, lease: Lease) -> Option<LeaseEvent> {
-        let (subnet, mut touched) = (lease.subnet, Touched::default());
+        let (subnet, mut touched) = (lease.id(), Touched::default());
         let known = self.refused.remove(&subnet);
         // The key that held a good lease now holds another: its old owner is gone.
         let vacated = self.unaccept(subnet, &mut touched);
@@ -128,7 +135,7 @@ impl Peers {
         self.events(subnet, touched)
     }
 
-    fn remove(&mut self, subnet: Ipv4Net) -> Option<LeaseEvent> {
+    fn remove(&mut self, subnet: SubnetId) -> Option<LeaseEvent> {
         let mut touched = Touched::default();
         self.refused.remove(&subnet);
         if let Some(key) = self.unaccept(subnet, &mut touched) {
@@ -155,7 +162,7 @@ impl Peers {
         if !lease_check::first_made(&lease, &holder) {
             return self.refuse(lease, Rejection::DuplicateKey { key, first }, known);
         }
-        let to = lease.subnet;
+        let to = lease.id();
         self.unaccept(first, touched);
         self.accept(lease, Some(key), touched);
         self.refuse(holder, Rejection::DuplicateKey { key, first: to }, None);
@@ -173,24 +180,25 @@ impl Peers {
         let mut waiting: Vec<Lease> = waiting.map(|r| r.lease.clone()).collect();
         waiting.sort_by(lease_check::by_creation);
         for lease in waiting {
-            let known = self.refused.remove(&lease.subnet);
+            let known = self.refused.remove(&lease.id());
             self.judge(lease, known.as_ref(), touched);
         }
     }
 
     fn accept(&mut self, lease: Lease, key: Option<PublicKey>, touched: &mut Touched) {
-        touched.note(lease.subnet, &self.accepted);
+        let id = lease.id();
+        touched.note(id, &self.accepted);
         if let Some(key) = key {
-            self.keys.insert(key, lease.subnet);
+            self.keys.insert(key, id);
         }
         if let Some(v6) = lease.ipv6_subnet.filter(|_| self.rules.ipv6.is_some()) {
-            self.ipv6.insert(v6, lease.subnet);
+            self.ipv6.insert(v6, id);
         }
-        self.accepted.insert(lease.subnet, lease);
+        self.accepted.insert(id, lease);
     }
 
     /// Takes the accepted lease at `subnet` away; the WireGuard key it leaves free, if any.
-    fn unaccept(&mut self, subnet: Ipv4Net, touched: &mut Touched) -> Option<PublicKey> {
+    fn unaccept(&mut self, subnet: SubnetId, touched: &mut Touched) -> Option<PublicKey> {
         touched.note(subnet, &self.accepted);
         let lease = self.accepted.remove(&subnet)?;
         if let Some(v6) = lease.ipv6_subnet {
@@ -212,16 +220,16 @@ impl Peers {
         if known != Some(&refused) {
             tracing::warn!(
                 "ignoring lease {}: {}",
-                self.namer.name(refused.lease.subnet),
+                self.namer.name(refused.lease.id()),
                 refused.reason
             );
         }
-        self.refused.insert(refused.lease.subnet, refused);
+        self.refused.insert(refused.lease.id(), refused);
     }
 
     /// What the backend must hear of an event about `subnet`: that lease as it is now (added,
     /// changed or removed), or, when the event changed other peers too, every accepted lease.
-    fn events(&self, subnet: Ipv4Net, touched: Touched) -> Option<LeaseEvent> {
+    fn events(&self, subnet: SubnetId, touched: Touched) -> Option<LeaseEvent> {
         let mut changes: Vec<LeaseEvent> = touched
             .0
             .into_iter()
@@ -262,7 +270,7 @@ impl Peers {
 
 impl Touched {
     /// Remembers what `subnet` held before this event, the first time it changes.
-    fn note(&mut self, subnet: Ipv4Net, accepted: &BTreeMap<Ipv4Net, Lease>) {
+    fn note(&mut self, subnet: SubnetId, accepted: &BTreeMap<SubnetId, Lease>) {
         if !self.0.iter().any(|(s, _)| *s == subnet) {
             self.0.push((subnet, accepted.get(&subnet).cloned()));
         }
@@ -273,6 +281,7 @@ impl Touched {
 mod tests {
     use super::*;
     use crate::lease::LeaseAttrs;
+    use crate::lease_check::Ipv4Rules;
 
     fn lease(subnet: &str, ip: &str) -> Lease {
         Lease::new(
@@ -288,10 +297,12 @@ mod tests {
     /// A node of 10.5.0.0/16 with the lease 10.5.1.0/24, running `backend_type`.
     pub(super) fn peers_on(backend_type: Option<&str>) -> Peers {
         let rules = LeaseRules {
-            network: "10.5.0.0/16".parse().unwrap(),
-            subnet_len: 24,
-            own_subnet: "10.5.1.0/24".parse().unwrap(),
-            own_public_ip: "10.200.0.1".parse().unwrap(),
+            ipv4: Some(Ipv4Rules {
+                network: "10.5.0.0/16".parse().unwrap(),
+                subnet_len: 24,
+                own_subnet: "10.5.1.0/24".parse().unwrap(),
+                own_public_ip: "10.200.0.1".parse().unwrap(),
+            }),
             own_key: None,
             backend_type: backend_type.map(Into::into),
             ipv6: None,

@@ -1,7 +1,7 @@
 //! How a registry names a lease to the operator: in logs and under `rejected_leases` in
 //! `twill status`, a lease is named where the operator would look for it.
 
-use ipnet::Ipv4Net;
+use crate::lease::SubnetId;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -20,33 +20,37 @@ pub enum LeaseNamer {
 
 /// podCIDR → Node name, written by the registry as it reads Nodes, read when naming.
 #[derive(Debug, Default)]
-pub struct NodeNames(RwLock<HashMap<Ipv4Net, String>>);
+pub struct NodeNames(RwLock<HashMap<SubnetId, String>>);
 
 impl NodeNames {
-    pub fn set(&self, subnet: Ipv4Net, node: &str) {
+    pub fn set(&self, subnet: SubnetId, node: &str) {
         self.0.write().unwrap().insert(subnet, node.to_string());
     }
 
-    pub fn forget(&self, subnet: Ipv4Net) {
+    pub fn forget(&self, subnet: SubnetId) {
         self.0.write().unwrap().remove(&subnet);
     }
 
-    pub fn replace(&self, names: HashMap<Ipv4Net, String>) {
+    pub fn replace(&self, names: HashMap<SubnetId, String>) {
         *self.0.write().unwrap() = names;
     }
 
-    fn get(&self, subnet: Ipv4Net) -> Option<String> {
+    fn get(&self, subnet: SubnetId) -> Option<String> {
         self.0.read().unwrap().get(&subnet).cloned()
     }
 }
 
 impl LeaseNamer {
-    pub fn name(&self, subnet: Ipv4Net) -> String {
+    pub fn name(&self, subnet: SubnetId) -> String {
         match self {
             LeaseNamer::Flag => format!("peer {subnet}"),
-            LeaseNamer::EtcdKey(prefix) => {
-                format!("{prefix}{}-{}", subnet.network(), subnet.prefix_len())
-            }
+            LeaseNamer::EtcdKey(prefix) => match subnet {
+                SubnetId::V4(v4) => format!("{prefix}{}-{}", v4.network(), v4.prefix_len()),
+                // flanneld's key of an IPv6-only lease: an empty IPv4 part, then the IPv6 one.
+                SubnetId::V6(v6) => {
+                    format!("{prefix}0.0.0.0-0&{}-{}", v6.network(), v6.prefix_len())
+                }
+            },
             LeaseNamer::KubeNode(names) => match names.get(subnet) {
                 Some(node) => node_key(&node),
                 None => format!("node with podCIDR {subnet}"),
@@ -67,10 +71,15 @@ mod tests {
     #[test]
     fn leases_are_named_by_their_etcd_key() {
         let namer = LeaseNamer::EtcdKey("/coreos.com/network/subnets/".into());
-        let subnet = "10.5.2.0/25".parse().unwrap();
+        let subnet = SubnetId::V4("10.5.2.0/25".parse().unwrap());
         assert_eq!(
             namer.name(subnet),
             "/coreos.com/network/subnets/10.5.2.0-25"
+        );
+        let ipv6_only = SubnetId::V6("fd10:0:0:2::/64".parse().unwrap());
+        assert_eq!(
+            namer.name(ipv6_only),
+            "/coreos.com/network/subnets/0.0.0.0-0&fd10:0:0:2::-64"
         );
     }
 
@@ -78,7 +87,7 @@ mod tests {
     fn kubernetes_leases_are_named_by_their_node() {
         let names = Arc::new(NodeNames::default());
         let namer = LeaseNamer::KubeNode(names.clone());
-        let subnet = "10.5.2.0/24".parse().unwrap();
+        let subnet = SubnetId::V4("10.5.2.0/24".parse().unwrap());
         assert_eq!(namer.name(subnet), "node with podCIDR 10.5.2.0/24");
         names.set(subnet, "worker-2");
         assert_eq!(namer.name(subnet), "node/worker-2");

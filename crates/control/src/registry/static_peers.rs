@@ -32,7 +32,10 @@ impl StaticRegistry {
                 subnet.trunc()
             );
         }
-        config.subnet_len = subnet.prefix_len();
+        let network = config.need_ipv4("--network with --peer flags")?.network;
+        if let Some(v4) = config.ipv4.as_mut() {
+            v4.subnet_len = subnet.prefix_len();
+        }
         let mut seen = vec![subnet];
         for peer in &peers {
             if seen
@@ -43,8 +46,8 @@ impl StaticRegistry {
             }
             seen.push(peer.subnet);
         }
-        if let Some(s) = seen.iter().find(|s| !config.network.contains(*s)) {
-            bail!("subnet {s} is outside the network {}", config.network);
+        if let Some(s) = seen.iter().find(|s| !network.contains(*s)) {
+            bail!("subnet {s} is outside the network {network}");
         }
         // The flags' order is the creation order: it settles which of two leases is a peer.
         let peers = (1..)

@@ -103,10 +103,11 @@ impl Rules {
             masquerade: self.options.ip_masq,
             forward: self.options.forward_rules,
         };
-        let v4 = ruleset(config.network.into(), lease.subnet.into());
+        let v4 = config.ipv4.as_ref().zip(lease.ipv4_subnet());
+        let v4 = v4.map(|(v4, subnet)| ruleset(v4.network.into(), subnet.into()));
         let v6 = config.ipv6.as_ref().zip(lease.ipv6_subnet);
         let v6 = v6.map(|(v6, subnet)| ruleset(v6.network.into(), subnet.into()));
-        let rulesets: Vec<Ruleset> = std::iter::once(v4).chain(v6).collect();
+        let rulesets: Vec<Ruleset> = v4.into_iter().chain(v6).collect();
         let families: Vec<Family> = rulesets.iter().map(Ruleset::family).collect();
         let mut keeper = Keeper::new(rulesets, nftables.clone(), self.status);
         keeper

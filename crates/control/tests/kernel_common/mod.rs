@@ -86,7 +86,7 @@ impl Netns {
     pub fn config(&self, direct_routing: bool) -> KernelConfig {
         KernelConfig {
             iface: "eth0".into(),
-            network: NETWORK.parse().unwrap(),
+            network: Some(NETWORK.parse().unwrap()),
             direct_routing,
             nexthop_objects: self.mode == Mode::Nexthops,
             ipv6: None,

@@ -72,7 +72,7 @@ impl EbpfSetup {
                 port,
             },
             mtu,
-            network: node.config.network,
+            network: node.config.need_ipv4("the eBPF dataplane")?.network,
         })
     }
 }

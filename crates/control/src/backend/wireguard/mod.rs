@@ -147,7 +147,7 @@ impl WireguardSetup {
         let path = Chosen::new(node, devices, mtu).await?;
         Ok(WireguardSetup {
             public_ipv6: node.public_ipv6,
-            network: node.config.network,
+            network: node.config.need_ipv4("the wireguard backend")?.network,
             network6: node.config.ipv6.as_ref().map(|v6| v6.network),
             config,
             public_key,

@@ -7,7 +7,7 @@ use super::taken::Taken;
 use crate::config::{Config, Ipv6Config};
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{anyhow, bail};
-use ipnet::Ipv6Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use rand::Rng;
 use std::net::Ipv6Addr;
 use std::time::Duration;
@@ -60,7 +60,7 @@ async fn try_acquire(
     if let Some(found) = listing
         .leases
         .iter()
-        .find(|l| l.lease.public_ip == attrs.public_ip)
+        .find(|l| is_ours(config, &l.lease, attrs))
     {
         let held = Subnets::of(&found.lease);
         match misfit(config, held) {
@@ -85,24 +85,47 @@ async fn try_acquire(
     Ok(created.then_some(lease))
 }
 
+/// Whether `lease` carries our public address: PublicIP, as flanneld matches, or on an
+/// IPv6-only network, where every lease's PublicIP is 0.0.0.0, PublicIPv6.
+fn is_ours(config: &Config, lease: &Lease, attrs: &LeaseAttrs) -> bool {
+    match config.ipv4 {
+        Some(_) => lease.public_ip == attrs.public_ip,
+        None => lease.public_ipv6.is_some() && lease.public_ipv6 == attrs.public_ipv6,
+    }
+}
+
 fn log_outcome(won: bool, action: &str, lease: &Lease) {
     let subnets = Subnets::of(lease);
     if won {
-        info!("{action} {subnets} for public IP {}", lease.public_ip);
+        let public_ip = lease.ipv4_subnet().map_or_else(
+            || lease.public_ipv6.map_or("none".into(), |ip| ip.to_string()),
+            |_| lease.public_ip.to_string(),
+        );
+        info!("{action} {subnets} for public IP {public_ip}");
     } else {
         info!("lost the race for {subnets} to another node; retrying");
     }
 }
 
 /// Why a lease on `subnets` does not fit `config`, `None` if it does (flannel's
-/// `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`): the IPv4 subnet must be leasable,
-/// and the IPv6 subnet present on a dual-stack network, leasable there, and absent otherwise.
+/// `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`): each subnet present where the
+/// network has its family, leasable there, and absent otherwise.
 fn misfit(config: &Config, subnets: Subnets) -> Option<String> {
-    if !config.is_leasable(subnets.v4) {
-        return Some(format!(
-            "{} is not a /{} between SubnetMin {} and SubnetMax {}",
-            subnets.v4, config.subnet_len, config.subnet_min, config.subnet_max
-        ));
+    let v4 = Some(subnets.v4).filter(|s| s.prefix_len() > 0);
+    match (&config.ipv4, v4) {
+        (None, Some(v4)) => {
+            return Some(format!(
+                "it has the IPv4 subnet {v4}, and the network config is IPv6-only"
+            ))
+        }
+        (Some(c), Some(v4)) if !c.is_leasable(v4) => {
+            return Some(format!(
+                "{v4} is not a /{} between SubnetMin {} and SubnetMax {}",
+                c.subnet_len, c.subnet_min, c.subnet_max
+            ))
+        }
+        (Some(_), None) => return Some("it has no IPv4 subnet".into()),
+        _ => {}
     }
     match (&config.ipv6, subnets.v6) {
         (None, None) => None,
@@ -143,10 +166,11 @@ fn choose_subnets(
     preferred: Option<Subnets>,
 ) -> anyhow::Result<Subnets> {
     let leases = || listing.leases.iter().map(|l| &l.lease);
-    let taken_v4 = Taken::v4(leases().map(|l| l.subnet));
+    let taken_v4 = Taken::v4(leases().filter_map(Lease::ipv4_subnet));
     let taken_v6 = Taken::v6(leases().filter_map(|l| l.ipv6_subnet));
     if let Some(p) = preferred {
-        let free = taken_v4.is_free_v4(p.v4) && p.v6.is_none_or(|v6| taken_v6.is_free_v6(v6));
+        let free_v4 = p.v4.prefix_len() == 0 || taken_v4.is_free_v4(p.v4);
+        let free = free_v4 && p.v6.is_none_or(|v6| taken_v6.is_free_v6(v6));
         match misfit(config, p) {
             None if free => return Ok(p),
             None => info!("previous subnet {p} is taken; picking another"),
@@ -155,14 +179,18 @@ fn choose_subnets(
             ),
         }
     }
-    let v4 = pick(config.subnets().filter(|s| taken_v4.is_free_v4(*s))).ok_or_else(|| {
-        anyhow!(
-            "no free subnet left between SubnetMin {} and SubnetMax {} of network {}",
-            config.subnet_min,
-            config.subnet_max,
-            config.network
-        )
-    })?;
+    let v4 = match &config.ipv4 {
+        Some(c) => pick(c.subnets().filter(|s| taken_v4.is_free_v4(*s))).ok_or_else(|| {
+            anyhow!(
+                "no free subnet left between SubnetMin {} and SubnetMax {} of network {}",
+                c.subnet_min,
+                c.subnet_max,
+                c.network
+            )
+        })?,
+        // flanneld's key of an IPv6-only lease names the empty IPv4 subnet.
+        None => Ipv4Net::default(),
+    };
     let Some(c) = &config.ipv6 else {
         return Ok(Subnets { v4, v6: None });
     };

@@ -164,7 +164,10 @@ impl Keeper {
 
     /// Our lease: at our key (both subnets) with our public IP.
     fn is_own(&self, lease: &Lease) -> bool {
-        Subnets::of(lease) == Subnets::of(&self.own) && lease.public_ip == self.attrs.public_ip
+        // PublicIPv6 too: every lease of an IPv6-only network has PublicIP 0.0.0.0.
+        Subnets::of(lease) == Subnets::of(&self.own)
+            && lease.public_ip == self.attrs.public_ip
+            && lease.public_ipv6 == self.attrs.public_ipv6
     }
 
     async fn on_watch(&mut self, response: WatchResponse) -> anyhow::Result<()> {
@@ -242,8 +245,9 @@ impl Keeper {
             return;
         }
         // Any other lease of our IPv4 subnet, whatever its IPv6 part, claims our containers'
-        // addresses. One that claims only our IPv6 subnet is a peer the lease checks refuse.
-        if lease.subnet == self.own.subnet && !self.taken {
+        // addresses (on an IPv6-only network, of our IPv6 subnet: its id). One that claims only
+        // our IPv6 subnet on a network with IPv4 is a peer the lease checks refuse.
+        if lease.id() == self.own.id() && !self.taken {
             return self.taken_over(lease).await;
         }
         let subnets = Subnets::of(&lease);

@@ -235,10 +235,14 @@ impl EtcdRegistry {
     async fn acquire(&self, attrs: &LeaseAttrs) -> anyhow::Result<Lease> {
         let timing = &self.opts.timing;
         let mut backoff = timing.backoff();
-        let previous = self.opts.previous_subnet.map(|v4| Subnets {
-            v4,
-            v6: self.opts.previous_ipv6_subnet,
-        });
+        let previous = match (self.opts.previous_subnet, self.opts.previous_ipv6_subnet) {
+            (None, None) => None,
+            // An IPv6-only lease's IPv4 part is flanneld's empty 0.0.0.0/0.
+            (v4, v6) => Some(Subnets {
+                v4: v4.unwrap_or_default(),
+                v6,
+            }),
+        };
         loop {
             match acquire::acquire(&self.store, &self.config, attrs, previous, timing.lease_ttl)
                 .await

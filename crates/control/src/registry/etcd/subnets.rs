@@ -1,5 +1,6 @@
 //! What names a lease in etcd: its IPv4 subnet and, for a dual-stack lease, its IPv6 subnet,
-//! both in one key (`10.5.1.0-24&fd10:0:0:1::-64`). Every read, write and delete of a lease goes
+//! both in one key (`10.5.1.0-24&fd10:0:0:1::-64`; an IPv6-only lease's IPv4 part is
+//! flanneld's empty `0.0.0.0-0`). Every read, write and delete of a lease goes
 //! to the key of both, so a dual-stack lease is renewed and deleted where it lives.
 
 use crate::lease::{lease_key, Lease, LeaseAttrs};
@@ -39,6 +40,7 @@ impl fmt::Display for Subnets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.v6 {
             None => write!(f, "{}", self.v4),
+            Some(v6) if self.v4.prefix_len() == 0 => write!(f, "{v6}"),
             Some(v6) => write!(f, "{} and {v6}", self.v4),
         }
     }

@@ -178,7 +178,7 @@ impl Follower {
         for (name, peer) in &self.peers {
             match peer {
                 Peer::Lease(lease) => {
-                    names.insert(lease.subnet, name.clone());
+                    names.insert(lease.id(), name.clone());
                     leases.push(lease.clone());
                 }
                 Peer::Unreadable(why) => {
@@ -209,7 +209,7 @@ impl Follower {
         }
         match (old, new) {
             (Some(Peer::Lease(old)), Some(Peer::Lease(new))) if old.subnet == new.subnet => {
-                self.names.set(new.subnet, &name);
+                self.names.set(new.id(), &name);
                 self.send(LeaseEvent::Added(new)).await
             }
             (old, new) => {
@@ -237,7 +237,7 @@ impl Follower {
     async fn gone(&mut self, name: &str, old: Option<Peer>) -> Result<(), Gone> {
         match old {
             Some(Peer::Lease(lease)) => {
-                self.names.forget(lease.subnet);
+                self.names.forget(lease.id());
                 self.send(LeaseEvent::Removed(lease)).await
             }
             Some(Peer::Unreadable(_)) => self.send(unreadable(name, None)).await,
@@ -249,7 +249,7 @@ impl Follower {
     async fn came(&mut self, name: &str, new: Option<Peer>) -> Result<(), Gone> {
         match new {
             Some(Peer::Lease(lease)) => {
-                self.names.set(lease.subnet, name);
+                self.names.set(lease.id(), name);
                 self.send(LeaseEvent::Added(lease)).await
             }
             Some(Peer::Unreadable(why)) => {

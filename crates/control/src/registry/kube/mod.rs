@@ -251,7 +251,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            read_net_config(&path).unwrap().network,
+            read_net_config(&path).unwrap().ipv4.unwrap().network,
             "10.5.0.0/16".parse().unwrap()
         );
     }

@@ -173,17 +173,15 @@ fn own_subnets(
     name: &str,
     cidrs: NodeCidrs,
 ) -> anyhow::Result<(Ipv4Net, Option<Ipv6Net>)> {
+    let network = config.need_ipv4("twill's --kube-subnet-mgr")?.network;
     let Some(subnet) = cidrs.v4 else {
         bail!(
             "Node {name}'s podCIDRs have no IPv4 CIDR (only {}): twill's lease needs one",
             shown(cidrs.v6)
         );
     };
-    if !config.network.contains(&subnet) {
-        bail!(
-            "the network {} in net-conf.json does not contain Node {name}'s podCIDR {subnet}",
-            config.network
-        );
+    if !network.contains(&subnet) {
+        bail!("the network {network} in net-conf.json does not contain Node {name}'s podCIDR {subnet}");
     }
     let (Some(v6), Some(subnet6)) = (&config.ipv6, cidrs.v6) else {
         return Ok((subnet, None));
