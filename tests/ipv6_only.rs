@@ -1,12 +1,14 @@
-//! IPv6-only networks (`EnableIPv4` false) end to end: two twill nodes on real etcd in a lab
-//! with an IPv6 underlay, IPv6 containers reaching each other through vxlan's `flannel-v6.1`
-//! or host-gw's IPv6 routes, checked by sha256. The leases are flanneld's: the key
-//! `0.0.0.0-0&<IPv6 subnet>`, PublicIP 0.0.0.0, vxlan's MAC in BackendV6Data only.
+//! IPv6-only networks (`EnableIPv4` false) end to end: two twill nodes on real etcd, or under
+//! `--kube-subnet-mgr` against a real kube-apiserver, in a lab with an IPv6 underlay, IPv6
+//! containers reaching each other through vxlan's `flannel-v6.1` or host-gw's IPv6 routes,
+//! checked by sha256. The leases are flanneld's: in etcd the key `0.0.0.0-0&<IPv6 subnet>`,
+//! PublicIP 0.0.0.0, vxlan's MAC in BackendV6Data only; in Kubernetes its annotations.
 
 mod common;
 
 use anyhow::{ensure, Context, Result};
 use common::cluster::*;
+use common::kube::{dual_stack_kube_cluster, KubeCluster, IPV6_NETWORK};
 use common::*;
 use twill_lab::{Ipv4Net, Ipv6Net};
 
@@ -31,22 +33,30 @@ fn two_ipv6_only_nodes(tag: &str, backend: &str) -> Result<()> {
     }
     let peers = c.peer_subnets(0)?;
     ensure!(peers == [c.subnet6(1)?.to_string()], "{peers:?}");
-    // The lab's containers have an IPv4 side; here it is a local one twill never routes.
     for host in 0..2 {
-        let local = Ipv4Net::new(std::net::Ipv4Addr::new(172, 31, host as u8, 0), 24)?;
         let subnet6 = c.subnet6(host)?;
-        c.lab
-            .host_mut(host)
-            .add_dual_stack_container(local, subnet6)?;
+        add_ipv6_container(c.lab.host_mut(host), host, subnet6)?;
     }
-    let (a, b) = (c.container(0), c.container(1));
+    ipv6_flows_both_ways(c.container(0), c.container(1))?;
+    a_lease_with_an_ipv4_subnet_is_refused(&c)
+}
+
+/// A container in `subnet6`. The lab's containers have an IPv4 side; here it is a local one
+/// that twill never routes.
+fn add_ipv6_container(host: &mut twill_lab::Host, n: usize, subnet6: Ipv6Net) -> Result<()> {
+    let local = Ipv4Net::new(std::net::Ipv4Addr::new(172, 31, n as u8, 0), 24)?;
+    host.add_dual_stack_container(local, subnet6)?;
+    Ok(())
+}
+
+/// Ping6 both ways, then 8 MiB each way over TCP, checked by sha256.
+fn ipv6_flows_both_ways(a: &twill_lab::Container, b: &twill_lab::Container) -> Result<()> {
     for (from, to) in [(a, b), (b, a)] {
         let out = ping(from, to.ipv6.context("IPv6 container")?, 2)?;
         ensure!(out.contains("2 received"), "IPv6: {out}");
     }
     tcp_transfer6_intact(a, b, 8 << 20)?;
-    tcp_transfer6_intact(b, a, 8 << 20)?;
-    a_lease_with_an_ipv4_subnet_is_refused(&c)
+    tcp_transfer6_intact(b, a, 8 << 20)
 }
 
 /// subnet.env has FLANNEL_IPV6_* and no IPv4 line, as flanneld writes it with EnableIPv4 false.
@@ -139,5 +149,68 @@ fn an_ipv6_only_network_on_udp_is_refused_in_one_line() -> Result<()> {
     let want = "EnableIPv4 is false: the IPv6-only network fd10::/56 is valid, but twill runs an \
                 IPv6-only network on vxlan and host-gw only, not on udp";
     ensure!(line.contains(want), "{line}");
+    Ok(())
+}
+
+/// `--kube-subnet-mgr` on an IPv6-only network, where flannel's IPv6-only clusters run: Nodes
+/// with only an IPv6 podCIDR, flanneld's annotations (vxlan: no public-ip, no backend-data),
+/// and IPv6 traffic both ways, on vxlan and then host-gw.
+#[test]
+fn kube_subnet_mgr_runs_an_ipv6_only_network_on_vxlan_and_host_gw() -> Result<()> {
+    let mut c = dual_stack_kube_cluster("kube-v6o", 2, &kube_config("vxlan"))?;
+    for host in 0..2 {
+        let cidr6 = KubeCluster::pod_cidr6(host).to_string();
+        let name = KubeCluster::node_name(host);
+        c.api
+            .create_node_with_cidrs(&name, &[cidr6.as_str()], &[])?;
+        add_ipv6_container(c.lab.host_mut(host), host, KubeCluster::pod_cidr6(host))?;
+    }
+    for backend in ["vxlan", "host-gw"] {
+        c.set_net_conf(&kube_config(backend))?;
+        let nodes = [c.start(0, &[])?, c.start(1, &[])?];
+        c.wait_peers(0, &[KubeCluster::pod_cidr6(1)])?;
+        c.wait_peers(1, &[KubeCluster::pod_cidr6(0)])?;
+        for host in 0..2 {
+            kube_annotations_are_flanneld_s(&c, host, backend)?;
+        }
+        ipv6_flows_both_ways(c.container(0), c.container(1)).context(backend)?;
+        drop(nodes);
+        for host in 0..2 {
+            let peer6 = KubeCluster::pod_cidr6(1 - host);
+            c.lab.host(host).ns.sh(&format!(
+                "ip link del flannel-v6.1 2>/dev/null; ip -6 route flush {peer6}; true"
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+fn kube_config(backend: &str) -> String {
+    format!(
+        r#"{{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"{IPV6_NETWORK}","Backend":{{"Type":"{backend}"}}}}"#
+    )
+}
+
+/// What flanneld's kube.go writes on an IPv6-only node: vxlan leaves public-ip and
+/// backend-data out; host-gw writes them as 0.0.0.0 and null.
+fn kube_annotations_are_flanneld_s(c: &KubeCluster, host: usize, backend: &str) -> Result<()> {
+    let node = c.api.node(&KubeCluster::node_name(host))?;
+    let annotations = node.metadata.annotations.unwrap_or_default();
+    let get = |name: &str| {
+        let key = format!("{}/{name}", common::kube::PREFIX);
+        annotations.get(&key).cloned()
+    };
+    ensure!(
+        get("backend-type").as_deref() == Some(backend),
+        "{annotations:?}"
+    );
+    let public_ipv6 = format!("fd00:200::{}", host + 1);
+    ensure!(get("public-ipv6") == Some(public_ipv6), "{annotations:?}");
+    let ipv4_side = (get("public-ip"), get("backend-data"));
+    let want = match backend {
+        "vxlan" => (None, None),
+        _ => (Some("0.0.0.0".to_string()), Some("null".to_string())),
+    };
+    ensure!(ipv4_side == want, "{backend}: {annotations:?}");
     Ok(())
 }

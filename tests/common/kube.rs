@@ -185,7 +185,7 @@ impl KubeCluster {
     }
 
     /// Waits until `host` has exactly `want` as its peers' subnets.
-    pub fn wait_peers(&self, host: usize, want: &[Ipv4Net]) -> Result<()> {
+    pub fn wait_peers<T: ToString>(&self, host: usize, want: &[T]) -> Result<()> {
         let mut want: Vec<String> = want.iter().map(ToString::to_string).collect();
         want.sort();
         eventually_within(

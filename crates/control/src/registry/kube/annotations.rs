@@ -9,6 +9,7 @@
 
 use super::node_cidrs::NodeCidrs;
 use super::node_view::NodeView;
+use crate::config::Config;
 use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
 use anyhow::bail;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -64,17 +65,15 @@ impl Annotations {
         })
     }
 
-    /// Reads a Node as a lease; on a `dual_stack` network as a dual-stack one.
-    pub fn node_lease(&self, node: &NodeView, dual_stack: bool) -> NodeLease {
+    /// Reads a Node as a lease of the network's `stack`.
+    pub fn node_lease(&self, node: &NodeView, stack: Stack) -> NodeLease {
         if node.annotation(&self.subnet_kube_managed) != Some("true") {
             return NodeLease::NotFlannel;
         }
-        let read = NodeCidrs::of(node).and_then(|cidrs| {
-            let lease = self.read_lease(node, cidrs)?;
-            match dual_stack {
-                true => self.read_ipv6_side(node, cidrs, lease),
-                false => Ok(lease),
-            }
+        let read = NodeCidrs::of(node).and_then(|cidrs| match stack {
+            Stack::Ipv4 => self.read_lease(node, cidrs),
+            Stack::Dual => self.read_ipv6_side(node, cidrs, self.read_lease(node, cidrs)?, stack),
+            Stack::Ipv6 => self.read_ipv6_side(node, cidrs, self.ipv6_only_base(node), stack),
         });
         match read {
             Ok(lease) => NodeLease::Lease(lease.with_created(created(node))),
@@ -107,22 +106,33 @@ impl Annotations {
         Ok(Lease::new(subnet, attrs))
     }
 
-    /// A dual-stack network's IPv6 side of `lease`. flanneld's `nodeToLease` requires the
-    /// IPv6 podCIDR and a `public-ipv6` on a dual-stack node and ignores a Node without them,
+    /// An IPv6-only network's lease before its IPv6 side: flanneld's `nodeToLease` reads no
+    /// IPv4 podCIDR, `public-ip` or `backend-data` there.
+    fn ipv6_only_base(&self, node: &NodeView) -> Lease {
+        let backend_type = node
+            .annotation(&self.backend_type)
+            .filter(|t| !t.is_empty());
+        let attrs = LeaseAttrs::typed(Ipv4Addr::UNSPECIFIED, backend_type, None);
+        Lease::new(ipnet::Ipv4Net::default(), attrs)
+    }
+
+    /// The IPv6 side of `lease`, on a dual-stack or IPv6-only network. flanneld's `nodeToLease`
+    /// requires the IPv6 podCIDR and a `public-ipv6` there and ignores a Node without them,
     /// so twill does not take such a Node for an IPv4-only peer either.
     fn read_ipv6_side(
         &self,
         node: &NodeView,
         cidrs: NodeCidrs,
         lease: Lease,
+        stack: Stack,
     ) -> anyhow::Result<Lease> {
         let Some(subnet) = cidrs.v6 else {
-            bail!("it has no IPv6 podCIDR, and the network is dual-stack");
+            bail!("it has no IPv6 podCIDR, and the network is {stack}");
         };
         let ip_text = node.annotation(&self.public_ipv6).unwrap_or_default();
         let Ok(public_ipv6) = ip_text.parse::<Ipv6Addr>() else {
             bail!(
-                "annotation {} {ip_text:?} is not an IPv6 address, and the network is dual-stack",
+                "annotation {} {ip_text:?} is not an IPv6 address, and the network is {stack}",
                 self.public_ipv6
             );
         };
@@ -132,6 +142,34 @@ impl Annotations {
             ..lease
         };
         Ok(lease.with_ipv6_subnet(subnet))
+    }
+}
+
+/// The address families of a network, which say what a Node's lease has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stack {
+    Ipv4,
+    Dual,
+    Ipv6,
+}
+
+impl Stack {
+    pub fn of(config: &Config) -> Stack {
+        match (&config.ipv4, &config.ipv6) {
+            (_, None) => Stack::Ipv4,
+            (Some(_), Some(_)) => Stack::Dual,
+            (None, Some(_)) => Stack::Ipv6,
+        }
+    }
+}
+
+impl std::fmt::Display for Stack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stack::Ipv4 => "IPv4-only",
+            Stack::Dual => "dual-stack",
+            Stack::Ipv6 => "IPv6-only",
+        })
     }
 }
 
@@ -221,9 +259,14 @@ pub(super) mod tests {
     const DUAL: [&str; 2] = ["10.244.3.0/24", "fd10:0:0:3::/64"];
 
     fn read(n: &NodeView, dual_stack: bool) -> NodeLease {
+        let stack = if dual_stack { Stack::Dual } else { Stack::Ipv4 };
+        read_as(n, stack)
+    }
+
+    fn read_as(n: &NodeView, stack: Stack) -> NodeLease {
         Annotations::new(DEFAULT_PREFIX)
             .unwrap()
-            .node_lease(n, dual_stack)
+            .node_lease(n, stack)
     }
 
     fn lease(read: NodeLease) -> Lease {
@@ -296,6 +339,29 @@ pub(super) mod tests {
         let got = lease(read(&n, true));
         assert_eq!(got.backend_v6_data, None);
         assert!(got.ipv6_side().is_some());
+    }
+
+    /// flanneld's IPv6-only vxlan Node has no public-ip or backend-data; its lease is the
+    /// IPv6 podCIDR, named by it, with PublicIP 0.0.0.0, whatever IPv4 podCIDR the Node has.
+    #[test]
+    fn an_ipv6_only_flannel_node_is_an_ipv6_only_lease() {
+        let n = node(&DUAL, &[MANAGED, VXLAN, IPV6, V6_DATA]);
+        let got = lease(read_as(&n, Stack::Ipv6));
+        let subnet6 = "fd10:0:0:3::/64".parse().unwrap();
+        assert_eq!(got.id(), crate::lease::SubnetId::V6(subnet6));
+        assert_eq!(got.ipv4_subnet(), None);
+        assert_eq!(got.public_ip, Ipv4Addr::UNSPECIFIED);
+        assert_eq!(
+            (got.backend_data.as_ref(), got.public_ipv6),
+            (None, Some("fd00:200::3".parse().unwrap()))
+        );
+        let mac = got.backend_v6_data.as_ref().and_then(|d| d.get("VtepMAC"));
+        assert_eq!(mac, Some("aa:bb:cc:dd:ee:66".into()));
+        let no_ipv6 = node(&["10.244.3.0/24"], &[MANAGED, VXLAN, IPV6, V6_DATA]);
+        let NodeLease::Unreadable(why) = read_as(&no_ipv6, Stack::Ipv6) else {
+            panic!("a Node without an IPv6 podCIDR is no IPv6-only lease");
+        };
+        assert_eq!(why, "it has no IPv6 podCIDR, and the network is IPv6-only");
     }
 
     #[test]
@@ -452,7 +518,7 @@ pub(super) mod tests {
             kind in ".{0,12}",
             data in ".{0,64}",
             v6_data in ".{0,64}",
-            dual_stack: bool,
+            stack in proptest::sample::select(vec![Stack::Ipv4, Stack::Dual, Stack::Ipv6]),
         ) {
             let mut n = node(&[], &[
                 MANAGED,
@@ -463,7 +529,7 @@ pub(super) mod tests {
                 ("flannel.alpha.coreos.com/backend-v6-data", &v6_data),
             ]);
             n.spec = Some(PodCidrs { pod_cidr: cidr, pod_cidrs: Some(cidrs) });
-            let read = read(&n, dual_stack);
+            let read = read_as(&n, stack);
             proptest::prop_assert!(!matches!(read, NodeLease::NotFlannel));
         }
     }

@@ -3,7 +3,7 @@
 //! sends. A re-list is a [`LeaseEvent::Snapshot`], so nothing missed while the watch was
 //! broken stays missed.
 
-use super::annotations::NodeLease;
+use super::annotations::{NodeLease, Stack};
 use super::client::{chain, Failure};
 use super::node_view::NodeView;
 use super::own_node::{OwnChange, OwnNode};
@@ -208,7 +208,7 @@ impl Follower {
             return Ok(());
         }
         match (old, new) {
-            (Some(Peer::Lease(old)), Some(Peer::Lease(new))) if old.subnet == new.subnet => {
+            (Some(Peer::Lease(old)), Some(Peer::Lease(new))) if old.id() == new.id() => {
                 self.names.set(new.id(), &name);
                 self.send(LeaseEvent::Added(new)).await
             }
@@ -225,7 +225,7 @@ impl Follower {
             tracing::warn!(
                 "this node's Node object {name} was deleted; twill keeps forwarding with its \
                  lease {} (restart twill once the Node is back)",
-                self.lease.subnet
+                self.lease.id()
             );
             return Ok(());
         }
@@ -280,8 +280,11 @@ impl Follower {
     }
 
     fn peer(&self, node: &NodeView) -> Option<Peer> {
-        let dual_stack = self.own.config.ipv6.is_some();
-        match self.own.annotations.node_lease(node, dual_stack) {
+        match self
+            .own
+            .annotations
+            .node_lease(node, Stack::of(&self.own.config))
+        {
             NodeLease::NotFlannel => None,
             NodeLease::Lease(lease) => Some(Peer::Lease(lease)),
             NodeLease::Unreadable(why) => Some(Peer::Unreadable(why)),

@@ -55,7 +55,8 @@ impl OwnNode {
         }
         let wanted = self.annotations.own(&self.attrs, &node);
         self.annotate(Annotations::missing(wanted, &node)).await?;
-        let lease = Lease::new(subnet, self.attrs.clone());
+        // An IPv6-only lease's IPv4 subnet is flanneld's empty one.
+        let lease = Lease::new(subnet.unwrap_or_default(), self.attrs.clone());
         Ok(match subnet6 {
             Some(subnet6) => lease.with_ipv6_subnet(subnet6),
             None => lease,
@@ -144,12 +145,13 @@ impl OwnNode {
             Ok(cidrs) => cidrs,
             Err(e) => return Some(format!("Node {}: {e:#}", self.name)),
         };
-        if cidrs.v4 != Some(lease.subnet) {
+        let v4 = cidrs.v4.filter(|_| self.config.ipv4.is_some());
+        if v4 != lease.ipv4_subnet() {
             return Some(format!(
                 "Node {}'s podCIDR changed from {} to {}",
                 self.name,
-                lease.subnet,
-                shown(cidrs.v4)
+                shown(lease.ipv4_subnet()),
+                shown(v4)
             ));
         }
         let v6 = cidrs.v6.filter(|_| self.config.ipv6.is_some());
@@ -167,22 +169,21 @@ impl OwnNode {
 /// Our lease's subnets from our Node's podCIDRs: the IPv4 one, which must lie in `Network`,
 /// and on a dual-stack network the IPv6 one, if the Node has it, which must lie in
 /// `IPv6Network` (flanneld's `AcquireLease` checks both). Its prefix length must also be
-/// `IPv6SubnetLen`: twill's lease gate takes every peer's IPv6 subnet to be that long.
+/// `IPv6SubnetLen`: twill's lease gate takes every peer's IPv6 subnet to be that long. On an
+/// IPv6-only network the IPv6 one alone, which the Node must have.
 fn own_subnets(
     config: &Config,
     name: &str,
     cidrs: NodeCidrs,
-) -> anyhow::Result<(Ipv4Net, Option<Ipv6Net>)> {
-    let network = config.need_ipv4("twill's --kube-subnet-mgr")?.network;
-    let Some(subnet) = cidrs.v4 else {
-        bail!(
-            "Node {name}'s podCIDRs have no IPv4 CIDR (only {}): twill's lease needs one",
-            shown(cidrs.v6)
-        );
+) -> anyhow::Result<(Option<Ipv4Net>, Option<Ipv6Net>)> {
+    let subnet = match &config.ipv4 {
+        Some(v4) => Some(own_ipv4_subnet(v4.network, name, cidrs)?),
+        None if cidrs.v6.is_none() => bail!(
+            "Node {name}'s podCIDRs have no IPv6 CIDR (only {}), and the network is IPv6-only",
+            shown(cidrs.v4)
+        ),
+        None => None,
     };
-    if !network.contains(&subnet) {
-        bail!("the network {network} in net-conf.json does not contain Node {name}'s podCIDR {subnet}");
-    }
     let (Some(v6), Some(subnet6)) = (&config.ipv6, cidrs.v6) else {
         return Ok((subnet, None));
     };
@@ -206,6 +207,20 @@ fn own_subnets(
     Ok((subnet, Some(subnet6)))
 }
 
+/// The IPv4 podCIDR, which must lie in `network`.
+fn own_ipv4_subnet(network: Ipv4Net, name: &str, cidrs: NodeCidrs) -> anyhow::Result<Ipv4Net> {
+    let Some(subnet) = cidrs.v4 else {
+        bail!(
+            "Node {name}'s podCIDRs have no IPv4 CIDR (only {}): twill's lease needs one",
+            shown(cidrs.v6)
+        );
+    };
+    if !network.contains(&subnet) {
+        bail!("the network {network} in net-conf.json does not contain Node {name}'s podCIDR {subnet}");
+    }
+    Ok(subnet)
+}
+
 fn shown(cidr: Option<impl Display>) -> String {
     cidr.map_or("none".to_string(), |c| c.to_string())
 }
@@ -217,7 +232,7 @@ mod tests {
     const DUAL: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56"}"#;
     const V4: &str = r#"{"Network":"10.5.0.0/16"}"#;
 
-    fn subnets(config: &str, cidrs: &[&str]) -> anyhow::Result<(Ipv4Net, Option<Ipv6Net>)> {
+    fn subnets(config: &str, cidrs: &[&str]) -> anyhow::Result<(Option<Ipv4Net>, Option<Ipv6Net>)> {
         let config = Config::from_json(config).unwrap();
         let cidrs = NodeCidrs {
             v4: cidrs
@@ -241,14 +256,14 @@ mod tests {
     #[test]
     fn a_dual_stack_node_leases_both_podcidrs() {
         let (v4, v6) = subnets(DUAL, &["10.5.1.0/24", "fd10:0:0:1::/64"]).unwrap();
-        assert_eq!(v4, "10.5.1.0/24".parse().unwrap());
+        assert_eq!(v4, Some("10.5.1.0/24".parse().unwrap()));
         assert_eq!(v6, Some("fd10:0:0:1::/64".parse().unwrap()));
     }
 
     #[test]
     fn without_an_ipv6_podcidr_or_ipv6_config_the_lease_is_ipv4_only() {
         let v4 = subnets(DUAL, &["10.5.1.0/24"]).unwrap();
-        assert_eq!(v4, ("10.5.1.0/24".parse().unwrap(), None));
+        assert_eq!(v4, (Some("10.5.1.0/24".parse().unwrap()), None));
         // flanneld on an IPv4-only network ignores the Node's IPv6 podCIDR.
         let ignored = subnets(V4, &["10.5.1.0/24", "fd99::/64"]).unwrap();
         assert_eq!(ignored, v4);
@@ -286,6 +301,24 @@ mod tests {
         let e = err(DUAL, &["fd10:0:0:1::/64"]);
         assert!(
             e.contains("Node node-0's podCIDRs have no IPv4 CIDR (only fd10:0:0:1::/64)"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_ipv6_only_node_leases_its_ipv6_podcidr_alone() {
+        let only = r#"{"EnableIPv4":false,"EnableIPv6":true,"IPv6Network":"fd10::/56"}"#;
+        let (v4, v6) = subnets(only, &["10.5.1.0/24", "fd10:0:0:1::/64"]).unwrap();
+        assert_eq!((v4, v6), (None, Some("fd10:0:0:1::/64".parse().unwrap())));
+        let e = err(only, &["10.5.1.0/24"]);
+        assert_eq!(
+            e,
+            "Node node-0's podCIDRs have no IPv6 CIDR (only 10.5.1.0/24), and the network is \
+             IPv6-only"
+        );
+        let e = err(only, &["fd99:0:0:1::/64"]);
+        assert!(
+            e.contains("does not contain Node node-0's IPv6 podCIDR"),
             "{e}"
         );
     }

@@ -25,13 +25,18 @@ impl Annotations {
                 self.backend_type.clone(),
                 attrs.backend_type.as_deref().unwrap_or("").into(),
             ),
-            (self.backend_data.clone(), json(attrs.backend_data.as_ref())),
-            (
-                self.public_ip.clone(),
-                public_ip.unwrap_or(attrs.public_ip.to_string()),
-            ),
             (self.subnet_kube_managed.clone(), "true".into()),
         ]);
+        // flanneld (kube.go) writes no backend-data nor public-ip for a vxlan node without
+        // IPv4 backend data: an IPv6-only one.
+        let vxlan = attrs.backend_type.as_deref() == Some(backend_type::VXLAN);
+        if !vxlan || attrs.backend_data.is_some() {
+            own.insert(self.backend_data.clone(), json(attrs.backend_data.as_ref()));
+            own.insert(
+                self.public_ip.clone(),
+                public_ip.unwrap_or(attrs.public_ip.to_string()),
+            );
+        }
         if let Some((ip, data)) = ipv6_side(attrs) {
             let public_ipv6 = overwritten(&self.public_ipv6_overwrite);
             own.insert(self.backend_v6_data.clone(), data);
@@ -107,6 +112,29 @@ mod tests {
         assert_eq!(own[&format!("{KEY}backend-data")], "null");
         assert_eq!(own[&format!("{KEY}public-ip")], "10.200.0.1");
         assert_eq!(own[&format!("{KEY}kube-subnet-manager")], "true");
+    }
+
+    #[test]
+    fn an_ipv6_only_vxlan_node_publishes_its_ipv6_side_alone_as_flanneld() {
+        let v6_data = serde_json::json!({"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:66"});
+        let attrs = LeaseAttrs::typed(std::net::Ipv4Addr::UNSPECIFIED, Some("vxlan"), None)
+            .with_ipv6("fd00:200::1".parse().unwrap(), Some(v6_data.into()));
+        let published = own(&attrs, &[]);
+        assert_eq!(
+            names(&published),
+            [
+                "backend-type",
+                "backend-v6-data",
+                "kube-subnet-manager",
+                "public-ipv6"
+            ]
+        );
+        // host-gw writes its IPv4 keys as flanneld does: null data, PublicIP 0.0.0.0.
+        let host_gw = LeaseAttrs::host_gw(std::net::Ipv4Addr::UNSPECIFIED)
+            .with_ipv6("fd00:200::1".parse().unwrap(), None);
+        let published = own(&host_gw, &[]);
+        assert_eq!(published[&format!("{KEY}public-ip")], "0.0.0.0");
+        assert_eq!(published[&format!("{KEY}backend-data")], "null");
     }
 
     #[test]
