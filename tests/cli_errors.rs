@@ -211,6 +211,19 @@ fn no_underlay_without_iface_or_default_route_is_named() -> Result<()> {
     Ok(())
 }
 
+/// An IPv4 network on an interface without an IPv4 address is named at start; only an
+/// IPv6-only network runs there.
+#[test]
+fn an_interface_without_ipv4_is_named_on_an_ipv4_network() -> Result<()> {
+    let lab = lab("cli-noip4")?;
+    lab.host(0).ns.ip(&["-4", "addr", "flush", "dev", "eth0"])?;
+    assert_fails_with(
+        &lab,
+        &["--iface", "eth0", "--subnet", "10.5.1.0/24"],
+        "interface eth0 has no IPv4 address",
+    )
+}
+
 /// Extra flags, environment, and the words expected on stderr.
 type KubeCase<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 

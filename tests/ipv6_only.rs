@@ -141,6 +141,57 @@ fn host_gw_carries_an_ipv6_only_network() -> Result<()> {
     two_ipv6_only_nodes("v6ohgw", "host-gw")
 }
 
+/// An IPv6-only network on hosts whose underlay has no IPv4 at all: etcd is reached over a
+/// control link of its own, eth0 carries IPv6 alone, and twill still finds its interface,
+/// writes PublicIP 0.0.0.0 and carries the traffic, on vxlan and host-gw.
+#[test]
+fn an_ipv6_only_network_runs_on_an_underlay_without_ipv4() -> Result<()> {
+    for (tag, backend) in [("v6uvx", "vxlan"), ("v6uhgw", "host-gw")] {
+        let mut c = ipv6_underlay_cluster(tag, &config(backend))?;
+        let _nodes = [c.start(0)?, c.start(1)?];
+        eventually("peers known", || {
+            Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
+        })?;
+        for host in 0..2 {
+            lease_has_flanneld_shape(&c, host, backend)?;
+            let subnet6 = c.subnet6(host)?;
+            add_ipv6_container(c.lab.host_mut(host), host, subnet6)?;
+        }
+        ipv6_flows_both_ways(c.container(0), c.container(1)).context(backend)?;
+    }
+    Ok(())
+}
+
+/// Two hosts whose eth0 has IPv6 only, with etcd on host 0 reached over a separate IPv4
+/// control link, `ctl0` (10.250.0.1 and .2), which twill does not use.
+fn ipv6_underlay_cluster(tag: &str, config: &str) -> Result<Cluster> {
+    twill_lab::require_root()?;
+    let spec = twill_lab::LabSpec {
+        hosts: 2,
+        tag: tag.into(),
+        ..Default::default()
+    };
+    let lab = twill_lab::Lab::new(spec)?.with_ipv6_underlay()?;
+    let (ns0, ns1) = (&lab.host(0).ns, &lab.host(1).ns);
+    let made = std::process::Command::new("ip")
+        .args(["link", "add", "ctl0", "netns", ns0.name(), "type", "veth"])
+        .args(["peer", "name", "ctl0", "netns", ns1.name()])
+        .status()?;
+    ensure!(made.success(), "cannot make the control link");
+    for (ns, ip) in [(ns0, "10.250.0.1/30"), (ns1, "10.250.0.2/30")] {
+        ns.ip(&["addr", "add", ip, "dev", "ctl0"])?;
+        ns.ip(&["link", "set", "ctl0", "up"])?;
+        ns.ip(&["-4", "addr", "flush", "dev", "eth0"])?;
+    }
+    let etcd = twill_lab::Etcd::listening(Some(ns0), "10.250.0.1".parse()?)?;
+    etcd.etcdctl(&["put", &format!("{PREFIX}/config"), config])?;
+    Ok(Cluster {
+        lab,
+        etcd,
+        dir: scratch()?,
+    })
+}
+
 /// The userspace backends and wireguard carry no IPv6-only network yet: one line, at start.
 #[test]
 fn an_ipv6_only_network_on_udp_is_refused_in_one_line() -> Result<()> {

@@ -13,27 +13,34 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interface {
     pub name: String,
-    pub address: Ipv4Addr,
+    /// `None` on an IPv6-only host, which can run an IPv6-only network.
+    pub address: Option<Ipv4Addr>,
     pub mtu: u32,
 }
 
-/// The interface called `name`, with its first IPv4 address.
+impl Interface {
+    /// The IPv4 address, for what needs one: every network but an IPv6-only one.
+    pub fn ipv4(&self) -> anyhow::Result<Ipv4Addr> {
+        let name = &self.name;
+        self.address
+            .with_context(|| format!("interface {name} has no IPv4 address"))
+    }
+}
+
+/// The interface called `name`, with its first IPv4 address if it has one.
 pub fn interface(name: &str) -> anyhow::Result<Interface> {
+    if nix::net::if_::if_nametoindex(name).is_err() {
+        bail!("interface {name} does not exist");
+    }
     let address = ipv4_addresses()?
         .into_iter()
         .find(|(n, _)| n == name)
         .map(|(_, a)| a);
-    match address {
-        Some(address) => Ok(Interface {
-            name: name.to_string(),
-            address,
-            mtu: mtu(name)?,
-        }),
-        None if nix::net::if_::if_nametoindex(name).is_ok() => {
-            bail!("interface {name} has no IPv4 address")
-        }
-        None => bail!("interface {name} does not exist"),
-    }
+    Ok(Interface {
+        name: name.to_string(),
+        address,
+        mtu: mtu(name)?,
+    })
 }
 
 /// The interface that holds `ip`, for `--public-ip` without `--iface`.
@@ -45,20 +52,48 @@ pub fn interface_with_address(ip: Ipv4Addr) -> anyhow::Result<Interface> {
     Ok(Interface {
         mtu: mtu(&name)?,
         name,
-        address: ip,
+        address: Some(ip),
     })
 }
 
 /// The interface of the IPv4 default route, as flanneld picks one when given neither
-/// `--iface` nor `--public-ip` (a DaemonSet's usual arguments).
-pub fn default_route_interface() -> anyhow::Result<Interface> {
-    let table =
-        std::fs::read_to_string("/proc/net/route").context("cannot read /proc/net/route")?;
-    let name = default_route_in(&table).context(
-        "this host has no IPv4 default route, so twill cannot tell which interface is the \
-         underlay: give --iface or --public-ip",
-    )?;
+/// `--iface` nor `--public-ip` (a DaemonSet's usual arguments); on an IPv6-only network that
+/// of the IPv6 default route, as flanneld's IPv6 stack does.
+pub fn default_route_interface(ipv6_only: bool) -> anyhow::Result<Interface> {
+    let (path, pick): (&str, fn(&str) -> Option<String>) = match ipv6_only {
+        false => ("/proc/net/route", default_route_in),
+        // This thread's namespace, as for if_inet6 below.
+        true => ("/proc/thread-self/net/ipv6_route", ipv6_default_route_in),
+    };
+    let table = std::fs::read_to_string(path).with_context(|| format!("cannot read {path}"))?;
+    let family = if ipv6_only { "IPv6" } else { "IPv4" };
+    let name = pick(&table).with_context(|| {
+        format!(
+            "this host has no {family} default route, so twill cannot tell which interface is \
+             the underlay: give --iface or --public-ip"
+        )
+    })?;
     interface(&name)
+}
+
+/// The interface of the lowest-metric IPv6 default route in a `/proc/net/ipv6_route` table:
+/// per line destination and its prefix length, source and its prefix length, next hop,
+/// metric, reference count, use count and flags (hex), and the device. The kernel's own
+/// unreachable default on `lo` (RTF_REJECT) is no underlay.
+fn ipv6_default_route_in(table: &str) -> Option<String> {
+    const RTF_REJECT: u32 = 0x0200;
+    table
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let default = f.first()?.bytes().all(|b| b == b'0') && *f.get(1)? == "00";
+            let metric = u32::from_str_radix(f.get(5)?, 16).ok()?;
+            let flags = u32::from_str_radix(f.get(8)?, 16).ok()?;
+            let dev = f.get(9)?;
+            (default && flags & RTF_REJECT == 0 && *dev != "lo").then(|| (metric, dev.to_string()))
+        })
+        .min()
+        .map(|(_, name)| name)
 }
 
 /// The interface of the lowest-metric default route in a `/proc/net/route` table.
@@ -218,6 +253,31 @@ mod tests {
         let none = "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\n\
             eth0\t0000C80A\t00000000\t0001\t0\t0\t0\t00FFFFFF\n";
         assert_eq!(default_route_in(none), None);
+    }
+
+    /// Lines as the kernel writes them; the last default is the kernel's unreachable one on lo.
+    #[test]
+    fn the_ipv6_default_route_with_the_lowest_metric_names_the_underlay_of_an_ipv6_only_network() {
+        let zero = "00000000000000000000000000000000";
+        let line = |dest: &str, len: &str, metric: &str, flags: &str, dev: &str| {
+            format!("{dest} {len} {zero} 00 fd000000000000000000000000000001 {metric} 00000001 00000000 {flags} {dev}\n")
+        };
+        let table = [
+            line(
+                "fd000000000000000000000000000000",
+                "40",
+                "00000100",
+                "00000001",
+                "eth0",
+            ),
+            line(zero, "00", "00000400", "00000003", "eth1"),
+            line(zero, "00", "00000200", "00000003", "eth0"),
+            line(zero, "00", "ffffffff", "00200200", "lo"),
+        ]
+        .concat();
+        assert_eq!(ipv6_default_route_in(&table).as_deref(), Some("eth0"));
+        let unreachable_only = line(zero, "00", "ffffffff", "00200200", "lo");
+        assert_eq!(ipv6_default_route_in(&unreachable_only), None);
     }
 
     /// Lines as the kernel writes them: address, index, prefix length, scope, flags, name.

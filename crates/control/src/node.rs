@@ -72,9 +72,9 @@ impl Node {
         let iface = match (&options.iface, options.public_ip) {
             (Some(name), _) => host::interface(name)?,
             (None, Some(ip)) => host::interface_with_address(ip)?,
-            (None, None) => host::default_route_interface()?,
+            (None, None) => host::default_route_interface(config.ipv4.is_none())?,
         };
-        let public_ip = public_ip(&options, &config, &iface);
+        let public_ip = public_ip(&options, &config, &iface)?;
         let public_ipv6 = public_ipv6(&options, &config, &iface)?;
         Ok(Node {
             status: Arc::new(NodeStatus::new(options.metrics_per_peer)),
@@ -89,16 +89,20 @@ impl Node {
 
 /// The PublicIP of our lease: `--public-ip`, else the interface's address; on an IPv6-only
 /// network 0.0.0.0, as flanneld writes it there.
-fn public_ip(options: &NodeOptions, config: &Config, iface: &Interface) -> Ipv4Addr {
+fn public_ip(
+    options: &NodeOptions,
+    config: &Config,
+    iface: &Interface,
+) -> anyhow::Result<Ipv4Addr> {
     if config.ipv4.is_some() {
-        return options.public_ip.unwrap_or(iface.address);
+        return options.public_ip.map_or_else(|| iface.ipv4(), Ok);
     }
     if let Some(ip) = options.public_ip {
         tracing::warn!(
             "--public-ip {ip} is ignored: the network config is IPv6-only (EnableIPv4 false)"
         );
     }
-    Ipv4Addr::UNSPECIFIED
+    Ok(Ipv4Addr::UNSPECIFIED)
 }
 
 /// A dual-stack node's PublicIPv6: `--public-ipv6`, else the interface's IPv6 address, as

@@ -32,7 +32,7 @@ pub struct IpipDevice {
 impl IpipDevice {
     pub async fn ensure(config: &KernelConfig) -> anyhow::Result<IpipDevice> {
         let (nl, uplink) = connect(&config.iface).await?;
-        let want = wanted(&uplink);
+        let want = wanted(&uplink)?;
         let mtu = uplink.mtu.checked_sub(ENCAP_OVERHEAD).filter(|&m| m > 0);
         let mtu = mtu.with_context(|| {
             format!(
@@ -86,11 +86,14 @@ impl PeerPlan for IpipPlan {
 }
 
 /// `local <iface ip>` and no remote: one device serves every peer, the route picks the far end.
-fn wanted(uplink: &Uplink) -> IpipParams {
-    IpipParams {
-        local: Some(uplink.addr.addr()),
+fn wanted(uplink: &Uplink) -> anyhow::Result<IpipParams> {
+    let addr = uplink
+        .addr
+        .context("the interface has no IPv4 address for ipip")?;
+    Ok(IpipParams {
+        local: Some(addr.addr()),
         remote: None,
-    }
+    })
 }
 
 async fn ensure_link(nl: &Netlink, want: &IpipParams, mtu: u32) -> anyhow::Result<Link> {
@@ -148,7 +151,7 @@ mod tests {
 
     #[test]
     fn device_message_is_flannels_ipip_tunnel() {
-        let link = parse_link(ipip_link_message(DEVICE, &wanted(&uplink()), 1480));
+        let link = parse_link(ipip_link_message(DEVICE, &wanted(&uplink()).unwrap(), 1480));
         assert_eq!((link.name.as_str(), link.mtu), ("flannel.ipip", 1480));
         let params = IpipParams {
             local: Some(Ipv4Addr::new(10, 200, 0, 1)),

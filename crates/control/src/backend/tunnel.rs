@@ -146,7 +146,10 @@ impl TunnelRoutes {
     }
 
     pub fn direct(&self, lease: &Lease) -> Option<Route> {
-        let same_segment = self.uplink.addr.contains(&lease.public_ip);
+        let same_segment = self
+            .uplink
+            .addr
+            .is_some_and(|a| a.contains(&lease.public_ip));
         (self.direct_routing && same_segment).then(|| self.uplink.route_via(lease))
     }
 

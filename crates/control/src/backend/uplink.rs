@@ -13,8 +13,8 @@ use crate::lease::Lease;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Uplink {
     pub index: u32,
-    /// First IPv4 address with its prefix, as flanneld picks it.
-    pub addr: Ipv4Net,
+    /// First IPv4 address with its prefix, as flanneld picks it; `None` on an IPv6-only host.
+    pub addr: Option<Ipv4Net>,
     /// First IPv6 address that is not link-local, if the interface has one.
     pub addr6: Option<Ipv6Net>,
     pub mtu: u32,
@@ -31,9 +31,7 @@ impl Uplink {
     pub async fn lookup(nl: &Netlink, name: &str) -> anyhow::Result<Uplink> {
         let link = nl.link_by_name(name).await?;
         let link = link.with_context(|| format!("interface {name} not found"))?;
-        let addrs = nl.ipv4_addresses(link.index).await?;
-        let addr = addrs.first().copied();
-        let addr = addr.with_context(|| format!("interface {name} has no IPv4 address"))?;
+        let addr = nl.ipv4_addresses(link.index).await?.first().copied();
         let addrs6 = nl.ipv6_addresses(link.index).await?;
         Ok(Uplink {
             index: link.index,
@@ -98,7 +96,7 @@ pub(crate) mod tests {
     pub fn uplink() -> Uplink {
         Uplink {
             index: 2,
-            addr: "10.200.0.1/24".parse().unwrap(),
+            addr: Some("10.200.0.1/24".parse().unwrap()),
             addr6: Some("fd00:200::1/64".parse().unwrap()),
             mtu: 1500,
         }

@@ -102,7 +102,7 @@ impl UserspaceSetup {
 /// usable IPv6 address leaves the PublicIPv6 (`--public-ipv6`), which must then be local.
 fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
     match underlay {
-        Underlay::Ipv4 => Ok(node.iface.address.into()),
+        Underlay::Ipv4 => Ok(node.iface.ipv4()?.into()),
         Underlay::Ipv6 => match host::ipv6_address(&node.iface.name)?.or(node.public_ipv6) {
             Some(ip) => Ok(ip.into()),
             None => bail!(
@@ -292,7 +292,7 @@ mod tests {
     fn eth0(mtu: u32) -> Interface {
         Interface {
             name: "eth0".into(),
-            address: Ipv4Addr::new(10, 200, 0, 1),
+            address: Some(Ipv4Addr::new(10, 200, 0, 1)),
             mtu,
         }
     }

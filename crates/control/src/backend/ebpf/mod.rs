@@ -68,7 +68,7 @@ impl EbpfSetup {
             attachment: Attachment {
                 device,
                 underlay: iface.name.clone(),
-                local_ip: iface.address,
+                local_ip: iface.ipv4()?,
                 port,
             },
             mtu,

@@ -46,7 +46,7 @@ impl Chosen {
                 let fix = "stop it first: Mode separate's IPv6 device is always flannel-wg-v6";
                 host::ensure_tun_unclaimed(DEVICE_V6, fix).await?;
             }
-            let config = engine_config(node, &devices, mtu);
+            let config = engine_config(node, &devices, mtu)?;
             return Ok(Chosen::Userspace(devices, Box::new(config)));
         };
         let mut kernel = vec![made];
@@ -111,11 +111,12 @@ async fn drop_ipv4(name: &str, address: Ipv4Net) -> anyhow::Result<()> {
 /// binds the interface's address, as flanneld's udp backend does; an IPv6 one every address,
 /// as the kernel's WireGuard binds, so that replies leave from the address the kernel picks
 /// for each peer.
-fn engine_config(node: &Node, devices: &[DevicePlan], mtu: u32) -> WgEngineConfig {
+fn engine_config(node: &Node, devices: &[DevicePlan], mtu: u32) -> anyhow::Result<WgEngineConfig> {
     let options = &node.options;
+    let address = node.iface.ipv4()?;
     let device = |plan: &DevicePlan| {
         let port = plan.settings.listen_port;
-        let v4 = SocketAddr::new(node.iface.address.into(), port);
+        let v4 = SocketAddr::new(address.into(), port);
         let v6 = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
         let (bind, bind6) = match (plan.underlay.ipv4(), plan.underlay.ipv6()) {
             (true, true) => (v4, Some(v6)),
@@ -137,12 +138,12 @@ fn engine_config(node: &Node, devices: &[DevicePlan], mtu: u32) -> WgEngineConfi
             bind6,
         }
     };
-    WgEngineConfig {
+    Ok(WgEngineConfig {
         main: device(&devices[0]),
         v6: devices.get(1).map(device),
         socket_buffer: options.udp_buffer,
         tunnel: devices[0].settings.tunnel.clone(),
-    }
+    })
 }
 
 /// The devices forwarding.
