@@ -7,9 +7,8 @@
 //! dual-stack network its IPv6 side is the Node's IPv6 podCIDR with the `public-ipv6` and
 //! `backend-v6-data` annotations. What this node writes on its own Node is in [`super::publish`].
 
-use super::node_cidrs::NodeCidrs;
+use super::node_cidrs::{NodeCidrs, Stack};
 use super::node_view::NodeView;
-use crate::config::Config;
 use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
 use anyhow::bail;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -142,34 +141,6 @@ impl Annotations {
             ..lease
         };
         Ok(lease.with_ipv6_subnet(subnet))
-    }
-}
-
-/// The address families of a network, which say what a Node's lease has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stack {
-    Ipv4,
-    Dual,
-    Ipv6,
-}
-
-impl Stack {
-    pub fn of(config: &Config) -> Stack {
-        match (&config.ipv4, &config.ipv6) {
-            (_, None) => Stack::Ipv4,
-            (Some(_), Some(_)) => Stack::Dual,
-            (None, Some(_)) => Stack::Ipv6,
-        }
-    }
-}
-
-impl std::fmt::Display for Stack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Stack::Ipv4 => "IPv4-only",
-            Stack::Dual => "dual-stack",
-            Stack::Ipv6 => "IPv6-only",
-        })
     }
 }
 

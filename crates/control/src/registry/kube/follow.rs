@@ -3,8 +3,9 @@
 //! sends. A re-list is a [`LeaseEvent::Snapshot`], so nothing missed while the watch was
 //! broken stays missed.
 
-use super::annotations::{NodeLease, Stack};
+use super::annotations::NodeLease;
 use super::client::{chain, Failure};
+use super::node_cidrs::Stack;
 use super::node_view::NodeView;
 use super::own_node::{OwnChange, OwnNode};
 use crate::lease::Lease;
