@@ -11,9 +11,10 @@ use tracing::{info, warn};
 use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
 use super::netlink::{ipip_link_message, IpipParams, Link, LinkKind, Netlink, Route};
 use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
-use super::uplink::{connect, Uplink};
+use super::uplink::connect;
 use super::Setup;
 use crate::lease::{Lease, LeaseAttrs};
+use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
 
 /// flanneld's name; not `tunl0`, which the ipip module creates by itself and users may rely on.
@@ -32,7 +33,7 @@ pub struct IpipDevice {
 impl IpipDevice {
     pub async fn ensure(config: &KernelConfig) -> anyhow::Result<IpipDevice> {
         let (nl, uplink) = connect(&config.iface).await?;
-        let want = wanted(&uplink)?;
+        let want = wanted(uplink.ipv4(&config.iface)?);
         let mtu = uplink.mtu.checked_sub(ENCAP_OVERHEAD).filter(|&m| m > 0);
         let mtu = mtu.with_context(|| {
             format!(
@@ -86,14 +87,11 @@ impl PeerPlan for IpipPlan {
 }
 
 /// `local <iface ip>` and no remote: one device serves every peer, the route picks the far end.
-fn wanted(uplink: &Uplink) -> anyhow::Result<IpipParams> {
-    let addr = uplink
-        .addr
-        .context("the interface has no IPv4 address for ipip")?;
-    Ok(IpipParams {
-        local: Some(addr.addr()),
+fn wanted(local: Ipv4Net) -> IpipParams {
+    IpipParams {
+        local: Some(local.addr()),
         remote: None,
-    })
+    }
 }
 
 async fn ensure_link(nl: &Netlink, want: &IpipParams, mtu: u32) -> anyhow::Result<Link> {
@@ -151,7 +149,11 @@ mod tests {
 
     #[test]
     fn device_message_is_flannels_ipip_tunnel() {
-        let link = parse_link(ipip_link_message(DEVICE, &wanted(&uplink()).unwrap(), 1480));
+        let link = parse_link(ipip_link_message(
+            DEVICE,
+            &wanted(uplink().addr.unwrap()),
+            1480,
+        ));
         assert_eq!((link.name.as_str(), link.mtu), ("flannel.ipip", 1480));
         let params = IpipParams {
             local: Some(Ipv4Addr::new(10, 200, 0, 1)),

@@ -41,6 +41,12 @@ impl Uplink {
         })
     }
 
+    /// The IPv4 address, for a tunnel device's local end; `iface` names the interface.
+    pub fn ipv4(&self, iface: &str) -> anyhow::Result<Ipv4Net> {
+        self.addr
+            .with_context(|| format!("interface {iface} has no IPv4 address"))
+    }
+
     /// `<subnet> via <PublicIP> dev <iface>`: host-gw's route, and DirectRouting's.
     pub fn route_via(&self, lease: &Lease) -> Route {
         self.route(lease.subnet.into(), lease.public_ip.into())

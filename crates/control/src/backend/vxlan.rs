@@ -92,9 +92,7 @@ impl VxlanDevice {
         let (link, mac) = match config.network {
             Some(_) => {
                 let name = format!("flannel.{}", vxlan.vni);
-                let local = uplink
-                    .addr
-                    .with_context(|| format!("interface {} has no IPv4 address", config.iface))?;
+                let local = uplink.ipv4(&config.iface)?;
                 let v4 = device(name, local.addr().into(), ENCAP_OVERHEAD);
                 let (link, mac) = v4.ensure(&nl).await?;
                 (Some(link), Some(mac))

@@ -65,6 +65,12 @@ impl PartialEq for Lease {
     }
 }
 
+/// A lease key's IPv4 part as a subnet: `None` for flanneld's empty one, `0.0.0.0/0`
+/// (`0.0.0.0-0`), which an IPv6-only lease has.
+pub fn ipv4_part(subnet: Ipv4Net) -> Option<Ipv4Net> {
+    Some(subnet).filter(|s| s.prefix_len() > 0)
+}
+
 /// What names a lease among the others: its IPv4 subnet, or, on an IPv6-only network (whose
 /// leases flanneld keys as `0.0.0.0-0&<v6>-<len>`, the same IPv4 part for every node), its IPv6
 /// subnet. Leases on one network are all of one kind, so the order is the subnets' order.
@@ -259,7 +265,7 @@ impl Lease {
 
     /// The lease's IPv4 subnet; `None` for an IPv6-only lease, whose key says `0.0.0.0-0`.
     pub fn ipv4_subnet(&self) -> Option<Ipv4Net> {
-        Some(self.subnet).filter(|s| s.prefix_len() > 0)
+        ipv4_part(self.subnet)
     }
 
     /// What names this lease among the others: see [`SubnetId`].

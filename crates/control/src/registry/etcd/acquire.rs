@@ -111,8 +111,7 @@ fn log_outcome(won: bool, action: &str, lease: &Lease) {
 /// `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`): each subnet present where the
 /// network has its family, leasable there, and absent otherwise.
 fn misfit(config: &Config, subnets: Subnets) -> Option<String> {
-    let v4 = Some(subnets.v4).filter(|s| s.prefix_len() > 0);
-    match (&config.ipv4, v4) {
+    match (&config.ipv4, subnets.ipv4()) {
         (None, Some(v4)) => {
             return Some(format!(
                 "it has the IPv4 subnet {v4}, and the network config is IPv6-only"
@@ -169,7 +168,7 @@ fn choose_subnets(
     let taken_v4 = Taken::v4(leases().filter_map(Lease::ipv4_subnet));
     let taken_v6 = Taken::v6(leases().filter_map(|l| l.ipv6_subnet));
     if let Some(p) = preferred {
-        let free_v4 = p.v4.prefix_len() == 0 || taken_v4.is_free_v4(p.v4);
+        let free_v4 = p.ipv4().is_none_or(|v4| taken_v4.is_free_v4(v4));
         let free = free_v4 && p.v6.is_none_or(|v6| taken_v6.is_free_v6(v6));
         match misfit(config, p) {
             None if free => return Ok(p),

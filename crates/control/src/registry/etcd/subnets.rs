@@ -3,7 +3,7 @@
 //! flanneld's empty `0.0.0.0-0`). Every read, write and delete of a lease goes
 //! to the key of both, so a dual-stack lease is renewed and deleted where it lives.
 
-use crate::lease::{lease_key, Lease, LeaseAttrs};
+use crate::lease::{ipv4_part, lease_key, Lease, LeaseAttrs};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::fmt;
 
@@ -19,6 +19,11 @@ impl Subnets {
             v4: lease.subnet,
             v6: lease.ipv6_subnet,
         }
+    }
+
+    /// The IPv4 subnet; `None` for an IPv6-only lease's empty one.
+    pub fn ipv4(self) -> Option<Ipv4Net> {
+        ipv4_part(self.v4)
     }
 
     /// The etcd key of a lease on these subnets, under `prefix`.
@@ -40,7 +45,7 @@ impl fmt::Display for Subnets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.v6 {
             None => write!(f, "{}", self.v4),
-            Some(v6) if self.v4.prefix_len() == 0 => write!(f, "{v6}"),
+            Some(v6) if self.ipv4().is_none() => write!(f, "{v6}"),
             Some(v6) => write!(f, "{} and {v6}", self.v4),
         }
     }
