@@ -170,6 +170,7 @@ impl KubeApiServer {
     fn args(&self) -> Vec<String> {
         let file = |name: &str| self.dir.path().join(name).display().to_string();
         let sa_key = file(certs::SA_KEY);
+        let kubelet_client = file(certs::KUBELET_CLIENT);
         [
             format!("--bind-address={}", self.ip),
             format!("--advertise-address={}", self.ip),
@@ -179,17 +180,22 @@ impl KubeApiServer {
             // restart.
             format!("--etcd-prefix=/{}", self.dir_name()),
             format!("--token-auth-file={}", file(TOKENS)),
-            "--authorization-mode=RBAC".into(),
+            // Node: kubelets (user system:node:NAME in system:nodes) may do what a node does.
+            "--authorization-mode=Node,RBAC".into(),
             format!("--client-ca-file={}", file(certs::CA_CERT)),
             format!("--tls-cert-file={}", file(certs::SERVER_CERT)),
             format!("--tls-private-key-file={}", file(certs::SERVER_KEY)),
             // Never the default /var/run/kubernetes.
             format!("--cert-dir={}", file("cert-dir")),
+            format!("--kubelet-client-certificate={kubelet_client}.crt"),
+            format!("--kubelet-client-key={kubelet_client}.key"),
+            // Kubelets are reached at the address they report, not a name no resolver knows.
+            "--kubelet-preferred-address-types=InternalIP".into(),
             format!("--service-account-key-file={sa_key}"),
             format!("--service-account-signing-key-file={sa_key}"),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
-            // No other masters, and no kubelets to reach.
+            // No other masters.
             "--endpoint-reconciler-type=none".into(),
             // flannel's DaemonSet runs privileged containers; without this it fails validation.
             "--allow-privileged=true".into(),
@@ -235,18 +241,42 @@ impl KubeApiServer {
         }
     }
 
+    /// Writes a client certificate signed by this server's CA for `subject` (e.g.
+    /// `/O=system:nodes/CN=system:node:node-1`: group and user) and a kubeconfig at `path` that
+    /// authenticates with it, as a kubelet's.
+    pub fn write_cert_kubeconfig(&self, path: &Path, subject: &str) -> Result<()> {
+        let name = format!("client-{}", certs::random_hex(8)?);
+        certs::write_client(self.dir.path(), &name, subject)?;
+        let file = |ext: &str| self.dir.path().join(format!("{name}.{ext}"));
+        let user = [
+            ("client-certificate", file("crt")),
+            ("client-key", file("key")),
+        ];
+        let user = user.map(|(key, path)| (key, path.to_string_lossy().into_owned()));
+        std::fs::write(path, self.kubeconfig_with(&user))
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
     fn kubeconfig(&self, token: &str) -> String {
+        self.kubeconfig_with(&[("token", token.to_string())])
+    }
+
+    /// A kubeconfig whose user has the fields `user` (token, or client-certificate and key).
+    fn kubeconfig_with(&self, user: &[(&str, String)]) -> String {
         // JSON strings are YAML strings, and quote whatever a path or token holds.
         let quote = |s: &str| serde_json::Value::from(s).to_string();
+        let user: String = user
+            .iter()
+            .map(|(key, value)| format!("    {key}: {}\n", quote(value)))
+            .collect();
         format!(
             "apiVersion: v1\nkind: Config\n\
              clusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-             users:\n- name: lab\n  user:\n    token: {}\n\
+             users:\n- name: lab\n  user:\n{user}\
              contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n\
              current-context: lab\n",
             quote(&self.url()),
             quote(&self.ca_file().to_string_lossy()),
-            quote(token),
         )
     }
 }
