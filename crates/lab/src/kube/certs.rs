@@ -45,7 +45,11 @@ pub(super) fn write(dir: &Path, ip: Ipv4Addr) -> Result<()> {
         ),
     )?;
     sign(dir, "server", "/CN=kube-apiserver", "server.ext")?;
-    write_client(dir, KUBELET_CLIENT, "/O=system:masters/CN=kube-apiserver-kubelet-client")?;
+    write_client(
+        dir,
+        KUBELET_CLIENT,
+        "/O=system:masters/CN=kube-apiserver-kubelet-client",
+    )?;
     openssl(
         dir,
         &format!("genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out {SA_KEY}"),

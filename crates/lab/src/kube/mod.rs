@@ -6,7 +6,7 @@ mod apply;
 mod certs;
 
 use crate::netns::{command_in, Netns};
-use crate::proc::{temp_prefix, Proc};
+use crate::proc::{last_lines, temp_prefix, Proc};
 use crate::Etcd;
 use anyhow::{bail, ensure, Context, Result};
 use std::net::Ipv4Addr;
@@ -108,6 +108,11 @@ impl KubeApiServer {
     /// `https://IP:PORT`.
     pub fn url(&self) -> String {
         format!("https://{}:{}", self.ip, self.port)
+    }
+
+    /// The port it serves on, at its address.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The CA that signed the serving certificate (PEM).
@@ -294,6 +299,5 @@ fn is_port_taken(e: &anyhow::Error) -> bool {
 }
 
 fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+    last_lines(log, TAIL_LINES)
 }
