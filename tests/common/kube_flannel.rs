@@ -4,6 +4,8 @@
 
 use anyhow::{ensure, Context, Result};
 use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
 use std::time::Duration;
 use twill_lab::{Cluster, ClusterSpec, Image, Ipv4Net, CLUSTER_CIDR};
 
@@ -12,11 +14,45 @@ pub const KUBE_FLANNEL: &str = include_str!("../data/kube-flannel-v0.28.9.yml");
 const FLANNEL_IMAGE: &str = "ghcr.io/flannel-io/flannel:v0.28.9";
 const CNI_PLUGIN_IMAGE: &str = "ghcr.io/flannel-io/flannel-cni-plugin:v1.9.1-flannel3";
 pub const NAMESPACE: &str = "kube-flannel";
+/// The name [`twill_image`] gives twill's image.
+pub const TWILL_IMAGE: &str = "localhost/twill:test";
 const DAEMONSET: &str = "kube-flannel-ds";
 const CONFIG_MAP: &str = "kube-flannel-cfg";
 /// The readinessProbe starts after 5 s and asks every 10 s; images are local.
 const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(180);
 const POD_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// twill's image as `scripts/image` lays it out around a given daemon, here the twill binary
+/// under test, written into `dir`: what a user makes with `scripts/image` after a release build.
+pub fn twill_image(dir: &Path) -> Result<Image> {
+    let out = dir.join("twill.tar");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/image");
+    let output = Command::new("bash")
+        .arg(script)
+        .args([
+            "--flanneld",
+            crate::common::TWILL,
+            "--name",
+            TWILL_IMAGE,
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .context("cannot run scripts/image")?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "scripts/image failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ensure!(
+        stdout.lines().last() == Some(&*out.to_string_lossy()),
+        "scripts/image's last line is not the archive's path {}:\n{stdout}",
+        out.display()
+    );
+    Image::from_archive(&out)
+}
 
 /// kube-flannel.yml with its two flannel image lines pointing at `flannel` and its CNI plugin
 /// line at `cni_plugin`; nothing else changes. Fails if the manifest does not have exactly those
