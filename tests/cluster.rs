@@ -32,7 +32,11 @@ spec:
       - name: httpd
         image: IMAGE
         imagePullPolicy: Never
-        command: [sh, -c, "mkdir -p /www && echo ok > /www/index.html && exec httpd -f -p 18080 -h /www"]
+        command: [sh, -c, "mkdir -p /www && echo ok > /www/index.html && echo serving on $NODE_NAME && exec httpd -f -p 18080 -h /www"]
+        env:
+        - name: NODE_NAME
+          valueFrom:
+            fieldRef: {fieldPath: spec.nodeName}
         readinessProbe:
           httpGet: {path: /index.html, port: 18080}
           periodSeconds: 1
@@ -66,6 +70,11 @@ fn cluster_comes_up_and_runs_a_probed_daemonset_on_every_node() -> Result<()> {
         .api()
         .apply_yaml(&PROBED_DAEMONSET.replace("IMAGE", &busybox.name))?;
     cluster.wait_daemonset("default", "probed", TIMEOUT)?;
+    // Logs come from each node's kubelet through the API server, as `kubectl logs` reads them.
+    for pod in cluster.pods("default")? {
+        let log = cluster.pod_log("default", &pod, "httpd", 10)?;
+        anyhow::ensure!(log.contains("serving on node-"), "{pod} logged {log:?}");
+    }
     Ok(())
 }
 

@@ -22,7 +22,7 @@ use crate::{Etcd, Host, Lab, LabSpec, Netns};
 use anyhow::{ensure, Context, Result};
 use control::ControlPlane;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::Api;
+use kube::api::{Api, ListParams, LogParams};
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
@@ -181,6 +181,42 @@ impl Cluster {
                 Ok(Api::<Pod>::namespaced(client, namespace).get(name).await?)
             })
             .with_context(|| format!("cannot get Pod {namespace}/{name}"))
+    }
+
+    /// The names of the pods in `namespace`.
+    pub fn pods(&self, namespace: &str) -> Result<Vec<String>> {
+        let pods = self.api.block_on(|client| async move {
+            let all = ListParams::default();
+            Ok(Api::<Pod>::namespaced(client, namespace).list(&all).await?)
+        });
+        let pods = pods.with_context(|| format!("cannot list the pods in {namespace}"))?;
+        Ok(pods
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect())
+    }
+
+    /// The last `lines` lines container `container` of pod `namespace/name` logged, as
+    /// `kubectl logs` reads them: the API server asks the pod's kubelet.
+    pub fn pod_log(
+        &self,
+        namespace: &str,
+        name: &str,
+        container: &str,
+        lines: i64,
+    ) -> Result<String> {
+        let params = LogParams {
+            container: Some(container.into()),
+            tail_lines: Some(lines),
+            ..Default::default()
+        };
+        self.api
+            .block_on(|client| async move {
+                let pods = Api::<Pod>::namespaced(client, namespace);
+                Ok(pods.logs(name, &params).await?)
+            })
+            .with_context(|| format!("cannot read the log of {namespace}/{name} {container}"))
     }
 
     /// Pod `namespace/name`'s IPv4 address; an error until it has one.

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(500);
 /// The latest events a diagnosis shows.
 const EVENTS: usize = 40;
+/// The last lines of each unready container's log a diagnosis shows.
+const POD_LOG_LINES: usize = 20;
 
 impl Cluster {
     /// Calls `check` every half second until it gives Some, for at most `timeout`. On timeout,
@@ -201,10 +203,15 @@ impl Cluster {
             );
         }
         text.push_str("--- Pods ---\n");
-        for pod in pods {
-            text.push_str(&describe_pod(&pod));
+        for pod in &pods {
+            text.push_str(&describe_pod(pod));
+            text.push_str(&self.unready_logs(pod));
         }
-        events.sort_by_key(|e| e.last_timestamp.clone().map(|t| t.0));
+        // Core events carry lastTimestamp; those written through events.k8s.io, eventTime.
+        events.sort_by_key(|e| {
+            let last = e.last_timestamp.as_ref().map(|t| t.0);
+            last.or(e.event_time.as_ref().map(|t| t.0))
+        });
         let _ = writeln!(text, "--- the latest {EVENTS} events ---");
         for event in events.iter().rev().take(EVENTS).rev() {
             let object = &event.involved_object;
@@ -220,6 +227,25 @@ impl Cluster {
             );
         }
         Ok(text)
+    }
+}
+
+impl Cluster {
+    /// The last lines of each container of `pod` that has started but is not ready.
+    fn unready_logs(&self, pod: &Pod) -> String {
+        let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return String::new();
+        };
+        let status = pod.status.clone().unwrap_or_default();
+        let containers = status.init_container_statuses.into_iter().flatten();
+        let containers = containers.chain(status.container_statuses.into_iter().flatten());
+        let mut text = String::new();
+        for c in containers.filter(|c| !c.ready && c.container_id.is_some()) {
+            let log = self.pod_log(namespace, name, &c.name, POD_LOG_LINES as i64);
+            let log = log.unwrap_or_else(|e| format!("{e:#}"));
+            let _ = writeln!(text, "  --- log of {} ---\n{log}", c.name);
+        }
+        text
     }
 }
 
