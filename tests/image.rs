@@ -2,7 +2,7 @@
 //! OCI archive with no registry and no Docker (scripts/oci-image). Checked from the archive's
 //! bytes: its index names the image for containerd, its docker-archive manifest for docker load,
 //! every blob is what its digest says, the entrypoint is /opt/bin/flanneld, and inside the layer
-//! /opt/bin/flanneld is the twill binary, /opt/bin/install-conf and /usr/bin/twill links to it,
+//! /opt/bin/flanneld is the twill binary (debug info stripped), /opt/bin/install-conf and /usr/bin/twill links to it,
 //! and iptables (nft and legacy), nft and a shell run from the image's own files. containerd
 //! importing and running images this writer makes is what tests/cluster.rs does.
 
@@ -66,9 +66,15 @@ fn twill_image_holds_flanneld_install_conf_and_the_rules_tools() -> Result<()> {
     );
     let root = dir.path().join("root");
     untar(&layer_file, &root)?;
+    // The same build, its debug info stripped.
+    let flanneld = root.join("opt/bin/flanneld");
     ensure!(
-        sha256(&root.join("opt/bin/flanneld"))? == sha256(Path::new(TWILL))?,
+        build_id(&flanneld)? == build_id(Path::new(TWILL))?,
         "/opt/bin/flanneld is not the twill binary"
+    );
+    ensure!(
+        !run(Command::new("readelf").arg("-S").arg(&flanneld))?.contains(".debug_info"),
+        "/opt/bin/flanneld still has its debug info"
     );
     let link = std::fs::read_link(root.join("opt/bin/install-conf"))?;
     ensure!(
@@ -129,6 +135,16 @@ fn blob(archive: &Path, digest: &Value) -> Result<Value> {
 fn hex_of(digest: &Value) -> String {
     let digest = digest.as_str().unwrap_or_default();
     digest.trim_start_matches("sha256:").to_string()
+}
+
+/// The GNU build id the linker wrote into an ELF file.
+fn build_id(path: &Path) -> Result<String> {
+    let notes = run(Command::new("readelf").arg("-n").arg(path))?;
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "));
+    id.map(str::to_string)
+        .with_context(|| format!("{}: no build id", path.display()))
 }
 
 fn sha256(path: &Path) -> Result<String> {
