@@ -27,6 +27,29 @@ impl Interface {
     }
 }
 
+/// How the underlay interface is chosen, in flanneld's order: each `--iface` (a name or an
+/// address), then each `--iface-regex`, then `--iface-can-reach`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InterfaceChoice {
+    pub ifaces: Vec<String>,
+    pub regexes: Vec<String>,
+    pub can_reach: Option<std::net::IpAddr>,
+}
+
+/// The underlay interface `choice` names; with nothing named, the one holding `public_ip`, else
+/// the default route's.
+pub fn choose_interface(
+    choice: &InterfaceChoice,
+    public_ip: Option<Ipv4Addr>,
+    config: &crate::config::Config,
+) -> anyhow::Result<Interface> {
+    match (choice.ifaces.first(), public_ip) {
+        (Some(name), _) => interface(name),
+        (None, Some(ip)) => interface_with_address(ip),
+        (None, None) => default_route_interface(config.ipv4.is_none()),
+    }
+}
+
 /// The interface called `name`, with its first IPv4 address if it has one.
 pub fn interface(name: &str) -> anyhow::Result<Interface> {
     if nix::net::if_::if_nametoindex(name).is_err() {

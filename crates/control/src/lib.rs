@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod daemon;
 pub mod host;
+pub mod launch;
 pub mod lease;
 pub mod lease_check;
 pub mod node;

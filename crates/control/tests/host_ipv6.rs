@@ -6,7 +6,7 @@ mod kernel_common;
 use kernel_common::{Mode, Netns};
 use std::net::Ipv6Addr;
 use twill_control::config::Config;
-use twill_control::host;
+use twill_control::host::{self, InterfaceChoice};
 use twill_control::node::{Node, NodeOptions};
 
 const DUAL: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48"}"#;
@@ -29,23 +29,14 @@ fn ipv6_of_eth0(ns: &Netns) -> Option<Ipv6Addr> {
 
 fn options(public_ipv6: Option<Ipv6Addr>) -> NodeOptions {
     NodeOptions {
-        iface: Some("eth0".into()),
-        public_ip: None,
+        interface: InterfaceChoice {
+            ifaces: vec!["eth0".into()],
+            ..InterfaceChoice::default()
+        },
         public_ipv6,
         subnet_file: "/nonexistent/subnet.env".into(),
-        tun_name: "twill0".into(),
-        mtu: None,
-        traffic: Default::default(),
-        queues: 1,
-        no_offload: false,
-        udp_buffer: 1 << 20,
-        tun_tx_queue_len: 1000,
         status_addrs: Vec::new(),
-        batch_delay: None,
-        metrics_per_peer: false,
-        nexthop_objects: true,
-        dataplane: Default::default(),
-        bpf_dir: twill_control::backend::ebpf::DEFAULT_BPF_DIR.into(),
+        ..NodeOptions::default()
     }
 }
 
@@ -57,7 +48,7 @@ fn resolve(
 ) -> Result<Option<Ipv6Addr>, String> {
     let config = Config::from_json(config).unwrap();
     ns.block_on(move || async move {
-        Node::resolve(options(public_ipv6), config)
+        Node::resolve(options(public_ipv6), config, Default::default())
             .map(|node| node.public_ipv6)
             .map_err(|e| format!("{e:#}"))
     })
