@@ -206,3 +206,38 @@ fn read_notice(socket: &UnixDatagram) -> Option<String> {
     let n = socket.recv(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
+
+/// `-ip-blackhole-route`: a blackhole route for the node's subnet, put back within a resync
+/// when deleted.
+#[test]
+fn the_blackhole_route_is_added_and_kept() -> Result<()> {
+    let c = cluster("faceblack", 2, VXLAN)?;
+    let endpoint = format!("-etcd-endpoints={}", c.etcd.endpoint());
+    let file = format!("-subnet-file={}", c.subnet_file(0).display());
+    let args = [
+        endpoint.as_str(),
+        "-iface=eth0",
+        &file,
+        "-ip-blackhole-route",
+        "-iptables-resync=1",
+    ];
+    let node = start_flanneld(&c, 0, &args, &[])?;
+    let ns = &c.lab.host(0).ns;
+    let subnet = c.subnet(0)?.to_string();
+    let blackholes = || ns.ip(&["route", "show", "type", "blackhole"]);
+    eventually(
+        "the blackhole route",
+        || Ok(blackholes()?.contains(&subnet)),
+    )?;
+    ns.ip(&["route", "del", "blackhole", &subnet])?;
+    eventually("the blackhole route back", || {
+        Ok(blackholes()?.contains(&subnet))
+    })?;
+    ensure!(
+        node.stderr()
+            .contains(&format!("blackhole route {subnet} added")),
+        "{}",
+        node.stderr()
+    );
+    Ok(())
+}

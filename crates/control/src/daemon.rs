@@ -16,7 +16,6 @@ use crate::backend::userspace::UserspaceSetup;
 use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
 use crate::backend::wireguard::{self, WireguardSetup};
 use crate::backend::{Backend, Setup};
-use crate::host;
 use crate::lease::{backend_type, Lease};
 use crate::lease_check::LeaseRules;
 use crate::node::Node;
@@ -26,8 +25,10 @@ use crate::registry::{LeaseEvent, Registry};
 use crate::status::NodeStatus;
 use crate::subnet_env::{Ipv4Env, Ipv6Env, SubnetEnv};
 use crate::traffic;
+use crate::{blackhole, host};
 use anyhow::{bail, Context};
 use futures::future::BoxFuture;
+use ipnet::IpNet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +48,7 @@ pub async fn run<R: Registry>(
 ) -> anyhow::Result<()> {
     host::require_net_admin()?;
     let every = reconcile_every()?;
-    let node = Node::resolve(options, registry.config().clone(), status)?;
+    let node = Node::resolve(options, registry.config().clone(), status).await?;
     let node = &node;
     let tun_fix = "stop it first, or give this node another --tun-name";
     let dataplane = ebpf::choose(node)?;
@@ -129,6 +130,11 @@ async fn join<R: Registry, S: Setup>(
     // Before traffic is ours: another backend's routes would carry it around this one.
     upkeep.sweep().await;
     let nft_rules = nft_rules.install(&node.config, &lease).await?;
+    let blackholes = node.options.blackhole_route.then(|| {
+        let subnets = lease.ipv4_subnet().map(IpNet::V4).into_iter();
+        let subnets = subnets.chain(lease.ipv6_subnet.map(IpNet::V6)).collect();
+        blackhole::keep(subnets, node.options.traffic.resync)
+    });
     write_subnet_env(node, &lease, backend.mtu())?;
     tracing::info!(
         subnet = %lease.id(),
@@ -150,6 +156,9 @@ async fn join<R: Registry, S: Setup>(
         own: &lease,
     };
     let followed = following.follow(events, every, shutdown).await;
+    if let Some(task) = blackholes {
+        task.abort();
+    }
     nft_rules.remove().await;
     followed
 }

@@ -3,6 +3,7 @@
 
 use crate::config::Config;
 use crate::host::{self, Interface, InterfaceChoice};
+use crate::lease_check::unusable_ipv6;
 use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
 use std::fmt;
@@ -99,19 +100,27 @@ pub struct Node {
     /// The address peers reach us at (`--public-ip`, else the interface's address).
     pub public_ip: Ipv4Addr,
     /// On a dual-stack network, the IPv6 address peers reach us at (`--public-ipv6`, else the
-    /// interface's, see [`host::ipv6_address`]); `None` when the config does not enable IPv6.
+    /// interface's, [`Interface::ipv6`]); `None` when the config does not enable IPv6.
     pub public_ipv6: Option<Ipv6Addr>,
     pub status: Arc<NodeStatus>,
 }
 
 impl Node {
-    /// Finds the underlay interface the options name (by name, else by `--public-ip`).
-    pub fn resolve(
+    /// Finds the underlay interface the options name ([`host::choose_interface`]).
+    pub async fn resolve(
         options: NodeOptions,
         config: Config,
         status: Arc<NodeStatus>,
     ) -> anyhow::Result<Node> {
-        let iface = host::choose_interface(&options.interface, options.public_ip, &config)?;
+        let choice = &options.interface;
+        let iface =
+            host::choose_interface(choice, options.public_ip, options.public_ipv6, &config).await?;
+        tracing::info!(
+            interface = %iface.name,
+            address = ?iface.address,
+            ipv6 = ?iface.ipv6.filter(|_| config.ipv6.is_some()),
+            "underlay interface"
+        );
         let public_ip = public_ip(&options, &config, &iface)?;
         let public_ipv6 = public_ipv6(&options, &config, &iface)?;
         Ok(Node {
@@ -162,7 +171,7 @@ fn public_ipv6(
     if let Some(ip) = options.public_ipv6 {
         return Ok(Some(ip));
     }
-    match host::ipv6_address(&iface.name)? {
+    match iface.ipv6.filter(|&ip| unusable_ipv6(ip).is_none()) {
         Some(ip) => Ok(Some(ip)),
         None => anyhow::bail!(
             "the network config enables IPv6 (IPv6Network {}), but interface {} has no IPv6 \
