@@ -13,7 +13,7 @@ use twill_control::host::InterfaceChoice;
 use twill_control::launch::{Launch, Leases, StaticNetwork};
 use twill_control::lease_check;
 use twill_control::node::{DataplaneChoice, DEFAULT_TUN_NAME};
-use twill_control::registry::kube::{self, KubeOptions, KubeTiming, NodeIdentity};
+use twill_control::registry::kube::{self, KubeEnv, KubeOptions, KubeTiming};
 use twill_control::registry::{EtcdOptions, DEFAULT_PREFIX};
 use twill_control::status::StatusAddr;
 use twill_control::traffic::{self, TrafficOptions};
@@ -272,12 +272,14 @@ fn kube_options(args: &RunArgs) -> anyhow::Result<Option<KubeOptions>> {
             "--kube-subnet-mgr takes the leases from Kubernetes: drop --etcd-endpoints, --network and --peer"
         );
     }
+    let env = KubeEnv::read(&|name| std::env::var(name).ok())?;
     Ok(Some(KubeOptions {
         api_url: k.kube_api_url.clone(),
         kubeconfig: k.kubeconfig_file.clone(),
         annotation_prefix: k.kube_annotation_prefix.clone(),
         net_config_path: k.net_config_path.clone(),
-        node: NodeIdentity::from_env(&|name| std::env::var(name).ok())?,
+        node: env.node,
+        event_queue: env.event_queue,
         set_network_available: k.set_node_network_unavailable,
         timing: KubeTiming::default(),
     }))

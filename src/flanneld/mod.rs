@@ -19,7 +19,7 @@ use std::time::Duration;
 use twill_control::daemon::NodeOptions;
 use twill_control::host::InterfaceChoice;
 use twill_control::launch::{Launch, Leases};
-use twill_control::registry::kube::{KubeOptions, KubeTiming, NodeIdentity};
+use twill_control::registry::kube::{KubeEnv, KubeOptions, KubeTiming};
 use twill_control::registry::EtcdOptions;
 use twill_control::status;
 use twill_control::traffic::TrafficOptions;
@@ -169,12 +169,14 @@ fn launch(values: &Values, env: Env) -> anyhow::Result<Launch> {
 }
 
 fn kube_options(values: &Values, env: Env) -> anyhow::Result<KubeOptions> {
+    let env = KubeEnv::read(env)?;
     Ok(KubeOptions {
         api_url: values.optional("kube-api-url"),
         kubeconfig: values.optional("kubeconfig-file").map(Into::into),
         annotation_prefix: values.text("kube-annotation-prefix").to_string(),
         net_config_path: values.text("net-config-path").into(),
-        node: NodeIdentity::from_env(env)?,
+        node: env.node,
+        event_queue: env.event_queue,
         set_network_available: values.bool("set-node-network-unavailable"),
         timing: KubeTiming::default(),
     })
@@ -274,7 +276,7 @@ mod tests {
         };
         assert_eq!(
             kube.node,
-            NodeIdentity::Pod {
+            twill_control::registry::kube::NodeIdentity::Pod {
                 namespace: "kube-flannel".into(),
                 name: "kube-flannel-ds-x".into()
             }

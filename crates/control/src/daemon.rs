@@ -13,7 +13,7 @@ use crate::backend::ipip::IpipDevice;
 use crate::backend::kernel::KernelConfig;
 use crate::backend::upkeep::Upkeep;
 use crate::backend::userspace::UserspaceSetup;
-use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
+use crate::backend::vxlan::{VtepMacs, VxlanConfig, VxlanDevice};
 use crate::backend::wireguard::{self, WireguardSetup};
 use crate::backend::{Backend, Setup};
 use crate::lease::{backend_type, Lease};
@@ -48,7 +48,20 @@ pub async fn run<R: Registry>(
 ) -> anyhow::Result<()> {
     host::require_net_admin()?;
     let every = reconcile_every()?;
-    let node = Node::resolve(options, registry.config().clone(), status).await?;
+    let remembered = registry.remembered().await?;
+    let options = NodeOptions {
+        public_ip: remembered.public_ip.or(options.public_ip),
+        public_ipv6: remembered.public_ipv6.or(options.public_ipv6),
+        ..options
+    };
+    let config = registry.config().clone();
+    for field in &config.unread {
+        tracing::warn!(
+            "network config field {field} has no effect: twill's {} backend does not read it",
+            config.backend.backend_type
+        );
+    }
+    let node = Node::resolve(options, config, status, remembered).await?;
     let node = &node;
     let tun_fix = "stop it first, or give this node another --tun-name";
     let dataplane = ebpf::choose(node)?;
@@ -77,7 +90,11 @@ pub async fn run<R: Registry>(
         }
         backend_type::VXLAN => {
             let config = KernelConfig::of(node);
-            let device = VxlanDevice::ensure(&config, VxlanConfig::of(node)).await?;
+            let macs = VtepMacs {
+                v4: node.remembered.vtep_mac,
+                v6: node.remembered.vtep_mac_v6,
+            };
+            let device = VxlanDevice::ensure(&config, VxlanConfig::of(node)?, macs).await?;
             join(registry, node, device, every, shutdown).await
         }
         backend_type::IPIP => {

@@ -4,6 +4,7 @@
 use crate::config::Config;
 use crate::host::{self, Interface, InterfaceChoice};
 use crate::lease_check::unusable_ipv6;
+use crate::registry::Remembered;
 use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
 use std::fmt;
@@ -103,6 +104,8 @@ pub struct Node {
     /// interface's, [`Interface::ipv6`]); `None` when the config does not enable IPv6.
     pub public_ipv6: Option<Ipv6Addr>,
     pub status: Arc<NodeStatus>,
+    /// What the registry kept of this node from before (its vxlan VtepMACs).
+    pub remembered: Remembered,
 }
 
 impl Node {
@@ -111,6 +114,7 @@ impl Node {
         options: NodeOptions,
         config: Config,
         status: Arc<NodeStatus>,
+        remembered: Remembered,
     ) -> anyhow::Result<Node> {
         let choice = &options.interface;
         let iface =
@@ -125,6 +129,7 @@ impl Node {
         let public_ipv6 = public_ipv6(&options, &config, &iface)?;
         Ok(Node {
             status,
+            remembered,
             options,
             config,
             iface,

@@ -52,10 +52,15 @@ fn node_in(
 ) -> Result<(Interface, Option<Ipv6Addr>), String> {
     let config = Config::from_json(config).unwrap();
     ns.block_on(move || async move {
-        Node::resolve(options(interface, public_ipv6), config, Default::default())
-            .await
-            .map(|node| (node.iface, node.public_ipv6))
-            .map_err(|e| format!("{e:#}"))
+        Node::resolve(
+            options(interface, public_ipv6),
+            config,
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .map(|node| (node.iface, node.public_ipv6))
+        .map_err(|e| format!("{e:#}"))
     })
 }
 

@@ -5,6 +5,7 @@
 //! line that names the offending field (the operator reads it in a log, not in a debugger).
 //! The IPv6 half (`EnableIPv6`, `IPv6Network`, ...) is read and checked in [`ipv6`].
 
+mod fields;
 mod ipv4;
 mod ipv6;
 mod underlay;
@@ -29,6 +30,9 @@ pub struct Config {
     /// The IPv6 network, when `EnableIPv6` is true (a dual-stack or IPv6-only network).
     pub ipv6: Option<Ipv6Config>,
     pub backend: BackendConfig,
+    /// Fields twill does not read for this network's backend (`X` or `Backend.X`): accepted, as
+    /// flanneld accepts them, and named at start.
+    pub unread: Vec<String>,
 }
 
 /// The `Backend` object: the fields twill reads, plus the raw JSON for backend-specific extras.
@@ -175,6 +179,7 @@ impl Config {
         Ok(Config {
             ipv4,
             ipv6,
+            unread: fields::unread(&obj, &backend.backend_type),
             backend,
         })
     }
@@ -255,6 +260,12 @@ impl std::fmt::Debug for BackendConfig {
             .field("raw", &raw)
             .finish()
     }
+}
+
+/// A field of a JSON object (`Backend`'s raw value), as [`field`] finds it; `None` when `object`
+/// is not an object.
+pub(crate) fn field_of<'a>(object: &'a Value, name: &str) -> Option<&'a Value> {
+    field(object.as_object()?, name)
 }
 
 /// Looks a field up the way Go's encoding/json does: exact name first, then case-insensitively,
