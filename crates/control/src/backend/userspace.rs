@@ -54,6 +54,8 @@ impl UserspaceSetup {
     /// Checks the port and the MTU before anything is made: a port of 0 would bind an ephemeral
     /// port no peer knows, and a TUN MTU beyond what the underlay carries would be a black hole.
     pub fn new(node: &Node, kind: EngineKind) -> anyhow::Result<UserspaceSetup> {
+        let backend = &node.config.backend.backend_type;
+        twill_dataplane::io::tun::require_device(&format!("the {backend} backend"))?;
         let options = &node.options;
         let port = node.config.backend.port.unwrap_or(kind.default_port());
         if port == 0 {
