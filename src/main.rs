@@ -117,15 +117,20 @@ struct RunArgs {
     #[arg(long)]
     metrics_per_peer: bool,
     /// Masquerade traffic from the container network to outside it, as flanneld does (in
-    /// twill's own nftables table); also written to FLANNEL_IPMASQ.
+    /// flannel's iptables chains, or nftables tables with "EnableNFTables"); also written to
+    /// FLANNEL_IPMASQ.
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value_t = false, default_missing_value = "true", action = ArgAction::Set)]
     ip_masq: bool,
+    /// Masquerade without fully random source ports (--random-fully, fully-random).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value_t = false, default_missing_value = "true", action = ArgAction::Set)]
+    ip_masq_fully_random_disable: bool,
     /// Accept forwarding to and from the container network (flannel's default: true).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value_t = true, default_missing_value = "true", action = ArgAction::Set)]
     iptables_forward_rules: bool,
-    /// Check twill's nftables rules every this many seconds and repair them if changed.
+    /// Check flannel's rules every this many seconds and repair them if changed.
     #[arg(long, value_name = "SECONDS", default_value_t = traffic::DEFAULT_RESYNC.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     iptables_resync: u64,
@@ -327,6 +332,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         traffic: TrafficOptions {
             ip_masq: args.ip_masq,
             forward_rules: args.iptables_forward_rules,
+            fully_random: !args.ip_masq_fully_random_disable,
             resync: Duration::from_secs(args.iptables_resync),
         },
         queues: usize::from(args.queues),

@@ -98,9 +98,9 @@ pub async fn run<R: Registry>(
     }
 }
 
-/// Acquire the lease the setup describes, attach the backend to it, write twill's nftables
-/// rules, publish the subnet file and status, then follow the other leases until shutdown
-/// (which removes the rules again).
+/// Acquire the lease the setup describes, attach the backend to it, write flannel's masquerade
+/// and forward rules, publish the subnet file and status, then follow the other leases until
+/// shutdown (which leaves the rules in place, as flanneld does).
 async fn join<R: Registry, S: Setup>(
     registry: R,
     node: &Node,
@@ -111,8 +111,8 @@ async fn join<R: Registry, S: Setup>(
     tokio::pin!(shutdown);
     let namer = registry.lease_namer();
     node.status.set_registry(registry.name());
-    let nft_rules =
-        traffic::Rules::prepare(node.options.traffic.clone(), node.status.clone()).await?;
+    let traffic = node.options.traffic.clone();
+    let rules = traffic::Rules::prepare(traffic, &node.config, node.status.clone()).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -125,8 +125,12 @@ async fn join<R: Registry, S: Setup>(
     let mut upkeep = Upkeep::start(node, &lease, backend.mtu(), every).await?;
     // Before traffic is ours: another backend's routes would carry it around this one.
     upkeep.sweep().await;
-    let nft_rules = nft_rules.install(&node.config, &lease).await?;
-    write_subnet_env(node, &lease, backend.mtu())?;
+    let rules = rules.install(&node.config, &lease).await?;
+    if let Err(e) = write_subnet_env(node, &lease, backend.mtu()) {
+        // A start that fails leaves no rules behind (a stop leaves them).
+        rules.remove().await;
+        return Err(e);
+    }
     tracing::info!(
         subnet = %lease.id(),
         ipv6_subnet = ?lease.ipv6_subnet,
@@ -146,7 +150,7 @@ async fn join<R: Registry, S: Setup>(
         own: &lease,
     };
     let followed = following.follow(events, every, shutdown).await;
-    nft_rules.remove().await;
+    rules.leave().await;
     followed
 }
 

@@ -29,6 +29,10 @@ pub struct Config {
     /// The IPv6 network, when `EnableIPv6` is true (a dual-stack or IPv6-only network).
     pub ipv6: Option<Ipv6Config>,
     pub backend: BackendConfig,
+    /// `EnableNFTables`: flannel's masquerade and forward rules as nftables tables
+    /// (`ip flannel-ipv4`, `ip6 flannel-ipv6`) instead of iptables chains (false, flannel's
+    /// default).
+    pub enable_nftables: bool,
 }
 
 /// The `Backend` object: the fields twill reads, plus the raw JSON for backend-specific extras.
@@ -87,6 +91,10 @@ impl Config {
             .filter(|(_, old, new)| old != new)
             .map(|(name, old, new)| format!("{name} {old} -> {new}"))
             .collect();
+        if self.enable_nftables != now.enable_nftables {
+            let (old, new) = (self.enable_nftables, now.enable_nftables);
+            changed.push(format!("EnableNFTables {old} -> {new}"));
+        }
         changed.extend(backend_difference(&self.backend.raw, &now.backend.raw));
         (!changed.is_empty()).then(|| changed.join(", "))
     }
@@ -176,6 +184,7 @@ impl Config {
             ipv4,
             ipv6,
             backend,
+            enable_nftables: bool_field(&obj, "EnableNFTables")?.unwrap_or(false),
         })
     }
 
