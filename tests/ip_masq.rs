@@ -147,9 +147,11 @@ fn the_rules_outlive_a_stop_or_a_kill_and_a_restart_leaves_one_set() -> Result<(
     outside_sees_host_a(&pair)?;
 
     pair.restart(0, MASQ)?;
+    forwarding(&pair.nodes[0])?;
     ensure!(host_a_rules(&pair)? == first, "{}", host_a_rules(&pair)?);
     pair.nodes[0].kill9();
     pair.restart(0, MASQ)?;
+    forwarding(&pair.nodes[0])?;
     ensure!(
         host_a_rules(&pair)? == first,
         "after kill -9 and a restart the rules are not exactly one set: {}",
@@ -210,9 +212,11 @@ fn forward_rules_follow_their_flag_and_leftovers_go_when_no_rules_are_wanted() -
 
     pair.nodes[0].kill9();
     pair.restart(0, &["--ip-masq"])?;
+    forwarding(&pair.nodes[0])?;
     ensure!(host_a_rules(&pair)? == flanneld_rules()?);
     pair.nodes[0].kill9();
     pair.restart(0, &["--iptables-forward-rules=false"])?;
+    forwarding(&pair.nodes[0])?;
     let lines = flannel_iptables_lines(&pair.host(0).ns, "iptables")?;
     ensure!(lines.is_empty(), "leftovers: {lines:#?}");
     ensure!(rules_status(&pair)?.is_null());
@@ -292,6 +296,7 @@ fn pod_traffic_crosses_a_forward_drop_policy_through_flannels_chain() -> Result<
     for host in 0..2 {
         pair.nodes[host].stop()?;
         pair.restart(host, &["--iptables-forward-rules=false"])?;
+        forwarding(&pair.nodes[host])?;
     }
     ensure!(flannel_iptables_lines(&pair.host(0).ns, "iptables")?.is_empty());
     let crossed = ping(pair.container(0), pair.container(1).ip, 2);

@@ -165,3 +165,14 @@ fn which(program: &str) -> Result<PathBuf> {
         .find(|p| p.is_file())
         .with_context(|| format!("{program} is not installed (scripts/setup installs iptables)"))
 }
+
+/// Waits until `node` says it holds its lease and forwards, which it says once its rules are
+/// written: a restarted node's status answers, and its old subnet file is there, before that.
+pub fn forwarding(node: &twill_lab::Proc) -> Result<()> {
+    super::eventually_within(
+        "the node forwarding",
+        std::time::Duration::from_secs(20),
+        || Ok(node.stderr().contains("lease acquired; forwarding")),
+    )
+    .with_context(|| node.stderr())
+}
