@@ -310,3 +310,56 @@ fn pod_traffic_crosses_a_forward_drop_policy_through_flannels_chain() -> Result<
     );
     Ok(())
 }
+
+/// iptables mode on a host without iptables: one line naming the package and the config field
+/// that picks nftables instead, before anything is written.
+#[test]
+fn a_host_without_iptables_is_told_what_to_install() -> Result<()> {
+    let mut pair = masq_lab("masq-noipt", MASQ)?;
+    pair.nodes[0].stop()?;
+    let ns = &pair.host(0).ns;
+    ns.exec("iptables", &["-t", "nat", "-F", "FLANNEL-POSTRTG"])?;
+    let before = flannel_iptables_lines(ns, "iptables")?;
+    // A PATH with `ip` alone (the lab starts twill through `ip netns exec`).
+    let empty = scratch()?;
+    std::os::unix::fs::symlink(which_ip()?, path_in(&empty, "ip"))?;
+    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
+    let file = path_in(&pair.dir, "h0.env");
+    let host = pair.host(0);
+    let args = [
+        "run",
+        "--iface",
+        &host.iface,
+        "--subnet-file",
+        file.to_str().context("path")?,
+        "--network",
+        NETWORK,
+        "--subnet",
+        PAIR_SUBNETS[0],
+        "--peer",
+        &peer,
+        "--ip-masq",
+    ];
+    let path = empty.path().to_str().context("path")?;
+    let mut node = host.ns.spawn_with(TWILL, &args, &[("PATH", path)])?;
+    let log = node.failure_within(Duration::from_secs(20), "twill kept running")?;
+    let last = log.lines().last().unwrap_or_default();
+    for words in [
+        "neither iptables-nft-restore nor its -legacy- form is on PATH",
+        "apt install iptables",
+        "\"EnableNFTables\": true",
+    ] {
+        ensure!(last.contains(words), "{words:?} not in {last:?}");
+    }
+    // Nothing was touched: the emptied chain is as the test left it.
+    ensure!(flannel_iptables_lines(&host.ns, "iptables")? == before);
+    Ok(())
+}
+
+fn which_ip() -> Result<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join("ip"))
+        .find(|p| p.is_file());
+    found.context("no ip on PATH")
+}

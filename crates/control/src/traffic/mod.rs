@@ -89,6 +89,10 @@ const NFTABLES_FIX: &str = "set \"EnableNFTables\" to false in the network confi
                             flannel's iptables chains instead, or run with \
                             --iptables-forward-rules=false and without --ip-masq";
 
+const IPTABLES_NFT: &str = "use iptables-nft for flannel's iptables chains";
+const IPTABLES_NFT_FIX: &str = "install iptables-legacy (Debian's iptables package has it), or \
+                                run with --iptables-forward-rules=false and without --ip-masq";
+
 impl Rules {
     /// Checks, before the lease is taken, that the rules can be written in the mode the network
     /// config names (the kernel's nf_tables, or the host's iptables), with a clear error
@@ -126,10 +130,11 @@ impl Rules {
                 let chosen = tools::choose(&families).await;
                 let what = "write flannel's iptables chains";
                 let backend = chosen.map_err(|f| anyhow!(explain(&f, what)))?;
-                let generation = IptablesRules::generation(backend, &families).await;
-                let fix = "install iptables-legacy, or set \"EnableNFTables\": true";
-                let what = format!("use {} for flannel's iptables chains", backend.name());
-                let generation = generation.map_err(|f| anyhow!(explain_probe(&f, &what, fix)))?;
+                let generation = IptablesRules::probe(backend, &families).await;
+                let generation = generation.map_err(|f| match backend {
+                    Backend::Nft => anyhow!(explain_probe(&f, IPTABLES_NFT, IPTABLES_NFT_FIX)),
+                    Backend::Legacy => anyhow!(explain(&f, "read iptables-legacy's tables")),
+                })?;
                 Writer::Iptables(backend, generation)
             }
         };

@@ -18,6 +18,7 @@ use super::failure::{explain, Failure};
 use super::keeper::Dialect;
 use super::nfnl::{Conn, Nftables};
 use super::ruleset::{ChainKind, Family, Ruleset};
+use saved::Saved;
 use spec::ChainSpec;
 use tools::Backend;
 
@@ -40,7 +41,7 @@ pub struct IptablesRules {
 impl IptablesRules {
     /// Where the generation of `backend` is read from, found usable: the first contact, before
     /// anything is written.
-    pub async fn generation(backend: Backend, families: &[Family]) -> Result<Generation, Failure> {
+    pub async fn probe(backend: Backend, families: &[Family]) -> Result<Generation, Failure> {
         match backend {
             Backend::Nft => Ok(Generation::Nft(super::nftables::probe().await?)),
             Backend::Legacy => {
@@ -115,14 +116,15 @@ impl Dialect for IptablesRules {
 
     async fn remove(&mut self) -> Result<(), Failure> {
         for (family, _) in &self.families {
-            remove_from(self.backend, *family).await?;
+            let saved = tools::save(self.backend, *family).await?;
+            remove_shown(self.backend, *family, &saved).await?;
         }
         Ok(())
     }
 }
 
 /// flannel's chains in `saved`, as `iptables -t nat FLANNEL-POSTRTG`.
-fn present(saved: &saved::Saved, family: Family) -> Vec<String> {
+fn present(saved: &Saved, family: Family) -> Vec<String> {
     let names = ChainKind::ALL.into_iter().map(spec::names);
     let found = names.filter(|n| saved.has(n));
     let command = tools::command(family);
@@ -131,14 +133,15 @@ fn present(saved: &saved::Saved, family: Family) -> Vec<String> {
         .collect()
 }
 
-/// Removes flannel's chains of `family` from `backend`; what was removed.
-async fn remove_from(backend: Backend, family: Family) -> Result<Vec<String>, Failure> {
-    let saved = tools::save(backend, family).await?;
-    let input = restore::remove(&saved);
-    if !input.is_empty() {
-        tools::restore(backend, family, &input).await?;
+/// Removes flannel's chains that `saved` shows in `backend`'s `family`, with the rules jumping
+/// to them; whether there were any.
+async fn remove_shown(backend: Backend, family: Family, saved: &Saved) -> Result<bool, Failure> {
+    let input = restore::remove(saved);
+    if input.is_empty() {
+        return Ok(false);
     }
-    Ok(present(&saved, family))
+    tools::restore(backend, family, &input).await?;
+    Ok(true)
 }
 
 /// Removes flannel's chains, in both families, from every backend but `except` whose programs
@@ -156,16 +159,13 @@ pub async fn remove_leftovers(except: Option<Backend>) -> Vec<String> {
                     continue;
                 }
             };
-            let input = restore::remove(&saved);
-            if input.is_empty() {
-                continue;
-            }
-            match tools::restore(backend, family, &input).await {
-                Ok(()) => removed.extend(
+            match remove_shown(backend, family, &saved).await {
+                Ok(true) => removed.extend(
                     present(&saved, family)
                         .into_iter()
                         .map(|chain| format!("{chain} ({})", backend.name())),
                 ),
+                Ok(false) => {}
                 Err(f) => tracing::warn!(
                     "{}",
                     explain(

@@ -90,19 +90,31 @@ pub async fn choose(families: &[Family]) -> Result<Backend, Failure> {
         }),
         [only] => Ok(only),
         _ => {
-            let nft = everything(Backend::Nft).await;
-            let legacy = everything(Backend::Legacy).await;
-            Ok(pick(&nft, &legacy))
+            let nft = everything(Backend::Nft, families).await;
+            let legacy = everything(Backend::Legacy, families).await;
+            Ok(pick(nft.as_deref(), legacy.as_deref()))
         }
     }
 }
 
 /// kubelet's hint first (nf_tables before legacy, as iptables-wrappers looks), then which holds
-/// more rules; nf_tables when neither holds any, as Debian's `iptables` defaults to.
-fn pick(nft: &[Saved], legacy: &[Saved]) -> Backend {
-    let hinted = |saved: &[Saved]| saved.iter().any(Saved::has_kubelet_hint);
-    let rules = |saved: &[Saved]| saved.iter().map(Saved::rule_count).sum::<usize>();
-    if hinted(nft) {
+/// more rules; nf_tables when neither holds any, as Debian's `iptables` defaults to. A backend
+/// whose save program fails (`None`: the kernel lacks its subsystem) is not chosen over one
+/// that works.
+fn pick(nft: Option<&[Saved]>, legacy: Option<&[Saved]>) -> Backend {
+    let hinted = |saved: Option<&[Saved]>| {
+        saved
+            .unwrap_or_default()
+            .iter()
+            .any(Saved::has_kubelet_hint)
+    };
+    let rules = |saved: Option<&[Saved]>| {
+        let saved = saved.unwrap_or_default();
+        saved.iter().map(Saved::rule_count).sum::<usize>()
+    };
+    if nft.is_none() && legacy.is_some() {
+        Backend::Legacy
+    } else if hinted(nft) {
         Backend::Nft
     } else if hinted(legacy) || rules(legacy) > rules(nft) {
         Backend::Legacy
@@ -111,19 +123,21 @@ fn pick(nft: &[Saved], legacy: &[Saved]) -> Backend {
     }
 }
 
-/// What `backend` holds in both families, as far as its programs can say; a program that is
-/// missing or fails (a kernel without that subsystem) shows nothing.
-pub async fn everything(backend: Backend) -> Vec<Saved> {
+/// What `backend` holds in both families, as its save programs print it; `None` when one for
+/// `families` fails (a kernel without that subsystem). The other family's is read where it can
+/// be: kubelet's hint may be there.
+async fn everything(backend: Backend, families: &[Family]) -> Option<Vec<Saved>> {
     let mut saved = Vec::new();
     for family in Family::ALL {
         // Without `-t`: iptables-legacy-save then lists only the tables that exist, and
         // creates none (`-t nat` would make the kernel instantiate it).
         match save(backend, family).await {
             Ok(found) => saved.push(found),
-            Err(f) => tracing::debug!("{}", super::super::failure::explain(&f, "read iptables")),
+            Err(_) if families.contains(&family) => return None,
+            Err(_) => {}
         }
     }
-    saved
+    Some(saved)
 }
 
 /// `iptables-save` of `backend` in `family`: every table there is.
@@ -210,13 +224,21 @@ mod tests {
 
     #[test]
     fn the_backend_is_the_hosts_as_iptables_wrappers_tells_it() {
-        let hint = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n";
-        let rules = "*filter\n:FORWARD DROP [0:0]\n-A FORWARD -j DOCKER-USER\nCOMMIT\n";
+        let hint = saved("*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n");
+        let rules = saved("*filter\n:FORWARD DROP [0:0]\n-A FORWARD -j DOCKER-USER\nCOMMIT\n");
         let empty = saved("");
+        let pick = |nft: &Vec<Saved>, legacy: &Vec<Saved>| pick(Some(nft), Some(legacy));
         assert_eq!(pick(&empty, &empty), Backend::Nft);
-        assert_eq!(pick(&empty, &saved(rules)), Backend::Legacy);
-        assert_eq!(pick(&saved(rules), &empty), Backend::Nft);
-        assert_eq!(pick(&saved(hint), &saved(rules)), Backend::Nft);
-        assert_eq!(pick(&saved(rules), &saved(hint)), Backend::Legacy);
+        assert_eq!(pick(&empty, &rules), Backend::Legacy);
+        assert_eq!(pick(&rules, &empty), Backend::Nft);
+        assert_eq!(pick(&hint, &rules), Backend::Nft);
+        assert_eq!(pick(&rules, &hint), Backend::Legacy);
+    }
+
+    #[test]
+    fn a_backend_the_kernel_cannot_run_is_not_chosen() {
+        let empty = saved("");
+        assert_eq!(super::pick(None, Some(&empty)), Backend::Legacy);
+        assert_eq!(super::pick(Some(&empty), None), Backend::Nft);
     }
 }
