@@ -232,27 +232,10 @@ fn a_start_that_fails_after_writing_the_rules_removes_them() -> Result<()> {
     ensure!(!flannel_iptables_lines(&pair.host(0).ns, "iptables")?.is_empty());
     let blocked = path_in(&pair.dir, "blocked.env");
     std::fs::create_dir(&blocked)?;
-    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
-    let host = pair.host(0);
-    let args = [
-        "run",
-        "--iface",
-        &host.iface,
-        "--subnet-file",
-        blocked.to_str().context("path")?,
-        "--network",
-        NETWORK,
-        "--subnet",
-        PAIR_SUBNETS[0],
-        "--peer",
-        &peer,
-        "--ip-masq",
-    ];
-    let mut node = host.ns.spawn_with(TWILL, &args, &[("RUST_LOG", "info")])?;
-    let log = node.failure_within(Duration::from_secs(20), "twill kept running")?;
+    let log = failing_start(&pair, &blocked, &[("RUST_LOG", "info")])?;
     ensure!(log.contains("blocked.env"), "{log}");
     ensure!(log.contains("flannel's rules removed"), "{log}");
-    let lines = flannel_iptables_lines(&host.ns, "iptables")?;
+    let lines = flannel_iptables_lines(&pair.host(0).ns, "iptables")?;
     ensure!(lines.is_empty(), "left after a failed start: {lines:#?}");
     Ok(())
 }
@@ -323,26 +306,8 @@ fn a_host_without_iptables_is_told_what_to_install() -> Result<()> {
     // A PATH with `ip` alone (the lab starts twill through `ip netns exec`).
     let empty = scratch()?;
     std::os::unix::fs::symlink(which_ip()?, path_in(&empty, "ip"))?;
-    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
-    let file = path_in(&pair.dir, "h0.env");
-    let host = pair.host(0);
-    let args = [
-        "run",
-        "--iface",
-        &host.iface,
-        "--subnet-file",
-        file.to_str().context("path")?,
-        "--network",
-        NETWORK,
-        "--subnet",
-        PAIR_SUBNETS[0],
-        "--peer",
-        &peer,
-        "--ip-masq",
-    ];
     let path = empty.path().to_str().context("path")?;
-    let mut node = host.ns.spawn_with(TWILL, &args, &[("PATH", path)])?;
-    let log = node.failure_within(Duration::from_secs(20), "twill kept running")?;
+    let log = failing_start(&pair, &path_in(&pair.dir, "h0.env"), &[("PATH", path)])?;
     let last = log.lines().last().unwrap_or_default();
     for words in [
         "neither iptables-nft-restore nor its -legacy- form is on PATH",
@@ -352,7 +317,7 @@ fn a_host_without_iptables_is_told_what_to_install() -> Result<()> {
         ensure!(last.contains(words), "{words:?} not in {last:?}");
     }
     // Nothing was touched: the emptied chain is as the test left it.
-    ensure!(flannel_iptables_lines(&host.ns, "iptables")? == before);
+    ensure!(flannel_iptables_lines(&pair.host(0).ns, "iptables")? == before);
     Ok(())
 }
 
@@ -362,4 +327,26 @@ fn which_ip() -> Result<std::path::PathBuf> {
         .map(|d| d.join("ip"))
         .find(|p| p.is_file());
     found.context("no ip on PATH")
+}
+
+/// Host A's node with `--ip-masq`, `subnet_file` and `env`, which must fail: what it said.
+fn failing_start(
+    pair: &Pair,
+    subnet_file: &std::path::Path,
+    env: &[(&str, &str)],
+) -> Result<String> {
+    let host = pair.host(0);
+    let file = subnet_file.to_str().context("path")?;
+    let mut args = vec![
+        "run",
+        "--iface",
+        &host.iface,
+        "--subnet-file",
+        file,
+        "--ip-masq",
+    ];
+    let flags = pair_flags(pair, 0);
+    args.extend(flags.iter().map(String::as_str));
+    let mut node = host.ns.spawn_with(TWILL, &args, env)?;
+    node.failure_within(Duration::from_secs(20), "twill kept running")
 }

@@ -94,31 +94,46 @@ fn nftables_mode_writes_flanneld_s_tables_byte_for_byte() -> Result<()> {
     no_iptables_chains(ns)
 }
 
-#[test]
-fn nftables_mode_on_a_dual_stack_network() -> Result<()> {
-    let c = one_node("fr-nft6", true, true)?;
+/// Host 0 of a dual-stack network in either mode: both families' rules byte for byte, and
+/// nothing of the other mode.
+fn dual_stack_rules(tag: &str, nftables: bool) -> Result<()> {
+    let c = one_node(tag, true, nftables)?;
     let _node = c.start_with(0, MASQ, &[])?;
     let ns = &c.lab.host(0).ns;
     let (subnet, subnet6) = (c.subnet(0)?.to_string(), c.subnet6(0)?.to_string());
-    ensure!(nft_text(ns, "ip", "flannel-ipv4")? == recorded("nft-ipv4.txt", &subnet, NETWORK)?);
-    let v6 = nft_text(ns, "ip6", "flannel-ipv6")?;
-    ensure!(v6 == recorded("nft-ipv6.txt", &subnet6, NETWORK6)?, "{v6}");
-    no_iptables_chains(ns)
+    let (v4, v6) = if nftables {
+        let v4 = nft_text(ns, "ip", "flannel-ipv4")?;
+        (v4, nft_text(ns, "ip6", "flannel-ipv6")?)
+    } else {
+        (
+            iptables_text(ns, "iptables")?,
+            iptables_text(ns, "ip6tables")?,
+        )
+    };
+    let files = if nftables {
+        ["nft-ipv4.txt", "nft-ipv6.txt"]
+    } else {
+        ["iptables.txt", "ip6tables.txt"]
+    };
+    ensure!(v4 == recorded(files[0], &subnet, NETWORK)?, "{v4}");
+    ensure!(v6 == recorded(files[1], &subnet6, NETWORK6)?, "{v6}");
+    let places = rules(&c)?["places"].as_array().map(Vec::len);
+    ensure!(places == Some(if nftables { 2 } else { 4 }), "{places:?}");
+    if nftables {
+        no_iptables_chains(ns)
+    } else {
+        no_flannel_tables(ns)
+    }
+}
+
+#[test]
+fn nftables_mode_on_a_dual_stack_network() -> Result<()> {
+    dual_stack_rules("fr-nft6", true)
 }
 
 #[test]
 fn iptables_mode_on_a_dual_stack_network() -> Result<()> {
-    let c = one_node("fr-ipt6", true, false)?;
-    let _node = c.start_with(0, MASQ, &[])?;
-    let ns = &c.lab.host(0).ns;
-    let (subnet, subnet6) = (c.subnet(0)?.to_string(), c.subnet6(0)?.to_string());
-    let v4 = iptables_text(ns, "iptables")?;
-    ensure!(v4 == recorded("iptables.txt", &subnet, NETWORK)?, "{v4}");
-    let v6 = iptables_text(ns, "ip6tables")?;
-    ensure!(v6 == recorded("ip6tables.txt", &subnet6, NETWORK6)?, "{v6}");
-    let r = rules(&c)?;
-    ensure!(r["places"].as_array().map(Vec::len) == Some(4), "{r}");
-    no_flannel_tables(ns)
+    dual_stack_rules("fr-ipt6", false)
 }
 
 #[test]

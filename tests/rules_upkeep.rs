@@ -14,21 +14,22 @@ use std::time::Duration;
 const MASQ: &[&str] = &["--ip-masq", "--iptables-resync", "1"];
 const NETWORK: &str = "10.5.0.0/16";
 
-/// Host 0's node started again with `env`; the node must be stopped.
-fn restart_with_env(pair: &mut Pair, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
-    let mut all = vec![
-        "--network",
-        NETWORK,
-        "--subnet",
-        PAIR_SUBNETS[0],
-        "--peer",
-        &peer,
-    ];
-    all.extend_from_slice(args);
+/// A pair whose host 0's node runs with the stand-ins first on its PATH (`prepare` runs on the
+/// host before that node starts).
+fn spied(tag: &str, prepare: impl FnOnce(&Pair) -> Result<()>) -> Result<(Pair, Spies)> {
+    let mut pair = start_pair(tag, MASQ, None)?;
+    pair.nodes[0].stop()?;
+    prepare(&pair)?;
+    let spies = Spies::new()?;
+    let mut args = pair_flags(&pair, 0);
+    args.extend(MASQ.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env = [("PATH", spies.path()?)];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let subnet_file = path_in(&pair.dir, "h0.env");
-    pair.nodes[0] = start_twill_with_env(pair.host(0), &all, env, &subnet_file)?;
-    forwarding(&pair.nodes[0])
+    pair.nodes[0] = start_twill_with_env(pair.host(0), &args, &env, &subnet_file)?;
+    forwarding(&pair.nodes[0])?;
+    Ok((pair, spies))
 }
 
 fn rules_status(pair: &Pair) -> Result<serde_json::Value> {
@@ -80,10 +81,7 @@ fn repaired(pair: &Pair, spies: &Spies, command: &str, restore: &str) -> Result<
 
 #[test]
 fn iptables_nft_checks_start_no_process_and_a_repair_restores() -> Result<()> {
-    let mut pair = start_pair("up-nft", MASQ, None)?;
-    pair.nodes[0].stop()?;
-    let spies = Spies::new()?;
-    restart_with_env(&mut pair, MASQ, &[("PATH", &spies.path()?)])?;
+    let (pair, spies) = spied("up-nft", |_| Ok(()))?;
     ensure!(rules_status(&pair)?["mode"] == "iptables-nft");
     ensure!(
         spies
@@ -104,16 +102,12 @@ fn iptables_nft_checks_start_no_process_and_a_repair_restores() -> Result<()> {
 /// legacy tables through getsockopt, starting nothing.
 #[test]
 fn iptables_legacy_is_used_where_the_host_uses_it_and_checked_without_a_process() -> Result<()> {
-    let mut pair = start_pair("up-legacy", MASQ, None)?;
-    pair.nodes[0].stop()?;
-    let ns = &pair.host(0).ns;
-    ensure!(!flannel_iptables_lines(ns, "iptables-nft")?.is_empty());
-    ns.exec(
-        "iptables-legacy",
-        &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"],
-    )?;
-    let spies = Spies::new()?;
-    restart_with_env(&mut pair, MASQ, &[("PATH", &spies.path()?)])?;
+    let (pair, spies) = spied("up-legacy", |pair| {
+        let ns = &pair.host(0).ns;
+        ensure!(!flannel_iptables_lines(ns, "iptables-nft")?.is_empty());
+        let hint = ["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"];
+        ns.exec("iptables-legacy", &hint).map(drop)
+    })?;
     let ns = &pair.host(0).ns;
     let rules = rules_status(&pair)?;
     ensure!(rules["mode"] == "iptables-legacy", "{rules}");
@@ -136,10 +130,7 @@ fn iptables_legacy_is_used_where_the_host_uses_it_and_checked_without_a_process(
 /// A stop leaves the rules and starts nothing either.
 #[test]
 fn a_stop_starts_no_process() -> Result<()> {
-    let mut pair = start_pair("up-stop", MASQ, None)?;
-    pair.nodes[0].stop()?;
-    let spies = Spies::new()?;
-    restart_with_env(&mut pair, MASQ, &[("PATH", &spies.path()?)])?;
+    let (mut pair, spies) = spied("up-stop", |_| Ok(()))?;
     let before = spies.ran();
     pair.nodes[0].stop()?;
     ensure!(spies.ran() == before, "{:?}", spies.ran());

@@ -166,6 +166,25 @@ fn which(program: &str) -> Result<PathBuf> {
         .with_context(|| format!("{program} is not installed (scripts/setup installs iptables)"))
 }
 
+/// The flags that make host `i` of a [`super::Pair`] the node [`super::start_pair`] starts:
+/// its subnet, and the other host as its peer.
+pub fn pair_flags(pair: &super::Pair, i: usize) -> Vec<String> {
+    let other = 1 - i;
+    let peer = format!(
+        "{}={}",
+        super::PAIR_SUBNETS[other],
+        pair.host(other).underlay_ip
+    );
+    let flags = [
+        "--network",
+        "10.5.0.0/16",
+        "--subnet",
+        super::PAIR_SUBNETS[i],
+        "--peer",
+    ];
+    flags.iter().map(|f| f.to_string()).chain([peer]).collect()
+}
+
 /// Waits until `node` says it holds its lease and forwards, which it says once its rules are
 /// written: a restarted node's status answers, and its old subnet file is there, before that.
 pub fn forwarding(node: &twill_lab::Proc) -> Result<()> {
