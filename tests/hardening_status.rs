@@ -60,7 +60,7 @@ fn open_files(pid: u32) -> Result<usize> {
 }
 
 #[test]
-fn the_healthz_port_serves_healthz_alone() -> Result<()> {
+fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
     twill_lab::require_root()?;
     let lab = Lab::new(LabSpec {
         hosts: 2,
@@ -84,6 +84,8 @@ fn the_healthz_port_serves_healthz_alone() -> Result<()> {
     let answer = get(&healthz, "/healthz")?;
     ensure!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     ensure!(answer.ends_with("\r\n\r\nok\n"), "{answer}");
+    let answer = get(&healthz, "/readyz")?;
+    ensure!(answer.ends_with("\r\n\r\nready\n"), "{answer}");
     for path in ["/status", "/metrics", "/", "/debug/pprof/"] {
         let answer = get(&healthz, path)?;
         ensure!(
@@ -91,7 +93,7 @@ fn the_healthz_port_serves_healthz_alone() -> Result<()> {
             "{path} on {healthz}: {answer}"
         );
     }
-    for path in ["/healthz", "/status", "/metrics"] {
+    for path in ["/healthz", "/readyz", "/status", "/metrics"] {
         let answer = get(STATUS_ADDR, path)?;
         ensure!(
             answer.starts_with("HTTP/1.1 200"),
@@ -113,19 +115,27 @@ fn the_healthz_port_serves_healthz_alone() -> Result<()> {
     );
     ensure!(wrong.contains("404"), "{wrong}");
 
-    // /healthz keeps its meaning on both: 503 with the reason while the TUN is down.
+    // /readyz means the same on both: 503 with the reason while the TUN is down; /healthz
+    // stays 200 throughout, so a liveness probe does not restart a node that repairs itself.
     host.ns.ip(&["link", "set", "twill0", "down"])?;
-    eventually("/healthz failing on both addresses", || {
-        Ok([&healthz, STATUS_ADDR].iter().all(|addr| {
-            get(addr, "/healthz")
-                .is_ok_and(|a| a.starts_with("HTTP/1.1 503") && a.contains("device twill0 is down"))
+    let answers = |path: &str, wanted: &dyn Fn(&str) -> bool| {
+        [&healthz, STATUS_ADDR]
+            .iter()
+            .all(|addr| get(addr, path).is_ok_and(|a| wanted(&a)))
+    };
+    let ok = |a: &str| a.starts_with("HTTP/1.1 200");
+    eventually("/readyz failing on both addresses", || {
+        Ok(answers("/readyz", &|a| {
+            a.starts_with("HTTP/1.1 503") && a.contains("device twill0 is down")
         }))
     })?;
+    ensure!(
+        answers("/healthz", &ok),
+        "/healthz failed with the TUN down"
+    );
     host.ns.ip(&["link", "set", "twill0", "up"])?;
-    eventually("/healthz ok again on both addresses", || {
-        Ok([&healthz, STATUS_ADDR]
-            .iter()
-            .all(|addr| get(addr, "/healthz").is_ok_and(|a| a.starts_with("HTTP/1.1 200"))))
+    eventually("/readyz ok again on both addresses", || {
+        Ok(answers("/readyz", &ok))
     })?;
     Ok(())
 }

@@ -103,7 +103,7 @@ impl UserspaceSetup {
 fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
     match underlay {
         Underlay::Ipv4 => Ok(node.iface.ipv4()?.into()),
-        Underlay::Ipv6 => match host::ipv6_address(&node.iface.name)?.or(node.public_ipv6) {
+        Underlay::Ipv6 => match node.iface.ipv6.or(node.public_ipv6) {
             Some(ip) => Ok(ip.into()),
             None => bail!(
                 "Backend.Underlay is ipv6, but this node has no IPv6 address to send from: \
@@ -293,6 +293,7 @@ mod tests {
         Interface {
             name: "eth0".into(),
             address: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            ipv6: None,
             mtu,
         }
     }

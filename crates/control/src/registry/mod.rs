@@ -19,6 +19,7 @@ pub use static_peers::{parse_peer, StaticRegistry};
 
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 
 /// A change in the set of other nodes' leases, in our own, or in the network config.
@@ -64,6 +65,12 @@ pub trait Registry {
     /// How this registry's leases are named in logs and status.
     fn lease_namer(&self) -> LeaseNamer {
         LeaseNamer::default()
+    }
+
+    /// What to do once the node is ready (subnet.env written, the rules in place), such as
+    /// telling Kubernetes the Node's network is available; the daemon spawns it then.
+    fn on_ready(&self) -> Option<BoxFuture<'static, ()>> {
+        None
     }
 
     /// Acquires (or reuses) this node's lease and keeps it alive in the background for as long

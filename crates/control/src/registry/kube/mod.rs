@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{anyhow, Context};
 use client::Failure;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use node_view::NodeView;
@@ -58,7 +59,7 @@ pub enum NodeIdentity {
 
 impl NodeIdentity {
     /// From flanneld's environment variables; a clear error when neither way is set.
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<NodeIdentity> {
+    pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<NodeIdentity> {
         let set = |name: &str| get(name).filter(|v| !v.is_empty());
         if let Some(name) = set("NODE_NAME") {
             return Ok(NodeIdentity::Name(name));
@@ -198,8 +199,26 @@ impl Registry for KubeRegistry {
         format!("kubernetes (node {})", self.node_name)
     }
 
-    /// Waits for the Node's podCIDRs, publishes this node's annotations and marks its network
-    /// available, then lists the Nodes; the watch that follows runs in the background.
+    /// Marks the Node's network available (`--set-node-network-unavailable`), once the node is
+    /// ready: before, pods scheduled on it would find no subnet.env and no routes.
+    fn on_ready(&self) -> Option<BoxFuture<'static, ()>> {
+        if !self.opts.set_network_available {
+            return None;
+        }
+        let nodes: Api<NodeView> = Api::all(self.client.clone());
+        let (name, timing) = (self.node_name.clone(), self.opts.timing.clone());
+        Some(Box::pin(async move {
+            match own_node::mark_network_available(&nodes, &name, &timing).await {
+                Ok(()) => tracing::info!("Node {name}: NetworkUnavailable set to False"),
+                Err(e) => {
+                    tracing::warn!("cannot set Node {name}'s NetworkUnavailable to False: {e:#}")
+                }
+            }
+        }))
+    }
+
+    /// Waits for the Node's podCIDRs and publishes this node's annotations, then lists the
+    /// Nodes; the watch that follows runs in the background.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
         let nodes: Api<NodeView> = Api::all(self.client.clone());
         let own = own_node::OwnNode {
@@ -211,9 +230,6 @@ impl Registry for KubeRegistry {
             timing: self.opts.timing.clone(),
         };
         let lease = own.acquire().await?;
-        if self.opts.set_network_available {
-            own.mark_network_available().await?;
-        }
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let follower = follow::Follower::new(own, lease.clone(), self.names, tx);
         let watch = follower.list(nodes).await?;
@@ -266,18 +282,22 @@ mod tests {
             }
         };
         assert_eq!(
-            NodeIdentity::from_env(env(&[("NODE_NAME", "w1"), ("POD_NAME", "p")])).unwrap(),
+            NodeIdentity::from_env(&env(&[("NODE_NAME", "w1"), ("POD_NAME", "p")])).unwrap(),
             NodeIdentity::Name("w1".into())
         );
         assert_eq!(
-            NodeIdentity::from_env(env(&[("POD_NAME", "p"), ("POD_NAMESPACE", "kube-flannel")]))
-                .unwrap(),
+            NodeIdentity::from_env(&env(&[
+                ("POD_NAME", "p"),
+                ("POD_NAMESPACE", "kube-flannel")
+            ]))
+            .unwrap(),
             NodeIdentity::Pod {
                 namespace: "kube-flannel".into(),
                 name: "p".into()
             }
         );
-        let err = NodeIdentity::from_env(env(&[("POD_NAME", "p"), ("NODE_NAME", "")])).unwrap_err();
+        let err =
+            NodeIdentity::from_env(&env(&[("POD_NAME", "p"), ("NODE_NAME", "")])).unwrap_err();
         assert!(err.to_string().contains("set NODE_NAME"), "{err}");
     }
 }
