@@ -18,8 +18,6 @@ mod nfnl;
 mod nftables;
 mod ruleset;
 
-pub use ruleset::{Family, Mode};
-
 use crate::config::Config;
 use crate::lease::Lease;
 use crate::status::{NodeStatus, RulesStatus};
@@ -31,7 +29,7 @@ use keeper::{Dialect, Keeper, Stop};
 use leftovers::Keep;
 use nfnl::Nftables;
 use nftables::NftablesRules;
-use ruleset::Ruleset;
+use ruleset::{Family, Mode, Ruleset};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
