@@ -115,6 +115,10 @@ struct RunArgs {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value_t = false, default_missing_value = "true", action = ArgAction::Set)]
     ip_masq: bool,
+    /// Masquerade without fully random source ports (--random-fully, fully-random).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_value_t = false, default_missing_value = "true", action = ArgAction::Set)]
+    ip_masq_fully_random_disable: bool,
     /// Accept forwarding to and from the container network (flannel's default: true).
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_value_t = true, default_missing_value = "true", action = ArgAction::Set)]
@@ -333,6 +337,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         traffic: TrafficOptions {
             ip_masq: args.ip_masq,
             forward_rules: args.iptables_forward_rules,
+            fully_random: !args.ip_masq_fully_random_disable,
             resync: Duration::from_secs(args.iptables_resync),
         },
         queues: usize::from(args.queues),

@@ -228,6 +228,7 @@ fn node_options(values: &Values) -> anyhow::Result<NodeOptions> {
         traffic: TrafficOptions {
             ip_masq: values.bool("ip-masq"),
             forward_rules: values.bool("iptables-forward-rules"),
+            fully_random: !values.bool("ip-masq-fully-random-disable"),
             resync: Duration::from_secs(int("iptables-resync", 1..=3600)?.unsigned_abs()),
         },
         status_addrs: status::addresses(status::DEFAULT_ADDR.parse()?, healthz),

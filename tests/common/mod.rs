@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod datagrams;
 pub mod hostile6;
 pub mod kube;
+pub mod rules;
 pub mod wireguard;
 
 use anyhow::{bail, Context, Result};

@@ -118,9 +118,9 @@ pub async fn run<R: Registry>(
     }
 }
 
-/// Acquire the lease the setup describes, attach the backend to it, write twill's nftables
-/// rules, publish the subnet file and status, then follow the other leases until shutdown
-/// (which removes the rules again).
+/// Acquire the lease the setup describes, attach the backend to it, write flannel's masquerade
+/// and forward rules, publish the subnet file and status, then follow the other leases until
+/// shutdown (which leaves the rules in place, as flanneld does).
 async fn join<R: Registry, S: Setup>(
     registry: R,
     node: &Node,
@@ -132,8 +132,8 @@ async fn join<R: Registry, S: Setup>(
     let namer = registry.lease_namer();
     let on_ready = registry.on_ready();
     node.status.set_registry(registry.name());
-    let nft_rules =
-        traffic::Rules::prepare(node.options.traffic.clone(), node.status.clone()).await?;
+    let traffic = node.options.traffic.clone();
+    let rules = traffic::Rules::prepare(traffic, &node.config, node.status.clone()).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -146,13 +146,17 @@ async fn join<R: Registry, S: Setup>(
     let mut upkeep = Upkeep::start(node, &lease, backend.mtu(), every).await?;
     // Before traffic is ours: another backend's routes would carry it around this one.
     upkeep.sweep().await;
-    let nft_rules = nft_rules.install(&node.config, &lease).await?;
+    let rules = rules.install(&node.config, &lease).await?;
     let blackholes = node.options.blackhole_route.then(|| {
         let subnets = lease.ipv4_subnet().map(IpNet::V4).into_iter();
         let subnets = subnets.chain(lease.ipv6_subnet.map(IpNet::V6)).collect();
         blackhole::keep(subnets, node.options.traffic.resync)
     });
-    write_subnet_env(node, &lease, backend.mtu())?;
+    if let Err(e) = write_subnet_env(node, &lease, backend.mtu()) {
+        // A start that fails leaves no rules behind (a stop leaves them).
+        rules.remove().await;
+        return Err(e);
+    }
     tracing::info!(
         subnet = %lease.id(),
         ipv6_subnet = ?lease.ipv6_subnet,
@@ -176,7 +180,7 @@ async fn join<R: Registry, S: Setup>(
     if let Some(task) = blackholes {
         task.abort();
     }
-    nft_rules.remove().await;
+    rules.leave().await;
     followed
 }
 

@@ -29,7 +29,7 @@ pub struct NodeOptions {
     pub tun_name: String,
     /// TUN MTU; the interface MTU minus the encapsulation overhead when absent.
     pub mtu: Option<u16>,
-    /// `--ip-masq` and `--iptables-forward-rules`: twill's nftables table.
+    /// `--ip-masq` and `--iptables-forward-rules`: flannel's masquerade and forward rules.
     pub traffic: TrafficOptions,
     /// TUN queues, one reader task each.
     pub queues: usize,

@@ -118,15 +118,23 @@ pub struct Reconciles {
     pub last_writes: u64,
 }
 
-/// What `twill status` shows of twill's nftables rules (the traffic module keeps it current).
-#[derive(Debug, Clone, Serialize)]
+/// What `twill status` shows of flannel's masquerade and forward rules (the traffic module
+/// keeps it current).
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RulesStatus {
-    pub table: String,
+    /// `nftables` (`"EnableNFTables": true`), else `iptables-nft` or `iptables-legacy`.
+    pub mode: String,
+    /// Where the rules are: nftables tables, or iptables chains.
+    pub places: Vec<String>,
     pub ip_masq: bool,
     pub forward_rules: bool,
-    /// The table holds exactly what twill wrote, as of the last check.
+    /// MASQUERADE with fully random ports (off: `--ip-masq-fully-random-disable`).
+    pub fully_random: bool,
+    /// The rules are in place as written, as of the last check.
     pub in_place: bool,
-    /// How often the table had to be written again since start.
+    /// Checks since start (one every `--iptables-resync`).
+    pub checks: u64,
+    /// How often the rules had to be written again since start.
     pub repairs: u64,
     /// Why the last check or repair failed, if it did.
     pub error: Option<String>,
@@ -262,7 +270,7 @@ impl NodeStatus {
             "kernel_writes": self.kernel_writes.load(Relaxed),
             "dataplane": engine.as_ref().map(|e| e.name),
             "counters": engine.as_ref().map(|e| counters_json(&e.table, &e.stats)),
-            "nftables": *self.rules.read().unwrap(),
+            "rules": *self.rules.read().unwrap(),
         })
     }
 }

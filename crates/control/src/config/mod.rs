@@ -33,6 +33,10 @@ pub struct Config {
     /// Fields twill does not read for this network's backend (`X` or `Backend.X`): accepted, as
     /// flanneld accepts them, and named at start.
     pub unread: Vec<String>,
+    /// `EnableNFTables`: flannel's masquerade and forward rules as nftables tables
+    /// (`ip flannel-ipv4`, `ip6 flannel-ipv6`) instead of iptables chains (false, flannel's
+    /// default).
+    pub enable_nftables: bool,
 }
 
 /// The `Backend` object: the fields twill reads, plus the raw JSON for backend-specific extras.
@@ -91,6 +95,10 @@ impl Config {
             .filter(|(_, old, new)| old != new)
             .map(|(name, old, new)| format!("{name} {old} -> {new}"))
             .collect();
+        if self.enable_nftables != now.enable_nftables {
+            let (old, new) = (self.enable_nftables, now.enable_nftables);
+            changed.push(format!("EnableNFTables {old} -> {new}"));
+        }
         changed.extend(backend_difference(&self.backend.raw, &now.backend.raw));
         (!changed.is_empty()).then(|| changed.join(", "))
     }
@@ -181,6 +189,7 @@ impl Config {
             ipv6,
             unread: fields::unread(&obj, &backend.backend_type),
             backend,
+            enable_nftables: bool_field(&obj, "EnableNFTables")?.unwrap_or(false),
         })
     }
 
