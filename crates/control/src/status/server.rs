@@ -1,6 +1,6 @@
 //! The status server: one accept loop per address, HTTP/1.1 only, with timeouts and a cap on
 //! open connections, so that no client, however slow or however many, can take the file
-//! descriptors the rest of the daemon needs (nft for the nftables repair, the registry's
+//! descriptors the rest of the daemon needs (iptables-restore for the rules' repair, the registry's
 //! reconnects, netlink sockets).
 //!
 //! `axum::serve` has none of these knobs, and with the hyper-util features other crates of the
@@ -277,7 +277,7 @@ impl RateLimited {
 
 /// Raises this process's soft limit on open files to its hard limit, as Go does for every
 /// program since 1.19: systemd gives a service 1024 soft (and 524288 hard), which the status
-/// server's connections, the nft processes, the registry's sockets and the TUN queues share.
+/// server's connections, the iptables-restore processes, the registry's sockets and the TUN queues share.
 /// Returns the limits (soft, hard) as they are afterwards.
 pub fn raise_open_files_limit() -> std::io::Result<(libc::rlim_t, libc::rlim_t)> {
     let mut limit = libc::rlimit {
