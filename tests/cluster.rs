@@ -1,13 +1,13 @@
 //! A real two-node Kubernetes cluster (twill_lab::Cluster: the lab's kube-apiserver, a
 //! controller manager and a scheduler; on each node its own containerd and kubelet v1.33) and
-//! flannel's own kube-flannel.yml v0.28.9 on it with flanneld v0.28.9's image, built from
-//! flannel's source by scripts/kube-parts. This proves the cluster with flanneld itself; twill's
-//! image passes through the same checks (common::kube_flannel) with the image swapped.
+//! flannel's own kube-flannel.yml v0.28.9 on it, first with flanneld v0.28.9's image (built from
+//! flannel's source by scripts/kube-parts), which proves the cluster and the checks, then with
+//! only the image swapped for twill's (scripts/image): the same checks (common::kube_flannel).
 
 mod common;
 
 use anyhow::Result;
-use common::kube_flannel::{cluster_for, kube_flannel_holds};
+use common::kube_flannel::{cluster_for, kube_flannel_holds, twill_image};
 use std::time::Duration;
 use twill_lab::{Cluster, ClusterSpec, Image};
 
@@ -83,4 +83,13 @@ fn kube_flannel_yml_runs_flanneld_on_a_real_cluster() -> Result<()> {
     let flannel = Image::part("flannel")?;
     let mut cluster = cluster_for("flannel", &flannel)?;
     kube_flannel_holds(&mut cluster, &flannel)
+}
+
+#[test]
+fn kube_flannel_yml_runs_twill_on_a_real_cluster() -> Result<()> {
+    // The image as a user makes it, around the twill binary under test.
+    let dir = tempfile::tempdir()?;
+    let twill = twill_image(dir.path())?;
+    let mut cluster = cluster_for("twill", &twill)?;
+    kube_flannel_holds(&mut cluster, &twill)
 }

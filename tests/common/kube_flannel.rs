@@ -97,6 +97,17 @@ pub fn kube_flannel_holds(cluster: &mut Cluster, flannel: &Image) -> Result<()> 
     let manifest = kube_flannel(flannel, &Image::part("flannel-cni-plugin")?)?;
     cluster.api().apply_yaml(&manifest)?;
     cluster.wait_daemonset(NAMESPACE, DAEMONSET, ROLLOUT_TIMEOUT)?;
+    for pod in cluster.pods(NAMESPACE)? {
+        let status = cluster.pod(NAMESPACE, &pod)?.status.unwrap_or_default();
+        let images: Vec<String> = (status.container_statuses.into_iter().flatten())
+            .map(|c| c.image)
+            .collect();
+        ensure!(
+            images == [flannel.name.clone()],
+            "{pod} runs {images:?}, not {}",
+            flannel.name
+        );
+    }
 
     let conf = cluster.api().config_map(NAMESPACE, CONFIG_MAP)?;
     let cni_conf = json(conf.get("cni-conf.json").context("no cni-conf.json")?)?;
