@@ -76,8 +76,12 @@ pub(crate) fn sweep(stale: impl Fn(&str) -> bool) -> Result<()> {
     Ok(())
 }
 
-/// Every mounted hierarchy under /sys/fs/cgroup (a directory with a `cgroup.procs`).
+/// Every mounted hierarchy: /sys/fs/cgroup itself on a cgroup v2 host, else each directory
+/// under it with a `cgroup.procs` (v1 controllers, the named systemd one, the unified one).
 fn hierarchies() -> Result<Vec<PathBuf>> {
+    if Path::new(CGROUP_FS).join("cgroup.procs").is_file() {
+        return Ok(vec![CGROUP_FS.into()]);
+    }
     let entries =
         std::fs::read_dir(CGROUP_FS).with_context(|| format!("cannot list {CGROUP_FS}"))?;
     Ok(entries

@@ -25,15 +25,16 @@ const TOKENS: &str = "tokens.csv";
 /// Enough of the server's log to see why it failed, without flooding the test output.
 const TAIL_LINES: usize = 40;
 
-/// The path of a part built by `scripts/kube-parts` (`kube-apiserver`, `flannel`, `cnitool`),
-/// found in `$TWILL_KUBE_PARTS` or else `/var/cache/twill/kube`.
+/// The path of a part built by `scripts/kube-parts` (`kube-apiserver`, `kubelet`, `flanneld`,
+/// `flannel`, `cnitool`, `images/pause.tar`, ...), found in `$TWILL_KUBE_PARTS` or else
+/// `/var/cache/twill/kube`.
 pub fn kube_part(name: &str) -> Result<PathBuf> {
     let dir = std::env::var_os(PARTS_ENV).map_or_else(|| DEFAULT_PARTS.into(), PathBuf::from);
     let path = dir.join(name);
     ensure!(
         path.is_file(),
-        "{} not found: run scripts/kube-parts (builds kube-apiserver, flannel and cnitool from \
-         source once; needs Go) or point {PARTS_ENV} at the directory it prints",
+        "{} not found: run scripts/kube-parts (builds the Kubernetes and flannel parts from \
+         source once, and the images; needs Go) or point {PARTS_ENV} at the directory it prints",
         path.display()
     );
     Ok(path)
