@@ -102,9 +102,7 @@ impl Cluster {
         let api = KubeApiServer::start(Some(&control_host.ns), control_host.underlay_ip, &etcd)?;
         let dir = tempfile::Builder::new().prefix(&temp_prefix()).tempdir()?;
         let control = ControlPlane::start(control_host.ns.name(), &api, dir.path())?;
-        let images: Vec<Image> = std::iter::once(Image::part("pause")?)
-            .chain(spec.images.iter().cloned())
-            .collect();
+        let pause = Image::part("pause")?;
         let mut nodes = Vec::new();
         for i in 1..=spec.nodes {
             let host = lab.host(i);
@@ -115,7 +113,8 @@ impl Cluster {
                 host.underlay_ip,
                 host.ns.name(),
                 &api,
-                &images,
+                &pause,
+                &spec.images,
             )?);
         }
         let mut cluster = Cluster {

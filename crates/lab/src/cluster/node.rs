@@ -37,14 +37,15 @@ pub struct KubeNode {
 }
 
 impl KubeNode {
-    /// Makes the node's mount namespace in network namespace `netns`, starts containerd,
-    /// imports `images` and starts the kubelet, which registers Node `name` at `ip` with
-    /// `api`. The kubelet's image of the pause container is `images[0]`.
+    /// Makes the node's mount namespace in network namespace `netns`, starts containerd with
+    /// `pause` as its sandbox image, imports it and `images`, and starts the kubelet, which
+    /// registers Node `name` at `ip` with `api`.
     pub(super) fn start(
         name: &str,
         ip: Ipv4Addr,
         netns: &str,
         api: &KubeApiServer,
+        pause: &Image,
         images: &[Image],
     ) -> Result<KubeNode> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -66,10 +67,10 @@ impl KubeNode {
             holder: None,
             state,
         };
-        node.write_config(api, &images[0])?;
+        node.write_config(api, pause)?;
         node.hold_mount_namespace()?;
         node.start_containerd()?;
-        for image in images {
+        for image in std::iter::once(pause).chain(images) {
             node.import(image)?;
         }
         node.start_kubelet()?;
