@@ -83,11 +83,14 @@ impl Default for NodeOptions {
             metrics_per_peer: false,
             nexthop_objects: true,
             dataplane: DataplaneChoice::default(),
-            bpf_dir: crate::backend::ebpf::DEFAULT_BPF_DIR.into(),
+            bpf_dir: DEFAULT_BPF_DIR.into(),
             blackhole_route: false,
         }
     }
 }
+
+/// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
+pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
 
 /// The TUN (or eBPF device) of the userspace backends, `--tun-name`.
 pub const DEFAULT_TUN_NAME: &str = "twill0";
