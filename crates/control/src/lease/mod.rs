@@ -96,16 +96,27 @@ impl From<Ipv4Net> for SubnetId {
 }
 
 /// Where a lease stands in the order its registry created the leases, the same on every node:
-/// of two leases that cannot both be peers (one WireGuard key, say), every node keeps the
-/// older one, whatever order it heard of them in. Compared by `at`, then by `name`.
+/// of two leases that cannot both be peers (one subnet, one PublicIP, one WireGuard key), every
+/// node keeps the older one, whatever order it heard of them in. Compared by `at`, then by
+/// `name`. Registry metadata: never part of flannel's lease JSON.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Created {
     /// etcd: the key's create_revision. Kubernetes: the Node's creationTimestamp, in seconds
     /// since 1970. Static registry: the `--peer` flag's position. 0 where it is not known.
     pub at: i64,
-    /// Breaks ties of `at`: the Node's name in Kubernetes, whose timestamps have only seconds.
-    /// Empty elsewhere.
+    /// The Node's name in Kubernetes, which also breaks ties of `at` (its timestamps have only
+    /// seconds) and is the lease's [`LeaseOrigin`]. Empty elsewhere.
     pub name: Arc<str>,
+}
+
+/// Which entry of its registry a lease is: the Kubernetes Node it was read from, else its
+/// subnets, which name an etcd key or a `--peer` flag. Two leases of one origin are two
+/// versions of one lease; two of different origins are two leases, even for one subnet (an
+/// impostor's Node with another Node's podCIDR, an etcd key with another key's IPv4 subnet).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LeaseOrigin {
+    Node(Arc<str>),
+    Key(Ipv4Net, Option<Ipv6Net>),
 }
 
 impl Created {
@@ -273,6 +284,14 @@ impl Lease {
         match (self.ipv4_subnet(), self.ipv6_subnet) {
             (None, Some(v6)) => SubnetId::V6(v6),
             _ => SubnetId::V4(self.subnet),
+        }
+    }
+
+    /// Which entry of its registry this lease is: see [`LeaseOrigin`].
+    pub fn origin(&self) -> LeaseOrigin {
+        match self.created.name.is_empty() {
+            true => LeaseOrigin::Key(self.subnet, self.ipv6_subnet),
+            false => LeaseOrigin::Node(self.created.name.clone()),
         }
     }
 

@@ -9,7 +9,7 @@ use super::node_cidrs::Stack;
 use super::node_view::NodeView;
 use super::own_node::{OwnChange, OwnNode};
 use crate::lease::Lease;
-use crate::registry::{node_key, LeaseEvent, NodeNames};
+use crate::registry::{node_key, LeaseEvent};
 use anyhow::anyhow;
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -17,7 +17,6 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::Api;
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 type Nodes = BoxStream<'static, Result<Event<NodeView>, watcher::Error>>;
@@ -32,7 +31,6 @@ enum Peer {
 pub(super) struct Follower {
     own: OwnNode,
     lease: Lease,
-    names: Arc<NodeNames>,
     /// Every other Node that is a lease or claims to be one, by name.
     peers: HashMap<String, Peer>,
     /// A list in progress (between the watcher's Init and InitDone).
@@ -54,16 +52,10 @@ struct Listing {
 struct Gone;
 
 impl Follower {
-    pub fn new(
-        own: OwnNode,
-        lease: Lease,
-        names: Arc<NodeNames>,
-        tx: mpsc::Sender<LeaseEvent>,
-    ) -> Follower {
+    pub fn new(own: OwnNode, lease: Lease, tx: mpsc::Sender<LeaseEvent>) -> Follower {
         Follower {
             own,
             lease,
-            names,
             peers: HashMap::new(),
             listing: None,
             listed: false,
@@ -175,13 +167,9 @@ impl Follower {
             }
         }
         let mut leases = Vec::new();
-        let mut names = HashMap::new();
         for (name, peer) in &self.peers {
             match peer {
-                Peer::Lease(lease) => {
-                    names.insert(lease.id(), name.clone());
-                    leases.push(lease.clone());
-                }
+                Peer::Lease(lease) => leases.push(lease.clone()),
                 Peer::Unreadable(why) => {
                     if old.get(name) != Some(peer) {
                         warn_unreadable(name, why);
@@ -190,7 +178,6 @@ impl Follower {
                 }
             }
         }
-        self.names.replace(names);
         self.send(LeaseEvent::Snapshot(leases)).await
     }
 
@@ -209,8 +196,8 @@ impl Follower {
             return Ok(());
         }
         match (old, new) {
-            (Some(Peer::Lease(old)), Some(Peer::Lease(new))) if old.id() == new.id() => {
-                self.names.set(new.id(), &name);
+            // One Node is one lease (its origin), whatever its podCIDR says.
+            (Some(Peer::Lease(_)), Some(Peer::Lease(new))) => {
                 self.send(LeaseEvent::Added(new)).await
             }
             (old, new) => {
@@ -237,10 +224,7 @@ impl Follower {
     /// What a Node no longer is.
     async fn gone(&mut self, name: &str, old: Option<Peer>) -> Result<(), Gone> {
         match old {
-            Some(Peer::Lease(lease)) => {
-                self.names.forget(lease.id());
-                self.send(LeaseEvent::Removed(lease)).await
-            }
+            Some(Peer::Lease(lease)) => self.send(LeaseEvent::Removed(lease)).await,
             Some(Peer::Unreadable(_)) => self.send(unreadable(name, None)).await,
             None => Ok(()),
         }
@@ -249,10 +233,7 @@ impl Follower {
     /// What a Node now is.
     async fn came(&mut self, name: &str, new: Option<Peer>) -> Result<(), Gone> {
         match new {
-            Some(Peer::Lease(lease)) => {
-                self.names.set(lease.id(), name);
-                self.send(LeaseEvent::Added(lease)).await
-            }
+            Some(Peer::Lease(lease)) => self.send(LeaseEvent::Added(lease)).await,
             Some(Peer::Unreadable(why)) => {
                 warn_unreadable(name, &why);
                 self.send(unreadable(name, Some(&why))).await

@@ -13,7 +13,7 @@ mod publish;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 
-use super::{Backoff, LeaseEvent, LeaseNamer, NodeNames, Registry, EVENT_QUEUE};
+use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{anyhow, Context};
@@ -22,7 +22,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use node_view::NodeView;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -104,7 +103,6 @@ pub struct KubeRegistry {
     config: Config,
     node_name: String,
     annotations: Annotations,
-    names: Arc<NodeNames>,
     opts: KubeOptions,
 }
 
@@ -126,7 +124,6 @@ impl KubeRegistry {
             config,
             node_name,
             annotations,
-            names: Arc::default(),
             opts,
         })
     }
@@ -191,7 +188,7 @@ impl Registry for KubeRegistry {
     }
 
     fn lease_namer(&self) -> LeaseNamer {
-        LeaseNamer::KubeNode(self.names.clone())
+        LeaseNamer::KubeNode
     }
 
     fn name(&self) -> String {
@@ -215,7 +212,7 @@ impl Registry for KubeRegistry {
             own.mark_network_available().await?;
         }
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let follower = follow::Follower::new(own, lease.clone(), self.names, tx);
+        let follower = follow::Follower::new(own, lease.clone(), tx);
         let watch = follower.list(nodes).await?;
         tokio::spawn(watch);
         Ok((lease, rx))
