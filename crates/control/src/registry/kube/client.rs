@@ -3,8 +3,13 @@
 
 use super::KubeOptions;
 use anyhow::{anyhow, Context};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use std::time::Duration;
+use tower::{BoxError, ServiceBuilder};
 
 /// The client for `--kubeconfig-file` (its server replaced by `--kube-api-url` if given),
 /// else for `--kube-api-url` with the pod's service account if there is one, else for the
@@ -32,9 +37,32 @@ pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
     if let Some(url) = &opts.api_url {
         config.cluster_url = parse_url(url)?;
     }
-    config.connect_timeout = Some(opts.timing.request_timeout);
-    config.write_timeout = Some(opts.timing.request_timeout);
-    Client::try_from(config).context("cannot build a Kubernetes client")
+    with_keepalive(config, opts.timing.request_timeout).context("cannot build a Kubernetes client")
+}
+
+/// kube's own client, on connections that notice a dead peer within about `timeout`: TCP
+/// keepalive probes after `timeout / 2` without traffic, and TCP_USER_TIMEOUT, which ends a
+/// connection whose probes or data go unanswered for `timeout`. kube's default connections
+/// have neither, so a watch whose connection died silently (a path that dropped its packets
+/// while the API server restarted) waited for its idle timeout, about five minutes, before it
+/// watched again. client-go gets the same from HTTP/2 pings; kube speaks HTTP/1.1 here.
+fn with_keepalive(config: Config, timeout: Duration) -> Result<Client, kube::Error> {
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_connect_timeout(Some(timeout));
+    tcp.set_keepalive(Some(timeout / 2));
+    tcp.set_keepalive_interval(Some(timeout / 5));
+    tcp.set_keepalive_retries(Some(3));
+    tcp.set_tcp_user_timeout(Some(timeout));
+    let https = config.rustls_https_connector_with_connector(tcp)?;
+    let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 fn parse_url(url: &str) -> anyhow::Result<http::Uri> {

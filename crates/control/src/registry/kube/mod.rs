@@ -6,6 +6,7 @@
 mod annotations;
 mod client;
 mod follow;
+mod history;
 mod node_cidrs;
 mod node_view;
 mod own_node;
