@@ -154,9 +154,14 @@ struct RunArgs {
     #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
     bpf_dir: PathBuf,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
-    /// maps under --bpf-dir, its device --tun-name and route), then exit.
+    /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
+    /// runs on them.
     #[arg(long)]
     cleanup: bool,
+    /// With --cleanup: remove them even while a twill runs on them (it puts them back at its
+    /// next reconcile).
+    #[arg(long, requires = "cleanup")]
+    force: bool,
 }
 
 /// flanneld's etcd flags; `--etcd-endpoints` switches from the static registry to etcd.
@@ -239,7 +244,11 @@ fn run(args: RunArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     runtime.spawn(cancel_on_signal(stop.clone()));
     if args.cleanup {
-        return runtime.block_on(ebpf::cleanup(&args.bpf_dir, &args.tun_name));
+        let (bpf_dir, device) = (&args.bpf_dir, &args.tun_name);
+        return match args.force {
+            true => runtime.block_on(ebpf::cleanup_anyway(bpf_dir, device)),
+            false => runtime.block_on(ebpf::cleanup(bpf_dir, device)),
+        };
     }
     let options = node_options(&args);
     if let Some(kube) = kube_options(&args)? {
