@@ -13,6 +13,7 @@ mod wire;
 
 pub use key::{lease_key, parse_lease_key, parse_subnet_key, subnet_key, subnets_prefix, KeyError};
 
+use crate::shown;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -370,10 +371,14 @@ fn wireguard_fields(
 ) -> Option<Result<(PublicKey, Option<u16>), String>> {
     let fields = data.and_then(BackendData::fields)?;
     let key = match fields.get("PublicKey")? {
-        Value::String(text) => text
-            .parse::<PublicKey>()
-            .map_err(|e| format!("its {prefix}PublicKey {text:?} is not a WireGuard key: {e}")),
-        other => Err(format!("its {prefix}PublicKey {other} is not a string")),
+        Value::String(text) => text.parse::<PublicKey>().map_err(|e| {
+            let text = shown::quoted(text);
+            format!("its {prefix}PublicKey {text} is not a WireGuard key: {e}")
+        }),
+        other => Err(format!(
+            "its {prefix}PublicKey {} is not a string",
+            shown::value(&other.to_string())
+        )),
     };
     let port = match fields.get("Port") {
         None | Some(Value::Null) => Ok(None),
@@ -382,7 +387,10 @@ fn wireguard_fields(
             .and_then(|p| u16::try_from(p).ok())
             .filter(|&p| p > 0)
             .map(Some)
-            .ok_or_else(|| format!("its {prefix}Port {v} is not a UDP port")),
+            .ok_or_else(|| {
+                let v = shown::value(&v.to_string()).owned();
+                format!("its {prefix}Port {v} is not a UDP port")
+            }),
     };
     Some(key.and_then(|key| Ok((key, port?))))
 }

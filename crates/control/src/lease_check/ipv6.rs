@@ -61,6 +61,12 @@ impl Ipv6Rules {
             }
         }
         match lease.public_ipv6 {
+            Some(ip) if self.network.contains(&ip) => {
+                return Err(Rejection::PublicIpv6InNetwork {
+                    ip,
+                    network: self.network,
+                })
+            }
             Some(ip) => check_public_ipv6(ip, self.own_public_ip)?,
             None if self.needs_public_ip => return Err(Rejection::NoPublicIpv6),
             None => {}

@@ -9,6 +9,7 @@
 
 use crate::backend::netlink::MacAddr;
 use crate::config::Config;
+use crate::shown;
 mod ipv6;
 
 pub use ipv6::{overlaps_v6, unusable_ipv6, Ipv6Rules};
@@ -36,6 +37,12 @@ pub enum Rejection {
     OwnPublicIp(Ipv4Addr),
     /// Its PublicIP cannot be a host (unspecified, loopback, multicast, broadcast).
     UnusablePublicIp(Ipv4Addr),
+    /// Its PublicIP lies inside the container network: its datagrams would be routed into the
+    /// tunnel they come out of, a loop.
+    PublicIpInNetwork {
+        ip: Ipv4Addr,
+        network: Ipv4Net,
+    },
     /// A vxlan lease whose VtepMAC is missing, malformed, zero, or multicast.
     VtepMac(String),
     /// A wireguard lease whose PublicKey is missing or malformed, or whose Port is no port, or
@@ -65,6 +72,11 @@ pub enum Rejection {
     OverlapsOwnIpv6(Ipv6Net),
     /// Its PublicIPv6 is this node's: traffic for it would loop back to us.
     OwnPublicIpv6(Ipv6Addr),
+    /// Its PublicIPv6 lies inside the IPv6Network: a loop, as [`Rejection::PublicIpInNetwork`].
+    PublicIpv6InNetwork {
+        ip: Ipv6Addr,
+        network: Ipv6Net,
+    },
     /// Its PublicIPv6 cannot be another host's address; `why` says what it is instead.
     UnusablePublicIpv6 {
         ip: Ipv6Addr,
@@ -93,12 +105,18 @@ impl fmt::Display for Rejection {
             Rejection::OverlapsOwn(own) => write!(f, "it overlaps this node's own lease {own}"),
             Rejection::OwnPublicIp(ip) => write!(f, "its PublicIP {ip} is this node's own"),
             Rejection::UnusablePublicIp(ip) => write!(f, "its PublicIP {ip} is not a host address"),
+            Rejection::PublicIpInNetwork { ip, network } => write!(
+                f,
+                "its PublicIP {ip} lies inside the network {network}: its traffic would be sent \
+                 into the tunnel it travels in, a loop"
+            ),
             Rejection::VtepMac(why) | Rejection::WireguardData(why) => write!(f, "{why}"),
             Rejection::OwnKey(key) => write!(f, "its PublicKey \"{key}\" is this node's own"),
             Rejection::BackendType { got, want } => write!(
                 f,
-                "its backend type {got} is not this node's {want}: they cannot carry each \
-                 other's traffic"
+                "its backend type {} is not this node's {want}: they cannot carry each \
+                 other's traffic",
+                shown::value(got)
             ),
             Rejection::Taken { claim, first } => claim.taken(first, f),
             Rejection::Ipv6PrefixLength { got, want } => write!(
@@ -116,6 +134,11 @@ impl fmt::Display for Rejection {
                 )
             }
             Rejection::OwnPublicIpv6(ip) => write!(f, "its PublicIPv6 {ip} is this node's own"),
+            Rejection::PublicIpv6InNetwork { ip, network } => write!(
+                f,
+                "its PublicIPv6 {ip} lies inside the IPv6Network {network}: its traffic would be \
+                 sent into the tunnel it travels in, a loop"
+            ),
             Rejection::UnusablePublicIpv6 { ip, why } => {
                 write!(f, "its PublicIPv6 {ip} is {why}, not a host's address")
             }
@@ -175,7 +198,14 @@ impl Ipv4Rules {
         if overlaps(subnet, self.own_subnet) {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
-        check_public_ip(lease.public_ip, self.own_public_ip)
+        check_public_ip(lease.public_ip, self.own_public_ip)?;
+        if self.network.contains(&lease.public_ip) {
+            return Err(Rejection::PublicIpInNetwork {
+                ip: lease.public_ip,
+                network: self.network,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -383,9 +413,10 @@ fn check_vtep_mac(lease: &Lease, ipv6_only: bool) -> Result<(), Rejection> {
     let Some(text) = mac.as_ref().and_then(|m| m.as_str()) else {
         return Err(Rejection::VtepMac(format!("it has no {field}.VtepMAC")));
     };
-    let mac: MacAddr = text
-        .parse()
-        .map_err(|_| Rejection::VtepMac(format!("its VtepMAC {text:?} is not a MAC address")))?;
+    let mac: MacAddr = text.parse().map_err(|_| {
+        let text = shown::quoted(text);
+        Rejection::VtepMac(format!("its VtepMAC {text} is not a MAC address"))
+    })?;
     if mac.0 == [0; 6] || mac.0[0] & 1 == 1 {
         return Err(Rejection::VtepMac(format!(
             "its VtepMAC {mac} is not a unicast address"

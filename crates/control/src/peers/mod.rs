@@ -18,6 +18,7 @@ mod held;
 use crate::lease::{Lease, LeaseOrigin, SubnetId};
 use crate::lease_check::{self, by_creation, first_made, Claim, LeaseRules, Rejection};
 use crate::registry::{LeaseEvent, LeaseNamer};
+use crate::shown;
 use held::Held;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -45,8 +46,9 @@ pub struct Peers {
     refused: BTreeMap<LeaseOrigin, Refused>,
     /// The refused leases waiting for each accepted one to go.
     waiting: HashMap<LeaseOrigin, BTreeSet<LeaseOrigin>>,
-    /// Entries among the leases that are not leases at all: key, and what is wrong.
-    unreadable: BTreeMap<String, String>,
+    /// Entries among the leases that are not leases at all, by key: the key and what is
+    /// wrong, as they are shown (cut to a bound: whoever wrote the entry chose their length).
+    unreadable: BTreeMap<String, (String, String)>,
 }
 
 /// The subnets one event changed, each with its accepted lease before the event.
@@ -78,7 +80,10 @@ impl Peers {
             LeaseEvent::Removed(lease) => self.remove(&lease.origin()),
             LeaseEvent::Unreadable { key, why } => {
                 match why {
-                    Some(why) => self.unreadable.insert(key, why),
+                    Some(why) => {
+                        let shown = (shown::line(&key).owned(), shown::line(&why).owned());
+                        self.unreadable.insert(key, shown)
+                    }
                     None => self.unreadable.remove(&key),
                 };
                 None
@@ -232,7 +237,7 @@ impl Peers {
             tracing::warn!(
                 "ignoring lease {}: {}",
                 self.namer.name(&refused.lease),
-                refused.reason
+                shown::line(&refused.reason.to_string())
             );
         }
         let origin = refused.lease.origin();
@@ -288,9 +293,9 @@ impl Peers {
         self.refused.values()
     }
 
-    /// Entries among the leases that are not leases: key, and what is wrong.
+    /// Entries among the leases that are not leases: key, and what is wrong, as shown.
     pub fn unreadable(&self) -> impl ExactSizeIterator<Item = (&String, &String)> {
-        self.unreadable.iter()
+        self.unreadable.values().map(|(key, why)| (key, why))
     }
 
     pub fn namer(&self) -> &LeaseNamer {

@@ -10,6 +10,7 @@ use super::Timing;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::registry::{Backoff, LeaseEvent};
+use crate::shown;
 use anyhow::{anyhow, Context};
 use etcd_client::{EventType, WatchResponse};
 use std::collections::BTreeMap;
@@ -208,7 +209,11 @@ impl Keeper {
         if self.unreadable.get(&key) == Some(&why) {
             return;
         }
-        warn!("ignoring etcd entry {key}: {why}");
+        warn!(
+            "ignoring etcd entry {}: {}",
+            shown::line(&key),
+            shown::line(&why)
+        );
         self.unreadable.insert(key.clone(), why.clone());
         self.emit(LeaseEvent::Unreadable {
             key,
@@ -234,6 +239,7 @@ impl Keeper {
                 Err(e) => Some(format!("it is no longer valid ({e})")),
             },
         };
+        let change = change.map(|c| shown::line(&c).owned());
         if change != self.config_change {
             self.config_change = change.clone();
             self.emit(LeaseEvent::ConfigChanged(change)).await;

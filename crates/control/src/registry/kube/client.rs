@@ -2,12 +2,14 @@
 //! service account; and errors in words an operator can act on.
 
 use super::KubeOptions;
+use crate::small_file;
 use anyhow::{anyhow, Context};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use std::path::Path;
 use std::time::Duration;
 use tower::{BoxError, ServiceBuilder};
 
@@ -17,8 +19,10 @@ use tower::{BoxError, ServiceBuilder};
 pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
     let mut config = match (&opts.kubeconfig, &opts.api_url) {
         (Some(path), _) => {
-            let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig-file {}", path.display()))?;
+            let flag = || format!("--kubeconfig-file {}", path.display());
+            small_file::check_path(path, small_file::CONFIG).with_context(flag)?;
+            let file = Kubeconfig::read_from(path).with_context(flag)?;
+            files_named_in(&file).with_context(flag)?;
             Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
                 .await
                 .with_context(|| format!("--kubeconfig-file {}", path.display()))?
@@ -63,6 +67,30 @@ fn with_keepalive(config: Config, timeout: Duration) -> Result<Client, kube::Err
         .map_err(BoxError::from)
         .service(http);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// The files a kubeconfig names (a CA, a client certificate and key, a token file), which
+/// kube reads whole: each must be a regular file of a sane size too.
+fn files_named_in(kubeconfig: &Kubeconfig) -> anyhow::Result<()> {
+    let clusters = kubeconfig
+        .clusters
+        .iter()
+        .filter_map(|c| c.cluster.as_ref());
+    let cas = clusters.filter_map(|c| c.certificate_authority.as_deref());
+    let users = kubeconfig
+        .auth_infos
+        .iter()
+        .filter_map(|a| a.auth_info.as_ref());
+    let user_files = users.flat_map(|u| {
+        [&u.client_certificate, &u.client_key, &u.token_file]
+            .into_iter()
+            .filter_map(|f| f.as_deref())
+    });
+    for named in cas.chain(user_files) {
+        small_file::check_path(Path::new(named), small_file::CONFIG)
+            .with_context(|| format!("the file {named} it names"))?;
+    }
+    Ok(())
 }
 
 fn parse_url(url: &str) -> anyhow::Result<http::Uri> {

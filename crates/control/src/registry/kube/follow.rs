@@ -318,7 +318,7 @@ fn unreadable(name: &str, why: Option<&String>) -> LeaseEvent {
 }
 
 fn warn_unreadable(name: &str, why: &str) {
-    tracing::warn!("ignoring {}: {why}", node_key(name));
+    tracing::warn!("ignoring {}: {}", node_key(name), crate::shown::line(why));
 }
 
 /// When to ask the API server its resourceVersion next: every [`RECHECK`], and soon after

@@ -133,7 +133,7 @@ impl KubeRegistry {
 /// flannel's net-conf.json, dual-stack or not ([`Config::parse`] refuses dual-stack on the
 /// backends that carry no IPv6).
 fn read_net_config(path: &std::path::Path) -> anyhow::Result<Config> {
-    let json = std::fs::read_to_string(path)
+    let json = crate::small_file::read_text(path, crate::small_file::CONFIG)
         .with_context(|| format!("cannot read --net-config-path {}", path.display()))?;
     Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))
 }
