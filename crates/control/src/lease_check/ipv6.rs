@@ -283,12 +283,12 @@ mod tests {
         let odd = lease(2, "fd99::/120", Some("fe80::2"));
         assert_eq!(v4_only.check(&odd), Ok(()));
         assert_eq!(
-            v4_only.claims(&odd, None),
+            v4_only.claims(&odd, None).as_slice(),
             [Claim::Subnet("10.5.2.0/24".parse().unwrap())],
             "nothing of its IPv6 side is claimed"
         );
         assert_eq!(
-            rules().claims(&odd, None),
+            rules().claims(&odd, None).as_slice(),
             [
                 Claim::Subnet("10.5.2.0/24".parse().unwrap()),
                 Claim::Ipv6Subnet("fd99::/120".parse().unwrap())

@@ -287,6 +287,9 @@ pub fn first_made(a: &Lease, b: &Lease) -> bool {
     by_creation(a, b) == Ordering::Less
 }
 
+/// What one lease claims: four things at most, kept without an allocation.
+pub type Claims = arrayvec::ArrayVec<Claim, 4>;
+
 /// Something a peer lease claims that no other peer may have. Of two leases that claim
 /// overlapping subnets, one endpoint or one key, the older keeps it ([`by_creation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,9 +300,10 @@ pub enum Claim {
     Ipv6Subnet(Ipv6Net),
     /// The address the dataplane knows the peer by, where it knows peers by address (flannel's
     /// udp, on TUN or eBPF, and twill-batch, whose engines take a datagram's sender for the
-    /// peer): its PublicIP, or PublicIPv6 over an IPv6 underlay, with the port a twill-batch
-    /// lease names (a udp lease names none: every node has the network's). The other backends
-    /// know a peer by its subnet or key, so nodes behind one NAT may share a PublicIP there.
+    /// peer): its PublicIP, or PublicIPv6 over an IPv6 underlay, with the Port its BackendData
+    /// names (a twill-batch lease, a `--peer IP:PORT`; flanneld's udp leases name none: every
+    /// node has the network's). The other backends know a peer by its subnet or key, so nodes
+    /// behind one NAT may share a PublicIP there.
     Endpoint { ip: IpAddr, port: Option<u16> },
     /// A wireguard lease's PublicKey: a key names one WireGuard peer.
     Key(PublicKey),
@@ -351,8 +355,8 @@ impl Claim {
 impl LeaseRules {
     /// What `lease`, which passed [`LeaseRules::check_keyed`] with `key`, claims that no other
     /// peer may have on this node.
-    pub fn claims(&self, lease: &Lease, key: Option<PublicKey>) -> Vec<Claim> {
-        let mut claims = Vec::with_capacity(3);
+    pub fn claims(&self, lease: &Lease, key: Option<PublicKey>) -> Claims {
+        let mut claims = Claims::new();
         if let Some(subnet) = lease.ipv4_subnet().filter(|_| self.ipv4.is_some()) {
             claims.push(Claim::Subnet(subnet));
         }
@@ -368,15 +372,18 @@ impl LeaseRules {
 
     /// The address the dataplane knows `lease`'s node by, where it knows peers by address.
     fn endpoint(&self, lease: &Lease) -> Option<Claim> {
-        let port = match self.backend_type.as_deref() {
-            None => None,
-            Some(backend_type::TWILL_BATCH) => {
-                let port = lease.backend_data.as_ref().and_then(|d| d.get("Port"));
-                port.and_then(|p| p.as_u64())
-                    .and_then(|p| u16::try_from(p).ok())
-            }
-            Some(_) => return None,
-        };
+        if !matches!(
+            self.backend_type.as_deref(),
+            None | Some(backend_type::TWILL_BATCH)
+        ) {
+            return None;
+        }
+        // The engines send to a Port the lease names (a twill-batch lease, a `--peer IP:PORT`),
+        // else to the network's.
+        let port = lease.backend_data.as_ref().and_then(|d| d.get("Port"));
+        let port = port
+            .and_then(|p| p.as_u64())
+            .and_then(|p| u16::try_from(p).ok());
         let over_ipv6 =
             self.ipv4.is_some() && self.ipv6.as_ref().is_some_and(|v6| v6.needs_public_ip);
         let ip = match over_ipv6 {

@@ -174,7 +174,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
         port,
     };
     assert_eq!(
-        rules().claims(&udp_lease, None),
+        rules().claims(&udp_lease, None).as_slice(),
         [Claim::Subnet(net("10.5.2.0/24")), endpoint(None)]
     );
     // twill-batch leases name their port: two nodes on one address are two peers.
@@ -191,7 +191,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
         ),
     );
     assert_eq!(
-        batch.claims(&batch_lease, None),
+        batch.claims(&batch_lease, None).as_slice(),
         [Claim::Subnet(net("10.5.3.0/24")), endpoint(Some(8287))]
     );
     // A kernel backend knows a peer by its subnet, wireguard by its key: nodes behind one NAT
@@ -203,7 +203,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
     };
     let wg_lease = udp("10.5.4.0/24", "10.200.0.2");
     assert_eq!(
-        wireguard.claims(&wg_lease, Some(key)),
+        wireguard.claims(&wg_lease, Some(key)).as_slice(),
         [Claim::Subnet(net("10.5.4.0/24")), Claim::Key(key)]
     );
     let host_gw = LeaseRules {
@@ -211,7 +211,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
         ..rules()
     };
     assert_eq!(
-        host_gw.claims(&wg_lease, None),
+        host_gw.claims(&wg_lease, None).as_slice(),
         [Claim::Subnet(net("10.5.4.0/24"))]
     );
 }

@@ -51,9 +51,10 @@ pub struct Peers {
     unreadable: BTreeMap<String, (String, String)>,
 }
 
-/// The subnets one event changed, each with its accepted lease before the event.
+/// The subnets one event changed, each with its accepted lease before the event; `None` for a
+/// snapshot, which is its own account of what changed.
 #[derive(Default)]
-struct Touched(Vec<(SubnetId, Option<Lease>)>);
+struct Touched(Option<Vec<(SubnetId, Option<Lease>)>>);
 
 impl Peers {
     pub fn new(rules: LeaseRules, namer: LeaseNamer) -> Peers {
@@ -104,6 +105,7 @@ impl Peers {
         self.origins.clear();
         self.held.clear();
         all.sort_by(by_creation);
+        // The snapshot is the event: what each lease changed needs no account.
         let mut touched = Touched::default();
         for lease in all {
             let origin = lease.origin();
@@ -117,7 +119,7 @@ impl Peers {
     }
 
     fn add(&mut self, lease: Lease) -> Option<LeaseEvent> {
-        let (id, origin, mut touched) = (lease.id(), lease.origin(), Touched::default());
+        let (id, origin, mut touched) = (lease.id(), lease.origin(), Touched::kept());
         let known = self.take_refused(&origin);
         let replaced = self.unaccept_origin(&origin, &mut touched);
         self.judge(lease, known.as_ref(), &mut touched);
@@ -130,7 +132,7 @@ impl Peers {
 
     fn remove(&mut self, origin: &LeaseOrigin) -> Option<LeaseEvent> {
         self.take_refused(origin);
-        let mut touched = Touched::default();
+        let mut touched = Touched::kept();
         let removed = self.unaccept_origin(origin, &mut touched)?;
         self.settle(origin, &mut touched);
         self.events(removed.id(), touched)
@@ -267,6 +269,7 @@ impl Peers {
     fn events(&self, subnet: SubnetId, touched: Touched) -> Option<LeaseEvent> {
         let mut changes: Vec<LeaseEvent> = touched
             .0
+            .unwrap_or_default()
             .into_iter()
             .filter_map(|(s, before)| match (before, self.accepted.get(&s)) {
                 (Some(before), None) => Some(LeaseEvent::Removed(before)),
@@ -306,9 +309,17 @@ impl Peers {
 impl Touched {
     /// Remembers what `subnet` held before this event, the first time it changes.
     fn note(&mut self, subnet: SubnetId, accepted: &BTreeMap<SubnetId, Lease>) {
-        if !self.0.iter().any(|(s, _)| *s == subnet) {
-            self.0.push((subnet, accepted.get(&subnet).cloned()));
+        let Some(touched) = &mut self.0 else {
+            return;
+        };
+        if !touched.iter().any(|(s, _)| *s == subnet) {
+            touched.push((subnet, accepted.get(&subnet).cloned()));
         }
+    }
+
+    /// An account of the changes of one event.
+    fn kept() -> Touched {
+        Touched(Some(Vec::new()))
     }
 }
 
