@@ -11,12 +11,13 @@ mod choice;
 mod counters;
 mod device;
 mod owner;
+mod unproven;
 
 pub use choice::{choose, Dataplane};
 
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
-use crate::backend::netlink::{Netlink, Route, Write};
+use crate::backend::netlink::{Netlink, Route};
 use crate::host;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::node::Node;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_ebpf::{Attachment, Opened};
+use unproven::{undo, Unproven};
 
 /// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
 pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
@@ -153,40 +155,6 @@ impl Site {
     }
 }
 
-/// Takes back what a failed start made (the device it created, the programs it loaded fresh)
-/// and gives back the error that failed it.
-async fn undo(
-    nl: &Netlink,
-    made: device::Made,
-    fresh: Option<twill_ebpf::Dataplane>,
-    error: anyhow::Error,
-) -> anyhow::Error {
-    if let Some(dataplane) = fresh {
-        if let Err(e) = dataplane.remove() {
-            tracing::warn!("removing the programs of a failed start: {e:#}");
-        }
-    }
-    if made.created {
-        if let Err(e) = nl.delete_link(made.link.index).await {
-            tracing::warn!("removing the device of a failed start: {e:#}");
-        }
-    }
-    error
-}
-
-/// What a start made that nothing has proven yet: until the first reconcile, the node is not
-/// forwarding, and a start that fails before it takes these away again. From the first
-/// reconcile on, they outlive the daemon by design.
-#[derive(Debug, Default)]
-struct Unproven {
-    /// The device, if this start created it.
-    device: Option<String>,
-    /// The programs and pins, if this start loaded them fresh.
-    pins: bool,
-    /// The network's route before this start took it.
-    replaced: Option<Route>,
-}
-
 /// The eBPF dataplane following the leases: each peer is an entry in its maps. Dropping it
 /// leaves the programs running, by design (see the module's comment), once it has reconciled.
 pub struct Ebpf {
@@ -278,40 +246,7 @@ impl Drop for Ebpf {
     /// A start that fails before the first reconcile takes back what it made, so that a dead
     /// device does not keep the network's route (nor programs the underlay's udp port).
     fn drop(&mut self) {
-        let unproven = std::mem::take(&mut self.unproven);
-        if unproven.device.is_none() && !unproven.pins && unproven.replaced.is_none() {
-            return;
-        }
-        let pin_dir = self.site.pin_dir.clone();
-        // Drop runs inside the daemon's runtime, which cannot be blocked on: a thread of its
-        // own, with a runtime of its own, removes the device.
-        let undone = std::thread::scope(|s| {
-            s.spawn(|| -> anyhow::Result<()> {
-                if unproven.pins {
-                    twill_ebpf::remove_anyway(&pin_dir)?;
-                }
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    let nl = Netlink::connect().context("opening rtnetlink")?;
-                    if let Some(device) = &unproven.device {
-                        device::remove(&nl, device).await?;
-                    }
-                    if let Some(route) = unproven.replaced {
-                        let given_back = nl.write_one(Write::ReplaceRoute(route)).await;
-                        given_back.context("giving the network's route back")?;
-                    }
-                    Ok(())
-                })
-            })
-            .join()
-        });
-        match undone {
-            Ok(Ok(())) => tracing::info!("took back what the failed start made"),
-            Ok(Err(e)) => tracing::warn!("taking back what the failed start made: {e:#}"),
-            Err(_) => tracing::warn!("taking back what the failed start made panicked"),
-        }
+        std::mem::take(&mut self.unproven).take_back(&self.site.pin_dir);
     }
 }
 
