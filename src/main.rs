@@ -1,30 +1,26 @@
-//! `twill`: the command line. Parsing and wiring only; the work is in twill-control and
-//! twill-dataplane.
+//! `twill`: the command lines. One binary with three faces, chosen by the name it is started
+//! under and its first argument:
+//! - `twill run ...` and `twill status` (twill's own command line, [`twill_cli`]);
+//! - flanneld's command line, started as `flanneld` or with no subcommand ([`flanneld`]), so
+//!   that it replaces flanneld under flanneld's unit or in flannel's manifest unchanged;
+//! - `install-conf SRC DEST`, flannel's image's tool that installs the CNI config
+//!   ([`install_conf`]).
+//!
+//! Parsing and wiring only: each face turns its command line into `twill_control`'s options;
+//! the work is in twill-control and twill-dataplane.
 
-use anyhow::Context;
-use clap::builder::{FalseyValueParser, TypedValueParser};
-use clap::{ArgAction, Args, Parser, Subcommand};
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::PathBuf;
-use std::time::Duration;
+mod flanneld;
+mod install_conf;
+mod logging;
+mod twill_cli;
+
+use std::ffi::OsString;
+use std::path::Path;
 use tokio_util::sync::CancellationToken;
-use twill_control::backend::ebpf;
-use twill_control::config::{Config, DEFAULT_BACKEND};
-use twill_control::daemon::{self, NodeOptions};
-use twill_control::lease::backend_type;
-use twill_control::lease_check;
-use twill_control::node::DataplaneChoice;
-use twill_control::registry::kube::{self, KubeOptions, KubeRegistry, KubeTiming, NodeIdentity};
-use twill_control::registry::{
-    parse_peer, EtcdOptions, EtcdRegistry, StaticRegistry, DEFAULT_PREFIX,
-};
-use twill_control::status::StatusAddr;
-use twill_control::traffic::{self, TrafficOptions};
-use twill_control::{status, subnet_env};
-use twill_dataplane::io::{DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
+use twill_control::launch::Launch;
+use twill_control::status;
 
-/// `twill --version`: the crate's version and the git commit it was built from.
+/// `--version`: the crate's version and the git commit it was built from.
 const VERSION: &str = concat!(
     env!("CARGO_PKG_VERSION"),
     " (commit ",
@@ -32,356 +28,66 @@ const VERSION: &str = concat!(
     ")"
 );
 
-#[derive(Parser)]
-#[command(
-    name = "twill",
-    version = VERSION,
-    about = "flannel-compatible container network dataplane"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
+/// Which command line the arguments are.
+#[derive(Debug, PartialEq, Eq)]
+enum Face {
+    Twill,
+    Flanneld,
+    InstallConf,
 }
 
-#[derive(Subcommand)]
-enum Command {
-    /// Join the network and forward container traffic until SIGINT/SIGTERM.
-    Run(Box<RunArgs>),
-    /// Print a running node's lease, peers and counters.
-    Status {
-        /// The node's status address (`twill run --status-addr`).
-        #[arg(long, default_value = status::DEFAULT_ADDR)]
-        addr: SocketAddr,
-    },
-}
-
-#[derive(Args)]
-struct RunArgs {
-    #[command(flatten)]
-    etcd: EtcdArgs,
-    #[command(flatten)]
-    kube: KubeArgs,
-    /// Backend for the static registry (udp, batch); with etcd the network config names it.
-    #[arg(long)]
-    backend: Option<String>,
-    /// Underlay interface; its first IPv4 address is the default --public-ip.
-    #[arg(long)]
-    iface: Option<String>,
-    /// Address other nodes reach this one at.
-    #[arg(long)]
-    public_ip: Option<Ipv4Addr>,
-    /// IPv6 address other nodes reach this one at, on a dual-stack network (flanneld's
-    /// --public-ipv6).
-    #[arg(long, value_name = "IPV6", value_parser = parse_public_ipv6)]
-    public_ipv6: Option<Ipv6Addr>,
-    /// Static registry: the whole container network.
-    #[arg(long, value_name = "CIDR")]
-    network: Option<Ipv4Net>,
-    /// Static registry: this node's subnet.
-    #[arg(long, value_name = "CIDR")]
-    subnet: Option<Ipv4Net>,
-    /// Static registry: another node, as SUBNET=PUBLIC_IP[:PORT]. Repeat for each.
-    #[arg(long = "peer", value_name = "CIDR=IP[:PORT]")]
-    peers: Vec<String>,
-    /// flannel's subnet file, sourced by container runtimes.
-    #[arg(long, default_value = subnet_env::DEFAULT_PATH)]
-    subnet_file: PathBuf,
-    /// UDP port of the userspace backends (flannel's Backend.Port).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
-    port: Option<u16>,
-    #[arg(long, default_value = "twill0")]
-    tun_name: String,
-    /// TUN MTU; default: the interface MTU minus the encapsulation (udp 28, batch 42).
-    #[arg(long)]
-    mtu: Option<u16>,
-    /// TUN queues, each served by its own task.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
-    queues: u16,
-    /// batch: let a not-full datagram wait this many µs for more packets (default: never wait).
-    #[arg(long, value_name = "MICROS")]
-    batch_delay: Option<u64>,
-    /// Disable TUN offloads (virtio-net header, TSO/GRO), e.g. to measure what they bring.
-    #[arg(long)]
-    no_offload: bool,
-    /// UDP socket send and receive buffer of the userspace backends, bytes each (at least
-    /// 64 KiB: one GSO send).
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SOCKET_BUFFER,
-          value_parser = clap::value_parser!(u32).range(65536..=1 << 30).map(|b| b as usize))]
-    udp_buffer: usize,
-    /// txqueuelen of the TUN device: packets the kernel holds for twill to read.
-    #[arg(long, value_name = "PACKETS", default_value_t = DEFAULT_TX_QUEUE_LEN,
-          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    tun_txqueuelen: u32,
-    /// /metrics: also four series per peer (packets and bytes each way). Off by default: their
-    /// number grows with the network; `twill status` shows them either way.
-    #[arg(long)]
-    metrics_per_peer: bool,
-    /// Masquerade traffic from the container network to outside it, as flanneld does (in
-    /// twill's own nftables table); also written to FLANNEL_IPMASQ.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value_t = false, default_missing_value = "true", action = ArgAction::Set)]
-    ip_masq: bool,
-    /// Accept forwarding to and from the container network (flannel's default: true).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value_t = true, default_missing_value = "true", action = ArgAction::Set)]
-    iptables_forward_rules: bool,
-    /// Check twill's nftables rules every this many seconds and repair them if changed.
-    #[arg(long, value_name = "SECONDS", default_value_t = traffic::DEFAULT_RESYNC.as_secs(),
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    iptables_resync: u64,
-    /// Serve /status, /metrics and /healthz here (loopback: for this host's operator).
-    #[arg(long, default_value = status::DEFAULT_ADDR)]
-    status_addr: SocketAddr,
-    /// flannel's health check: serve /healthz, and nothing else, on --healthz-ip:PORT (0 = off,
-    /// as in flannel).
-    #[arg(long, default_value_t = 0)]
-    healthz_port: u16,
-    /// The address of --healthz-port (every address by default, as in flannel).
-    #[arg(long, default_value = "0.0.0.0")]
-    healthz_ip: Ipv4Addr,
-    /// vxlan, host-gw, ipip: give each peer a gateway route, as flanneld does, instead of a
-    /// route through a nexthop object of its own (the default where the kernel has them,
-    /// Linux 5.3+: linear instead of quadratic in the number of peers).
-    #[arg(long, env = "TWILL_NO_NEXTHOP_OBJECTS", value_parser = FalseyValueParser::new())]
-    no_nexthop_objects: bool,
-    /// udp: the engine that carries flannel's wire: `tun` (twill's userspace engine), `ebpf`
-    /// (TC programs in the kernel; fails with what the kernel lacks) or `auto` (ebpf where
-    /// the kernel runs it, said at start). The wire and the lease are the same.
-    #[arg(long, value_name = "tun|ebpf|auto", default_value_t = DataplaneChoice::Tun)]
-    dataplane: DataplaneChoice,
-    /// Where the eBPF dataplane pins its programs, links and maps, so they outlive a restart
-    /// (mounted as bpffs if it is not one).
-    #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
-    bpf_dir: PathBuf,
-    /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
-    /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
-    /// runs on them.
-    #[arg(long)]
-    cleanup: bool,
-    /// With --cleanup: remove them even while a twill runs on them (it puts them back at its
-    /// next reconcile).
-    #[arg(long, requires = "cleanup")]
-    force: bool,
-}
-
-/// flanneld's etcd flags; `--etcd-endpoints` switches from the static registry to etcd.
-#[derive(Args)]
-struct EtcdArgs {
-    /// Comma-separated etcd endpoints, e.g. http://127.0.0.1:2379.
-    #[arg(long, value_name = "URLS")]
-    etcd_endpoints: Option<String>,
-    #[arg(long, default_value = DEFAULT_PREFIX)]
-    etcd_prefix: String,
-    #[arg(long)]
-    etcd_cafile: Option<PathBuf>,
-    #[arg(long)]
-    etcd_certfile: Option<PathBuf>,
-    #[arg(long)]
-    etcd_keyfile: Option<PathBuf>,
-    #[arg(long)]
-    etcd_username: Option<String>,
-    #[arg(long, env = "ETCD_PASSWORD")]
-    etcd_password: Option<String>,
-    /// Renew the lease this many minutes before it expires (flannel's default: 60).
-    #[arg(long, default_value_t = 60)]
-    subnet_lease_renew_margin: u64,
-}
-
-/// flanneld's Kubernetes flags; `--kube-subnet-mgr` takes leases from Node objects.
-#[derive(Args)]
-struct KubeArgs {
-    /// Take this node's subnet from its Node's podCIDR and the peers from the other Nodes,
-    /// instead of etcd (the node is named by NODE_NAME, or POD_NAME and POD_NAMESPACE).
-    #[arg(long)]
-    kube_subnet_mgr: bool,
-    /// The API server; not needed in a pod, which has its service account.
-    #[arg(long, value_name = "URL")]
-    kube_api_url: Option<String>,
-    /// A kubeconfig file; not needed in a pod.
-    #[arg(long, value_name = "PATH")]
-    kubeconfig_file: Option<PathBuf>,
-    /// Prefix of flannel's Node annotations.
-    #[arg(long, default_value = kube::DEFAULT_PREFIX)]
-    kube_annotation_prefix: String,
-    /// flannel's network config (net-conf.json from the ConfigMap).
-    #[arg(long, default_value = kube::DEFAULT_NET_CONFIG_PATH)]
-    net_config_path: PathBuf,
-    /// Set the Node's NetworkUnavailable condition to False once twill runs.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
-          default_value_t = true, default_missing_value = "true", action = ArgAction::Set)]
-    set_node_network_unavailable: bool,
-}
-
-/// The log filter without RUST_LOG. kube-rs logs each failed connection attempt itself, at
-/// error level, on every retry; twill's Kubernetes registry says once what failed and what it
-/// does about it, so kube-rs's own lines are left out.
-const DEFAULT_LOG: &str = "info,kube_client=off,kube_runtime=off";
-
-fn main() {
-    let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| DEFAULT_LOG.into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only on a terminal: in journald or a log file they are noise.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let result = match cli.command {
-        Command::Run(args) => run(*args),
-        Command::Status { addr } => print_status(addr),
-    };
-    if let Err(e) = result {
-        eprintln!("twill: {e:#}");
-        std::process::exit(1);
-    }
-}
-
-fn run(args: RunArgs) -> anyhow::Result<()> {
-    raise_open_files_limit();
-    let runtime = tokio::runtime::Runtime::new()?;
-    let stop = CancellationToken::new();
-    runtime.spawn(cancel_on_signal(stop.clone()));
-    if args.cleanup {
-        let (bpf_dir, device) = (&args.bpf_dir, &args.tun_name);
-        return match args.force {
-            true => runtime.block_on(ebpf::cleanup_anyway(bpf_dir, device)),
-            false => runtime.block_on(ebpf::cleanup(bpf_dir, device)),
-        };
-    }
-    let options = node_options(&args);
-    if let Some(kube) = kube_options(&args)? {
-        return runtime.block_on(async {
-            let registry = tokio::select! {
-                registry = KubeRegistry::connect(kube) => registry?,
-                () = stop.cancelled() => return Ok(()),
-            };
-            daemon::run(registry, options, stop.cancelled_owned()).await
-        });
-    }
-    match etcd_options(&args)? {
-        Some(etcd) => runtime.block_on(async {
-            if let Some(backend) = &args.backend {
-                tracing::warn!(
-                    "--backend {backend} ignored: with etcd the network config names the backend"
-                );
-            }
-            let registry = tokio::select! {
-                registry = EtcdRegistry::connect(etcd) => registry?,
-                () = stop.cancelled() => return Ok(()),
-            };
-            daemon::run(registry, options, stop.cancelled_owned()).await
-        }),
-        None => {
-            let registry = static_registry(&args)?;
-            runtime.block_on(daemon::run(registry, options, stop.cancelled_owned()))
+impl Face {
+    /// `args` with the program's name first.
+    fn of(args: &[OsString]) -> Face {
+        let program = args.first().map(|p| Path::new(p).file_name().unwrap_or(p));
+        match program.and_then(|p| p.to_str()) {
+            Some("install-conf") => return Face::InstallConf,
+            Some("flanneld") => return Face::Flanneld,
+            _ => {}
+        }
+        match args.get(1).and_then(|a| a.to_str()) {
+            Some(twill_cli::RUN | twill_cli::STATUS | twill_cli::HELP) => Face::Twill,
+            _ => Face::Flanneld,
         }
     }
 }
 
-fn kube_options(args: &RunArgs) -> anyhow::Result<Option<KubeOptions>> {
-    let k = &args.kube;
-    if !k.kube_subnet_mgr {
-        return Ok(None);
-    }
-    if args.etcd.etcd_endpoints.is_some() || args.network.is_some() || !args.peers.is_empty() {
-        anyhow::bail!(
-            "--kube-subnet-mgr takes the leases from Kubernetes: drop --etcd-endpoints, --network and --peer"
-        );
-    }
-    Ok(Some(KubeOptions {
-        api_url: k.kube_api_url.clone(),
-        kubeconfig: k.kubeconfig_file.clone(),
-        annotation_prefix: k.kube_annotation_prefix.clone(),
-        net_config_path: k.net_config_path.clone(),
-        node: NodeIdentity::from_env(|name| std::env::var(name).ok())?,
-        set_network_available: k.set_node_network_unavailable,
-        timing: KubeTiming::default(),
-    }))
-}
-
-fn etcd_options(args: &RunArgs) -> anyhow::Result<Option<EtcdOptions>> {
-    let e = &args.etcd;
-    let Some(endpoints) = &e.etcd_endpoints else {
-        return Ok(None);
+fn main() {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let code = match Face::of(&args) {
+        Face::Twill => twill_cli::main(),
+        Face::Flanneld => flanneld::main(&args),
+        Face::InstallConf => install_conf::main(&args),
     };
-    let mut options = EtcdOptions::new(endpoints);
-    options.prefix = e.etcd_prefix.clone();
-    options.cafile = e.etcd_cafile.clone();
-    options.certfile = e.etcd_certfile.clone();
-    options.keyfile = e.etcd_keyfile.clone();
-    if e.etcd_password.is_some() && e.etcd_username.is_none() {
-        anyhow::bail!(
-            "--etcd-password (or ETCD_PASSWORD) is set but --etcd-username is not: give both, \
-             or neither"
-        );
-    }
-    options.username = e.etcd_username.clone();
-    options.password = e.etcd_password.clone();
-    options.timing.renew_margin = Duration::from_secs(60 * e.subnet_lease_renew_margin);
-    (options.previous_subnet, options.previous_ipv6_subnet) =
-        subnet_env::previous_subnets(&args.subnet_file)?;
-    Ok(Some(options))
+    std::process::exit(code)
 }
 
-fn node_options(args: &RunArgs) -> NodeOptions {
-    NodeOptions {
-        iface: args.iface.clone(),
-        public_ip: args.public_ip,
-        public_ipv6: args.public_ipv6,
-        subnet_file: args.subnet_file.clone(),
-        tun_name: args.tun_name.clone(),
-        mtu: args.mtu,
-        traffic: TrafficOptions {
-            ip_masq: args.ip_masq,
-            forward_rules: args.iptables_forward_rules,
-            resync: Duration::from_secs(args.iptables_resync),
-        },
-        queues: usize::from(args.queues),
-        no_offload: args.no_offload,
-        udp_buffer: args.udp_buffer,
-        tun_tx_queue_len: args.tun_txqueuelen,
-        status_addrs: status_addrs(args),
-        batch_delay: args
-            .batch_delay
-            .filter(|&us| us > 0)
-            .map(Duration::from_micros),
-        metrics_per_peer: args.metrics_per_peer,
-        nexthop_objects: !args.no_nexthop_objects,
-        dataplane: args.dataplane,
-        bpf_dir: args.bpf_dir.clone(),
-    }
+/// Runs a node until SIGINT, SIGTERM or SIGHUP; the exit code.
+fn run(launch: Launch) -> i32 {
+    raise_open_files_limit();
+    let result = (|| {
+        let runtime = tokio::runtime::Runtime::new()?;
+        let stop = CancellationToken::new();
+        runtime.spawn(cancel_on_signal(stop.clone()));
+        runtime.block_on(launch.run(stop))
+    })();
+    exit_code(result)
 }
 
-/// `--status-addr` serves everything; flannel's `--healthz-ip`:`--healthz-port`, which listens
-/// on every address by default, only `/healthz`. The same address given to both is served once,
-/// with everything: the operator put the status there on purpose.
-/// `--public-ipv6`: an IPv6 address another host can reach, as a lease's PublicIPv6 must be.
-fn parse_public_ipv6(text: &str) -> Result<Ipv6Addr, String> {
-    let ip: Ipv6Addr = text
-        .parse()
-        .map_err(|_| format!("{text:?} is not an IPv6 address"))?;
-    match lease_check::unusable_ipv6(ip) {
-        Some(why) => Err(format!(
-            "{ip} is {why}: other nodes cannot reach this one at it"
-        )),
-        None => Ok(ip),
+/// 0, or 1 with the error on stderr in one line.
+fn exit_code(result: anyhow::Result<()>) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("twill: {e:#}");
+            1
+        }
     }
-}
-
-fn status_addrs(args: &RunArgs) -> Vec<StatusAddr> {
-    let mut addrs = vec![StatusAddr::Status(args.status_addr)];
-    let healthz = SocketAddr::from((args.healthz_ip, args.healthz_port));
-    if args.healthz_port != 0 && healthz != args.status_addr {
-        addrs.push(StatusAddr::Healthz(healthz));
-    }
-    addrs
 }
 
 /// systemd starts a service with 1024 open files (soft; 524288 hard): raise it to the hard
 /// limit, so that no burst of connections to the status server, nor a large network's sockets,
-/// leaves the nftables repair or the registry's reconnects without a descriptor. The status
+/// leaves the rules' repair or the registry's reconnects without a descriptor. The status
 /// server caps its connections either way ([`status::MAX_CONNECTIONS`] per address).
 fn raise_open_files_limit() {
     match status::raise_open_files_limit() {
@@ -390,34 +96,9 @@ fn raise_open_files_limit() {
     }
 }
 
-fn print_status(addr: SocketAddr) -> anyhow::Result<()> {
-    let body = tokio::runtime::Runtime::new()?.block_on(status::fetch(addr))?;
-    println!("{body}");
-    Ok(())
-}
-
-fn static_registry(args: &RunArgs) -> anyhow::Result<StaticRegistry> {
-    let network = args.network.context("--network is required without etcd")?;
-    let subnet = args.subnet.context("--subnet is required without etcd")?;
-    let backend = match args.backend.as_deref() {
-        Some("batch") => backend_type::TWILL_BATCH,
-        other => other.unwrap_or(DEFAULT_BACKEND),
-    };
-    let mut config = Config::for_network(network, backend)?;
-    if args.port.is_some() {
-        config.backend.port = args.port;
-    }
-    let peers = args
-        .peers
-        .iter()
-        .map(|p| parse_peer(p, &config))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    StaticRegistry::new(config, subnet, peers)
-}
-
-/// Cancels `stop` on SIGINT, SIGTERM or SIGHUP, so each stops the node cleanly (nftables
-/// table removed, lease kept). SIGHUP is not a reload: twill reads its config only at start,
-/// and a hangup left to its default would kill it without removing its rules.
+/// Cancels `stop` on SIGINT, SIGTERM or SIGHUP, so each stops the node cleanly (lease and rules
+/// kept, as flanneld keeps them). SIGHUP is not a reload: twill reads its config only at start,
+/// and a hangup left to its default would kill it without stopping its dataplane cleanly.
 async fn cancel_on_signal(stop: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -429,4 +110,34 @@ async fn cancel_on_signal(stop: CancellationToken) {
     };
     tracing::info!("{name}: shutting down");
     stop.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn face(line: &[&str]) -> Face {
+        let args: Vec<OsString> = line.iter().map(OsString::from).collect();
+        Face::of(&args)
+    }
+
+    #[test]
+    fn the_face_follows_the_name_and_the_first_argument() {
+        assert_eq!(
+            face(&["/usr/bin/twill", "run", "--iface", "eth0"]),
+            Face::Twill
+        );
+        assert_eq!(face(&["twill", "status"]), Face::Twill);
+        assert_eq!(face(&["twill", "help"]), Face::Twill);
+        assert_eq!(
+            face(&["twill", "--ip-masq", "--kube-subnet-mgr"]),
+            Face::Flanneld
+        );
+        assert_eq!(face(&["twill"]), Face::Flanneld);
+        assert_eq!(face(&["/opt/bin/flanneld", "run"]), Face::Flanneld);
+        assert_eq!(
+            face(&["/opt/bin/install-conf", "a", "b"]),
+            Face::InstallConf
+        );
+    }
 }

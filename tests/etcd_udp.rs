@@ -221,27 +221,18 @@ fn an_invalid_config_is_one_clear_line_naming_the_field() -> Result<()> {
 #[test]
 fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
     use twill_control::daemon::{self, NodeOptions};
+    use twill_control::host::InterfaceChoice;
     use twill_control::registry::{EtcdOptions, EtcdRegistry};
     let mut c = cluster("eacqstop", 2, UDP_CONFIG)?;
     let endpoint = c.etcd.endpoint();
     let options = NodeOptions {
-        iface: Some("eth0".into()),
-        public_ip: None,
-        public_ipv6: None,
+        interface: InterfaceChoice {
+            ifaces: vec!["eth0".into()],
+            ..InterfaceChoice::default()
+        },
         subnet_file: c.subnet_file(1),
-        tun_name: "twill0".into(),
-        mtu: None,
-        traffic: Default::default(),
-        queues: 1,
-        no_offload: false,
-        udp_buffer: twill_dataplane::io::DEFAULT_SOCKET_BUFFER,
-        tun_tx_queue_len: twill_dataplane::io::DEFAULT_TX_QUEUE_LEN,
         status_addrs: Vec::new(),
-        batch_delay: None,
-        metrics_per_peer: false,
-        nexthop_objects: true,
-        dataplane: Default::default(),
-        bpf_dir: twill_control::backend::ebpf::DEFAULT_BPF_DIR.into(),
+        ..NodeOptions::default()
     };
     let etcd = &mut c.etcd;
     let outcome = c.lab.host(1).ns.enter(|| {
@@ -250,7 +241,8 @@ fn a_stop_while_acquiring_the_lease_ends_the_node() -> Result<()> {
             let registry = EtcdRegistry::connect(EtcdOptions::new(&endpoint)).await?;
             etcd.stop()?;
             let stop = tokio::time::sleep(Duration::from_secs(2));
-            let run = daemon::run(registry, options, stop);
+            let status = std::sync::Arc::new(twill_control::status::NodeStatus::new(false));
+            let run = daemon::run(registry, options, status, stop);
             let started = Instant::now();
             let result = tokio::time::timeout(Duration::from_secs(20), run).await;
             anyhow::Ok((result, started.elapsed()))

@@ -288,20 +288,23 @@ fn the_periodic_sweep_removes_only_what_a_backend_left() -> Result<()> {
     pings(&c)
 }
 
-/// `/healthz` from host `ns`: the status line and the body.
-fn healthz(ns: &Netns) -> Result<String> {
-    http_get(ns, "127.0.0.1:9585", "/healthz")
+/// `path` (a probe) from host `ns`: the status line and the body.
+fn probe(ns: &Netns, path: &str) -> Result<String> {
+    http_get(ns, "127.0.0.1:9585", path)
 }
 
-/// `dev` set down: `/healthz` fails naming it, and it stays down (the reconcile is a minute
-/// away); set up again: its route, `/healthz` and the ping are back at once.
+/// `dev` set down: `/readyz` fails naming it (`/healthz` stays 200: nothing a restart would
+/// repair better), and it stays down (the reconcile is a minute away); set up again: its
+/// route, `/readyz` and the ping are back at once.
 fn down_and_up(c: &Cluster, dev: &str, route: &str) -> Result<()> {
     let ns = &c.lab.host(0).ns;
     ns.ip(&["link", "set", dev, "down"])?;
-    eventually("/healthz failing", || {
-        let health = healthz(ns)?;
-        Ok(health.starts_with("HTTP/1.1 503") && health.contains(&format!("device {dev} is down")))
+    eventually("/readyz failing", || {
+        let ready = probe(ns, "/readyz")?;
+        Ok(ready.starts_with("HTTP/1.1 503") && ready.contains(&format!("device {dev} is down")))
     })?;
+    let health = probe(ns, "/healthz")?;
+    anyhow::ensure!(health.starts_with("HTTP/1.1 200"), "{health}");
     std::thread::sleep(Duration::from_millis(500));
     let link = ns.ip(&["link", "show", dev])?;
     anyhow::ensure!(
@@ -309,9 +312,9 @@ fn down_and_up(c: &Cluster, dev: &str, route: &str) -> Result<()> {
         "{dev} set up before the reconcile: {link}"
     );
     ns.ip(&["link", "set", dev, "up"])?;
-    eventually("the route back and /healthz ok", || {
+    eventually("the route back and /readyz ok", || {
         let routes = ns.ip(&["route", "show", "dev", dev])?;
-        Ok(routes.contains(route) && healthz(ns)?.starts_with("HTTP/1.1 200"))
+        Ok(routes.contains(route) && probe(ns, "/readyz")?.starts_with("HTTP/1.1 200"))
     })?;
     pings(c)
 }
@@ -373,12 +376,12 @@ fn the_reconcile_sets_a_downed_tun_up_again() -> Result<()> {
     let (c, _nodes) = connected("tunrec", "udp", &[("TWILL_RECONCILE_INTERVAL", "2")])?;
     let ns = &c.lab.host(0).ns;
     ns.ip(&["link", "set", "twill0", "down"])?;
-    eventually("/healthz failing", || {
-        Ok(healthz(ns)?.contains("device twill0 is down"))
+    eventually("/readyz failing", || {
+        Ok(probe(ns, "/readyz")?.contains("device twill0 is down"))
     })?;
     eventually_within("twill0 up again", Duration::from_secs(5), || {
         let routes = ns.ip(&["route", "show", "dev", "twill0"])?;
-        Ok(routes.contains("10.5.0.0/16") && healthz(ns)?.starts_with("HTTP/1.1 200"))
+        Ok(routes.contains("10.5.0.0/16") && probe(ns, "/readyz")?.starts_with("HTTP/1.1 200"))
     })?;
     pings(&c)
 }

@@ -1,6 +1,7 @@
 //! Hardening 2, the status server: flannel's `--healthz-port` serves `/healthz` alone, as
 //! flanneld does, and the status address survives thousands of idle connections (timeouts, a
-//! cap on connections) while the node's other work goes on: the nftables repair, the lease
+//! cap on connections) while the node's other work goes on: the rules' repair (forking
+//! iptables-restore), the lease
 //! watch, `twill status`. Nodes run with the 1024 open files systemd gives a service.
 
 mod common;
@@ -16,7 +17,11 @@ use twill_control::status::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS};
 use twill_lab::{Host, Lab, LabSpec, Netns, Proc};
 
 const STATUS_ADDR: &str = "127.0.0.1:9585";
-const TABLE: &str = "twill-ipv4";
+/// flannel's forward chain, which the node writes with the default flags: `-N` and two rules.
+fn forward_chain_whole(ns: &Netns) -> bool {
+    let chain = ns.exec("iptables", &["-S", "FLANNEL-FWD"]);
+    chain.is_ok_and(|c| c.lines().count() == 3)
+}
 
 /// `twill run ARGS` on `host` under `prlimit --nofile=NOFILE` (soft:hard open files), ready.
 fn start_limited(host: &Host, nofile: &str, args: &[&str], subnet_file: &Path) -> Result<Proc> {
@@ -55,7 +60,7 @@ fn open_files(pid: u32) -> Result<usize> {
 }
 
 #[test]
-fn the_healthz_port_serves_healthz_alone() -> Result<()> {
+fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
     twill_lab::require_root()?;
     let lab = Lab::new(LabSpec {
         hosts: 2,
@@ -79,6 +84,8 @@ fn the_healthz_port_serves_healthz_alone() -> Result<()> {
     let answer = get(&healthz, "/healthz")?;
     ensure!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     ensure!(answer.ends_with("\r\n\r\nok\n"), "{answer}");
+    let answer = get(&healthz, "/readyz")?;
+    ensure!(answer.ends_with("\r\n\r\nready\n"), "{answer}");
     for path in ["/status", "/metrics", "/", "/debug/pprof/"] {
         let answer = get(&healthz, path)?;
         ensure!(
@@ -86,7 +93,7 @@ fn the_healthz_port_serves_healthz_alone() -> Result<()> {
             "{path} on {healthz}: {answer}"
         );
     }
-    for path in ["/healthz", "/status", "/metrics"] {
+    for path in ["/healthz", "/readyz", "/status", "/metrics"] {
         let answer = get(STATUS_ADDR, path)?;
         ensure!(
             answer.starts_with("HTTP/1.1 200"),
@@ -108,19 +115,27 @@ fn the_healthz_port_serves_healthz_alone() -> Result<()> {
     );
     ensure!(wrong.contains("404"), "{wrong}");
 
-    // /healthz keeps its meaning on both: 503 with the reason while the TUN is down.
+    // /readyz means the same on both: 503 with the reason while the TUN is down; /healthz
+    // stays 200 throughout, so a liveness probe does not restart a node that repairs itself.
     host.ns.ip(&["link", "set", "twill0", "down"])?;
-    eventually("/healthz failing on both addresses", || {
-        Ok([&healthz, STATUS_ADDR].iter().all(|addr| {
-            get(addr, "/healthz")
-                .is_ok_and(|a| a.starts_with("HTTP/1.1 503") && a.contains("device twill0 is down"))
+    let answers = |path: &str, wanted: &dyn Fn(&str) -> bool| {
+        [&healthz, STATUS_ADDR]
+            .iter()
+            .all(|addr| get(addr, path).is_ok_and(|a| wanted(&a)))
+    };
+    let ok = |a: &str| a.starts_with("HTTP/1.1 200");
+    eventually("/readyz failing on both addresses", || {
+        Ok(answers("/readyz", &|a| {
+            a.starts_with("HTTP/1.1 503") && a.contains("device twill0 is down")
         }))
     })?;
+    ensure!(
+        answers("/healthz", &ok),
+        "/healthz failed with the TUN down"
+    );
     host.ns.ip(&["link", "set", "twill0", "up"])?;
-    eventually("/healthz ok again on both addresses", || {
-        Ok([&healthz, STATUS_ADDR]
-            .iter()
-            .all(|addr| get(addr, "/healthz").is_ok_and(|a| a.starts_with("HTTP/1.1 200"))))
+    eventually("/readyz ok again on both addresses", || {
+        Ok(answers("/readyz", &ok))
     })?;
     Ok(())
 }
@@ -220,8 +235,8 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
     // raise it. The connection cap alone must keep the node's descriptors.
     let node = start_limited(host, "1024:1024", &args, &c.subnet_file(0))?;
     let pid = node.pid();
-    eventually("twill's table in place", || {
-        Ok(ns.exec("nft", &["list", "table", "ip", TABLE]).is_ok())
+    eventually("flannel's forward chain in place", || {
+        Ok(forward_chain_whole(ns))
     })?;
     let before = open_files(pid)?;
 
@@ -251,15 +266,15 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
     let healthz_took = started.elapsed();
     status(ns).context("twill status during the flood")?;
 
-    // The nftables repair still runs...
-    ns.exec("nft", &["delete", "table", "ip", TABLE])?;
+    // The rules' repair still runs (it starts iptables-save and iptables-restore)...
+    ns.exec("iptables", &["-F", "FLANNEL-FWD"])?;
     let deleted = Instant::now();
-    eventually_within("the table repaired", Duration::from_secs(5), || {
-        Ok(ns.exec("nft", &["list", "table", "ip", TABLE]).is_ok())
+    eventually_within("the chain repaired", Duration::from_secs(5), || {
+        Ok(forward_chain_whole(ns))
     })?;
     let repair_took = deleted.elapsed();
     let s = status(ns)?;
-    ensure!(s["nftables"]["repairs"].as_u64() >= Some(1), "{s}");
+    ensure!(s["rules"]["repairs"].as_u64() >= Some(1), "{s}");
 
     // ...and so does the lease watch.
     let lease = r#"{"PublicIP":"10.200.0.77","PublicIPv6":null,"BackendType":"udp"}"#;
@@ -303,7 +318,7 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
     ensure!(warned == 1, "warned {warned} times:\n{}", node.stderr());
     eprintln!(
         "{CONNECTIONS} connections in {took:?} ({} timed out); twill held {files} files \
-         (before {before}); /healthz in {healthz_took:?}; table repaired in {repair_took:?}; \
+         (before {before}); /healthz in {healthz_took:?}; chain repaired in {repair_took:?}; \
          {evicted} evicted",
         flood.failed
     );

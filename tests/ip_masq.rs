@@ -1,16 +1,15 @@
-//! `--ip-masq` and `--iptables-forward-rules` in a lab: two twill hosts with a container each,
-//! and an "outside" namespace behind host A (198.51.100.0/24, a network the overlay knows
-//! nothing of, and which knows nothing of the overlay). What each side sees is the source
-//! address of a real datagram, echoed back where the rules say a reply can return.
-//!
-//! twill writes and checks its table over netlink; the tests read it with the nft program, so
-//! what they see is what an operator's `nft list` shows.
+//! `--ip-masq` and `--iptables-forward-rules` in a lab, in flannel's default iptables mode:
+//! two twill hosts with a container each, and an "outside" namespace behind host A
+//! (198.51.100.0/24, a network the overlay knows nothing of, and which knows nothing of the
+//! overlay). What each side sees is the source address of a real datagram, echoed back where
+//! the rules say a reply can return; the rules are read with the host's own `iptables -S` and
+//! compared with what a real flanneld v0.28.9 left (tests/data/flanneld-v0.28.9).
 
 mod common;
 
 use anyhow::{bail, ensure, Context, Result};
+use common::rules::*;
 use common::*;
-use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -20,9 +19,7 @@ const MASQ: &[&str] = &["--ip-masq", "--iptables-resync", "1"];
 /// TEST-NET-2: outside the container network; host A is 198.51.100.1 on the link to it.
 const OUTSIDE: &str = "198.51.100.0/24";
 const HOST_A_OUTSIDE: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-const TABLE: &str = "twill-ipv4";
-/// The start of the warning about a table of twill's name that twill did not write.
-const FOREIGN: &str = "nftables table ip twill-ipv4 is not marked as twill's";
+const NETWORK: &str = "10.5.0.0/16";
 
 /// A pair whose host 0 also has an outside namespace behind it, with no route to the overlay.
 fn masq_lab(tag: &str, args: &[&str]) -> Result<Pair> {
@@ -86,107 +83,38 @@ fn outside_sees_host_a(pair: &Pair) -> Result<()> {
     arrives_from(&pair.container(0).ns, outside(pair), HOST_A_OUTSIDE)
 }
 
-fn rules_in_place(pair: &Pair) -> Result<()> {
-    eventually("nftables rules in place", || {
-        Ok(status(&pair.host(0).ns)?["nftables"]["in_place"] == true)
-    })
+/// flanneld's rules for host A's subnet, as a real flanneld left them.
+fn flanneld_rules() -> Result<String> {
+    recorded("iptables.txt", PAIR_SUBNETS[0], NETWORK)
 }
 
-/// twill's table in host A as nft lists it, handles removed; `None` when there is none.
-fn table(pair: &Pair) -> Result<Option<Vec<Value>>> {
-    let ns = &pair.host(0).ns;
-    if !ns.exec("nft", &["list", "tables"])?.contains(TABLE) {
-        return Ok(None);
-    }
-    let listing: Value =
-        serde_json::from_str(&ns.exec("nft", &["-j", "list", "table", "ip", TABLE])?)?;
-    let mut objects = listing["nftables"].as_array().context("nftables")?.clone();
-    for object in &mut objects {
-        if let Some(Value::Object(inner)) =
-            object.as_object_mut().and_then(|o| o.values_mut().next())
-        {
-            inner.remove("handle");
-        }
-    }
-    objects.retain(|o| o.get("metainfo").is_none());
-    Ok(Some(objects))
+fn host_a_rules(pair: &Pair) -> Result<String> {
+    iptables_text(&pair.host(0).ns, "iptables")
 }
 
-/// `nft list table ip twill-ipv4` on host A, one trimmed line each.
-fn table_text(pair: &Pair) -> Result<Vec<String>> {
-    let text = pair
-        .host(0)
-        .ns
-        .exec("nft", &["list", "table", "ip", TABLE])?;
-    let lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-    Ok(lines.map(String::from).collect())
-}
-
-/// Host 0's node started again with extra environment variables (a [`Pair::restart`] with
-/// `env`); the node must be stopped.
-fn restart_with_env(pair: &mut Pair, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
-    let peer = format!("{}={}", PAIR_SUBNETS[1], pair.host(1).underlay_ip);
-    let mut all = vec![
-        "--network",
-        "10.5.0.0/16",
-        "--subnet",
-        PAIR_SUBNETS[0],
-        "--peer",
-        &peer,
-    ];
-    all.extend_from_slice(args);
-    let subnet_file = path_in(&pair.dir, "h0.env");
-    pair.nodes[0] = start_twill_with_env(pair.host(0), &all, env, &subnet_file)?;
-    Ok(())
-}
-
-/// The child processes of every thread of `pid`, now.
-fn children(pid: u32) -> Result<Vec<String>> {
-    let mut found = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let text = std::fs::read_to_string(task?.path().join("children")).unwrap_or_default();
-        found.extend(text.split_whitespace().map(String::from));
-    }
-    Ok(found)
-}
-
-/// Rules per chain: postrtg, forward.
-fn rule_counts(objects: &[Value]) -> (usize, usize) {
-    let count = |chain: &str| {
-        objects
-            .iter()
-            .filter(|o| o["rule"]["chain"] == chain)
-            .count()
-    };
-    (count("postrtg"), count("forward"))
+fn rules_status(pair: &Pair) -> Result<serde_json::Value> {
+    Ok(status(&pair.host(0).ns)?["rules"].clone())
 }
 
 #[test]
 fn containers_leave_as_the_host_and_meet_each_other_as_themselves() -> Result<()> {
     let pair = masq_lab("masq-see", MASQ)?;
-    rules_in_place(&pair)?;
-    // As an operator sees them: flannel's rules in flannel's order (docs/ip-masq.md), in a
-    // table that says whose it is.
-    let expected = [
-        "table ip twill-ipv4 {",
-        "comment \"managed by twill\"",
-        "chain postrtg {",
-        "type nat hook postrouting priority srcnat; policy accept;",
-        "meta mark & 0x00004000 == 0x00004000 return",
-        "ip saddr 10.5.1.0/24 ip daddr 10.5.0.0/16 return",
-        "ip saddr 10.5.0.0/16 ip daddr 10.5.1.0/24 return",
-        "ip saddr != 10.5.0.0/16 ip daddr 10.5.1.0/24 return",
-        "ip saddr 10.5.0.0/16 ip daddr != 224.0.0.0/4 masquerade fully-random",
-        "ip saddr != 10.5.0.0/16 ip daddr 10.5.0.0/16 masquerade fully-random",
-        "}",
-        "chain forward {",
-        "type filter hook forward priority filter; policy accept;",
-        "ip saddr 10.5.0.0/16 accept",
-        "ip daddr 10.5.0.0/16 accept",
-        "}",
-        "}",
+    // As an operator (or flannel's e2e suite) sees them: flanneld's chains, byte for byte.
+    ensure!(
+        host_a_rules(&pair)? == flanneld_rules()?,
+        "{}",
+        host_a_rules(&pair)?
+    );
+    let rules = rules_status(&pair)?;
+    ensure!(
+        rules["mode"] == "iptables-nft" && rules["in_place"] == true,
+        "{rules}"
+    );
+    let places = [
+        "iptables -t nat FLANNEL-POSTRTG",
+        "iptables -t filter FLANNEL-FWD",
     ];
-    ensure!(table_text(&pair)? == expected, "{:#?}", table_text(&pair)?);
+    ensure!(rules["places"] == serde_json::json!(places), "{rules}");
     outside_sees_host_a(&pair)?;
 
     let (a, b) = (pair.container(0), pair.container(1));
@@ -199,222 +127,226 @@ fn containers_leave_as_the_host_and_meet_each_other_as_themselves() -> Result<()
     arrives_from(&out.ns, a, out.ip)
 }
 
+/// flanneld leaves its rules when it exits, so pod traffic keeps its masquerade (and its way
+/// through a FORWARD DROP) while a DaemonSet pod restarts; twill does the same, and whatever
+/// ends it, the next start leaves exactly one set.
 #[test]
-fn one_rule_set_across_restarts_and_kills_and_none_after_a_clean_shutdown() -> Result<()> {
+fn the_rules_outlive_a_stop_or_a_kill_and_a_restart_leaves_one_set() -> Result<()> {
     let mut pair = masq_lab("masq-life", MASQ)?;
-    rules_in_place(&pair)?;
-    let first = table(&pair)?.context("no table after start")?;
-    ensure!(rule_counts(&first) == (6, 2), "rules: {first:?}");
-
+    let first = host_a_rules(&pair)?;
     pair.nodes[0].stop()?;
     ensure!(
-        table(&pair)?.is_none(),
-        "a clean shutdown left the table: {}",
+        host_a_rules(&pair)? == first,
+        "a stop changed the rules: {}",
         pair.nodes[0].stderr()
     );
-    // The negative control: without twill's rules the container's own address leaves.
-    let (seen, _) = arrival(&pair.container(0).ns, outside(&pair))?;
-    ensure!(
-        seen == pair.container(0).ip,
-        "without twill the outside saw {seen}"
-    );
+    ensure!(pair.nodes[0]
+        .stderr()
+        .contains("flannel's rules left in place"));
+    // Still masqueraded with twill stopped: the rules, not twill, do it.
+    outside_sees_host_a(&pair)?;
 
     pair.restart(0, MASQ)?;
-    rules_in_place(&pair)?;
-    ensure!(
-        table(&pair)? == Some(first.clone()),
-        "a restart wrote other rules"
-    );
-
+    forwarding(&pair.nodes[0])?;
+    ensure!(host_a_rules(&pair)? == first, "{}", host_a_rules(&pair)?);
     pair.nodes[0].kill9();
-    ensure!(table(&pair)?.is_some(), "SIGKILL cannot remove the table");
     pair.restart(0, MASQ)?;
-    rules_in_place(&pair)?;
+    forwarding(&pair.nodes[0])?;
     ensure!(
-        table(&pair)? == Some(first.clone()),
-        "after kill -9 and a restart the table is not exactly one rule set"
+        host_a_rules(&pair)? == first,
+        "after kill -9 and a restart the rules are not exactly one set: {}",
+        host_a_rules(&pair)?
     );
-    // The table a killed twill left carries twill's mark: replaced without a warning.
+    // What a killed twill left is taken over without a warning.
     let log = pair.nodes[0].stderr();
-    ensure!(!log.contains(FOREIGN), "{log}");
-    outside_sees_host_a(&pair)?;
-
-    // Removed behind twill's back: put back within a resync period or two.
-    pair.host(0)
-        .ns
-        .exec("nft", &["delete", "table", "ip", TABLE])?;
-    eventually("the table repaired", || {
-        let repairs = status(&pair.host(0).ns)?["nftables"]["repairs"].as_u64();
-        Ok(repairs >= Some(1) && table(&pair)? == Some(first.clone()))
-    })?;
-    outside_sees_host_a(&pair)?;
-
-    pair.nodes[0].stop()?;
-    ensure!(table(&pair)?.is_none(), "a clean shutdown left the table");
-    Ok(())
-}
-
-#[test]
-fn forward_rules_follow_their_flag_and_a_leftover_table_goes() -> Result<()> {
-    let only_forward = masq_lab("masq-fwd", &[])?;
-    rules_in_place(&only_forward)?;
-    let objects = table(&only_forward)?.context("no table with the default flags")?;
-    ensure!(rule_counts(&objects) == (0, 2), "{objects:?}");
-    drop(only_forward);
-
-    let mut pair = masq_lab("masq-none", MASQ)?;
-    rules_in_place(&pair)?;
-    pair.nodes[0].kill9();
-    pair.restart(0, &["--iptables-forward-rules=false"])?;
-    eventually("the leftover table removed", || Ok(table(&pair)?.is_none()))
-        .context(pair.nodes[0].stderr())?;
-    let s = status(&pair.host(0).ns)?;
-    ensure!(s["nftables"].is_null(), "{s}");
-    Ok(())
-}
-
-/// The handle of rule `n` (from 1) of `chain`, as `nft -a` prints it.
-fn rule_handle(pair: &Pair, chain: &str, n: usize) -> Result<String> {
-    let text = pair
-        .host(0)
-        .ns
-        .exec("nft", &["-a", "list", "chain", "ip", TABLE, chain])?;
-    let rules = text
+    let warned = log
         .lines()
-        .filter_map(|l| l.split_once("# handle ").map(|h| h.1));
-    // The chain's own line carries a handle too.
-    let handle = rules.skip(n).map(str::trim).next();
-    Ok(handle
-        .with_context(|| format!("no rule {n} in {text}"))?
-        .into())
+        .filter(|l| l.contains("WARN") && l.contains("rules"));
+    ensure!(warned.count() == 0, "{log}");
+    ensure!(
+        log.contains("replaced flannel's rules already there"),
+        "{log}"
+    );
+    outside_sees_host_a(&pair)
 }
 
 #[test]
 fn every_change_behind_twills_back_is_repaired() -> Result<()> {
     let pair = masq_lab("masq-repair", MASQ)?;
-    rules_in_place(&pair)?;
-    let first = table(&pair)?.context("no table after start")?;
-    let handle = rule_handle(&pair, "postrtg", 2)?;
+    let first = host_a_rules(&pair)?;
+    let jump = "-m comment --comment 'flanneld masq' -j FLANNEL-POSTRTG";
     let changes = [
-        format!("nft delete rule ip {TABLE} postrtg handle {handle}"),
-        format!("nft add rule ip {TABLE} forward counter"),
-        format!("nft insert rule ip {TABLE} postrtg counter"),
-        format!("nft add chain ip {TABLE} extra"),
-        format!("nft add chain ip {TABLE} forward '{{ policy drop; }}'"),
-        format!("nft add set ip {TABLE} s '{{ type ipv4_addr; }}'"),
+        // A rule of flannel's chain deleted, the jump to it deleted, doubled, put first.
+        format!("iptables -t nat -D FLANNEL-POSTRTG -s {NETWORK} -d {} -m comment --comment 'flanneld masq' -j RETURN", PAIR_SUBNETS[0]),
+        format!("iptables -t nat -D POSTROUTING {jump}"),
+        format!("iptables -t nat -A POSTROUTING {jump}"),
+        "iptables -F FLANNEL-FWD".into(),
+        "iptables -I FLANNEL-FWD -j DROP".into(),
+        "iptables -F FORWARD".into(),
     ];
-    // Each change is seen (one more repair), whether or not nft could list it before then.
+    // Each change is seen (one more repair) and undone.
     for (i, change) in changes.iter().enumerate() {
         pair.host(0).ns.sh(change)?;
         eventually(&format!("repaired after `{change}`"), || {
-            let repairs = status(&pair.host(0).ns)?["nftables"]["repairs"].as_u64();
-            Ok(repairs >= Some(i as u64 + 1) && table(&pair)? == Some(first.clone()))
+            let repairs = rules_status(&pair)?["repairs"].as_u64();
+            Ok(repairs >= Some(i as u64 + 1) && host_a_rules(&pair)? == first)
         })?;
     }
-    let s = status(&pair.host(0).ns)?;
-    ensure!(s["nftables"]["in_place"] == true, "{s}");
+    ensure!(rules_status(&pair)?["in_place"] == true);
+    outside_sees_host_a(&pair)
+}
+
+#[test]
+fn forward_rules_follow_their_flag_and_leftovers_go_when_no_rules_are_wanted() -> Result<()> {
+    let mut pair = masq_lab("masq-fwd", &[])?;
+    let mut lines = flannel_iptables_lines(&pair.host(0).ns, "iptables")?;
+    let recorded = flanneld_rules()?;
+    let mut forward_only: Vec<&str> = recorded
+        .lines()
+        .filter(|l| l.contains("FLANNEL-FWD"))
+        .collect();
+    lines.sort();
+    forward_only.sort();
+    ensure!(lines == forward_only, "{lines:#?}");
+    ensure!(rules_status(&pair)?["ip_masq"] == false);
+
+    pair.nodes[0].kill9();
+    pair.restart(0, &["--ip-masq"])?;
+    forwarding(&pair.nodes[0])?;
+    ensure!(host_a_rules(&pair)? == flanneld_rules()?);
+    pair.nodes[0].kill9();
+    pair.restart(0, &["--iptables-forward-rules=false"])?;
+    forwarding(&pair.nodes[0])?;
+    let lines = flannel_iptables_lines(&pair.host(0).ns, "iptables")?;
+    ensure!(lines.is_empty(), "leftovers: {lines:#?}");
+    ensure!(rules_status(&pair)?.is_null());
+    Ok(())
+}
+
+/// A start that fails after writing the rules (here: the subnet file cannot be written, a
+/// directory in its place) removes them: nothing is left for a node that never ran.
+#[test]
+fn a_start_that_fails_after_writing_the_rules_removes_them() -> Result<()> {
+    let mut pair = masq_lab("masq-fail", MASQ)?;
+    pair.nodes[0].stop()?;
+    ensure!(!flannel_iptables_lines(&pair.host(0).ns, "iptables")?.is_empty());
+    let blocked = path_in(&pair.dir, "blocked.env");
+    std::fs::create_dir(&blocked)?;
+    let log = failing_start(&pair, &blocked, &[("RUST_LOG", "info")])?;
+    ensure!(log.contains("blocked.env"), "{log}");
+    ensure!(log.contains("flannel's rules removed"), "{log}");
+    let lines = flannel_iptables_lines(&pair.host(0).ns, "iptables")?;
+    ensure!(lines.is_empty(), "left after a failed start: {lines:#?}");
     Ok(())
 }
 
 #[test]
-fn an_operators_table_of_twills_name_is_replaced_with_a_warning() -> Result<()> {
-    let mut pair = masq_lab("masq-own", MASQ)?;
-    rules_in_place(&pair)?;
-    let twills = table(&pair)?.context("no table after start")?;
-    pair.nodes[0].stop()?;
-
-    // An operator's own table of that name, with a chain and a rule of its own.
-    pair.host(0).ns.sh(&format!(
-        "nft add table ip {TABLE} && \
-         nft add chain ip {TABLE} mine '{{ type filter hook input priority 0; }}' && \
-         nft add rule ip {TABLE} mine counter"
-    ))?;
-    pair.restart(0, MASQ)?;
-    rules_in_place(&pair)?;
-    let log = pair.nodes[0].stderr();
-    ensure!(
-        log.contains(FOREIGN) && log.contains("replacing it, as the name is twill's"),
-        "no warning about the operator's table:\n{log}"
-    );
-    ensure!(
-        table(&pair)? == Some(twills.clone()),
-        "the table is not twill's"
-    );
-
-    // Replaced behind twill's back by an unmarked one: written again, and said so.
-    pair.host(0).ns.sh(&format!(
-        "nft delete table ip {TABLE} && nft add table ip {TABLE}"
-    ))?;
-    eventually("twill's table back", || {
-        Ok(table(&pair)? == Some(twills.clone()))
-    })?;
-    let log = pair.nodes[0].stderr();
-    ensure!(
-        log.contains("replaced by one without twill's mark"),
-        "{log}"
-    );
-    Ok(())
+fn ip_masq_fully_random_disable_masquerades_with_plain_masquerade() -> Result<()> {
+    let mut args = MASQ.to_vec();
+    args.push("--ip-masq-fully-random-disable");
+    let pair = masq_lab("masq-random", &args)?;
+    let expected = flanneld_rules()?.replace(" --random-fully", "");
+    ensure!(host_a_rules(&pair)? == expected, "{}", host_a_rules(&pair)?);
+    ensure!(rules_status(&pair)?["fully_random"] == false);
+    outside_sees_host_a(&pair)
 }
 
+/// A host whose FORWARD policy is DROP (as Docker sets it): pod traffic between the nodes
+/// crosses it through FLANNEL-FWD, which FORWARD jumps to, as with flanneld; without the
+/// forward rules the same traffic is dropped (the control that shows it was the chain).
 #[test]
-fn the_steady_state_starts_no_process() -> Result<()> {
-    let mut pair = masq_lab("masq-nofork", MASQ)?;
-    pair.nodes[0].stop()?;
-    // An nft first on PATH that only records being run: twill must never run it.
-    let spy = scratch()?;
-    let ran = path_in(&spy, "nft-ran");
-    let nft = path_in(&spy, "nft");
-    std::fs::write(
-        &nft,
-        format!("#!/bin/sh\necho \"$*\" >> {}\nexit 1\n", ran.display()),
-    )?;
-    std::fs::set_permissions(&nft, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    let path = format!("{}:{}", spy.path().display(), std::env::var("PATH")?);
-    restart_with_env(&mut pair, MASQ, &[("PATH", &path)])?;
-    rules_in_place(&pair)?;
-    let pid = pair.nodes[0].pid();
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))?;
-    ensure!(comm.trim() == "twill", "pid {pid} is {comm}");
-
-    // Three and a half resync periods, and at least until a repair is done: no child process
-    // at any look, and none that ran long enough to be counted (cutime, cstime).
-    let start = std::time::Instant::now();
-    let (mut removed, mut repaired, mut asked) = (false, false, start);
-    while start.elapsed() < Duration::from_millis(3500) || !repaired {
-        ensure!(
-            start.elapsed() < Duration::from_secs(20),
-            "no repair in 20 s"
-        );
-        let kids = children(pid)?;
-        ensure!(kids.is_empty(), "twill has child processes {kids:?}");
-        if !removed && start.elapsed() > Duration::from_millis(1200) {
-            pair.host(0)
-                .ns
-                .exec("nft", &["delete", "table", "ip", TABLE])?;
-            removed = true;
-        }
-        if removed && !repaired && asked.elapsed() > Duration::from_millis(200) {
-            asked = std::time::Instant::now();
-            let s = status(&pair.host(0).ns)?;
-            repaired = s["nftables"]["repairs"] == 1 && s["nftables"]["in_place"] == true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
+fn pod_traffic_crosses_a_forward_drop_policy_through_flannels_chain() -> Result<()> {
+    let mut pair = start_pair("masq-drop", &[], None)?;
+    for host in 0..2 {
+        pair.host(host)
+            .ns
+            .exec("iptables", &["-P", "FORWARD", "DROP"])?;
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after_comm = stat.rsplit_once(") ").context("stat")?.1;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // Fields 16 and 17 of stat (cutime, cstime) are the 14th and 15th after the command.
-    ensure!(
-        fields[13] == "0" && fields[14] == "0",
-        "children's CPU time: {stat}"
-    );
+    // flanneld's FORWARD and FLANNEL-FWD on such a host (no --ip-masq: no FLANNEL-POSTRTG).
+    let recorded = flanneld_rules()?.replace("-P FORWARD ACCEPT", "-P FORWARD DROP");
+    let expected: String = recorded
+        .lines()
+        .skip_while(|l| !l.starts_with("-P FORWARD"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let ns = &pair.host(0).ns;
+    let forward =
+        ns.exec("iptables", &["-S", "FORWARD"])? + &ns.exec("iptables", &["-S", "FLANNEL-FWD"])?;
+    ensure!(forward == expected, "{forward}");
+    tcp_transfer_intact(pair.container(0), pair.container(1), 8 << 20)?;
+    tcp_transfer_intact(pair.container(1), pair.container(0), 8 << 20)?;
 
-    pair.nodes[0].stop()?;
-    ensure!(table(&pair)?.is_none(), "a clean shutdown left the table");
+    for host in 0..2 {
+        pair.nodes[host].stop()?;
+        pair.restart(host, &["--iptables-forward-rules=false"])?;
+        forwarding(&pair.nodes[host])?;
+    }
+    ensure!(flannel_iptables_lines(&pair.host(0).ns, "iptables")?.is_empty());
+    let crossed = ping(pair.container(0), pair.container(1).ip, 2);
     ensure!(
-        !ran.exists(),
-        "twill ran nft: {}",
-        std::fs::read_to_string(&ran)?
+        crossed.is_err(),
+        "crossed a DROP policy without the rules: {crossed:?}"
+    );
+    ensure!(
+        pair.nodes.iter_mut().all(|n| n.is_running()),
+        "a node stopped"
     );
     Ok(())
+}
+
+/// iptables mode on a host without iptables: one line naming the package and the config field
+/// that picks nftables instead, before anything is written.
+#[test]
+fn a_host_without_iptables_is_told_what_to_install() -> Result<()> {
+    let mut pair = masq_lab("masq-noipt", MASQ)?;
+    pair.nodes[0].stop()?;
+    let ns = &pair.host(0).ns;
+    ns.exec("iptables", &["-t", "nat", "-F", "FLANNEL-POSTRTG"])?;
+    let before = flannel_iptables_lines(ns, "iptables")?;
+    // A PATH with `ip` alone (the lab starts twill through `ip netns exec`).
+    let empty = scratch()?;
+    std::os::unix::fs::symlink(which_ip()?, path_in(&empty, "ip"))?;
+    let path = empty.path().to_str().context("path")?;
+    let log = failing_start(&pair, &path_in(&pair.dir, "h0.env"), &[("PATH", path)])?;
+    let last = log.lines().last().unwrap_or_default();
+    for words in [
+        "neither iptables-nft-restore nor its -legacy- form is on PATH",
+        "apt install iptables",
+        "\"EnableNFTables\": true",
+    ] {
+        ensure!(last.contains(words), "{words:?} not in {last:?}");
+    }
+    // Nothing was touched: the emptied chain is as the test left it.
+    ensure!(flannel_iptables_lines(&pair.host(0).ns, "iptables")? == before);
+    Ok(())
+}
+
+fn which_ip() -> Result<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = std::env::split_paths(&path)
+        .map(|d| d.join("ip"))
+        .find(|p| p.is_file());
+    found.context("no ip on PATH")
+}
+
+/// Host A's node with `--ip-masq`, `subnet_file` and `env`, which must fail: what it said.
+fn failing_start(
+    pair: &Pair,
+    subnet_file: &std::path::Path,
+    env: &[(&str, &str)],
+) -> Result<String> {
+    let host = pair.host(0);
+    let file = subnet_file.to_str().context("path")?;
+    let mut args = vec![
+        "run",
+        "--iface",
+        &host.iface,
+        "--subnet-file",
+        file,
+        "--ip-masq",
+    ];
+    let flags = pair_flags(pair, 0);
+    args.extend(flags.iter().map(String::as_str));
+    let mut node = host.ns.spawn_with(TWILL, &args, env)?;
+    node.failure_within(Duration::from_secs(20), "twill kept running")
 }

@@ -6,6 +6,8 @@ pub mod cluster;
 pub mod datagrams;
 pub mod hostile6;
 pub mod kube;
+pub mod kube_flannel;
+pub mod rules;
 pub mod wireguard;
 
 use anyhow::{bail, Context, Result};

@@ -13,21 +13,24 @@ use crate::backend::ipip::IpipDevice;
 use crate::backend::kernel::KernelConfig;
 use crate::backend::upkeep::Upkeep;
 use crate::backend::userspace::UserspaceSetup;
-use crate::backend::vxlan::{VxlanConfig, VxlanDevice};
+use crate::backend::vxlan::{VtepMacs, VxlanConfig, VxlanDevice};
 use crate::backend::wireguard::{self, WireguardSetup};
 use crate::backend::{Backend, Setup};
-use crate::host;
 use crate::lease::{backend_type, Lease};
 use crate::lease_check::LeaseRules;
 use crate::node::Node;
 pub use crate::node::NodeOptions;
 use crate::peers::Peers;
 use crate::registry::{LeaseEvent, Registry};
-use crate::status;
+use crate::status::NodeStatus;
 use crate::subnet_env::{Ipv4Env, Ipv6Env, SubnetEnv};
 use crate::traffic;
+use crate::{blackhole, host};
 use anyhow::{bail, Context};
+use futures::future::BoxFuture;
+use ipnet::IpNet;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use twill_dataplane::engine::directions::Ended;
@@ -35,17 +38,30 @@ use twill_dataplane::engine::{Engine, EngineKind};
 
 /// Run a node until `shutdown` completes. A clean shutdown leaves the lease in the registry, as
 /// flanneld does, so a restart keeps the subnet; the TUN and its route go with the process.
+///
+/// `status` is already served (`launch`), so the probes answer while the node starts.
 pub async fn run<R: Registry>(
     registry: R,
     options: NodeOptions,
+    status: Arc<NodeStatus>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     host::require_net_admin()?;
     let every = reconcile_every()?;
-    let node = Node::resolve(options, registry.config().clone())?;
-    for addr in &node.options.status_addrs {
-        status::serve(*addr, node.status.clone()).await?;
+    let remembered = registry.remembered().await?;
+    let options = NodeOptions {
+        public_ip: remembered.public_ip.or(options.public_ip),
+        public_ipv6: remembered.public_ipv6.or(options.public_ipv6),
+        ..options
+    };
+    let config = registry.config().clone();
+    for field in &config.unread {
+        tracing::warn!(
+            "network config field {field} has no effect: twill's {} backend does not read it",
+            config.backend.backend_type
+        );
     }
+    let node = Node::resolve(options, config, status, remembered).await?;
     let node = &node;
     let tun_fix = "stop it first, or give this node another --tun-name";
     let dataplane = ebpf::choose(node)?;
@@ -74,7 +90,11 @@ pub async fn run<R: Registry>(
         }
         backend_type::VXLAN => {
             let config = KernelConfig::of(node);
-            let device = VxlanDevice::ensure(&config, VxlanConfig::of(node)).await?;
+            let macs = VtepMacs {
+                v4: node.remembered.vtep_mac,
+                v6: node.remembered.vtep_mac_v6,
+            };
+            let device = VxlanDevice::ensure(&config, VxlanConfig::of(node)?, macs).await?;
             join(registry, node, device, every, shutdown).await
         }
         backend_type::IPIP => {
@@ -98,9 +118,9 @@ pub async fn run<R: Registry>(
     }
 }
 
-/// Acquire the lease the setup describes, attach the backend to it, write twill's nftables
-/// rules, publish the subnet file and status, then follow the other leases until shutdown
-/// (which removes the rules again).
+/// Acquire the lease the setup describes, attach the backend to it, write flannel's masquerade
+/// and forward rules, publish the subnet file and status, then follow the other leases until
+/// shutdown (which leaves the rules in place, as flanneld does).
 async fn join<R: Registry, S: Setup>(
     registry: R,
     node: &Node,
@@ -110,9 +130,10 @@ async fn join<R: Registry, S: Setup>(
 ) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let namer = registry.lease_namer();
+    let on_ready = registry.on_ready();
     node.status.set_registry(registry.name());
-    let nft_rules =
-        traffic::Rules::prepare(node.options.traffic.clone(), node.status.clone()).await?;
+    let traffic = node.options.traffic.clone();
+    let rules = traffic::Rules::prepare(traffic, &node.config, node.status.clone()).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
         started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
@@ -125,14 +146,24 @@ async fn join<R: Registry, S: Setup>(
     let mut upkeep = Upkeep::start(node, &lease, backend.mtu(), every).await?;
     // Before traffic is ours: another backend's routes would carry it around this one.
     upkeep.sweep().await;
-    let nft_rules = nft_rules.install(&node.config, &lease).await?;
-    write_subnet_env(node, &lease, backend.mtu())?;
+    let rules = rules.install(&node.config, &lease).await?;
+    let blackholes = node.options.blackhole_route.then(|| {
+        let subnets = lease.ipv4_subnet().map(IpNet::V4).into_iter();
+        let subnets = subnets.chain(lease.ipv6_subnet.map(IpNet::V6)).collect();
+        blackhole::keep(subnets, node.options.traffic.resync)
+    });
+    if let Err(e) = write_subnet_env(node, &lease, backend.mtu()) {
+        // A start that fails leaves no rules behind (a stop leaves them).
+        rules.remove().await;
+        return Err(e);
+    }
     tracing::info!(
         subnet = %lease.id(),
         ipv6_subnet = ?lease.ipv6_subnet,
         public_ip = %node.public_ip,
         "lease acquired; forwarding"
     );
+    announce_ready(node, on_ready);
     let peers = Peers::new(LeaseRules::new(&node.config, &lease), namer);
     node.status
         .set_lease(&lease, &node.config.backend.backend_type, peers);
@@ -146,8 +177,26 @@ async fn join<R: Registry, S: Setup>(
         own: &lease,
     };
     let followed = following.follow(events, every, shutdown).await;
-    nft_rules.remove().await;
+    if let Some(task) = blackholes {
+        task.abort();
+    }
+    rules.leave().await;
     followed
+}
+
+/// subnet.env is written and the rules are in place: ready, as flanneld is then (`/readyz`,
+/// systemd's READY=1 for a `Type=notify` unit, and the registry's own announcement).
+fn announce_ready(node: &Node, on_ready: Option<BoxFuture<'static, ()>>) {
+    node.status.set_ready();
+    tracing::info!("ready: subnet.env written and the rules in place");
+    // Outside systemd (no NOTIFY_SOCKET) this does nothing; a failure only costs the unit's
+    // start notification, which systemd then reports itself.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        tracing::warn!("cannot tell systemd that twill is ready (READY=1): {e}");
+    }
+    if let Some(announcement) = on_ready {
+        tokio::spawn(announcement);
+    }
 }
 
 fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> {

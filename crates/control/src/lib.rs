@@ -3,9 +3,11 @@
 //! It knows nothing of packet formats.
 
 pub mod backend;
+pub mod blackhole;
 pub mod config;
 pub mod daemon;
 pub mod host;
+pub mod launch;
 pub mod lease;
 pub mod lease_check;
 pub mod node;

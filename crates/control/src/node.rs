@@ -2,7 +2,9 @@
 //! and the interface it joins by. Built once at start and passed around as one value.
 
 use crate::config::Config;
-use crate::host::{self, Interface};
+use crate::host::{self, Interface, InterfaceChoice};
+use crate::lease_check::unusable_ipv6;
+use crate::registry::Remembered;
 use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
 use std::fmt;
@@ -12,11 +14,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How this node joins the network, independent of where leases live (the `twill run` flags).
+/// How this node joins the network, independent of where leases live (the `twill run` flags,
+/// or flanneld's).
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
-    /// The underlay interface; found from `public_ip` when absent, else the default route's.
-    pub iface: Option<String>,
+    /// How the underlay interface is chosen (`--iface`, `--iface-regex`, `--iface-can-reach`);
+    /// with none of them, the interface holding `public_ip`, else the default route's.
+    pub interface: InterfaceChoice,
     /// The address peers reach us at; the interface's first IPv4 address when absent.
     pub public_ip: Option<Ipv4Addr>,
     /// `--public-ipv6`: the IPv6 address peers reach us at, on a dual-stack network.
@@ -25,7 +29,7 @@ pub struct NodeOptions {
     pub tun_name: String,
     /// TUN MTU; the interface MTU minus the encapsulation overhead when absent.
     pub mtu: Option<u16>,
-    /// `--ip-masq` and `--iptables-forward-rules`: twill's nftables table.
+    /// `--ip-masq` and `--iptables-forward-rules`: flannel's masquerade and forward rules.
     pub traffic: TrafficOptions,
     /// TUN queues, one reader task each.
     pub queues: usize,
@@ -50,7 +54,43 @@ pub struct NodeOptions {
     /// `--bpf-dir`: where the eBPF dataplane pins its programs, links and maps (a bpffs;
     /// mounted there if it is not one).
     pub bpf_dir: PathBuf,
+    /// `--ip-blackhole-route`: a blackhole route for this node's subnets, so that traffic to an
+    /// address of ours no container holds is dropped here rather than sent back out.
+    pub blackhole_route: bool,
 }
+
+/// twill's defaults, which both command lines start from.
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            interface: InterfaceChoice::default(),
+            public_ip: None,
+            public_ipv6: None,
+            subnet_file: crate::subnet_env::DEFAULT_PATH.into(),
+            tun_name: DEFAULT_TUN_NAME.into(),
+            mtu: None,
+            traffic: TrafficOptions::default(),
+            queues: 1,
+            no_offload: false,
+            udp_buffer: twill_dataplane::io::DEFAULT_SOCKET_BUFFER,
+            tun_tx_queue_len: twill_dataplane::io::DEFAULT_TX_QUEUE_LEN,
+            status_addrs: vec![StatusAddr::Status(
+                crate::status::DEFAULT_ADDR
+                    .parse()
+                    .expect("a socket address"),
+            )],
+            batch_delay: None,
+            metrics_per_peer: false,
+            nexthop_objects: true,
+            dataplane: DataplaneChoice::default(),
+            bpf_dir: crate::backend::ebpf::DEFAULT_BPF_DIR.into(),
+            blackhole_route: false,
+        }
+    }
+}
+
+/// The TUN (or eBPF device) of the userspace backends, `--tun-name`.
+pub const DEFAULT_TUN_NAME: &str = "twill0";
 
 /// A node with its options resolved against the host and the network config.
 pub struct Node {
@@ -61,23 +101,35 @@ pub struct Node {
     /// The address peers reach us at (`--public-ip`, else the interface's address).
     pub public_ip: Ipv4Addr,
     /// On a dual-stack network, the IPv6 address peers reach us at (`--public-ipv6`, else the
-    /// interface's, see [`host::ipv6_address`]); `None` when the config does not enable IPv6.
+    /// interface's, [`Interface::ipv6`]); `None` when the config does not enable IPv6.
     pub public_ipv6: Option<Ipv6Addr>,
     pub status: Arc<NodeStatus>,
+    /// What the registry kept of this node from before (its vxlan VtepMACs).
+    pub remembered: Remembered,
 }
 
 impl Node {
-    /// Finds the underlay interface the options name (by name, else by `--public-ip`).
-    pub fn resolve(options: NodeOptions, config: Config) -> anyhow::Result<Node> {
-        let iface = match (&options.iface, options.public_ip) {
-            (Some(name), _) => host::interface(name)?,
-            (None, Some(ip)) => host::interface_with_address(ip)?,
-            (None, None) => host::default_route_interface(config.ipv4.is_none())?,
-        };
+    /// Finds the underlay interface the options name ([`host::choose_interface`]).
+    pub async fn resolve(
+        options: NodeOptions,
+        config: Config,
+        status: Arc<NodeStatus>,
+        remembered: Remembered,
+    ) -> anyhow::Result<Node> {
+        let choice = &options.interface;
+        let iface =
+            host::choose_interface(choice, options.public_ip, options.public_ipv6, &config).await?;
+        tracing::info!(
+            interface = %iface.name,
+            address = ?iface.address,
+            ipv6 = ?iface.ipv6.filter(|_| config.ipv6.is_some()),
+            "underlay interface"
+        );
         let public_ip = public_ip(&options, &config, &iface)?;
         let public_ipv6 = public_ipv6(&options, &config, &iface)?;
         Ok(Node {
-            status: Arc::new(NodeStatus::new(options.metrics_per_peer)),
+            status,
+            remembered,
             options,
             config,
             iface,
@@ -124,7 +176,7 @@ fn public_ipv6(
     if let Some(ip) = options.public_ipv6 {
         return Ok(Some(ip));
     }
-    match host::ipv6_address(&iface.name)? {
+    match iface.ipv6.filter(|&ip| unusable_ipv6(ip).is_none()) {
         Some(ip) => Ok(Some(ip)),
         None => anyhow::bail!(
             "the network config enables IPv6 (IPv6Network {}), but interface {} has no IPv6 \

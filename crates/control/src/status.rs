@@ -1,5 +1,11 @@
-//! What a running node tells operators: `/healthz` (flannel's), Prometheus `/metrics`, and
-//! `/status` (JSON, what `twill status` prints). `server` serves them.
+//! What a running node tells operators: `/healthz` and `/readyz` (flannel's probes), Prometheus
+//! `/metrics`, and `/status` (JSON, what `twill status` prints). `server` serves them.
+//!
+//! The probes answer what kubelet acts on, as flanneld's do: `/healthz` is 200 for as long as the
+//! process runs (a liveness probe that failed would restart the pod, which repairs nothing twill
+//! is not already repairing); `/readyz` is 503 until subnet.env is written and the rules are in
+//! place, then 200, and 503 again, with the reason, while the node cannot forward (its device
+//! down or its route gone, which twill repairs itself).
 
 mod prometheus;
 mod server;
@@ -14,7 +20,7 @@ use crate::registry::{LeaseEvent, LeaseNamer};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use twill_dataplane::stats::EngineStats;
@@ -26,12 +32,23 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:9585";
 /// One address the status server listens on, and what it answers there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StatusAddr {
-    /// `--status-addr`: `/status`, `/metrics` and `/healthz`.
+    /// `--status-addr`: `/status`, `/metrics`, `/healthz` and `/readyz`.
     Status(SocketAddr),
-    /// flannel's `--healthz-ip`:`--healthz-port`: `/healthz` alone, as flanneld serves there
-    /// (404 for anything else). It listens on every address by default, so the node's peers,
-    /// leases and counters are not served on it.
+    /// flannel's `--healthz-ip`:`--healthz-port`: `/healthz` and `/readyz` alone, as flanneld
+    /// serves there (404 for anything else). It listens on every address by default, so the
+    /// node's peers, leases and counters are not served on it.
     Healthz(SocketAddr),
+}
+
+/// The addresses to serve: everything on `status`, and flannel's probes alone on `healthz`
+/// unless its port is 0 (flannel's "off") or it is `status` itself, which the operator put
+/// there on purpose and which is served once, with everything.
+pub fn addresses(status: SocketAddr, healthz: SocketAddr) -> Vec<StatusAddr> {
+    let mut addrs = vec![StatusAddr::Status(status)];
+    if healthz.port() != 0 && healthz != status {
+        addrs.push(StatusAddr::Healthz(healthz));
+    }
+    addrs
 }
 
 impl StatusAddr {
@@ -76,8 +93,10 @@ pub struct NodeStatus {
     /// Where the leases come from: etcd, Kubernetes or flags.
     registry: RwLock<String>,
     engine: RwLock<Option<EngineView>>,
+    /// Whether subnet.env is written and the rules are in place (flanneld's readiness).
+    ready: AtomicBool,
     /// Why the node cannot forward now (its device is down, its route gone), while it cannot:
-    /// `/healthz` fails with it, so a liveness probe or an operator sees it.
+    /// `/readyz` fails with it, so a readiness probe or an operator sees it.
     unhealthy: RwLock<Option<String>>,
     /// Why the running config no longer matches the network's, once it does not.
     restart_needed: RwLock<Option<String>>,
@@ -99,15 +118,23 @@ pub struct Reconciles {
     pub last_writes: u64,
 }
 
-/// What `twill status` shows of twill's nftables rules (the traffic module keeps it current).
-#[derive(Debug, Clone, Serialize)]
+/// What `twill status` shows of flannel's masquerade and forward rules (the traffic module
+/// keeps it current).
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RulesStatus {
-    pub table: String,
+    /// `nftables` (`"EnableNFTables": true`), else `iptables-nft` or `iptables-legacy`.
+    pub mode: String,
+    /// Where the rules are: nftables tables, or iptables chains.
+    pub places: Vec<String>,
     pub ip_masq: bool,
     pub forward_rules: bool,
-    /// The table holds exactly what twill wrote, as of the last check.
+    /// MASQUERADE with fully random ports (off: `--ip-masq-fully-random-disable`).
+    pub fully_random: bool,
+    /// The rules are in place as written, as of the last check.
     pub in_place: bool,
-    /// How often the table had to be written again since start.
+    /// Checks since start (one every `--iptables-resync`).
+    pub checks: u64,
+    /// How often the rules had to be written again since start.
     pub repairs: u64,
     /// Why the last check or repair failed, if it did.
     pub error: Option<String>,
@@ -133,14 +160,23 @@ impl NodeStatus {
         *self.unhealthy.write().unwrap() = why;
     }
 
-    /// `/healthz`: 200 "ok", or 503 with the reason the node cannot forward.
-    fn health(&self) -> (axum::http::StatusCode, String) {
+    /// subnet.env is written and the rules are in place: `/readyz` answers 200 from now on,
+    /// unless the node cannot forward.
+    pub fn set_ready(&self) {
+        self.ready.store(true, Relaxed);
+    }
+
+    /// `/readyz`: 503 until the node is ready, 200 once it is, 503 with the reason while it
+    /// cannot forward.
+    fn readiness_answer(&self) -> (axum::http::StatusCode, String) {
+        use axum::http::StatusCode;
+        if !self.ready.load(Relaxed) {
+            let why = "not ready: subnet.env and the rules are not in place yet";
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
+        }
         match self.unhealthy.read().unwrap().as_ref() {
-            None => (axum::http::StatusCode::OK, "ok\n".into()),
-            Some(why) => (
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                format!("{why}\n"),
-            ),
+            None => (StatusCode::OK, "ready\n".into()),
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         }
     }
 
@@ -228,12 +264,13 @@ impl NodeStatus {
             "peers": accepted,
             "rejected_leases": rejected,
             "restart_needed": *self.restart_needed.read().unwrap(),
+            "ready": self.ready.load(Relaxed),
             "unhealthy": *self.unhealthy.read().unwrap(),
             "reconcile": reconciles_json(&self.reconciles()),
             "kernel_writes": self.kernel_writes.load(Relaxed),
             "dataplane": engine.as_ref().map(|e| e.name),
             "counters": engine.as_ref().map(|e| counters_json(&e.table, &e.stats)),
-            "nftables": *self.rules.read().unwrap(),
+            "rules": *self.rules.read().unwrap(),
         })
     }
 }

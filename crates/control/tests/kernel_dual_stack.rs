@@ -7,7 +7,7 @@ use kernel_common::{dual_stack, lease, lines, two_dual_stack_hosts, Mode, Netns}
 use serde_json::json;
 use twill_control::backend::host_gw::{HostGwBackend, HostGwSetup};
 use twill_control::backend::kernel::KernelConfig;
-use twill_control::backend::vxlan::{VxlanBackend, VxlanConfig, VxlanDevice};
+use twill_control::backend::vxlan::{VtepMacs, VxlanBackend, VxlanConfig, VxlanDevice};
 use twill_control::backend::{Backend, Setup};
 use twill_control::lease::Lease;
 
@@ -41,7 +41,7 @@ fn vxlan_lease(ns: &Netns, host: [&str; 4]) -> Lease {
     let config = ns.dual_stack_config(false, host[3]);
     let public_ip = host[2].parse().unwrap();
     let attrs = ns.block_on(move || async move {
-        let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
+        let dev = VxlanDevice::ensure(&config, VxlanConfig::default(), VtepMacs::default())
             .await
             .unwrap();
         dev.lease_attrs(public_ip)
@@ -57,7 +57,7 @@ where
 {
     let own = own.clone();
     ns.block_on(move || async move {
-        let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
+        let dev = VxlanDevice::ensure(&config, VxlanConfig::default(), VtepMacs::default())
             .await
             .unwrap();
         let mut backend = dev.attach(&own).await.unwrap();

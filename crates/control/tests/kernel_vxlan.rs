@@ -5,7 +5,7 @@ mod kernel_common;
 use kernel_common::{lease, lines, two_hosts, Mode, Netns};
 use serde_json::json;
 use twill_control::backend::kernel::KernelConfig;
-use twill_control::backend::vxlan::{VxlanBackend, VxlanConfig, VxlanDevice};
+use twill_control::backend::vxlan::{VtepMacs, VxlanBackend, VxlanConfig, VxlanDevice};
 use twill_control::backend::{Backend, Setup};
 use twill_control::lease::Lease;
 
@@ -22,7 +22,7 @@ fn vxlan_lease(subnet: &str, public_ip: &str, mac: &str) -> Lease {
 fn vtep_mac(ns: &Netns) -> String {
     let config = ns.config(false);
     ns.block_on(move || async move {
-        let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
+        let dev = VxlanDevice::ensure(&config, VxlanConfig::default(), VtepMacs::default())
             .await
             .unwrap();
         dev.mac().unwrap().to_string()
@@ -30,7 +30,7 @@ fn vtep_mac(ns: &Netns) -> String {
 }
 
 async fn start(own: &Lease, config: KernelConfig) -> VxlanBackend {
-    let dev = VxlanDevice::ensure(&config, VxlanConfig::default())
+    let dev = VxlanDevice::ensure(&config, VxlanConfig::default(), VtepMacs::default())
         .await
         .unwrap();
     dev.attach(own).await.unwrap()
@@ -262,5 +262,46 @@ fn remove_peer_deletes_its_route_fdb_entry_and_neighbour(mode: Mode) {
     assert_eq!(
         h.a.tunnel_state("flannel.1"),
         lines(&expected.each_ref().map(String::as_str))
+    );
+}
+
+/// flannel's `GBP`, `Learning` and `MTU` reach the device as flanneld sets them (`MTU` is the
+/// underlay's: the device gets it less the encapsulation), and a device made again takes the
+/// VtepMAC the node published before; a device made with other settings is recreated.
+#[test]
+fn gbp_learning_mtu_and_the_remembered_mac_reach_the_device() {
+    let (a, _b) = two_hosts("vxopts", Mode::Nexthops);
+    let config = a.config(false);
+    let remembered = "0a:58:0a:05:01:07";
+    let vxlan = VxlanConfig {
+        gbp: true,
+        learning: true,
+        mtu: Some(1400),
+        ..VxlanConfig::default()
+    };
+    let macs = VtepMacs {
+        v4: Some(remembered.parse().unwrap()),
+        v6: None,
+    };
+    let made = a.block_on(move || async move {
+        let dev = VxlanDevice::ensure(&config, vxlan, macs).await.unwrap();
+        dev.mac().unwrap().to_string()
+    });
+    assert_eq!(made, remembered);
+    let link = a.sh("ip -d link show flannel.1");
+    for shown in ["mtu 1350", " gbp", remembered] {
+        assert!(link.contains(shown), "{shown:?} not in:\n{link}");
+    }
+    assert!(
+        !link.contains("nolearning"),
+        "learning: iproute2 says nolearning only when off\n{link}"
+    );
+    // Without GBP and Learning the same device is incompatible, and made anew (random MAC).
+    let again = vtep_mac(&a);
+    assert_ne!(again, remembered);
+    let link = a.sh("ip -d link show flannel.1");
+    assert!(
+        link.contains("nolearning") && !link.contains(" gbp"),
+        "{link}"
     );
 }

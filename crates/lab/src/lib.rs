@@ -1,8 +1,10 @@
 //! A network lab on one machine: hosts and containers are network namespaces joined by veth
 //! pairs (and a bridge for more than two hosts), plus helpers to run processes inside them, a
-//! real etcd and a real kube-apiserver. Everything created here carries the creating pid in its
+//! real etcd, a real kube-apiserver, and a real Kubernetes cluster of nodes with their own
+//! containerd and kubelet. Everything created here carries the creating pid in its
 //! name, is removed on Drop, and is swept by [`cleanup_stale`] once its creator has died.
 
+mod cluster;
 mod etcd;
 mod kube;
 mod lab;
@@ -14,6 +16,7 @@ mod stale;
 mod tcp;
 pub mod wireguard_go;
 
+pub use cluster::{Cluster, ClusterSpec, Image, KubeNode, CLUSTER_CIDR};
 pub use etcd::Etcd;
 pub use ipnet::{Ipv4Net, Ipv6Net};
 // `self::`: the module, not the kube crate.

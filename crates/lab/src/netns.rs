@@ -9,10 +9,12 @@ use std::sync::Once;
 /// Names stay short enough to read in `ip netns list` output.
 const MAX_NAME: usize = 30;
 
-/// A network namespace created with `ip netns add`, deleted (with everything in it) on Drop.
+/// A network namespace created with `ip netns add`, deleted (with everything in it) on Drop; or
+/// a name given to another process's namespace ([`Netns::attach`]), of which only the name goes.
 #[derive(Debug)]
 pub struct Netns {
     name: String,
+    owned: bool,
 }
 
 impl Netns {
@@ -23,9 +25,20 @@ impl Netns {
         sweep_once();
         let name = unique_name(name);
         run(Command::new("ip").args(["netns", "add", &name]))?;
-        let ns = Netns { name };
+        let ns = Netns { name, owned: true };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// Names the network namespace of process `pid` (e.g. a pod's) `tw<pid>-<counter>-<name>`,
+    /// so the helpers here run in it. Drop removes the name and leaves the namespace and its
+    /// processes alone.
+    pub fn attach(name: &str, pid: u32) -> Result<Netns> {
+        crate::require_root()?;
+        sweep_once();
+        let name = unique_name(name);
+        run(Command::new("ip").args(["netns", "attach", &name, &pid.to_string()]))?;
+        Ok(Netns { name, owned: false })
     }
 
     pub fn name(&self) -> &str {
@@ -82,7 +95,11 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        if let Err(e) = crate::stale::delete(&self.name) {
+        let deleted = match self.owned {
+            true => crate::stale::delete(&self.name),
+            false => run(Command::new("ip").args(["netns", "del", &self.name])).map(drop),
+        };
+        if let Err(e) = deleted {
             tracing::warn!("cannot delete netns {}: {e:#}", self.name);
         }
     }

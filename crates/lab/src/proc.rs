@@ -180,6 +180,12 @@ fn tail(log: &str) -> &str {
     &log[start..]
 }
 
+/// The last `n` lines of `log`.
+pub(crate) fn last_lines(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// Runs to completion; Err names the command line and carries its stderr. Marked with the owner
 /// like a [`Proc`], so a hung command outliving a crashed test is swept too.
 pub(crate) fn run(cmd: &mut Command) -> Result<String> {

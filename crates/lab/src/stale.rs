@@ -6,8 +6,8 @@ use std::path::Path;
 const NETNS_DIR: &str = "/var/run/netns";
 
 /// Remove what earlier runs of this lab left behind when they died without running Drop:
-/// processes they started, namespaces `tw<pid>-<counter>-...` and temp dirs `twill-lab-<pid>-...`
-/// whose `<pid>` is no longer alive. Runs automatically before a process's first [`crate::Netns`].
+/// processes they started, namespaces `tw<pid>-<counter>-...`, cluster nodes' cgroups and temp
+/// dirs `twill-lab-<pid>-...` whose `<pid>` is no longer alive. Runs automatically before a process's first [`crate::Netns`].
 pub fn cleanup_stale() -> Result<()> {
     kill_orphans()?;
     for name in names_in(Path::new(NETNS_DIR))? {
@@ -16,6 +16,8 @@ pub fn cleanup_stale() -> Result<()> {
             let _ = delete(&name);
         }
     }
+    // Pods of a dead owner's cluster nodes: in its nodes' cgroup roots, named like temp dirs.
+    crate::cluster::sweep_cgroups(|name| temp_owner(name).is_some_and(is_dead))?;
     for name in names_in(&std::env::temp_dir())? {
         if temp_owner(&name).is_some_and(is_dead) {
             let _ = std::fs::remove_dir_all(std::env::temp_dir().join(name));

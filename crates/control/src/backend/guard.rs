@@ -193,7 +193,7 @@ impl DeviceGuard {
     }
 }
 
-/// What `/healthz` answers while the device cannot forward.
+/// What `/readyz` answers while the device cannot forward.
 fn unhealthy(why: &str, every: Duration) -> String {
     format!(
         "{why}: traffic to other hosts is not forwarded; twill repairs it within {}s",

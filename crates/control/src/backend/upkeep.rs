@@ -38,7 +38,7 @@ struct Layout {
 }
 
 fn layout(node: &Node) -> Layout {
-    let vni = VxlanConfig::of(node).vni;
+    let vni = VxlanConfig::vni(node);
     let names = Names {
         vxlan: node.config.ipv4.is_some().then(|| format!("flannel.{vni}")),
         vxlan6: node

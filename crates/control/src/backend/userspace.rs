@@ -54,6 +54,8 @@ impl UserspaceSetup {
     /// Checks the port and the MTU before anything is made: a port of 0 would bind an ephemeral
     /// port no peer knows, and a TUN MTU beyond what the underlay carries would be a black hole.
     pub fn new(node: &Node, kind: EngineKind) -> anyhow::Result<UserspaceSetup> {
+        let backend = &node.config.backend.backend_type;
+        twill_dataplane::io::tun::require_device(&format!("the {backend} backend"))?;
         let options = &node.options;
         let port = node.config.backend.port.unwrap_or(kind.default_port());
         if port == 0 {
@@ -103,7 +105,7 @@ impl UserspaceSetup {
 fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
     match underlay {
         Underlay::Ipv4 => Ok(node.iface.ipv4()?.into()),
-        Underlay::Ipv6 => match host::ipv6_address(&node.iface.name)?.or(node.public_ipv6) {
+        Underlay::Ipv6 => match node.iface.ipv6.or(node.public_ipv6) {
             Some(ip) => Ok(ip.into()),
             None => bail!(
                 "Backend.Underlay is ipv6, but this node has no IPv6 address to send from: \
@@ -293,6 +295,7 @@ mod tests {
         Interface {
             name: "eth0".into(),
             address: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            ipv6: None,
             mtu,
         }
     }

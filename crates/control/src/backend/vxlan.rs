@@ -22,6 +22,8 @@ use super::netlink::{
 use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
 use super::uplink::connect;
 use super::Setup;
+use crate::config::BackendConfig;
+use crate::host::Interface;
 use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use ipnet::IpNet;
@@ -39,24 +41,85 @@ pub struct VxlanConfig {
     pub vni: u32,
     /// `Port`; 0 (the default) leaves it to the kernel, which uses 8472.
     pub port: u16,
+    /// `GBP`: VXLAN's group-based policy extension (the kernel's `gbp` flag), default off.
+    pub gbp: bool,
+    /// `Learning`: the kernel learns fdb entries from what arrives, default off (flannel
+    /// writes every peer's entry itself).
+    pub learning: bool,
+    /// `MTU`: the MTU the devices are made from, in flannel's sense (the underlay's, of which
+    /// the encapsulation takes its share); the underlay interface's when absent.
+    pub mtu: Option<u32>,
 }
 
+/// The smallest `MTU` a vxlan network can have: IPv4's minimum MTU after the encapsulation.
+const MIN_MTU: u32 = 68 + ENCAP_OVERHEAD_V6;
+
 impl VxlanConfig {
+    /// The `VNI` of the node's network config, flannel's 1 when absent.
+    pub fn vni(node: &Node) -> u32 {
+        node.config
+            .backend
+            .vni
+            .unwrap_or(VxlanConfig::default().vni)
+    }
+
     /// The node's network config's, with flannel's defaults for what it leaves out.
-    pub fn of(node: &Node) -> VxlanConfig {
-        let backend = &node.config.backend;
+    pub fn of(node: &Node) -> anyhow::Result<VxlanConfig> {
+        VxlanConfig::read(&node.config.backend, &node.iface)
+    }
+
+    /// `backend`'s, for a node on `iface`.
+    fn read(backend: &BackendConfig, iface: &Interface) -> anyhow::Result<VxlanConfig> {
         let defaults = VxlanConfig::default();
-        VxlanConfig {
+        let flag = |name: &str| match crate::config::field_of(&backend.raw, name) {
+            None | Some(serde_json::Value::Null) => Ok(false),
+            Some(serde_json::Value::Bool(on)) => Ok(*on),
+            Some(other) => Err(anyhow::anyhow!(
+                "invalid network config: Backend.{name} must be true or false, got {other}"
+            )),
+        };
+        let mtu = backend.mtu;
+        if let Some(mtu) = mtu.filter(|&m| m < MIN_MTU) {
+            anyhow::bail!(
+                "invalid network config: Backend.MTU {mtu} leaves no room for a packet after \
+                 vxlan's encapsulation (at least {MIN_MTU})"
+            );
+        }
+        if let Some(mtu) = mtu.filter(|&m| m > iface.mtu) {
+            warn!(
+                "Backend.MTU {mtu} is more than {}'s MTU {}: packets that size cannot cross \
+                 the underlay",
+                iface.name, iface.mtu
+            );
+        }
+        Ok(VxlanConfig {
             vni: backend.vni.unwrap_or(defaults.vni),
             port: backend.port.unwrap_or(defaults.port),
-        }
+            gbp: flag("GBP")?,
+            learning: flag("Learning")?,
+            mtu,
+        })
     }
 }
 
 impl Default for VxlanConfig {
     fn default() -> Self {
-        VxlanConfig { vni: 1, port: 0 }
+        VxlanConfig {
+            vni: 1,
+            port: 0,
+            gbp: false,
+            learning: false,
+            mtu: None,
+        }
     }
+}
+
+/// The VtepMACs this node published before (the registry remembers them): devices made again
+/// take them, so the peers' fdb and neighbour entries for us stay right across a restart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VtepMacs {
+    pub v4: Option<MacAddr>,
+    pub v6: Option<MacAddr>,
 }
 
 pub type VxlanBackend = KernelBackend<VxlanPlan>;
@@ -76,24 +139,31 @@ impl VxlanDevice {
     /// Creates `flannel.<VNI>` on `config.iface`, or reuses an existing one whose settings
     /// match (recreating it otherwise, as flanneld does); on a dual-stack node `flannel-v6.<VNI>`
     /// too, from our PublicIPv6.
-    pub async fn ensure(config: &KernelConfig, vxlan: VxlanConfig) -> anyhow::Result<VxlanDevice> {
+    pub async fn ensure(
+        config: &KernelConfig,
+        vxlan: VxlanConfig,
+        macs: VtepMacs,
+    ) -> anyhow::Result<VxlanDevice> {
         let (nl, uplink) = connect(&config.iface).await?;
-        let device = |name: String, local: IpAddr, overhead: u32| VxlanLink {
+        let mtu = vxlan.mtu.unwrap_or(uplink.mtu);
+        let device = |name: String, local: IpAddr, overhead: u32, mac| VxlanLink {
             want: VxlanParams {
                 vni: vxlan.vni,
                 local: Some(local),
                 dev: Some(uplink.index),
                 port: vxlan.port,
-                learning: false,
+                learning: vxlan.learning,
+                gbp: vxlan.gbp,
             },
             name,
-            mtu: uplink.mtu.saturating_sub(overhead),
+            mtu: mtu.saturating_sub(overhead),
+            mac,
         };
         let (link, mac) = match config.network {
             Some(_) => {
                 let name = format!("flannel.{}", vxlan.vni);
                 let local = uplink.ipv4(&config.iface)?;
-                let v4 = device(name, local.addr().into(), ENCAP_OVERHEAD);
+                let v4 = device(name, local.addr().into(), ENCAP_OVERHEAD, macs.v4);
                 let (link, mac) = v4.ensure(&nl).await?;
                 (Some(link), Some(mac))
             }
@@ -102,7 +172,7 @@ impl VxlanDevice {
         let (link6, mac6) = match config.ipv6 {
             Some(v6) => {
                 let name = format!("flannel-v6.{}", vxlan.vni);
-                let v6 = device(name, v6.public_ip.into(), ENCAP_OVERHEAD_V6);
+                let v6 = device(name, v6.public_ip.into(), ENCAP_OVERHEAD_V6, macs.v6);
                 let (link6, mac6) = v6.ensure(&nl).await?;
                 refuse_router_advertisements(&link6.name);
                 (Some(link6), Some(mac6))
@@ -227,11 +297,13 @@ struct VxlanLink {
     name: String,
     want: VxlanParams,
     mtu: u32,
+    /// The MAC a device made now takes: the one published before, else a random one.
+    mac: Option<MacAddr>,
 }
 
 impl VxlanLink {
     async fn ensure(&self, nl: &Netlink) -> anyhow::Result<(Link, MacAddr)> {
-        let link = ensure_link(nl, &self.name, &self.want, self.mtu).await?;
+        let link = ensure_link(nl, &self.name, &self.want, self.mtu, self.mac).await?;
         let mac = link
             .mac
             .with_context(|| format!("{} has no MAC address", self.name))?;
@@ -253,6 +325,7 @@ async fn ensure_link(
     name: &str,
     want: &VxlanParams,
     mtu: u32,
+    mac: Option<MacAddr>,
 ) -> anyhow::Result<Link> {
     if let Some(have) = nl.link_by_name(name).await? {
         let Some(reason) = incompatibility(&have, want) else {
@@ -267,7 +340,13 @@ async fn ensure_link(
             .await
             .with_context(|| format!("deleting {name}"))?;
     }
-    let msg = vxlan_link_message(name, want, mtu, MacAddr::random());
+    if let Some(mac) = mac {
+        info!(
+            device = name,
+            "made with the VtepMAC {mac} this node published before"
+        );
+    }
+    let msg = vxlan_link_message(name, want, mtu, mac.unwrap_or_else(MacAddr::random));
     nl.create_link(msg)
         .await
         .with_context(|| format!("creating VXLAN device {name}"))?;
@@ -308,6 +387,11 @@ fn incompatibility(have: &Link, want: &VxlanParams) -> Option<String> {
             have.learning != want.learning,
             "learning",
             format!("{} vs {}", have.learning, want.learning),
+        ),
+        (
+            have.gbp != want.gbp,
+            "gbp",
+            format!("{} vs {}", have.gbp, want.gbp),
         ),
     ];
     let mut mismatches = checks.into_iter().filter(|(differs, ..)| *differs);
@@ -381,6 +465,31 @@ mod tests {
     }
 
     #[test]
+    fn gbp_learning_and_mtu_are_read_and_checked() {
+        let eth0 = Interface {
+            name: "eth0".into(),
+            address: Some(Ipv4Addr::new(10, 200, 0, 1)),
+            ipv6: None,
+            mtu: 1500,
+        };
+        let read = |backend: &str| {
+            let json = format!(r#"{{"Network":"10.5.0.0/16","Backend":{backend}}}"#);
+            let config = crate::config::Config::parse(&json).unwrap();
+            VxlanConfig::read(&config.backend, &eth0).map_err(|e| e.to_string())
+        };
+        let c = read(r#"{"Type":"vxlan","GBP":true,"learning":true,"MTU":1400,"VNI":4}"#).unwrap();
+        assert_eq!(
+            (c.vni, c.gbp, c.learning, c.mtu),
+            (4, true, true, Some(1400))
+        );
+        assert_eq!(read(r#"{"Type":"vxlan"}"#), Ok(VxlanConfig::default()));
+        let err = read(r#"{"Type":"vxlan","GBP":"yes"}"#).unwrap_err();
+        assert!(err.contains("Backend.GBP must be true or false"), "{err}");
+        let err = read(r#"{"Type":"vxlan","MTU":100}"#).unwrap_err();
+        assert!(err.contains("Backend.MTU 100"), "{err}");
+    }
+
+    #[test]
     fn existing_device_is_reused_only_when_settings_match() {
         let want = VxlanParams {
             vni: 1,
@@ -388,6 +497,7 @@ mod tests {
             dev: Some(2),
             port: 0,
             learning: false,
+            gbp: false,
         };
         let link = |p: VxlanParams| Link {
             index: 9,
@@ -416,6 +526,11 @@ mod tests {
         assert!(incompatibility(&link(learning), &want)
             .unwrap()
             .contains("learning"));
+        let gbp = VxlanParams {
+            gbp: true,
+            ..reported.clone()
+        };
+        assert!(incompatibility(&link(gbp), &want).unwrap().contains("gbp"));
         let other_vni = VxlanParams { vni: 2, ..reported };
         assert!(incompatibility(&link(other_vni), &want)
             .unwrap()

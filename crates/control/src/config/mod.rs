@@ -5,6 +5,7 @@
 //! line that names the offending field (the operator reads it in a log, not in a debugger).
 //! The IPv6 half (`EnableIPv6`, `IPv6Network`, ...) is read and checked in [`ipv6`].
 
+mod fields;
 mod ipv4;
 mod ipv6;
 mod underlay;
@@ -29,6 +30,13 @@ pub struct Config {
     /// The IPv6 network, when `EnableIPv6` is true (a dual-stack or IPv6-only network).
     pub ipv6: Option<Ipv6Config>,
     pub backend: BackendConfig,
+    /// Fields twill does not read for this network's backend (`X` or `Backend.X`): accepted, as
+    /// flanneld accepts them, and named at start.
+    pub unread: Vec<String>,
+    /// `EnableNFTables`: flannel's masquerade and forward rules as nftables tables
+    /// (`ip flannel-ipv4`, `ip6 flannel-ipv6`) instead of iptables chains (false, flannel's
+    /// default).
+    pub enable_nftables: bool,
 }
 
 /// The `Backend` object: the fields twill reads, plus the raw JSON for backend-specific extras.
@@ -88,6 +96,10 @@ impl Config {
             .filter(|(_, old, new)| old != new)
             .map(|(name, old, new)| format!("{name} {old} -> {new}"))
             .collect();
+        if self.enable_nftables != now.enable_nftables {
+            let (old, new) = (self.enable_nftables, now.enable_nftables);
+            changed.push(format!("EnableNFTables {old} -> {new}"));
+        }
         changed.extend(backend_difference(&self.backend.raw, &now.backend.raw));
         (!changed.is_empty()).then(|| changed.join(", "))
     }
@@ -176,7 +188,9 @@ impl Config {
         Ok(Config {
             ipv4,
             ipv6,
+            unread: fields::unread(&obj, &backend.backend_type),
             backend,
+            enable_nftables: bool_field(&obj, "EnableNFTables")?.unwrap_or(false),
         })
     }
 
@@ -256,6 +270,12 @@ impl std::fmt::Debug for BackendConfig {
             .field("raw", &raw)
             .finish()
     }
+}
+
+/// A field of a JSON object (`Backend`'s raw value), as [`field`] finds it; `None` when `object`
+/// is not an object.
+pub(crate) fn field_of<'a>(object: &'a Value, name: &str) -> Option<&'a Value> {
+    field(object.as_object()?, name)
 }
 
 /// Looks a field up the way Go's encoding/json does: exact name first, then case-insensitively,

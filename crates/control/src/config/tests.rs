@@ -290,3 +290,24 @@ fn a_value_of_any_length_is_shown_cut_with_its_size() {
     let change = running.difference(&now).unwrap();
     assert!(change.len() < 200 && change.contains("bytes)"), "{change}");
 }
+
+#[test]
+fn enable_nftables_is_read_as_flannel_reads_it() {
+    assert!(!parse(r#"{"Network":"10.5.0.0/16"}"#).enable_nftables);
+    assert!(parse(r#"{"Network":"10.5.0.0/16","EnableNFTables":true}"#).enable_nftables);
+    // Go's encoding/json matches field names case-insensitively.
+    assert!(parse(r#"{"Network":"10.5.0.0/16","enablenftables":true}"#).enable_nftables);
+    let err = error(r#"{"Network":"10.5.0.0/16","EnableNFTables":"yes"}"#);
+    assert!(
+        err.contains("EnableNFTables must be true or false"),
+        "{err}"
+    );
+    let (iptables, nftables) = (
+        parse(r#"{"Network":"10.5.0.0/16"}"#),
+        parse(r#"{"Network":"10.5.0.0/16","EnableNFTables":true}"#),
+    );
+    assert_eq!(
+        iptables.difference(&nftables).as_deref(),
+        Some("EnableNFTables false -> true")
+    );
+}

@@ -17,8 +17,11 @@ pub use kube::{KubeOptions, KubeRegistry};
 pub use namer::{node_key, LeaseNamer};
 pub use static_peers::{parse_peer, StaticRegistry};
 
+use crate::backend::netlink::MacAddr;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
+use futures::future::BoxFuture;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use tokio::sync::mpsc;
 
 /// A change in the set of other nodes' leases, in our own, or in the network config.
@@ -52,6 +55,21 @@ pub enum LeaseEvent {
     ConfigChanged(Option<String>),
 }
 
+/// What a registry remembers of this node (see [`Registry::remembered`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Remembered {
+    /// The address peers must reach this node at, as its operator put it on the Node
+    /// (`node-public-ip`): it overrides `--public-ip`, as in flanneld.
+    pub public_ip: Option<Ipv4Addr>,
+    /// The same for IPv6 (`node-public-ipv6`).
+    pub public_ipv6: Option<Ipv6Addr>,
+    /// The VtepMAC this node published before (its own `backend-data`): a vxlan device made
+    /// again takes it, so the peers' fdb and neighbour entries stay right across a restart.
+    pub vtep_mac: Option<MacAddr>,
+    /// The same for `flannel-v6.<VNI>` (`backend-v6-data`).
+    pub vtep_mac_v6: Option<MacAddr>,
+}
+
 /// A source of leases for one flannel network.
 #[allow(async_fn_in_trait)]
 pub trait Registry {
@@ -64,6 +82,19 @@ pub trait Registry {
     /// How this registry's leases are named in logs and status.
     fn lease_namer(&self) -> LeaseNamer {
         LeaseNamer::default()
+    }
+
+    /// What the registry keeps of this node from an earlier run or from its operator, read
+    /// before anything is set up: flanneld's `GetStoredPublicIP` and `GetStoredMacAddresses`
+    /// (Kubernetes); nothing elsewhere.
+    async fn remembered(&self) -> anyhow::Result<Remembered> {
+        Ok(Remembered::default())
+    }
+
+    /// What to do once the node is ready (subnet.env written, the rules in place), such as
+    /// telling Kubernetes the Node's network is available; the daemon spawns it then.
+    fn on_ready(&self) -> Option<BoxFuture<'static, ()>> {
+        None
     }
 
     /// Acquires (or reuses) this node's lease and keeps it alive in the background for as long

@@ -38,12 +38,8 @@ impl NodeStatus {
         let restart = self.restart_needed.read().unwrap().is_some();
         gauge(&mut out, "twill_restart_needed", u64::from(restart));
         if let Some(rules) = self.rules.read().unwrap().as_ref() {
-            gauge(
-                &mut out,
-                "twill_nftables_in_place",
-                u64::from(rules.in_place),
-            );
-            counter(&mut out, "twill_nftables_repairs_total", rules.repairs);
+            gauge(&mut out, "twill_rules_in_place", u64::from(rules.in_place));
+            counter(&mut out, "twill_rules_repairs_total", rules.repairs);
         }
         let reconciles = self.reconciles();
         counter(&mut out, "twill_reconciles_total", reconciles.count);

@@ -1,6 +1,6 @@
 //! The status server: one accept loop per address, HTTP/1.1 only, with timeouts and a cap on
 //! open connections, so that no client, however slow or however many, can take the file
-//! descriptors the rest of the daemon needs (nft for the nftables repair, the registry's
+//! descriptors the rest of the daemon needs (iptables-restore for the rules' repair, the registry's
 //! reconnects, netlink sockets).
 //!
 //! `axum::serve` has none of these knobs, and with the hyper-util features other crates of the
@@ -81,6 +81,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 fn status_router(status: Arc<NodeStatus>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route(
             "/metrics",
             get(|State(s): State<Arc<NodeStatus>>| async move { s.to_prometheus() }),
@@ -92,15 +93,22 @@ fn status_router(status: Arc<NodeStatus>) -> Router {
         .with_state(status)
 }
 
-/// flannel's `--healthz-port`: `/healthz` and nothing else, as flanneld.
+/// flannel's `--healthz-port`: `/healthz` and `/readyz` and nothing else, as flanneld.
 fn healthz_router(status: Arc<NodeStatus>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .with_state(status)
 }
 
-async fn healthz(State(s): State<Arc<NodeStatus>>) -> (axum::http::StatusCode, String) {
-    s.health()
+/// 200 while the process runs, as flanneld's: what twill can repair it repairs itself, and a
+/// restart would repair nothing more ([`readyz`] says what is wrong meanwhile).
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<Arc<NodeStatus>>) -> (axum::http::StatusCode, String) {
+    s.readiness_answer()
 }
 
 async fn accept_loop(
@@ -269,7 +277,7 @@ impl RateLimited {
 
 /// Raises this process's soft limit on open files to its hard limit, as Go does for every
 /// program since 1.19: systemd gives a service 1024 soft (and 524288 hard), which the status
-/// server's connections, the nft processes, the registry's sockets and the TUN queues share.
+/// server's connections, the iptables-restore processes, the registry's sockets and the TUN queues share.
 /// Returns the limits (soft, hard) as they are afterwards.
 pub fn raise_open_files_limit() -> std::io::Result<(libc::rlim_t, libc::rlim_t)> {
     let mut limit = libc::rlimit {
@@ -336,17 +344,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_healthz_address_answers_healthz_alone() {
+    async fn the_healthz_address_answers_the_probes_alone() {
         let (addr, status) = server(StatusAddr::Healthz).await;
         assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
-        for path in ["/status", "/metrics", "/", "/healthz/x"] {
+        for path in ["/status", "/metrics", "/", "/healthz/x", "/readyz/x"] {
             let response = get(addr, path).await;
             assert!(response.starts_with("HTTP/1.1 404"), "{path}: {response}");
         }
-        status.set_unhealthy(Some("device twill0 is down".into()));
-        let response = get(addr, "/healthz").await;
-        assert!(response.starts_with("HTTP/1.1 503"), "{response}");
-        assert!(response.ends_with("device twill0 is down\n"), "{response}");
+        probes_follow_the_node(addr, &status).await;
     }
 
     #[tokio::test]
@@ -361,11 +366,26 @@ mod tests {
             metrics.contains("\ntwill_status_connections_evicted_total 0\n"),
             "{metrics}"
         );
+        probes_follow_the_node(addr, &status).await;
+    }
+
+    /// `/readyz` is 503 until the node is ready, then 200, and 503 with the reason while it
+    /// cannot forward; `/healthz` is 200 throughout, as flanneld's.
+    async fn probes_follow_the_node(addr: SocketAddr, status: &NodeStatus) {
+        let healthy = |response: String| response.starts_with("HTTP/1.1 200");
+        let response = get(addr, "/readyz").await;
+        assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+        assert!(response.ends_with("not in place yet\n"), "{response}");
+        assert!(healthy(get(addr, "/healthz").await));
+        status.set_ready();
+        assert!(get(addr, "/readyz").await.ends_with("\r\n\r\nready\n"));
         status.set_unhealthy(Some("device twill0 is down".into()));
-        let response = get(addr, "/healthz").await;
+        let response = get(addr, "/readyz").await;
         assert!(response.starts_with("HTTP/1.1 503"), "{response}");
         assert!(response.ends_with("device twill0 is down\n"), "{response}");
+        assert!(healthy(get(addr, "/healthz").await));
         status.set_unhealthy(None);
+        assert!(healthy(get(addr, "/readyz").await));
         assert!(get(addr, "/healthz").await.ends_with("\r\n\r\nok\n"));
     }
 

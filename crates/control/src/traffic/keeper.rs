@@ -1,124 +1,129 @@
-//! Keeping twill's tables in place (IPv4's, and a dual-stack node's IPv6 one): written once in
-//! one transaction, read back every resync, written again when what the kernel holds is no
-//! longer what twill wrote.
+//! Keeping flannel's rules in place, in either mode: written once, then every resync a cheap
+//! look at whether anything in the kernel's rules changed at all, and only if something did, a
+//! read of flannel's rules and a repair if they are no longer what was written.
+//!
+//! The cheap look is the whole point: it starts no process and reads a handful of bytes, so a
+//! host whose rules do not change costs nothing every `--iptables-resync` (docs/decisions.md).
 
-use super::encode;
 use super::failure::{explain, Failure};
-use super::listing::{self, Listing, Object};
-use super::nfnl::Conn;
-use super::nfnl::Nftables;
-use super::ruleset::{Family, Ruleset, MARK};
-use crate::status::NodeStatus;
-use crate::status::RulesStatus;
+use crate::status::{NodeStatus, RulesStatus};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 
-/// Writes the ruleset, remembers how the kernel lists it, and puts it back when the listing
-/// changes.
-pub struct Keeper {
-    /// One per family, IPv4's first.
-    rulesets: Vec<Ruleset>,
-    nftables: Nftables,
-    /// The tables as the kernel listed them right after the last write, in the order of
-    /// `rulesets`; empty before the first.
-    written: Vec<Option<Listing>>,
+/// One way of holding flannel's rules in the kernel: nftables tables, or iptables chains
+/// through one of iptables' backends.
+pub trait Dialect: Send + 'static {
+    /// What `twill status` calls the mode: `nftables`, `iptables-nft`, `iptables-legacy`.
+    fn mode(&self) -> String;
+
+    /// Where the rules are, as an operator would look for them.
+    fn places(&self) -> Vec<String>;
+
+    /// A number that changes whenever the kernel's rules may have changed (nf_tables'
+    /// generation, a hash of the legacy tables): the same number means nothing to read.
+    /// Starts no process.
+    fn generation(&mut self) -> impl Future<Output = Result<u64, Failure>> + Send;
+
+    /// Whether flannel's rules are in the kernel exactly as written.
+    fn intact(&mut self) -> impl Future<Output = Result<bool, Failure>> + Send;
+
+    /// Writes the rules, replacing whatever of flannel's the kernel holds (and removing a
+    /// chain of a kind not wanted); what of flannel's was there before, by name.
+    fn write(&mut self) -> impl Future<Output = Result<Vec<String>, Failure>> + Send;
+
+    /// Removes flannel's rules.
+    fn remove(&mut self) -> impl Future<Output = Result<(), Failure>> + Send;
+}
+
+/// What the node asks of the keeper when it stops keeping the rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Leave them in place, as flanneld does when it exits: pod traffic keeps flowing while
+    /// the node restarts.
+    Leave,
+    /// Remove them: a start that failed after writing them.
+    Remove,
+}
+
+/// Writes the rules and keeps them as written.
+pub struct Keeper<D> {
+    dialect: D,
+    /// [`Dialect::generation`] when the rules were last known intact.
+    generation: u64,
     status: Arc<NodeStatus>,
 }
 
-/// Which chains of which family's table to read back.
-type Plan = Vec<(Family, Vec<&'static str>)>;
-
-/// Warns that a table named like twill's is about to go although twill did not write it: an
-/// operator's own, or one a twill from before the mark left. The name is twill's, so it goes,
-/// but the operator must hear of it.
-pub fn warn_if_foreign(family: Family, table: &Object, doing: &str) {
-    if !table.marked() {
-        tracing::warn!(
-            "nftables table {family} is not marked as twill's (no comment \"{MARK}\"): an \
-             operator's own table of that name, or one an older twill left; {doing}, as the name \
-             is twill's (give a table of your own another name)"
-        );
-    }
-}
-
-impl Keeper {
-    /// Keeps `rulesets`, one per family, IPv4's first; its options (masquerade, forward) are
-    /// the same for each.
-    pub fn new(rulesets: Vec<Ruleset>, nftables: Nftables, status: Arc<NodeStatus>) -> Keeper {
-        let tables: Vec<String> = rulesets.iter().map(|r| r.family().to_string()).collect();
+impl<D: Dialect> Keeper<D> {
+    /// Writes the rules for the first time; the keeper, and what of flannel's was there.
+    pub async fn start(
+        dialect: D,
+        status: Arc<NodeStatus>,
+        shown: RulesStatus,
+    ) -> Result<(Keeper<D>, Vec<String>), Failure> {
         status.set_rules(RulesStatus {
-            table: tables.join(", "),
-            ip_masq: rulesets.iter().any(|r| r.masquerade),
-            forward_rules: rulesets.iter().any(|r| r.forward),
-            in_place: false,
-            repairs: 0,
-            error: None,
+            mode: dialect.mode(),
+            places: dialect.places(),
+            ..shown
         });
-        Keeper {
-            rulesets,
-            nftables,
-            written: Vec::new(),
+        let mut keeper = Keeper {
+            dialect,
+            generation: 0,
             status,
-        }
-    }
-
-    pub fn status(&self) -> Arc<NodeStatus> {
-        self.status.clone()
-    }
-
-    /// The write at start, which replaces whatever tables of those names there are.
-    pub async fn first_write(&mut self) -> Result<(), Failure> {
-        let families: Vec<Family> = self.rulesets.iter().map(Ruleset::family).collect();
-        let found = self
-            .nftables
-            .run(move |conn| {
-                let tables = families.iter().map(|&f| Ok((f, listing::table(conn, f)?)));
-                tables.collect::<Result<Vec<_>, Failure>>()
-            })
-            .await?;
-        for (family, table) in found {
-            if let Some(table) = table {
-                warn_if_foreign(family, &table, "replacing it");
+        };
+        match keeper.write().await {
+            Ok(found) => Ok((keeper, found)),
+            Err(failure) => {
+                // Whatever part got written goes: a start that fails leaves no rules.
+                let _ = keeper.dialect.remove().await;
+                Err(failure)
             }
         }
-        self.write().await
     }
 
-    /// Each table and the chains its ruleset has, to be listed.
-    fn plan(&self) -> Plan {
-        let chains = |r: &Ruleset| r.chains().iter().map(|c| c.name).collect();
-        self.rulesets
-            .iter()
-            .map(|r| (r.family(), chains(r)))
-            .collect()
-    }
-
-    async fn write(&mut self) -> Result<(), Failure> {
-        let ops: Vec<_> = self.rulesets.iter().flat_map(encode::replace).collect();
-        let plan = self.plan();
-        // Compared as the kernel lists it, so whatever the kernel adds or normalizes (its
-        // defaults, a reference count) can never look like a change.
-        self.written = self
-            .nftables
-            .run(move |conn| {
-                conn.transact(&ops)?;
-                read_all(conn, &plan)
-            })
-            .await?;
+    /// Writes the rules, notes the generation, and checks that they read back as written.
+    async fn write(&mut self) -> Result<Vec<String>, Failure> {
+        let found = self.dialect.write().await?;
+        self.generation = self.dialect.generation().await?;
+        if !self.dialect.intact().await? {
+            return Err(Failure::Unexpected(
+                "the rules just written do not read back as written".into(),
+            ));
+        }
         self.status.update_rules(|s| {
             s.in_place = true;
             s.error = None;
         });
-        Ok(())
+        Ok(found)
     }
 
-    pub async fn keep(mut self, every: Duration) {
+    /// Checks every `every` until told to stop, then leaves or removes the rules.
+    pub async fn keep(mut self, every: Duration, mut stop: oneshot::Receiver<Stop>) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
-            tick.tick().await;
-            if let Err(e) = self.check().await {
+            // A check runs to its end: stopping never cuts a repair in half.
+            let stopping = tokio::select! {
+                _ = tick.tick() => None,
+                stop = &mut stop => Some(stop.unwrap_or(Stop::Leave)),
+            };
+            match stopping {
+                None => self.check_and_say().await,
+                Some(Stop::Leave) => {
+                    tracing::info!(mode = self.dialect.mode(), "flannel's rules left in place");
+                    return;
+                }
+                Some(Stop::Remove) => return self.remove().await,
+            }
+        }
+    }
+
+    async fn check_and_say(&mut self) {
+        match self.check().await {
+            Ok(()) => {}
+            Err(e) => {
                 tracing::warn!("{e}");
                 self.status.update_rules(|s| {
                     s.in_place = false;
@@ -129,43 +134,39 @@ impl Keeper {
     }
 
     async fn check(&mut self) -> Result<(), String> {
-        let plan = self.plan();
-        let listed = self
-            .nftables
-            .run(move |conn| read_all(conn, &plan))
-            .await
-            .map_err(|f| explain(&f, "check twill's nftables tables"))?;
-        let changed = listed.iter().zip(&self.written).zip(&self.rulesets);
-        let Some(((table, _), ruleset)) = changed
-            .into_iter()
-            .find(|((now, then), _)| now.is_none() || now != then)
-        else {
+        let doing = "check flannel's rules";
+        let now = self.dialect.generation().await;
+        let now = now.map_err(|f| explain(&f, doing))?;
+        self.status.update_rules(|s| s.checks += 1);
+        if now == self.generation {
             return Ok(());
-        };
-        let family = ruleset.family().to_string();
-        match table {
-            Some(table) if !table.marked() => tracing::warn!(
-                table = family,
-                "twill's nftables table was replaced by one without twill's mark; writing \
-                 twill's again"
-            ),
-            _ => tracing::warn!(
-                table = family,
-                "twill's nftables table was changed or removed; writing it again"
-            ),
         }
+        if self
+            .dialect
+            .intact()
+            .await
+            .map_err(|f| explain(&f, doing))?
+        {
+            self.generation = now;
+            return Ok(());
+        }
+        tracing::warn!(
+            mode = self.dialect.mode(),
+            "flannel's rules were changed or removed; writing them again"
+        );
         self.write()
             .await
-            .map_err(|f| explain(&f, "repair twill's nftables tables"))?;
+            .map_err(|f| explain(&f, "repair flannel's rules"))?;
         self.status.update_rules(|s| s.repairs += 1);
         Ok(())
     }
-}
 
-/// Every table of `plan` as the kernel lists it (`None` for one not there).
-fn read_all(conn: &mut Conn, plan: &Plan) -> Result<Vec<Option<Listing>>, Failure> {
-    let tables = plan
-        .iter()
-        .map(|(family, chains)| listing::read(conn, *family, chains));
-    tables.collect()
+    async fn remove(mut self) {
+        let mode = self.dialect.mode();
+        match self.dialect.remove().await {
+            Ok(()) => tracing::info!(mode, "flannel's rules removed"),
+            Err(f) => tracing::warn!("{}", explain(&f, "remove flannel's rules")),
+        }
+        self.status.update_rules(|s| s.in_place = false);
+    }
 }

@@ -1,5 +1,5 @@
-//! twill's netfilter netlink socket (NETLINK_NETFILTER): nf_tables transactions and reads,
-//! without the nft program.
+//! twill's netfilter netlink socket (NETLINK_NETFILTER): nf_tables transactions, reads and the
+//! ruleset's generation, without the nft program.
 //!
 //! A transaction is one batch (`NFNL_MSG_BATCH_BEGIN`, the operations, `NFNL_MSG_BATCH_END`) in
 //! one datagram: the kernel applies all of it or none of it, as `nft -f` does. Every operation
@@ -10,15 +10,15 @@
 //! ([`Nftables::run`]): the kernel answers within the send for a transaction and within
 //! microseconds for a read, and the timeout bounds a kernel that does not.
 
-use super::encode::Op;
 use super::failure::Failure;
+use super::nftables::encode::Op;
 use super::ruleset::Family;
 use netlink_packet_core::{
     DoneBuffer, DoneMessage, ErrorBuffer, ErrorMessage, NetlinkBuffer, NetlinkHeader,
-    NetlinkMessage, NetlinkPayload, Parseable, NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK, NLM_F_DUMP,
-    NLM_F_DUMP_INTR, NLM_F_REQUEST,
+    NetlinkMessage, NetlinkPayload, NlasIterator, Parseable, NLMSG_DONE, NLMSG_ERROR, NLM_F_ACK,
+    NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
 };
-use netlink_packet_netfilter::nftables::NfTablesMessage;
+use netlink_packet_netfilter::nftables::{GenMessage, NfTablesMessage};
 use netlink_packet_netfilter::none::ControlMessage;
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
@@ -170,6 +170,22 @@ impl Conn {
             }
             tries += 1;
         }
+    }
+
+    /// The generation of this namespace's nf_tables ruleset (`NFT_MSG_GETGEN`): the kernel
+    /// counts every committed transaction, of any table and any program (nft, iptables-nft,
+    /// twill), so an unchanged number means nothing in nf_tables changed.
+    pub fn generation(&mut self) -> Result<u32, Failure> {
+        const NFTA_GEN_ID: u16 = 1;
+        let request = NfTablesMessage::GetGen(GenMessage { attributes: vec![] });
+        let answers = self.read(Family::Ipv4, request, false, "get the ruleset's generation")?;
+        let id = answers.into_iter().flatten().find_map(|answer| {
+            NlasIterator::new(&answer.attributes[..])
+                .flatten()
+                .find(|nla| nla.kind() == NFTA_GEN_ID)
+                .and_then(|nla| Some(u32::from_be_bytes(nla.value().try_into().ok()?)))
+        });
+        id.ok_or_else(|| Failure::Garbled("a generation answer without NFTA_GEN_ID".into()))
     }
 
     fn read_once(

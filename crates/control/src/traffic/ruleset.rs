@@ -1,16 +1,31 @@
-//! flannel's masquerade and forward rules (pkg/trafficmngr/nftables), as plain values: what the
-//! rules mean, independent of how they reach the kernel (`encode.rs`).
-//!
-//! Everything lives in a table of twill's own per address family, `ip twill-ipv4` (and on a
-//! dual-stack node `ip6 twill-ipv6`), as flannel keeps its rules in `ip flannel-ipv4` and
-//! `ip6 flannel-ipv6`: chain `postrtg` (nat, postrouting, srcnat) for `--ip-masq`, chain
-//! `forward` (filter, forward, filter priority, policy accept) for `--iptables-forward-rules`.
-//! docs/ip-masq.md lists them side by side with flannel's.
+//! flannel's masquerade and forward rules (flannel's pkg/trafficmngr), as plain values: what
+//! each rule matches and does, in the two modes flanneld writes them in. How they reach the
+//! kernel is `nftables/` (tables `ip flannel-ipv4`, `ip6 flannel-ipv6`) and `iptables/`
+//! (chains FLANNEL-POSTRTG and FLANNEL-FWD). docs/ip-masq.md lists them side by side.
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::fmt;
 
-/// The address family of one of twill's tables; nothing else of twill's touches nftables.
+/// Where flanneld keeps its rules: the network config's `EnableNFTables`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// flannel's default: chains of iptables (whichever backend the host's iptables uses).
+    Iptables,
+    /// `"EnableNFTables": true`: tables of nftables, written over netlink.
+    Nftables,
+}
+
+impl Mode {
+    pub fn of(enable_nftables: bool) -> Mode {
+        if enable_nftables {
+            Mode::Nftables
+        } else {
+            Mode::Iptables
+        }
+    }
+}
+
+/// An address family: each has its own rules (IPv4's, and a dual-stack node's IPv6 ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     Ipv4,
@@ -20,14 +35,6 @@ pub enum Family {
 impl Family {
     pub const ALL: [Family; 2] = [Family::Ipv4, Family::Ipv6];
 
-    /// twill's table of this family.
-    pub fn table(self) -> &'static str {
-        match self {
-            Family::Ipv4 => "twill-ipv4",
-            Family::Ipv6 => "twill-ipv6",
-        }
-    }
-
     /// nft's word for the family, in `nft list table ip6 …` and in `ip6 saddr …`.
     pub fn word(self) -> &'static str {
         match self {
@@ -36,7 +43,7 @@ impl Family {
         }
     }
 
-    fn of(net: IpNet) -> Family {
+    pub fn of(net: IpNet) -> Family {
         match net {
             IpNet::V4(_) => Family::Ipv4,
             IpNet::V6(_) => Family::Ipv6,
@@ -56,51 +63,50 @@ impl Family {
 }
 
 impl fmt::Display for Family {
-    /// `ip twill-ipv4`, as nft names the table.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}", self.word(), self.table())
+        f.write_str(match self {
+            Family::Ipv4 => "IPv4",
+            Family::Ipv6 => "IPv6",
+        })
     }
 }
-/// The comment twill's table carries (`nft list table` shows it), so a table of that name that
-/// lacks it is known not to be twill's.
-pub const MARK: &str = "managed by twill";
-pub(super) const POSTROUTING: &str = "postrtg";
-pub(super) const FORWARD: &str = "forward";
 
-/// kube-proxy marks packets it already masquerades; flannel leaves them alone (no double NAT).
-const KUBE_PROXY_MARK: u32 = 0x4000;
-/// nftables' `srcnat` and `filter` priorities.
-const SRCNAT_PRIORITY: i32 = 100;
-const FILTER_PRIORITY: i32 = 0;
+/// kube-proxy marks packets it masquerades itself; flannel leaves them alone (no double NAT).
+pub const KUBE_PROXY_MARK: u32 = 0x4000;
 
-/// Which of flannel's rules a node wants, for the container network `network` and this node's
-/// lease `subnet`, of one family: IPv4's, or a dual-stack node's IPv6 ones.
+/// Which of flannel's rules a node wants for one family: the container network `network`, this
+/// node's lease `subnet`, and the flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ruleset {
+    pub mode: Mode,
     pub network: IpNet,
     pub subnet: IpNet,
-    /// `--ip-masq`: the `postrtg` chain.
+    /// `--ip-masq`: the masquerade chain.
     pub masquerade: bool,
-    /// `--iptables-forward-rules`: the `forward` chain.
+    /// `--iptables-forward-rules`: the forward chain.
     pub forward: bool,
+    /// Masquerade with fully random source ports (off: `--ip-masq-fully-random-disable`).
+    pub fully_random: bool,
 }
 
-/// A base chain of twill's table, where flannel hooks its own. Its policy is always accept:
-/// the chain must only ever add to what the host allows.
+/// flannel's two chains: what `--ip-masq` and `--iptables-forward-rules` each write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChainKind {
+    /// nftables `postrtg`, iptables FLANNEL-POSTRTG: at postrouting, in the nat table.
+    Masquerade,
+    /// nftables `forward`, iptables FLANNEL-FWD: at forward, in the filter table.
+    Forward,
+}
+
+impl ChainKind {
+    pub const ALL: [ChainKind; 2] = [ChainKind::Masquerade, ChainKind::Forward];
+}
+
+/// One of flannel's chains with its rules, in flannel's order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chain {
-    pub name: &'static str,
-    /// nftables' chain type: `nat` or `filter`.
-    pub kind: &'static str,
-    pub hook: Hook,
-    pub priority: i32,
+    pub kind: ChainKind,
     pub rules: Vec<Rule>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hook {
-    Forward,
-    Postrouting,
 }
 
 /// One rule: all matches must hold, then the action is taken.
@@ -112,14 +118,15 @@ pub struct Rule {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Match {
-    /// `ip saddr|daddr [!=] NET`.
+    /// `ip saddr|daddr [!=] NET`, `[!] -s|-d NET`.
     Address {
         field: Field,
         negated: bool,
         net: IpNet,
     },
-    /// `meta mark & MARK == MARK`.
-    MarkSet(u32),
+    /// The packet's mark: equal to `mark` (nftables mode's `meta mark 0x4000`), or with the
+    /// bits of `mask` equal to `mark`'s (iptables mode's `-m mark --mark 0x4000/0x4000`).
+    Mark { mark: u32, mask: Option<u32> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,65 +139,78 @@ pub enum Field {
 pub enum Action {
     Return,
     Accept,
-    /// `masquerade fully-random`, as flannel does where the kernel supports it (every kernel
-    /// with nftables NAT does).
-    Masquerade,
+    /// `masquerade [fully-random]`, `-j MASQUERADE [--random-fully]`.
+    Masquerade {
+        fully_random: bool,
+    },
 }
 
 impl Ruleset {
-    /// The family of its table: its network's.
+    /// The family of its rules: its network's.
     pub fn family(&self) -> Family {
         Family::of(self.network)
     }
 
-    /// The chains this ruleset wants, each with its rules in flannel's order.
-    pub fn chains(&self) -> Vec<Chain> {
-        let mut chains = Vec::new();
-        if self.masquerade {
-            chains.push(Chain {
-                name: POSTROUTING,
-                kind: "nat",
-                hook: Hook::Postrouting,
-                priority: SRCNAT_PRIORITY,
-                rules: self.masquerade_rules(),
-            });
+    /// Whether `kind`'s chain is wanted.
+    pub fn wants(&self, kind: ChainKind) -> bool {
+        match kind {
+            ChainKind::Masquerade => self.masquerade,
+            ChainKind::Forward => self.forward,
         }
-        if self.forward {
-            chains.push(Chain {
-                name: FORWARD,
-                kind: "filter",
-                hook: Hook::Forward,
-                priority: FILTER_PRIORITY,
-                rules: self.forward_rules(),
-            });
-        }
-        chains
     }
 
-    /// flannel's `postrtg` chain, in flannel's order; N is the network, S this node's subnet.
+    /// The chains this ruleset wants, masquerade first (as flanneld writes them), each with
+    /// its rules in flannel's order.
+    pub fn chains(&self) -> Vec<Chain> {
+        let rules = |kind| match kind {
+            ChainKind::Masquerade => self.masquerade_rules(),
+            ChainKind::Forward => self.forward_rules(),
+        };
+        ChainKind::ALL
+            .into_iter()
+            .filter(|&kind| self.wants(kind))
+            .map(|kind| Chain {
+                kind,
+                rules: rules(kind),
+            })
+            .collect()
+    }
+
+    /// flannel's masquerade chain, in flannel's order; N is the network, S this node's subnet.
+    /// The two modes differ in the mark match and in rule 4, as flanneld's code does.
     fn masquerade_rules(&self) -> Vec<Rule> {
         let (n, s) = (self.network.trunc(), self.subnet.trunc());
         let multicast = self.family().multicast();
         let (is, not) = (false, true);
+        let masquerade = Action::Masquerade {
+            fully_random: self.fully_random,
+        };
+        let (mark_mask, from_outside_to_here) = match self.mode {
+            // `meta mark 0x4000 return`; `ip saddr != S ip daddr N return`.
+            Mode::Nftables => (None, vec![saddr(not, s), daddr(is, n)]),
+            // `-m mark --mark 0x4000/0x4000 -j RETURN`; `! -s N -d S -j RETURN`.
+            Mode::Iptables => (Some(KUBE_PROXY_MARK), vec![saddr(not, n), daddr(is, s)]),
+        };
+        let kube_proxy = Match::Mark {
+            mark: KUBE_PROXY_MARK,
+            mask: mark_mask,
+        };
         vec![
             // Marked by kube-proxy, which masquerades it itself.
-            rule(vec![Match::MarkSet(KUBE_PROXY_MARK)], Action::Return),
+            rule(vec![kube_proxy], Action::Return),
             // Container to container inside the network, both ways: keep the addresses.
             rule(vec![saddr(is, s), daddr(is, n)], Action::Return),
             rule(vec![saddr(is, n), daddr(is, s)], Action::Return),
-            // From outside to this node's containers: keep the client's address.
-            rule(vec![saddr(not, n), daddr(is, s)], Action::Return),
+            // Traffic from outside that a node owning the pod's address passes on: keep it.
+            rule(from_outside_to_here, Action::Return),
             // Containers to outside the network, except multicast.
-            rule(
-                vec![saddr(is, n), daddr(not, multicast)],
-                Action::Masquerade,
-            ),
+            rule(vec![saddr(is, n), daddr(not, multicast)], masquerade),
             // From outside the network (e.g. this host) to another node's containers.
-            rule(vec![saddr(not, n), daddr(is, n)], Action::Masquerade),
+            rule(vec![saddr(not, n), daddr(is, n)], masquerade),
         ]
     }
 
-    /// flannel's `forward` chain: accept forwarding to and from the network.
+    /// flannel's forward chain: accept forwarding to and from the network.
     fn forward_rules(&self) -> Vec<Rule> {
         let n = self.network.trunc();
         vec![
@@ -220,141 +240,78 @@ fn daddr(negated: bool, net: IpNet) -> Match {
     }
 }
 
-/// As `nft list table` prints the rule, so tests and logs read like docs/ip-masq.md.
-impl fmt::Display for Rule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for m in &self.matches {
-            write!(f, "{m} ")?;
-        }
-        write!(f, "{}", self.action)
-    }
-}
-
-impl fmt::Display for Match {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            Match::Address {
-                field,
-                negated,
-                net,
-            } => {
-                let field = match field {
-                    Field::Saddr => "saddr",
-                    Field::Daddr => "daddr",
-                };
-                let op = if negated { "!= " } else { "" };
-                write!(f, "{} {field} {op}{net}", Family::of(net).word())
-            }
-            Match::MarkSet(mark) => write!(f, "meta mark & {mark:#010x} == {mark:#010x}"),
-        }
-    }
-}
-
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Action::Return => "return",
-            Action::Accept => "accept",
-            Action::Masquerade => "masquerade fully-random",
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ruleset(masquerade: bool, forward: bool) -> Ruleset {
+    fn ruleset(mode: Mode) -> Ruleset {
         Ruleset {
+            mode,
             network: "10.5.0.0/16".parse().unwrap(),
-            subnet: "10.5.1.0/24".parse().unwrap(),
-            masquerade,
-            forward,
+            subnet: "10.5.1.7/24".parse().unwrap(),
+            masquerade: true,
+            forward: true,
+            fully_random: true,
         }
     }
 
-    fn rules_as_text(ruleset: &Ruleset, chain: &str) -> Vec<String> {
-        let chains = ruleset.chains();
-        let Some(chain) = chains.iter().find(|c| c.name == chain) else {
-            return Vec::new();
-        };
-        chain.rules.iter().map(Rule::to_string).collect()
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
     }
 
     #[test]
-    fn masquerade_rules_are_flannels_in_flannels_order() {
-        assert_eq!(
-            rules_as_text(&ruleset(true, false), POSTROUTING),
-            [
-                "meta mark & 0x00004000 == 0x00004000 return",
-                "ip saddr 10.5.1.0/24 ip daddr 10.5.0.0/16 return",
-                "ip saddr 10.5.0.0/16 ip daddr 10.5.1.0/24 return",
-                "ip saddr != 10.5.0.0/16 ip daddr 10.5.1.0/24 return",
-                "ip saddr 10.5.0.0/16 ip daddr != 224.0.0.0/4 masquerade fully-random",
-                "ip saddr != 10.5.0.0/16 ip daddr 10.5.0.0/16 masquerade fully-random",
-            ]
-        );
-        assert!(rules_as_text(&ruleset(true, false), FORWARD).is_empty());
+    fn rule_4_and_the_mark_differ_between_the_modes_as_in_flanneld() {
+        let nft = ruleset(Mode::Nftables).chains();
+        let ipt = ruleset(Mode::Iptables).chains();
+        let (s, n) = (net("10.5.1.0/24"), net("10.5.0.0/16"));
+        assert_eq!(nft[0].rules[3].matches, [saddr(true, s), daddr(false, n)]);
+        assert_eq!(ipt[0].rules[3].matches, [saddr(true, n), daddr(false, s)]);
+        let mark = |mask| Match::Mark { mark: 0x4000, mask };
+        assert_eq!(nft[0].rules[0].matches, [mark(None)]);
+        assert_eq!(ipt[0].rules[0].matches, [mark(Some(0x4000))]);
+        // Everything else is the same.
+        for i in [1, 2, 4, 5] {
+            assert_eq!(nft[0].rules[i], ipt[0].rules[i]);
+        }
+        assert_eq!(nft[1], ipt[1]);
     }
 
     #[test]
-    fn ipv6_rules_are_flannels_in_its_ip6_words_with_ipv6_multicast() {
-        let v6 = Ruleset {
-            network: "fd10::/56".parse().unwrap(),
-            subnet: "fd10:0:0:1::/64".parse().unwrap(),
-            masquerade: true,
-            forward: true,
-        };
-        assert_eq!(v6.family(), Family::Ipv6);
-        assert_eq!(v6.family().to_string(), "ip6 twill-ipv6");
-        assert_eq!(
-            rules_as_text(&v6, POSTROUTING)[1..],
-            [
-                "ip6 saddr fd10:0:0:1::/64 ip6 daddr fd10::/56 return",
-                "ip6 saddr fd10::/56 ip6 daddr fd10:0:0:1::/64 return",
-                "ip6 saddr != fd10::/56 ip6 daddr fd10:0:0:1::/64 return",
-                "ip6 saddr fd10::/56 ip6 daddr != ff00::/8 masquerade fully-random",
-                "ip6 saddr != fd10::/56 ip6 daddr fd10::/56 masquerade fully-random",
-            ]
-        );
-        assert_eq!(
-            rules_as_text(&v6, FORWARD),
-            ["ip6 saddr fd10::/56 accept", "ip6 daddr fd10::/56 accept"]
-        );
+    fn chains_follow_their_flags_masquerade_first() {
+        let mut r = ruleset(Mode::Iptables);
+        let kinds = |r: &Ruleset| r.chains().iter().map(|c| c.kind).collect::<Vec<_>>();
+        assert_eq!(kinds(&r), [ChainKind::Masquerade, ChainKind::Forward]);
+        r.masquerade = false;
+        assert_eq!(kinds(&r), [ChainKind::Forward]);
+        r.forward = false;
+        assert!(kinds(&r).is_empty());
     }
 
     #[test]
-    fn forward_rules_accept_to_and_from_the_network() {
-        let r = ruleset(false, true);
-        assert_eq!(
-            rules_as_text(&r, FORWARD),
-            ["ip saddr 10.5.0.0/16 accept", "ip daddr 10.5.0.0/16 accept"]
-        );
-        assert!(rules_as_text(&r, POSTROUTING).is_empty());
-    }
-
-    #[test]
-    fn chains_hook_where_flannels_do() {
-        let chains = ruleset(true, true).chains();
-        let hooks: Vec<_> = chains
+    fn masquerade_is_fully_random_unless_disabled_and_spares_multicast() {
+        let mut r = ruleset(Mode::Nftables);
+        let last_two = |r: &Ruleset| r.chains()[0].rules[4..].to_vec();
+        assert!(last_two(&r)
             .iter()
-            .map(|c| (c.name, c.kind, c.hook, c.priority))
-            .collect();
-        assert_eq!(
-            hooks,
-            [
-                ("postrtg", "nat", Hook::Postrouting, 100),
-                ("forward", "filter", Hook::Forward, 0),
-            ]
-        );
-        assert!(ruleset(false, false).chains().is_empty());
+            .all(|rule| rule.action == Action::Masquerade { fully_random: true }));
+        r.fully_random = false;
+        assert!(last_two(&r).iter().all(|rule| rule.action
+            == Action::Masquerade {
+                fully_random: false
+            }));
+        assert_eq!(last_two(&r)[0].matches[1], daddr(true, net("224.0.0.0/4")));
+        r.network = net("fd10::/56");
+        r.subnet = net("fd10:0:0:1::/64");
+        assert_eq!(r.family(), Family::Ipv6);
+        assert_eq!(last_two(&r)[0].matches[1], daddr(true, net("ff00::/8")));
     }
 
     #[test]
     fn host_bits_of_a_lease_do_not_reach_the_rules() {
-        let mut r = ruleset(true, false);
-        r.subnet = "10.5.1.7/24".parse().unwrap();
-        let rules = rules_as_text(&r, POSTROUTING);
-        assert!(rules[1].starts_with("ip saddr 10.5.1.0/24"), "{rules:?}");
+        let chains = ruleset(Mode::Iptables).chains();
+        assert_eq!(
+            chains[0].rules[1].matches[0],
+            saddr(false, net("10.5.1.0/24"))
+        );
     }
 }

@@ -71,9 +71,9 @@ impl Tun {
     pub fn open_dual(config: &TunConfig, address6: Option<Ipv6Addr>) -> anyhow::Result<Tun> {
         let first = match build(config, config.offload) {
             Ok(dev) => dev,
-            Err(e) if config.offload => {
+            Err(e) if config.offload && e.kind() != io::ErrorKind::NotFound => {
                 tracing::warn!("TUN offloads unavailable ({e}); using a plain TUN");
-                build(config, false)?
+                build(config, false).map_err(|e| open_error(config, e))?
             }
             Err(e) => return Err(open_error(config, e)),
         };
@@ -193,7 +193,30 @@ fn set_sysctl(path: &str, value: &str) {
     }
 }
 
+/// The device file every TUN is made through.
+pub const TUN_DEVICE: &str = "/dev/net/tun";
+
+/// Fails in one line when this host (or container) has no [`TUN_DEVICE`], before anything is
+/// set up that would need it.
+pub fn require_device(who: &str) -> anyhow::Result<()> {
+    match std::path::Path::new(TUN_DEVICE).try_exists() {
+        Ok(true) => Ok(()),
+        _ => Err(no_device(who)),
+    }
+}
+
+fn no_device(who: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{who} needs the TUN device {TUN_DEVICE}, which is not here (in a container, mount \
+         the host's {TUN_DEVICE}: kube-flannel.yml's DaemonSet does not; vxlan and host-gw \
+         need no TUN)"
+    )
+}
+
 fn open_error(config: &TunConfig, e: io::Error) -> anyhow::Error {
+    if e.kind() == io::ErrorKind::NotFound {
+        return no_device(&format!("TUN device {}", config.name));
+    }
     if e.raw_os_error() == Some(libc::EPERM) {
         anyhow::anyhow!(
             "cannot create TUN device {}: permission denied (twill needs root or CAP_NET_ADMIN)",

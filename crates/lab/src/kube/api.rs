@@ -3,7 +3,7 @@
 use super::KubeApiServer;
 use anyhow::{Context, Result};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, NodeSpec, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -153,6 +153,23 @@ impl KubeApiServer {
         .with_context(|| format!("cannot create ServiceAccount {namespace}/{name}"))
     }
 
+    /// The data of ConfigMap `namespace/name`.
+    pub fn config_map(&self, namespace: &str, name: &str) -> Result<BTreeMap<String, String>> {
+        self.block_on(|client| async move {
+            let map: ConfigMap = Api::namespaced(client, namespace).get(name).await?;
+            Ok(map.data.unwrap_or_default())
+        })
+        .with_context(|| format!("cannot get ConfigMap {namespace}/{name}"))
+    }
+
+    /// Whether ServiceAccount `namespace/name` exists.
+    pub fn has_service_account(&self, namespace: &str, name: &str) -> Result<bool> {
+        self.block_on(|client| async move {
+            let api: Api<ServiceAccount> = Api::namespaced(client, namespace);
+            Ok(api.get_opt(name).await?.is_some())
+        })
+    }
+
     /// A one-hour token of ServiceAccount `namespace/name` from the TokenRequest API, as the
     /// kubelet would project into a pod.
     pub fn service_account_token(&self, namespace: &str, name: &str) -> Result<String> {
@@ -186,7 +203,7 @@ impl KubeApiServer {
     }
 
     /// Runs `op` with an admin client, bounded by [`OP_TIMEOUT`].
-    pub(super) fn block_on<T, F>(&self, op: impl FnOnce(Client) -> F + Send) -> Result<T>
+    pub(crate) fn block_on<T, F>(&self, op: impl FnOnce(Client) -> F + Send) -> Result<T>
     where
         T: Send,
         F: Future<Output = Result<T>>,

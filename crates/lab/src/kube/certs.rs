@@ -9,48 +9,79 @@ use std::path::Path;
 use std::process::Command;
 
 pub(super) const CA_CERT: &str = "ca.crt";
-const CA_KEY: &str = "ca.key";
+pub(super) const CA_KEY: &str = "ca.key";
 pub(super) const SERVER_CERT: &str = "server.crt";
 pub(super) const SERVER_KEY: &str = "server.key";
 /// Signs and verifies service-account tokens.
 pub(super) const SA_KEY: &str = "sa.key";
+/// The API server's client certificate towards kubelets (logs, exec), in `system:masters`.
+pub(super) const KUBELET_CLIENT: &str = "kubelet-client";
+/// The `kubernetes` Service's address in the service range (10.96.0.0/16): in-cluster clients
+/// check the serving certificate against it.
+const SERVICE_IP: &str = "10.96.0.1";
+/// A fresh P-256 key, unencrypted: much faster to make than RSA.
+const EC_KEY: &str = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
 /// Outlives any test, and a skewed clock between runs does not matter: everything is fresh.
 const DAYS: &str = "2";
 
 /// Writes a CA, a serving certificate it signs (for `ip`, 127.0.0.1, localhost and the in-cluster
-/// name) and an RSA service-account key into `dir`. P-256 keys for TLS: much faster to generate.
+/// name and address), the client certificate the server shows kubelets, and an RSA
+/// service-account key into `dir`.
 pub(super) fn write(dir: &Path, ip: Ipv4Addr) -> Result<()> {
     std::fs::write(
         dir.join("server.ext"),
         format!(
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
              extendedKeyUsage=serverAuth\n\
-             subjectAltName=IP:{ip},IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
+             subjectAltName=IP:{ip},IP:127.0.0.1,IP:{SERVICE_IP},DNS:localhost,\
+             DNS:kubernetes.default.svc\n"
         ),
     )?;
-    let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
     openssl(
         dir,
         &format!(
-            "req -x509 -days {DAYS} {ec} -subj /CN=twill-lab-ca -keyout {CA_KEY} -out {CA_CERT} \
+            "req -x509 -days {DAYS} {EC_KEY} -subj /CN=twill-lab-ca -keyout {CA_KEY} -out {CA_CERT} \
              -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
         ),
     )?;
-    let csr = "server.csr";
-    openssl(
+    sign(dir, "server", "/CN=kube-apiserver", "server.ext")?;
+    write_client(
         dir,
-        &format!("req {ec} -subj /CN=kube-apiserver -keyout {SERVER_KEY} -out {csr}"),
-    )?;
-    openssl(
-        dir,
-        &format!(
-            "x509 -req -in {csr} -CA {CA_CERT} -CAkey {CA_KEY} -CAcreateserial -days {DAYS} \
-             -extfile server.ext -out {SERVER_CERT}"
-        ),
+        KUBELET_CLIENT,
+        "/O=system:masters/CN=kube-apiserver-kubelet-client",
     )?;
     openssl(
         dir,
         &format!("genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out {SA_KEY}"),
+    )
+}
+
+/// Writes `NAME.crt` and `NAME.key` into `dir`: a client certificate for `subject` (e.g.
+/// `/O=system:nodes/CN=system:node:node-1`, the user and group the API server sees) signed by the
+/// CA in `dir`.
+pub(super) fn write_client(dir: &Path, name: &str, subject: &str) -> Result<()> {
+    let ext = format!("{name}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=clientAuth\n",
+    )?;
+    sign(dir, name, subject, &ext)
+}
+
+/// `NAME.key` (P-256) and `NAME.crt` for `subject` signed by the CA in `dir` with the
+/// extensions in file `ext`.
+fn sign(dir: &Path, name: &str, subject: &str, ext: &str) -> Result<()> {
+    openssl(
+        dir,
+        &format!("req {EC_KEY} -subj {subject} -keyout {name}.key -out {name}.csr"),
+    )?;
+    openssl(
+        dir,
+        &format!(
+            "x509 -req -in {name}.csr -CA {CA_CERT} -CAkey {CA_KEY} -CAcreateserial -days {DAYS} \
+             -extfile {ext} -out {name}.crt"
+        ),
     )
 }
 

@@ -6,7 +6,7 @@ mod apply;
 mod certs;
 
 use crate::netns::{command_in, Netns};
-use crate::proc::{temp_prefix, Proc};
+use crate::proc::{last_lines, temp_prefix, Proc};
 use crate::Etcd;
 use anyhow::{bail, ensure, Context, Result};
 use std::net::Ipv4Addr;
@@ -25,15 +25,16 @@ const TOKENS: &str = "tokens.csv";
 /// Enough of the server's log to see why it failed, without flooding the test output.
 const TAIL_LINES: usize = 40;
 
-/// The path of a part built by `scripts/kube-parts` (`kube-apiserver`, `flannel`, `cnitool`),
-/// found in `$TWILL_KUBE_PARTS` or else `/var/cache/twill/kube`.
+/// The path of a part built by `scripts/kube-parts` (`kube-apiserver`, `kubelet`, `flanneld`,
+/// `flannel`, `cnitool`, `images/pause.tar`, ...), found in `$TWILL_KUBE_PARTS` or else
+/// `/var/cache/twill/kube`.
 pub fn kube_part(name: &str) -> Result<PathBuf> {
     let dir = std::env::var_os(PARTS_ENV).map_or_else(|| DEFAULT_PARTS.into(), PathBuf::from);
     let path = dir.join(name);
     ensure!(
         path.is_file(),
-        "{} not found: run scripts/kube-parts (builds kube-apiserver, flannel and cnitool from \
-         source once; needs Go) or point {PARTS_ENV} at the directory it prints",
+        "{} not found: run scripts/kube-parts (builds the Kubernetes and flannel parts from \
+         source once, and the images; needs Go) or point {PARTS_ENV} at the directory it prints",
         path.display()
     );
     Ok(path)
@@ -110,6 +111,11 @@ impl KubeApiServer {
         format!("https://{}:{}", self.ip, self.port)
     }
 
+    /// The port it serves on, at its address.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The CA that signed the serving certificate (PEM).
     pub fn ca_file(&self) -> &Path {
         &self.ca
@@ -170,6 +176,7 @@ impl KubeApiServer {
     fn args(&self) -> Vec<String> {
         let file = |name: &str| self.dir.path().join(name).display().to_string();
         let sa_key = file(certs::SA_KEY);
+        let kubelet_client = file(certs::KUBELET_CLIENT);
         [
             format!("--bind-address={}", self.ip),
             format!("--advertise-address={}", self.ip),
@@ -179,17 +186,22 @@ impl KubeApiServer {
             // restart.
             format!("--etcd-prefix=/{}", self.dir_name()),
             format!("--token-auth-file={}", file(TOKENS)),
-            "--authorization-mode=RBAC".into(),
+            // Node: kubelets (user system:node:NAME in system:nodes) may do what a node does.
+            "--authorization-mode=Node,RBAC".into(),
             format!("--client-ca-file={}", file(certs::CA_CERT)),
             format!("--tls-cert-file={}", file(certs::SERVER_CERT)),
             format!("--tls-private-key-file={}", file(certs::SERVER_KEY)),
             // Never the default /var/run/kubernetes.
             format!("--cert-dir={}", file("cert-dir")),
+            format!("--kubelet-client-certificate={kubelet_client}.crt"),
+            format!("--kubelet-client-key={kubelet_client}.key"),
+            // Kubelets are reached at the address they report, not a name no resolver knows.
+            "--kubelet-preferred-address-types=InternalIP".into(),
             format!("--service-account-key-file={sa_key}"),
             format!("--service-account-signing-key-file={sa_key}"),
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
-            // No other masters, and no kubelets to reach.
+            // No other masters.
             "--endpoint-reconciler-type=none".into(),
             // flannel's DaemonSet runs privileged containers; without this it fails validation.
             "--allow-privileged=true".into(),
@@ -235,18 +247,42 @@ impl KubeApiServer {
         }
     }
 
+    /// Writes a client certificate signed by this server's CA for `subject` (e.g.
+    /// `/O=system:nodes/CN=system:node:node-1`: group and user) and a kubeconfig at `path` that
+    /// authenticates with it, as a kubelet's.
+    pub fn write_cert_kubeconfig(&self, path: &Path, subject: &str) -> Result<()> {
+        let name = format!("client-{}", certs::random_hex(8)?);
+        certs::write_client(self.dir.path(), &name, subject)?;
+        let file = |ext: &str| self.dir.path().join(format!("{name}.{ext}"));
+        let user = [
+            ("client-certificate", file("crt")),
+            ("client-key", file("key")),
+        ];
+        let user = user.map(|(key, path)| (key, path.to_string_lossy().into_owned()));
+        std::fs::write(path, self.kubeconfig_with(&user))
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
     fn kubeconfig(&self, token: &str) -> String {
+        self.kubeconfig_with(&[("token", token.to_string())])
+    }
+
+    /// A kubeconfig whose user has the fields `user` (token, or client-certificate and key).
+    fn kubeconfig_with(&self, user: &[(&str, String)]) -> String {
         // JSON strings are YAML strings, and quote whatever a path or token holds.
         let quote = |s: &str| serde_json::Value::from(s).to_string();
+        let user: String = user
+            .iter()
+            .map(|(key, value)| format!("    {key}: {}\n", quote(value)))
+            .collect();
         format!(
             "apiVersion: v1\nkind: Config\n\
              clusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-             users:\n- name: lab\n  user:\n    token: {}\n\
+             users:\n- name: lab\n  user:\n{user}\
              contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: lab\n\
              current-context: lab\n",
             quote(&self.url()),
             quote(&self.ca_file().to_string_lossy()),
-            quote(token),
         )
     }
 }
@@ -264,6 +300,5 @@ fn is_port_taken(e: &anyhow::Error) -> bool {
 }
 
 fn tail(log: &str) -> String {
-    let lines: Vec<&str> = log.lines().collect();
-    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+    last_lines(log, TAIL_LINES)
 }

@@ -26,6 +26,9 @@ use super::state::*;
 /// The message that creates a VXLAN device the way flanneld does.
 pub fn vxlan_link_message(name: &str, p: &VxlanParams, mtu: u32, mac: MacAddr) -> LinkMessage {
     let mut b = LinkVxlan::new(name, p.vni).learning(p.learning);
+    if p.gbp {
+        b = b.gbp();
+    }
     if let Some(dev) = p.dev {
         b = b.dev(dev);
     }
@@ -179,6 +182,7 @@ pub(super) fn parse_vxlan(data: Vec<InfoVxlan>) -> VxlanParams {
             InfoVxlan::Link(dev) => p.dev = Some(dev).filter(|&dev| dev != 0),
             InfoVxlan::Port(port) => p.port = port,
             InfoVxlan::Learning(on) => p.learning = on,
+            InfoVxlan::Gbp => p.gbp = true,
             _ => {}
         }
     }
@@ -341,6 +345,7 @@ mod tests {
             dev: Some(7),
             port: 0,
             learning: false,
+            gbp: false,
         };
         let msg = vxlan_link_message("flannel.1", &p, 1450, MacAddr([2, 0, 0, 0, 0, 1]));
         let link = parse_link(msg.clone());
@@ -356,6 +361,13 @@ mod tests {
             1450,
             MacAddr::random(),
         );
+        let gbp = VxlanParams {
+            gbp: true,
+            learning: true,
+            ..p.clone()
+        };
+        let message = vxlan_link_message("flannel.1", &gbp, 1450, MacAddr::random());
+        assert_eq!(parse_link(message).kind, LinkKind::Vxlan(gbp));
         assert!(matches!(
             parse_link(with_port).kind,
             LinkKind::Vxlan(VxlanParams { port: 4789, .. })

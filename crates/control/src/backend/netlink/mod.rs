@@ -19,12 +19,15 @@ use netlink_packet_route::AddressFamily;
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
+mod blackhole;
+mod lookup;
 mod message;
 mod nexthop;
 mod nexthop_list;
 mod state;
 mod watch;
 mod write;
+pub use lookup::{HostAddress, RouteTo};
 pub(crate) use message::parse_link;
 use message::*;
 pub use message::{ipip_link_message, route_message, vxlan_link_message};

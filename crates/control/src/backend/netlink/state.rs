@@ -67,6 +67,8 @@ pub struct VxlanParams {
     /// 0 = not set, the kernel then uses [`KERNEL_VXLAN_PORT`].
     pub port: u16,
     pub learning: bool,
+    /// VXLAN's group-based policy extension.
+    pub gbp: bool,
 }
 
 /// IPIP tunnel settings, both as requested on creation and as the kernel reports them.

@@ -42,6 +42,8 @@ impl Chosen {
                 mtu,
                 "wireguard: this kernel has no WireGuard (EOPNOTSUPP); twill's userspace WireGuard carries the traffic"
             );
+            let who = "the wireguard backend, on a kernel without WireGuard,";
+            twill_dataplane::io::tun::require_device(who)?;
             if devices.iter().any(|d| d.device == Device::V6) {
                 let fix = "stop it first: Mode separate's IPv6 device is always flannel-wg-v6";
                 host::ensure_tun_unclaimed(DEVICE_V6, fix).await?;

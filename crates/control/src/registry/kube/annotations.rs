@@ -33,6 +33,11 @@ pub struct Annotations {
     pub public_ipv6: String,
     /// The operator's override of `public-ipv6`, as `public-ip-overwrite` is of `public-ip`.
     pub public_ipv6_overwrite: String,
+    /// Set by an operator on a Node to give the node its public address before it starts,
+    /// as `--public-ip` would (flanneld's `node-public-ip`).
+    pub node_public_ip: String,
+    /// The same for IPv6 (`node-public-ipv6`).
+    pub node_public_ipv6: String,
 }
 
 /// What one Node is to the network.
@@ -61,6 +66,8 @@ impl Annotations {
             backend_v6_data: key("backend-v6-data"),
             public_ipv6: key("public-ipv6"),
             public_ipv6_overwrite: key("public-ipv6-overwrite"),
+            node_public_ip: key("node-public-ip"),
+            node_public_ipv6: key("node-public-ipv6"),
         })
     }
 

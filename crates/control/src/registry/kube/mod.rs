@@ -11,14 +11,16 @@ mod node_cidrs;
 mod node_view;
 mod own_node;
 mod publish;
+mod remembered;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 
-use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
+use super::{Backoff, LeaseEvent, LeaseNamer, Registry, Remembered, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{anyhow, Context};
 use client::Failure;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use node_view::NodeView;
@@ -42,9 +44,49 @@ pub struct KubeOptions {
     pub net_config_path: PathBuf,
     /// Which Node this is.
     pub node: NodeIdentity,
+    /// How many Node events may wait for the node (flanneld's `EVENT_QUEUE_DEPTH`).
+    pub event_queue: usize,
     /// `--set-node-network-unavailable`: mark the Node's network available once forwarding.
     pub set_network_available: bool,
     pub timing: KubeTiming,
+}
+
+/// What flanneld's Kubernetes mode reads from its environment besides the flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeEnv {
+    pub node: NodeIdentity,
+    pub event_queue: usize,
+}
+
+/// The most Node events twill lets wait: at ~1 KB a lease, a queue this long is a gigabyte.
+const MAX_EVENT_QUEUE: usize = 1_000_000;
+
+impl KubeEnv {
+    /// `NODE_NAME` (or `POD_NAME` and `POD_NAMESPACE`) and `EVENT_QUEUE_DEPTH`, read as
+    /// flanneld reads them; `CONT_WHEN_CACHE_NOT_READY` is taken and said to be unneeded.
+    pub fn read(get: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<KubeEnv> {
+        let event_queue = match get("EVENT_QUEUE_DEPTH").filter(|v| !v.is_empty()) {
+            None => EVENT_QUEUE,
+            Some(text) => match text.parse::<i64>() {
+                Ok(n) if n <= 0 => EVENT_QUEUE,
+                Ok(n) if n as u64 <= MAX_EVENT_QUEUE as u64 => n as usize,
+                _ => anyhow::bail!(
+                    "EVENT_QUEUE_DEPTH={text:?} is not a number of events from 1 to \
+                     {MAX_EVENT_QUEUE}"
+                ),
+            },
+        };
+        if let Some(value) = get("CONT_WHEN_CACHE_NOT_READY").filter(|v| !v.is_empty()) {
+            tracing::info!(
+                "CONT_WHEN_CACHE_NOT_READY={value} is not needed: twill has no start timeout to \
+                 continue past; it waits for the API server while /readyz says so"
+            );
+        }
+        Ok(KubeEnv {
+            node: NodeIdentity::from_env(get)?,
+            event_queue,
+        })
+    }
 }
 
 /// How the node finds its Node object, in flanneld's order.
@@ -58,7 +100,7 @@ pub enum NodeIdentity {
 
 impl NodeIdentity {
     /// From flanneld's environment variables; a clear error when neither way is set.
-    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> anyhow::Result<NodeIdentity> {
+    pub fn from_env(get: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<NodeIdentity> {
         let set = |name: &str| get(name).filter(|v| !v.is_empty());
         if let Some(name) = set("NODE_NAME") {
             return Ok(NodeIdentity::Name(name));
@@ -196,8 +238,40 @@ impl Registry for KubeRegistry {
         format!("kubernetes (node {})", self.node_name)
     }
 
-    /// Waits for the Node's podCIDRs, publishes this node's annotations and marks its network
-    /// available, then lists the Nodes; the watch that follows runs in the background.
+    /// The Node's `node-public-ip` annotations and the VtepMACs it published before.
+    async fn remembered(&self) -> anyhow::Result<Remembered> {
+        let nodes: Api<NodeView> = Api::all(self.client.clone());
+        let (name, timing) = (&self.node_name, &self.opts.timing);
+        let found = remembered::read(&nodes, name, &self.annotations, timing).await?;
+        if let Some(ip) = found.public_ip {
+            tracing::info!(
+                "Node {name}'s {} annotation names the public IP {ip}",
+                self.annotations.node_public_ip
+            );
+        }
+        Ok(found)
+    }
+
+    /// Marks the Node's network available (`--set-node-network-unavailable`), once the node is
+    /// ready: before, pods scheduled on it would find no subnet.env and no routes.
+    fn on_ready(&self) -> Option<BoxFuture<'static, ()>> {
+        if !self.opts.set_network_available {
+            return None;
+        }
+        let nodes: Api<NodeView> = Api::all(self.client.clone());
+        let (name, timing) = (self.node_name.clone(), self.opts.timing.clone());
+        Some(Box::pin(async move {
+            match own_node::mark_network_available(&nodes, &name, &timing).await {
+                Ok(()) => tracing::info!("Node {name}: NetworkUnavailable set to False"),
+                Err(e) => {
+                    tracing::warn!("cannot set Node {name}'s NetworkUnavailable to False: {e:#}")
+                }
+            }
+        }))
+    }
+
+    /// Waits for the Node's podCIDRs and publishes this node's annotations, then lists the
+    /// Nodes; the watch that follows runs in the background.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
         let nodes: Api<NodeView> = Api::all(self.client.clone());
         let own = own_node::OwnNode {
@@ -209,10 +283,7 @@ impl Registry for KubeRegistry {
             timing: self.opts.timing.clone(),
         };
         let lease = own.acquire().await?;
-        if self.opts.set_network_available {
-            own.mark_network_available().await?;
-        }
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let (tx, rx) = mpsc::channel(self.opts.event_queue);
         let follower = follow::Follower::new(own, lease.clone(), tx);
         let watch = follower.list(nodes).await?;
         tokio::spawn(watch);
@@ -255,6 +326,24 @@ mod tests {
     }
 
     #[test]
+    fn the_event_queue_depth_is_read_as_flanneld_reads_it() {
+        let with = |depth: &'static str| {
+            move |k: &str| match k {
+                "EVENT_QUEUE_DEPTH" => Some(depth.to_string()),
+                "NODE_NAME" => Some("w1".to_string()),
+                _ => None,
+            }
+        };
+        assert_eq!(KubeEnv::read(&with("5000")).unwrap().event_queue, 5000);
+        assert_eq!(KubeEnv::read(&with("0")).unwrap().event_queue, EVENT_QUEUE);
+        assert_eq!(KubeEnv::read(&with("")).unwrap().event_queue, EVENT_QUEUE);
+        for bad in ["x", "1e3", "2000000"] {
+            let err = KubeEnv::read(&with(bad)).unwrap_err().to_string();
+            assert!(err.starts_with("EVENT_QUEUE_DEPTH="), "{err}");
+        }
+    }
+
+    #[test]
     fn the_node_is_found_as_flanneld_finds_it() {
         let env = |vars: &'static [(&'static str, &'static str)]| {
             move |k: &str| {
@@ -264,18 +353,22 @@ mod tests {
             }
         };
         assert_eq!(
-            NodeIdentity::from_env(env(&[("NODE_NAME", "w1"), ("POD_NAME", "p")])).unwrap(),
+            NodeIdentity::from_env(&env(&[("NODE_NAME", "w1"), ("POD_NAME", "p")])).unwrap(),
             NodeIdentity::Name("w1".into())
         );
         assert_eq!(
-            NodeIdentity::from_env(env(&[("POD_NAME", "p"), ("POD_NAMESPACE", "kube-flannel")]))
-                .unwrap(),
+            NodeIdentity::from_env(&env(&[
+                ("POD_NAME", "p"),
+                ("POD_NAMESPACE", "kube-flannel")
+            ]))
+            .unwrap(),
             NodeIdentity::Pod {
                 namespace: "kube-flannel".into(),
                 name: "p".into()
             }
         );
-        let err = NodeIdentity::from_env(env(&[("POD_NAME", "p"), ("NODE_NAME", "")])).unwrap_err();
+        let err =
+            NodeIdentity::from_env(&env(&[("POD_NAME", "p"), ("NODE_NAME", "")])).unwrap_err();
         assert!(err.to_string().contains("set NODE_NAME"), "{err}");
     }
 }

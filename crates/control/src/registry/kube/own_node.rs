@@ -104,27 +104,8 @@ impl OwnNode {
         self.patch_status(Patch::Merge(&patch)).await
     }
 
-    /// Sets the Node's NetworkUnavailable condition to False, as flanneld does once it runs.
-    pub async fn mark_network_available(&self) -> anyhow::Result<()> {
-        let now = k8s_openapi::jiff::Timestamp::now();
-        let patch = serde_json::json!({"status": {"conditions": [{
-            "type": "NetworkUnavailable",
-            "status": "False",
-            "reason": "FlannelIsUp",
-            "message": "twill (flannel-compatible) is running on this node",
-            "lastTransitionTime": now,
-            "lastHeartbeatTime": now,
-        }]}});
-        self.patch_status(Patch::Strategic(&patch)).await
-    }
-
     async fn patch_status(&self, patch: Patch<&serde_json::Value>) -> anyhow::Result<()> {
-        let resource = format!("nodes/{}/status", self.name);
-        let params = PatchParams::default();
-        let patched = retry(&self.timing, "patch", &resource, || {
-            self.nodes.patch_status(&self.name, &params, &patch)
-        });
-        patched.await.map(drop)
+        patch_status(&self.nodes, &self.name, &self.timing, patch).await
     }
 
     /// Compares a new version of our Node with our lease.
@@ -223,6 +204,40 @@ fn own_ipv4_subnet(network: Ipv4Net, name: &str, cidrs: NodeCidrs) -> anyhow::Re
 
 fn shown(cidr: Option<impl Display>) -> String {
     cidr.map_or("none".to_string(), |c| c.to_string())
+}
+
+/// Sets Node `name`'s NetworkUnavailable condition to False, as flanneld does once subnet.env is
+/// written and the rules are in place.
+pub(super) async fn mark_network_available(
+    nodes: &Api<NodeView>,
+    name: &str,
+    timing: &KubeTiming,
+) -> anyhow::Result<()> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let patch = serde_json::json!({"status": {"conditions": [{
+        "type": "NetworkUnavailable",
+        "status": "False",
+        "reason": "FlannelIsUp",
+        "message": "twill (flannel-compatible) is running on this node",
+        "lastTransitionTime": now,
+        "lastHeartbeatTime": now,
+    }]}});
+    patch_status(nodes, name, timing, Patch::Strategic(&patch)).await
+}
+
+/// Patches Node `name` through `nodes/status`, retrying while the API server is unreachable.
+async fn patch_status(
+    nodes: &Api<NodeView>,
+    name: &str,
+    timing: &KubeTiming,
+    patch: Patch<&serde_json::Value>,
+) -> anyhow::Result<()> {
+    let resource = format!("nodes/{name}/status");
+    let params = PatchParams::default();
+    let patched = retry(timing, "patch", &resource, || {
+        nodes.patch_status(name, &params, &patch)
+    });
+    patched.await.map(drop)
 }
 
 #[cfg(test)]

@@ -1,8 +1,9 @@
-//! twill's tables as nf_tables netlink messages (netlink-packet-netfilter's types), each rule
-//! encoded as nft 1.0 encodes the same rule (`nft --debug=netlink`), so `nft list table` prints
-//! flannel's rules in their usual words.
+//! flannel's tables as nf_tables netlink messages (netlink-packet-netfilter's types), each
+//! object encoded as nft 1.0 encodes what flanneld's knftables sends (`nft --debug=netlink`),
+//! so `nft list` prints exactly flanneld's tables: their comments, chains and rules.
 
-use super::ruleset::{Action, Chain, Family, Field, Hook, Match, Rule, Ruleset, MARK};
+use super::super::ruleset::{Action, Chain, ChainKind, Family, Field, Match, Rule, Ruleset};
+use super::Table;
 use ipnet::IpNet;
 use netlink_packet_core::{DefaultNla, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_REQUEST};
 use netlink_packet_netfilter::nftables::{
@@ -22,101 +23,164 @@ pub struct Op {
     pub what: String,
 }
 
-/// The operations that replace whatever twill's table of the ruleset's family holds (an
-/// earlier run killed with SIGKILL left one, or an operator's table of that name) with exactly
-/// this ruleset: `add table; delete table; add table; add chain ...; add rule ...`.
-pub fn replace(ruleset: &Ruleset) -> Vec<Op> {
-    let family = ruleset.family();
-    let mut ops = remove(family);
-    ops.push(add_table(family));
-    for chain in ruleset.chains() {
-        ops.push(add_chain(family, &chain));
+/// The operations that replace whatever flannel's table of `family` holds with exactly the
+/// table flanneld writes: its comment, and the chains of `ruleset` (none where the network has
+/// no such family: flanneld creates both tables whatever the network).
+/// `add table; delete table; add table; add chain ...; add rule ...`.
+pub fn replace(family: Family, ruleset: Option<&Ruleset>) -> Vec<Op> {
+    let table = Table::flannel(family);
+    let mut ops = remove(table);
+    ops.push(add_table(table));
+    for chain in ruleset.iter().flat_map(|r| r.chains()) {
+        ops.push(add_chain(table, &chain));
         for (i, rule) in chain.rules.iter().enumerate() {
-            ops.push(add_rule(family, chain.name, i + 1, rule));
+            ops.push(add_rule(table, chain.kind, i + 1, rule));
         }
     }
     ops
 }
 
-/// The operations that remove twill's table of `family`, whether or not it exists: adding it
-/// first makes the delete succeed when there is none.
-pub fn remove(family: Family) -> Vec<Op> {
+/// The operations that remove `table`, whether or not it exists: adding it first makes the
+/// delete succeed when there is none.
+pub fn remove(table: Table) -> Vec<Op> {
     let delete = Op {
-        family,
+        family: table.family,
         message: NfTablesMessage::DeleteTable(TableMessage {
-            attributes: vec![TableAttribute::Name(family.table().into())],
+            attributes: vec![TableAttribute::Name(table.name.into())],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK,
-        what: format!("delete table {family}"),
+        what: format!("delete table {table}"),
     };
-    vec![add_table(family), delete]
+    vec![add_table(table), delete]
 }
 
-/// twill's table, carrying [`MARK`] as nft stores a table comment.
-fn add_table(family: Family) -> Op {
+/// The table with flanneld's comment, `rules for <name>`.
+fn add_table(table: Table) -> Op {
+    let comment = format!("rules for {}", table.name);
     Op {
-        family,
+        family: table.family,
         message: NfTablesMessage::NewTable(TableMessage {
             attributes: vec![
-                TableAttribute::Name(family.table().into()),
+                TableAttribute::Name(table.name.into()),
                 TableAttribute::Flags(TableFlags::empty()),
-                TableAttribute::UserData(comment(MARK)),
+                TableAttribute::UserData(userdata_comment(&comment)),
             ],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
-        what: format!("add table {family}"),
+        what: format!("add table {table}"),
     }
 }
 
 /// libnftnl's userdata: type-length-value records of one byte each for type and length. Type 0
-/// of a table is its comment, a NUL-terminated string.
-pub fn comment(text: &str) -> Vec<u8> {
-    const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
+/// of a table's or a chain's userdata is its comment, a NUL-terminated string.
+pub fn userdata_comment(text: &str) -> Vec<u8> {
+    const NFTNL_UDATA_COMMENT: u8 = 0;
     let value = [text.as_bytes(), b"\0"].concat();
     let len = u8::try_from(value.len()).expect("a comment of at most 255 bytes");
-    [vec![NFTNL_UDATA_TABLE_COMMENT, len], value].concat()
+    [vec![NFTNL_UDATA_COMMENT, len], value].concat()
 }
 
-fn add_chain(family: Family, chain: &Chain) -> Op {
-    let hook = match chain.hook {
-        Hook::Forward => InetHookNumber::Forward,
-        Hook::Postrouting => InetHookNumber::PostRouting,
+/// The chain's name in flanneld's tables.
+pub fn chain_name(kind: ChainKind) -> &'static str {
+    match kind {
+        ChainKind::Masquerade => "postrtg",
+        ChainKind::Forward => "forward",
+    }
+}
+
+/// flanneld's chain comment.
+fn chain_comment(kind: ChainKind) -> &'static str {
+    match kind {
+        ChainKind::Masquerade => "chain to manage traffic masquerading by flannel",
+        ChainKind::Forward => "chain to accept flannel traffic",
+    }
+}
+
+/// nftables' `srcnat` and `filter` priorities.
+const SRCNAT_PRIORITY: i32 = 100;
+const FILTER_PRIORITY: i32 = 0;
+
+fn add_chain(table: Table, chain: &Chain) -> Op {
+    let (hook, kind, priority) = match chain.kind {
+        ChainKind::Masquerade => (InetHookNumber::PostRouting, "nat", SRCNAT_PRIORITY),
+        ChainKind::Forward => (InetHookNumber::Forward, "filter", FILTER_PRIORITY),
     };
+    let name = chain_name(chain.kind);
     Op {
-        family,
+        family: table.family,
         message: NfTablesMessage::NewChain(ChainMessage {
             attributes: vec![
-                ChainAttribute::Table(family.table().into()),
-                ChainAttribute::Name(chain.name.into()),
+                ChainAttribute::Table(table.name.into()),
+                ChainAttribute::Name(name.into()),
                 ChainAttribute::Hook(vec![
                     HookAttribute::Number(hook.into()),
                     // The kernel reads the priority as a signed 32-bit number.
-                    HookAttribute::Priority(chain.priority as u32),
+                    HookAttribute::Priority(priority as u32),
                 ]),
                 // Never a drop policy: the chain must only ever add to what the host allows.
                 ChainAttribute::Policy(NF_ACCEPT),
-                ChainAttribute::Type(chain.kind.into()),
+                ChainAttribute::Type(kind.into()),
+                ChainAttribute::UserData(userdata_comment(chain_comment(chain.kind))),
             ],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
-        what: format!("add chain {family} {}", chain.name),
+        what: format!("add chain {table} {name}"),
     }
 }
 
 /// Appended: the transaction adds a chain's rules in order.
-fn add_rule(family: Family, chain: &str, number: usize, rule: &Rule) -> Op {
+fn add_rule(table: Table, kind: ChainKind, number: usize, rule: &Rule) -> Op {
+    let chain = chain_name(kind);
     Op {
-        family,
+        family: table.family,
         message: NfTablesMessage::NewRule(RuleMessage {
             attributes: vec![
-                RuleAttribute::Table(family.table().into()),
+                RuleAttribute::Table(table.name.into()),
                 RuleAttribute::Chain(chain.into()),
                 RuleAttribute::Expressions(expressions(rule)),
             ],
         }),
         flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
-        what: format!("add rule {number} of chain {family} {chain} ({rule})"),
+        what: format!(
+            "add rule {number} of chain {table} {chain} ({})",
+            words(rule)
+        ),
     }
+}
+
+/// The rule as `nft list` prints it, for errors and logs.
+pub fn words(rule: &Rule) -> String {
+    let mut text = String::new();
+    for m in &rule.matches {
+        text += &match *m {
+            Match::Address {
+                field,
+                negated,
+                net,
+            } => {
+                let field = match field {
+                    Field::Saddr => "saddr",
+                    Field::Daddr => "daddr",
+                };
+                let op = if negated { "!= " } else { "" };
+                format!("{} {field} {op}{net} ", Family::of(net).word())
+            }
+            Match::Mark { mark, mask: None } => format!("meta mark {mark:#010x} "),
+            Match::Mark {
+                mark,
+                mask: Some(mask),
+            } => format!("meta mark & {mask:#010x} == {mark:#010x} "),
+        };
+    }
+    text += match rule.action {
+        Action::Return => "return",
+        Action::Accept => "accept",
+        Action::Masquerade { fully_random: true } => "masquerade fully-random",
+        Action::Masquerade {
+            fully_random: false,
+        } => "masquerade",
+    };
+    text
 }
 
 /// Linux's `NF_ACCEPT`, as a chain policy and as a verdict.
@@ -142,17 +206,18 @@ fn match_exprs(m: &Match) -> Vec<Expressions> {
             negated,
             net,
         } => address(field, negated, net),
-        Match::MarkSet(mark) => {
+        Match::Mark { mark, mask } => {
             // A mark is a host-order number in the register, as nft writes it.
-            let mark = mark.to_ne_bytes().to_vec();
-            vec![
-                Expressions::Meta(vec![
-                    Meta::DestinationRegister(Register::Reg1),
-                    Meta::Key(MetaKey::Mark),
-                ]),
-                mask(mark.clone()),
-                compare(false, mark),
-            ]
+            let load = Expressions::Meta(vec![
+                Meta::DestinationRegister(Register::Reg1),
+                Meta::Key(MetaKey::Mark),
+            ]);
+            let masked = mask.map(|m| self::mask(m.to_ne_bytes().to_vec()));
+            let compared = compare(false, mark.to_ne_bytes().to_vec());
+            [Some(load), masked, Some(compared)]
+                .into_iter()
+                .flatten()
+                .collect()
         }
     }
 }
@@ -229,14 +294,13 @@ fn action(action: Action) -> Expressions {
     let verdict = match action {
         Action::Return => Verdict::Return,
         Action::Accept => Verdict::Other(NF_ACCEPT),
-        // The crate has no type for it; nft sends exactly this one attribute.
-        Action::Masquerade => {
+        // The crate has no type for it; nft sends the flags attribute only when there are
+        // flags (`masquerade` alone sends none).
+        Action::Masquerade { fully_random } => {
+            let flags = DefaultNla::new(MASQ_FLAGS, RANDOM_FULLY.to_be_bytes().to_vec());
             return Expressions::Other {
                 expression_type: "masq".into(),
-                attributes: vec![DefaultNla::new(
-                    MASQ_FLAGS,
-                    RANDOM_FULLY.to_be_bytes().to_vec(),
-                )],
+                attributes: fully_random.then_some(flags).into_iter().collect(),
             };
         }
     };
@@ -250,21 +314,27 @@ fn action(action: Action) -> Expressions {
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::ruleset::Mode;
     use super::*;
 
     fn ruleset() -> Ruleset {
         Ruleset {
+            mode: Mode::Nftables,
             network: "10.5.0.0/16".parse().unwrap(),
             subnet: "10.5.1.0/24".parse().unwrap(),
             masquerade: true,
             forward: true,
+            fully_random: true,
         }
     }
 
     #[test]
     fn an_install_starts_by_replacing_the_table_and_a_removal_leaves_none() {
-        let whats: Vec<String> = replace(&ruleset()).into_iter().map(|op| op.what).collect();
-        let table = "table ip twill-ipv4";
+        let whats: Vec<String> = replace(Family::Ipv4, Some(&ruleset()))
+            .into_iter()
+            .map(|op| op.what)
+            .collect();
+        let table = "table ip flannel-ipv4";
         assert_eq!(
             whats[..3],
             [
@@ -274,36 +344,92 @@ mod tests {
             ]
         );
         assert!(!whats[3..].iter().any(|w| w.starts_with("delete")));
-        assert_eq!(whats[3], "add chain ip twill-ipv4 postrtg");
-        assert_eq!(whats[10], "add chain ip twill-ipv4 forward");
+        assert_eq!(whats[3], "add chain ip flannel-ipv4 postrtg");
+        assert_eq!(whats[10], "add chain ip flannel-ipv4 forward");
         assert_eq!(whats.len(), 3 + 1 + 6 + 1 + 2);
-        let removal: Vec<String> = remove(Family::Ipv4).into_iter().map(|op| op.what).collect();
+        let removal: Vec<String> = remove(Table::flannel(Family::Ipv4))
+            .into_iter()
+            .map(|op| op.what)
+            .collect();
         assert_eq!(removal, [format!("add {table}"), format!("delete {table}")]);
     }
 
     #[test]
-    fn the_table_carries_twills_mark_as_an_nft_comment() {
+    fn a_family_the_network_lacks_still_gets_flanneds_empty_table() {
+        let ops = replace(Family::Ipv6, None);
+        let whats: Vec<&str> = ops.iter().map(|op| op.what.as_str()).collect();
+        assert_eq!(
+            whats,
+            [
+                "add table ip6 flannel-ipv6",
+                "delete table ip6 flannel-ipv6",
+                "add table ip6 flannel-ipv6"
+            ]
+        );
+    }
+
+    #[test]
+    fn tables_and_chains_carry_flanneds_comments() {
         // `nft add table ip t { comment "ab"; }` sends this userdata.
-        assert_eq!(comment("ab"), [0, 3, b'a', b'b', 0]);
-        let NfTablesMessage::NewTable(table) = add_table(Family::Ipv4).message else {
+        assert_eq!(userdata_comment("ab"), [0, 3, b'a', b'b', 0]);
+        let ops = replace(Family::Ipv4, Some(&ruleset()));
+        let NfTablesMessage::NewTable(table) = &ops[2].message else {
             panic!("not a table");
         };
         assert!(table
             .attributes
-            .contains(&TableAttribute::UserData(comment(MARK))));
+            .contains(&TableAttribute::UserData(userdata_comment(
+                "rules for flannel-ipv4"
+            ))));
+        let NfTablesMessage::NewChain(chain) = &ops[3].message else {
+            panic!("not a chain");
+        };
+        assert!(chain
+            .attributes
+            .contains(&ChainAttribute::UserData(userdata_comment(
+                "chain to manage traffic masquerading by flannel"
+            ))));
     }
 
     #[test]
     fn chains_never_drop() {
-        for op in replace(&ruleset()) {
+        for op in replace(Family::Ipv4, Some(&ruleset())) {
             if let NfTablesMessage::NewChain(chain) = op.message {
                 assert!(chain.attributes.contains(&ChainAttribute::Policy(1)));
             }
         }
     }
 
+    #[test]
+    fn rules_read_as_flanneld_writes_them() {
+        let chains = ruleset().chains();
+        let text: Vec<String> = chains[0].rules.iter().map(words).collect();
+        assert_eq!(
+            text,
+            [
+                "meta mark 0x00004000 return",
+                "ip saddr 10.5.1.0/24 ip daddr 10.5.0.0/16 return",
+                "ip saddr 10.5.0.0/16 ip daddr 10.5.1.0/24 return",
+                "ip saddr != 10.5.1.0/24 ip daddr 10.5.0.0/16 return",
+                "ip saddr 10.5.0.0/16 ip daddr != 224.0.0.0/4 masquerade fully-random",
+                "ip saddr != 10.5.0.0/16 ip daddr 10.5.0.0/16 masquerade fully-random",
+            ]
+        );
+    }
+
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_kube_proxy_mark_is_compared_whole() {
+        // nft: meta mark 0x4000 -> [ meta load mark => reg 1 ] [ cmp eq reg 1 0x00004000 ]
+        let exprs = match_exprs(&Match::Mark {
+            mark: 0x4000,
+            mask: None,
+        });
+        assert_eq!(exprs.len(), 2);
+        assert_eq!(exprs[1], compare(false, 0x4000u32.to_ne_bytes().to_vec()));
     }
 
     #[test]
@@ -353,30 +479,19 @@ mod tests {
     }
 
     #[test]
-    fn an_ipv6_ruleset_goes_to_twills_ip6_table() {
-        let v6 = Ruleset {
-            network: net("fd10::/56"),
-            subnet: net("fd10:0:0:1::/64"),
-            masquerade: true,
-            forward: true,
+    fn masquerade_sends_its_flags_only_when_fully_random() {
+        let masq = |fully_random| match action(Action::Masquerade { fully_random }) {
+            Expressions::Other {
+                expression_type,
+                attributes,
+            } => (expression_type, attributes),
+            other => panic!("{other:?}"),
         };
-        let ops = replace(&v6);
-        assert!(ops.iter().all(|op| op.family == Family::Ipv6));
-        assert_eq!(ops[0].what, "add table ip6 twill-ipv6");
-        assert_eq!(ops[3].what, "add chain ip6 twill-ipv6 postrtg");
-    }
-
-    #[test]
-    fn masquerade_is_fully_random() {
-        let Expressions::Other {
-            expression_type,
-            attributes,
-        } = action(Action::Masquerade)
-        else {
-            panic!("not masq");
-        };
-        assert_eq!(expression_type, "masq");
-        assert_eq!(attributes, [DefaultNla::new(1, vec![0, 0, 0, 0x10])]);
+        assert_eq!(
+            masq(true),
+            ("masq".into(), vec![DefaultNla::new(1, vec![0, 0, 0, 0x10])])
+        );
+        assert_eq!(masq(false), ("masq".into(), vec![]));
     }
 
     #[test]

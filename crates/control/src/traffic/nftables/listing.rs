@@ -1,14 +1,13 @@
-//! twill's table as the kernel lists it, to compare with what was written and to tell twill's
-//! table from someone else's of that name.
+//! flannel's tables as the kernel lists them, to compare with what was written.
 //!
 //! Objects are kept as their raw netlink attributes, minus the kernel's handle numbers: equal
 //! rules compare equal whatever their handles, any other difference (a rule added, deleted or
 //! changed, a chain's hook or policy) shows, and nothing needs to understand every expression
 //! the kernel could hold.
 
-use super::failure::Failure;
-use super::nfnl::{Answer, Conn};
-use super::ruleset::{Family, MARK};
+use super::super::failure::Failure;
+use super::super::nfnl::{Answer, Conn};
+use super::Table;
 use netlink_packet_core::NlasIterator;
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute,
@@ -17,14 +16,11 @@ use netlink_packet_netfilter::nftables::{
 
 // include/uapi/linux/netfilter/nf_tables.h
 const NFTA_TABLE_HANDLE: u16 = 4;
-const NFTA_TABLE_USERDATA: u16 = 6;
 const NFTA_CHAIN_HANDLE: u16 = 2;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_HANDLE: u16 = 3;
 /// The handle of the rule before it: a handle number too.
 const NFTA_RULE_POSITION: u16 = 6;
-/// libnftnl's userdata record type of a table's comment.
-const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
 
 /// One table, chain or rule: its `NFT_MSG_NEW*` type and its top-level attributes in the
 /// kernel's order, handles left out.
@@ -34,7 +30,7 @@ pub struct Object {
     attributes: Vec<(u16, Vec<u8>)>,
 }
 
-/// twill's table, its chains and its rules, in the kernel's order.
+/// A table, its chains and its rules, in the kernel's order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listing {
     table: Object,
@@ -42,19 +38,13 @@ pub struct Listing {
     rules: Vec<Object>,
 }
 
-impl Listing {
-    pub fn marked(&self) -> bool {
-        self.table.marked()
-    }
-}
-
-/// twill's table of `family` alone (`ip twill-ipv4`, `ip6 twill-ipv6`); `None` when there is
-/// none.
-pub fn table(conn: &mut Conn, family: Family) -> Result<Option<Object>, Failure> {
+/// The table alone; `None` when there is none.
+pub fn table(conn: &mut Conn, table: Table) -> Result<Option<Object>, Failure> {
     let request = NfTablesMessage::GetTable(TableMessage {
-        attributes: vec![TableAttribute::Name(family.table().into())],
+        attributes: vec![TableAttribute::Name(table.name.into())],
     });
-    let answers = conn.read(family, request, false, &format!("get table {family}"))?;
+    let what = format!("get table {table}");
+    let answers = conn.read(table.family, request, false, &what)?;
     let Some(answer) = answers.into_iter().flatten().next() else {
         return Ok(None);
     };
@@ -67,21 +57,24 @@ pub fn table(conn: &mut Conn, family: Family) -> Result<Option<Object>, Failure>
 /// Chains are asked for by name: a chain dump would hold every chain of every `ip` table, which
 /// on a node of iptables-nft and kube-proxy runs to thousands. A chain someone else added still
 /// shows, as the table's use count (its chains and sets) and in the rules.
-pub fn read(conn: &mut Conn, family: Family, chains: &[&str]) -> Result<Option<Listing>, Failure> {
-    let Some(table) = table(conn, family)? else {
+pub fn read(conn: &mut Conn, of: Table, chains: &[&str]) -> Result<Option<Listing>, Failure> {
+    let Some(table) = table(conn, of)? else {
         return Ok(None);
     };
     let chains = chains
         .iter()
-        .map(|name| chain(conn, family, name))
+        .map(|name| chain(conn, of, name))
         .collect::<Result<_, _>>()?;
-    let name = family.table();
+    let name = of.name;
     let rules = NfTablesMessage::GetRule(RuleMessage {
         attributes: vec![RuleAttribute::Table(name.into())],
     });
     // The kernel dumps only the rules of the table named; the filter here is for older ones.
-    let what = format!("list the rules of {family}");
-    let answers = conn.read(family, rules, true, &what)?.into_iter().flatten();
+    let what = format!("list the rules of {of}");
+    let answers = conn
+        .read(of.family, rules, true, &what)?
+        .into_iter()
+        .flatten();
     let volatile = [NFTA_RULE_HANDLE, NFTA_RULE_POSITION];
     let mut ours = Vec::new();
     for answer in answers {
@@ -97,19 +90,15 @@ pub fn read(conn: &mut Conn, family: Family, chains: &[&str]) -> Result<Option<L
     }))
 }
 
-fn chain(conn: &mut Conn, family: Family, name: &str) -> Result<Option<Object>, Failure> {
+fn chain(conn: &mut Conn, table: Table, name: &str) -> Result<Option<Object>, Failure> {
     let request = NfTablesMessage::GetChain(ChainMessage {
         attributes: vec![
-            ChainAttribute::Table(family.table().into()),
+            ChainAttribute::Table(table.name.into()),
             ChainAttribute::Name(name.into()),
         ],
     });
-    let answers = conn.read(
-        family,
-        request,
-        false,
-        &format!("get chain {family} {name}"),
-    )?;
+    let what = format!("get chain {table} {name}");
+    let answers = conn.read(table.family, request, false, &what)?;
     let Some(answer) = answers.into_iter().flatten().next() else {
         return Ok(None);
     };
@@ -141,29 +130,11 @@ impl Object {
         let value = self.attribute(kind)?;
         std::str::from_utf8(value.strip_suffix(b"\0").unwrap_or(value)).ok()
     }
-
-    /// Whether this table carries twill's comment.
-    pub fn marked(&self) -> bool {
-        self.attribute(NFTA_TABLE_USERDATA)
-            .and_then(comment)
-            .is_some_and(|c| c == MARK.as_bytes())
-    }
-}
-
-/// The comment record of libnftnl userdata (records of type, length, value), without its NUL.
-fn comment(mut userdata: &[u8]) -> Option<&[u8]> {
-    while let [kind, len, rest @ ..] = userdata {
-        let value = rest.get(..usize::from(*len))?;
-        if *kind == NFTNL_UDATA_TABLE_COMMENT {
-            return Some(value.strip_suffix(b"\0").unwrap_or(value));
-        }
-        userdata = &rest[value.len()..];
-    }
-    None
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::super::ruleset::Family;
     use super::super::encode;
     use super::*;
 
@@ -175,11 +146,17 @@ mod tests {
         bytes
     }
 
-    fn table(handle: u64, userdata: Option<&[u8]>) -> Object {
-        let mut attributes = [nla(1, b"twill-ipv4\0"), nla(4, &handle.to_be_bytes())].concat();
-        if let Some(data) = userdata {
-            attributes.extend(nla(NFTA_TABLE_USERDATA, data));
-        }
+    /// `NFTA_TABLE_USERDATA`.
+    const USERDATA: u16 = 6;
+
+    fn table(handle: u64, comment: &str) -> Object {
+        let userdata = encode::userdata_comment(comment);
+        let attributes = [
+            nla(1, b"flannel-ipv4\0"),
+            nla(NFTA_TABLE_HANDLE, &handle.to_be_bytes()),
+            nla(USERDATA, &userdata),
+        ]
+        .concat();
         let answer = Answer {
             kind: 0,
             attributes,
@@ -188,32 +165,21 @@ mod tests {
     }
 
     #[test]
-    fn handles_do_not_make_a_difference() {
-        let mark = encode::comment(MARK);
-        assert_eq!(table(3, Some(&mark)), table(97, Some(&mark)));
-        assert_ne!(table(3, Some(&mark)), table(3, None));
-    }
-
-    #[test]
-    fn only_twills_comment_marks_the_table() {
-        assert!(table(1, Some(&encode::comment(MARK))).marked());
-        assert!(!table(1, None).marked());
-        assert!(!table(1, Some(&encode::comment("my own NAT"))).marked());
-        // A record of another type first, then the comment.
-        let both = [&[7u8, 2, 0, 0][..], &encode::comment(MARK)].concat();
-        assert!(table(1, Some(&both)).marked());
-        // Truncated userdata is no mark, and no panic.
-        assert!(!table(1, Some(&[0, 200, b'm'])).marked());
+    fn handles_do_not_make_a_difference_and_anything_else_does() {
+        let comment = "rules for flannel-ipv4";
+        assert_eq!(table(3, comment), table(97, comment));
+        assert_ne!(table(3, comment), table(3, "my own"));
     }
 
     #[test]
     fn a_dumped_rule_is_known_by_its_table_attribute() {
         let answer = Answer {
             kind: 6,
-            attributes: [nla(1, b"twill-ipv4\0"), nla(2, b"postrtg\0")].concat(),
+            attributes: [nla(1, b"flannel-ipv4\0"), nla(2, b"postrtg\0")].concat(),
         };
         let rule = Object::parse(answer, &[NFTA_RULE_HANDLE]).unwrap();
-        assert_eq!(rule.string(NFTA_RULE_TABLE), Some(Family::Ipv4.table()));
+        let name = Table::flannel(Family::Ipv4).name;
+        assert_eq!(rule.string(NFTA_RULE_TABLE), Some(name));
         assert_eq!(rule.string(2), Some("postrtg"));
     }
 }
