@@ -34,8 +34,7 @@ use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_ebpf::{Attachment, Opened};
 use unproven::{undo, Unproven};
 
-/// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
-pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
+pub use crate::node::DEFAULT_BPF_DIR;
 
 /// flannel's udp port, when the network config gives none.
 const DEFAULT_PORT: u16 = 8285;
