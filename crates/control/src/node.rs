@@ -89,9 +89,6 @@ impl Default for NodeOptions {
     }
 }
 
-/// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
-pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
-
 /// The TUN (or eBPF device) of the userspace backends, `--tun-name`.
 pub const DEFAULT_TUN_NAME: &str = "twill0";
 
