@@ -4,7 +4,7 @@
 //! checked every `--iptables-resync`, added again when gone; left in place at exit, as flanneld
 //! leaves it.
 
-use crate::backend::netlink::Netlink;
+use crate::host::netlink::Netlink;
 use ipnet::IpNet;
 use std::time::Duration;
 use tokio::task::JoinHandle;

@@ -15,6 +15,7 @@ pub mod peers;
 pub mod registry;
 pub mod shown;
 pub mod small_file;
+pub mod stack;
 pub mod status;
 pub mod subnet_env;
 pub mod traffic;

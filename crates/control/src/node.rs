@@ -121,8 +121,13 @@ impl Node {
         remembered: Remembered,
     ) -> anyhow::Result<Node> {
         let choice = &options.interface;
-        let iface =
-            host::choose_interface(choice, options.public_ip, options.public_ipv6, &config).await?;
+        let iface = host::choose_interface(
+            choice,
+            options.public_ip,
+            options.public_ipv6,
+            config.stack(),
+        )
+        .await?;
         tracing::info!(
             interface = %iface.name,
             address = ?iface.address,

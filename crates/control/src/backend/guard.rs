@@ -15,9 +15,9 @@ use ipnet::IpNet;
 use std::time::Duration;
 use tracing::{info, warn};
 
-use super::netlink::{Link, Netlink, Route};
 use super::tunnel::ensure_mtu;
 use crate::host;
+use crate::host::netlink::{Link, Netlink, Route};
 use crate::status::NodeStatus;
 
 /// What a device must look like.

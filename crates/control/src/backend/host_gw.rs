@@ -4,9 +4,9 @@
 //! ("nexthop has invalid gateway"), reported, and retried by the next reconcile.
 
 use super::kernel::{KernelBackend, KernelConfig, Ours, PeerPlan, PeerState};
-use super::peer_state::{L2Links, Owned};
-use super::uplink::{connect, Uplink};
+use super::peer_state::{route_via, route_via6, L2Links, Owned};
 use super::Setup;
+use crate::host::uplink::{connect, Uplink};
 use crate::lease::{Lease, LeaseAttrs};
 use std::net::Ipv4Addr;
 
@@ -24,11 +24,11 @@ impl PeerPlan for HostGwPlan {
     const BACKEND_TYPE: &'static str = "host-gw";
 
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
-        Ok(PeerState::route_only(self.uplink.route_via(lease)))
+        Ok(PeerState::route_only(route_via(&self.uplink, lease)))
     }
 
     fn peer_state_v6(&self, lease: &Lease) -> anyhow::Result<Option<PeerState>> {
-        let route = self.uplink.route_via6(lease).filter(|_| self.dual_stack);
+        let route = route_via6(&self.uplink, lease).filter(|_| self.dual_stack);
         Ok(route.map(PeerState::route_only))
     }
 }
@@ -73,8 +73,9 @@ impl Setup for HostGwSetup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::netlink::Route;
-    use crate::backend::uplink::tests::{dual_stack, lease, uplink};
+    use crate::backend::peer_state::tests::{dual_stack, lease};
+    use crate::host::netlink::Route;
+    use crate::host::uplink::tests::uplink;
 
     fn plan(dual_stack: bool) -> HostGwPlan {
         HostGwPlan {

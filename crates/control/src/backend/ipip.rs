@@ -9,10 +9,10 @@ use anyhow::Context;
 use tracing::{info, warn};
 
 use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
-use super::netlink::{ipip_link_message, IpipParams, Link, LinkKind, Netlink, Route};
 use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
-use super::uplink::connect;
 use super::Setup;
+use crate::host::netlink::{ipip_link_message, IpipParams, Link, LinkKind, Netlink, Route};
+use crate::host::uplink::connect;
 use crate::lease::{Lease, LeaseAttrs};
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
@@ -138,9 +138,11 @@ fn unsupported() -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::netlink::parse_link;
+    use crate::backend::peer_state::route_via;
+    use crate::backend::peer_state::tests::lease;
     use crate::backend::tunnel::tests::routes;
-    use crate::backend::uplink::tests::{lease, uplink};
+    use crate::host::netlink::parse_link;
+    use crate::host::uplink::tests::uplink;
     use std::net::Ipv4Addr;
 
     fn plan(direct_routing: bool) -> IpipPlan {
@@ -182,7 +184,7 @@ mod tests {
     fn direct_routing_skips_the_tunnel_for_same_segment_peers() {
         let near = lease("10.5.2.0/24", "10.200.0.2", Some("ipip"));
         let far = lease("10.5.3.0/24", "192.168.1.3", Some("ipip"));
-        let direct = PeerState::route_only(uplink().route_via(&near));
+        let direct = PeerState::route_only(route_via(&uplink(), &near));
         assert_eq!(plan(true).peer_state(&near).unwrap(), direct);
         assert_eq!(plan(true).peer_state(&far).unwrap().route.oif, 7);
     }

@@ -12,11 +12,11 @@ use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::{info, warn};
 
-use super::netlink::{Netlink, Route, Write};
-use super::nexthops::{self, NexthopTable, Nexthops};
 pub use super::peer_state::PeerState;
 use super::peer_state::{Owned, Snapshot};
 use super::Backend;
+use crate::host::netlink::{Netlink, Route, Write};
+use crate::host::nexthops::{self, NexthopTable, Nexthops};
 use crate::lease::{Lease, SubnetId};
 use crate::node::Node;
 

@@ -10,13 +10,10 @@ pub mod guard;
 pub mod host_gw;
 pub mod ipip;
 pub mod kernel;
-pub mod netlink;
-mod nexthops;
 mod peer_state;
 pub mod sweep;
 mod tunnel;
 pub mod upkeep;
-mod uplink;
 pub mod vxlan;
 
 use crate::lease::{Lease, LeaseAttrs};

@@ -8,7 +8,9 @@ use std::net::IpAddr;
 use anyhow::Context;
 use ipnet::IpNet;
 
-use super::netlink::{FdbEntry, Neighbour, Netlink, Nexthop, Route};
+use crate::host::netlink::{FdbEntry, Neighbour, Netlink, Nexthop, Route};
+use crate::host::uplink::Uplink;
+use crate::lease::Lease;
 
 /// Kernel state for one peer. Installed in field order (neighbour, fdb, nexthop, route:
 /// flannel's order, so the kernel never resolves the route's gateway before its neighbour
@@ -48,6 +50,17 @@ impl PeerState {
         self.nexthop = nexthop;
         self
     }
+}
+
+/// `<subnet> via <PublicIP> dev <iface>`: host-gw's route to a peer, and DirectRouting's.
+pub(crate) fn route_via(uplink: &Uplink, lease: &Lease) -> Route {
+    uplink.route_via(lease.subnet, lease.public_ip)
+}
+
+/// `<IPv6 subnet> via <PublicIPv6> dev <iface>`, for a lease with an IPv6 side.
+pub(crate) fn route_via6(uplink: &Uplink, lease: &Lease) -> Option<Route> {
+    let (subnet, public_ip) = lease.ipv6_side()?;
+    Some(uplink.route_via(subnet, public_ip))
 }
 
 /// The kernel state a backend owns, and so may delete when no lease wants it.
@@ -155,9 +168,30 @@ fn with_nexthop(route: Route, nexthops: &HashMap<u32, Nexthop>) -> Route {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::net::Ipv4Addr;
+
+    pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
+        Lease {
+            subnet: subnet.parse().unwrap(),
+            ipv6_subnet: None,
+            public_ip: public_ip.parse().unwrap(),
+            public_ipv6: None,
+            backend_type: backend_type.map(Into::into),
+            backend_data: None,
+            backend_v6_data: None,
+            created: Default::default(),
+        }
+    }
+
+    /// `lease` with an IPv6 side.
+    pub fn dual_stack(lease: Lease, subnet6: &str, public_ipv6: &str) -> Lease {
+        Lease {
+            public_ipv6: Some(public_ipv6.parse().unwrap()),
+            ..lease.with_ipv6_subnet(subnet6.parse().unwrap())
+        }
+    }
 
     fn route(dst: &str, oif: u32) -> Route {
         Route {

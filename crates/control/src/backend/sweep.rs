@@ -35,8 +35,8 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::link::InfoKind;
 use tracing::warn;
 
-use super::netlink::{Link, LinkKind, Netlink, Route, Write};
-use super::nexthops::is_twills;
+use crate::host::netlink::{Link, LinkKind, Netlink, Route, Write};
+use crate::host::nexthops::is_twills;
 
 /// flanneld's udp TUN; twill's is `--tun-name`.
 const FLANNEL_UDP_TUN: &str = "flannel0";
@@ -283,7 +283,7 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::netlink::VxlanParams;
+    use crate::host::netlink::VxlanParams;
 
     fn scope(keep: &[&str]) -> Scope {
         Scope {

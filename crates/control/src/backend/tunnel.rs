@@ -6,9 +6,10 @@ use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::kernel::{KernelBackend, KernelConfig, Ours, PeerPlan};
-use super::netlink::{Link, Netlink, Route};
+use super::peer_state::{route_via, route_via6};
 use super::peer_state::{L2Links, Owned};
-use super::uplink::{is_link_local, Uplink};
+use crate::host::netlink::{Link, Netlink, Route};
+use crate::host::uplink::{is_link_local, Uplink};
 use crate::lease::Lease;
 
 /// Leaves `addr` as the device's only address of its family (IPv6: besides the link-local one
@@ -150,21 +151,22 @@ impl TunnelRoutes {
             .uplink
             .addr
             .is_some_and(|a| a.contains(&lease.public_ip));
-        (self.direct_routing && same_segment).then(|| self.uplink.route_via(lease))
+        (self.direct_routing && same_segment).then(|| route_via(&self.uplink, lease))
     }
 
     /// [`TunnelRoutes::direct`] for the lease's IPv6 side: a peer on the iface's IPv6 subnet.
     pub fn direct6(&self, lease: &Lease) -> Option<Route> {
         let (_, public_ipv6) = lease.ipv6_side()?;
         let near = self.uplink.addr6.is_some_and(|a| a.contains(&public_ipv6));
-        (self.direct_routing && near).then(|| self.uplink.route_via6(lease))?
+        (self.direct_routing && near).then(|| route_via6(&self.uplink, lease))?
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::backend::uplink::tests::{lease, uplink};
+    use crate::backend::peer_state::tests::lease;
+    use crate::host::uplink::tests::uplink;
 
     pub fn routes(direct_routing: bool) -> TunnelRoutes {
         TunnelRoutes {

@@ -13,10 +13,10 @@ use tracing::warn;
 
 use super::guard::{DeviceGuard, DeviceSpec};
 use super::ipip;
-use super::netlink::{Groups, Netlink, Watch};
 use super::sweep::{Scope, Sweep};
 use super::vxlan::VxlanConfig;
 use super::wireguard::{self, Mode, WireguardConfig};
+use crate::host::netlink::{Groups, Netlink, Watch};
 use crate::lease::{backend_type, Lease};
 use crate::node::Node;
 use crate::status::NodeStatus;

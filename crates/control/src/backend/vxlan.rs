@@ -15,14 +15,14 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
-use super::netlink::{
+use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
+use super::Setup;
+use crate::config::BackendConfig;
+use crate::host::netlink::{
     vxlan_link_message, FdbEntry, Link, LinkKind, MacAddr, Neighbour, Netlink, Route, VxlanParams,
     KERNEL_VXLAN_PORT,
 };
-use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
-use super::uplink::connect;
-use super::Setup;
-use crate::config::BackendConfig;
+use crate::host::uplink::connect;
 use crate::host::Interface;
 use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
@@ -403,8 +403,10 @@ fn incompatibility(have: &Link, want: &VxlanParams) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::peer_state::route_via;
+    use crate::backend::peer_state::tests::lease;
     use crate::backend::tunnel::tests::routes;
-    use crate::backend::uplink::tests::{lease, uplink};
+    use crate::host::uplink::tests::uplink;
     use std::net::Ipv4Addr;
 
     fn plan(direct_routing: bool) -> VxlanPlan {
@@ -452,7 +454,7 @@ mod tests {
         let near = vxlan_lease("10.5.2.0/24", "10.200.0.2", "d6:60:f1:85:5a:fc");
         let far = vxlan_lease("10.5.3.0/24", "192.168.1.3", "d6:60:f1:85:5a:fd");
         let state = plan(true).peer_state(&near).unwrap();
-        assert_eq!(state, PeerState::route_only(uplink().route_via(&near)));
+        assert_eq!(state, PeerState::route_only(route_via(&uplink(), &near)));
         let state = plan(true).peer_state(&far).unwrap();
         assert!(state.fdb.is_some() && state.route.onlink);
     }

@@ -14,6 +14,7 @@ pub use ipv4::Ipv4Config;
 pub use ipv6::Ipv6Config;
 pub use underlay::Underlay;
 
+use crate::stack::Stack;
 use ipnet::Ipv4Net;
 use ipv6::Ipv6Fields;
 use serde_json::{Map, Value};
@@ -79,6 +80,12 @@ const IPV6_ONLY_BACKENDS: [&str; 2] = ["vxlan", "host-gw"];
 const SECRET_FIELDS: [&str; 1] = ["PSK"];
 
 impl Config {
+    /// The network's address families.
+    pub fn stack(&self) -> Stack {
+        Stack::of(self.ipv4.is_some(), self.ipv6.is_some())
+            .expect("a config without either family is refused when read")
+    }
+
     /// How `now` differs from this config, in the fields a node cannot change while it runs;
     /// `None` when they match. Backend fields are compared one by one and a secret's value
     /// (`PSK`) is never written out, since the text goes to the log and `twill status`.

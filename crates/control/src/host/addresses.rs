@@ -6,7 +6,7 @@
 //! duplicate address check, and puts an IPv6 address whose check is still running after the
 //! others of its kind.
 
-use crate::backend::netlink::HostAddress;
+use super::netlink::HostAddress;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 const IFA_F_TEMPORARY: u32 = libc::IFA_F_TEMPORARY;

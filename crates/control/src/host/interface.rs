@@ -11,8 +11,8 @@
 
 use super::addresses;
 use super::default_route::default_route_interface;
-use crate::backend::netlink::{HostAddress, Link, Netlink};
-use crate::config::Config;
+use super::netlink::{HostAddress, Link, Netlink};
+use crate::stack::Stack;
 use anyhow::{bail, Context};
 use regex::Regex;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -59,13 +59,13 @@ pub async fn choose_interface(
     choice: &InterfaceChoice,
     public_ip: Option<Ipv4Addr>,
     public_ipv6: Option<Ipv6Addr>,
-    config: &Config,
+    stack: Stack,
 ) -> anyhow::Result<Interface> {
     let netlink = Netlink::connect().context("opening rtnetlink")?;
     let host = HostView {
         links: netlink.links().await.context("listing interfaces")?,
         addresses: netlink.addresses().await.context("listing addresses")?,
-        ipv6_network: config.ipv6.is_some(),
+        ipv6_network: stack.has_ipv6(),
     };
     if choice.is_empty() {
         let public = public_ip
@@ -73,7 +73,7 @@ pub async fn choose_interface(
             .or(public_ipv6.filter(|_| host.ipv6_network).map(IpAddr::V6));
         return match public {
             Some(ip) => host.with_address(ip),
-            None => host.by_name(&default_route_interface(config.ipv4.is_none())?),
+            None => host.by_name(&default_route_interface(!stack.has_ipv4())?),
         };
     }
     let mut tried = Vec::new();
@@ -227,7 +227,7 @@ fn ipv6_of(ip: IpAddr) -> Option<Ipv6Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::netlink::LinkKind;
+    use crate::host::netlink::LinkKind;
 
     fn link(index: u32, name: &str) -> Link {
         Link {

@@ -1,16 +1,22 @@
-//! Facts about this host that the daemon needs before any backend runs: the underlay interface
-//! and its addresses (`interface`, chosen as flanneld chooses it), our privileges, whether
-//! another process holds the TUN we would open, and the one route the userspace backends add.
+//! This host's kernel as twill reads and writes it, below the backends and the lease gate: the
+//! rtnetlink client (`netlink`), the facts the daemon needs before any backend runs (the
+//! underlay interface and its addresses, `interface`, chosen as flanneld chooses it; our
+//! privileges; whether another process holds the TUN we would open), the external interface as
+//! the kernel backends route through it (`uplink`), twill's nexthop objects (`nexthops`), and
+//! the one route the userspace backends add. Nothing here knows a lease or a backend.
 
 mod addresses;
 mod default_route;
 mod interface;
+pub mod netlink;
+pub(crate) mod nexthops;
+pub(crate) mod uplink;
 
 pub use interface::{choose_interface, Interface, InterfaceChoice};
 
-use crate::backend::netlink::{LinkKind, Netlink, Route, Write};
 use anyhow::{bail, Context};
 use ipnet::IpNet;
+use netlink::{LinkKind, Netlink, Route, Write};
 
 /// Fail early, with one clear line, when we cannot create devices or change routes.
 pub fn require_net_admin() -> anyhow::Result<()> {

@@ -338,7 +338,7 @@ impl Lease {
     }
 
     /// A wireguard lease's BackendData: its `PublicKey`, and its `Port` if it names one
-    /// (flannel before leases carried `Port` did not). [`crate::lease_check`] refuses leases
+    /// (flannel before leases carried `Port` did not). The lease gate refuses leases
     /// where this fails, with the reason it gives.
     pub fn wireguard_data(&self) -> Result<(PublicKey, Option<u16>), String> {
         let data = self.backend_data.as_ref();

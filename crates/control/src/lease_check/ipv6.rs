@@ -2,7 +2,7 @@
 //! config's `IPv6SubnetLen`, lies inside `IPv6Network` and is not ours, `PublicIPv6` can be
 //! another host's address, and a wireguard lease carries what this node's `Mode` needs of it.
 //! The overlap with other peers' IPv6 subnets is settled with the IPv4 one, among all leases,
-//! by [`crate::peers::Peers`] (a lease's IPv6 subnet is one of its [`super::Claim`]s).
+//! by the peers above it (a lease's IPv6 subnet is one of its [`super::Claim`]s).
 
 use super::Rejection;
 use crate::backend::wireguard::reading::LeaseReader;

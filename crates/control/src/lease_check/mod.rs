@@ -4,11 +4,11 @@
 //!
 //! [`LeaseRules`] judges a lease on its own; what it [`Claim`]s that only one peer may have (a
 //! subnet of either family, the address the dataplane knows a peer by, a WireGuard key) is
-//! settled among all leases by [`crate::peers::Peers`]: the older lease ([`by_creation`])
+//! settled among all leases by the peers above it (`peers::Peers`): the older lease ([`by_creation`])
 //! keeps it, the newer is refused with [`Rejection::Taken`].
 
-use crate::backend::netlink::MacAddr;
 use crate::config::Config;
+use crate::host::netlink::MacAddr;
 use crate::shown;
 mod ipv6;
 

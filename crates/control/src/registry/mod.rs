@@ -17,8 +17,8 @@ pub use kube::{KubeOptions, KubeRegistry};
 pub use namer::{node_key, LeaseNamer};
 pub use static_peers::{parse_peer, StaticRegistry};
 
-use crate::backend::netlink::MacAddr;
 use crate::config::Config;
+use crate::host::netlink::MacAddr;
 use crate::lease::{Lease, LeaseAttrs};
 use futures::future::BoxFuture;
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -6,7 +6,7 @@
 //! serves: to the programs and the stack it is the same (Ethernet, no ARP, and nothing leaves
 //! it but what a program redirects).
 
-use crate::backend::netlink::{Link, LinkKind, Netlink};
+use crate::host::netlink::{Link, LinkKind, Netlink};
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 use netlink_packet_route::link::InfoKind;

@@ -17,8 +17,8 @@ pub use choice::{choose, Dataplane};
 
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
-use crate::backend::netlink::{Netlink, Route};
 use crate::host;
+use crate::host::netlink::{Netlink, Route};
 use crate::lease::{Lease, LeaseAttrs};
 use crate::node::Node;
 use crate::status::EngineView;

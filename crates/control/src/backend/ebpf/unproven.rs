@@ -3,7 +3,7 @@
 //! route it replaced. An adopted device or dataplane is a running node's, and stays.
 
 use super::device;
-use crate::backend::netlink::{Netlink, Route, Write};
+use crate::host::netlink::{Netlink, Route, Write};
 use anyhow::Context;
 use std::path::Path;
 

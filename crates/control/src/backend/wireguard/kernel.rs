@@ -8,7 +8,7 @@
 //! `None` and the caller runs twill's userspace WireGuard instead.
 
 use super::{Addressing, DeviceSettings};
-use crate::backend::netlink::Netlink;
+use crate::host::netlink::Netlink;
 use anyhow::{bail, Context};
 use futures::StreamExt;
 use genetlink::GenetlinkHandle;

@@ -5,8 +5,8 @@
 use super::kernel::{self, KernelDevice};
 use super::peers::{Change, PeerBook};
 use super::{Addressing, DevicePlan, DEVICE_V6};
-use crate::backend::netlink::Netlink;
 use crate::host;
+use crate::host::netlink::Netlink;
 use crate::node::Node;
 use anyhow::Context;
 use ipnet::Ipv4Net;

@@ -7,9 +7,10 @@
 //! dual-stack network its IPv6 side is the Node's IPv6 podCIDR with the `public-ipv6` and
 //! `backend-v6-data` annotations. What this node writes on its own Node is in [`super::publish`].
 
-use super::node_cidrs::{NodeCidrs, Stack};
+use super::node_cidrs::NodeCidrs;
 use super::node_view::NodeView;
 use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
+use crate::stack::Stack;
 use anyhow::bail;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;

@@ -8,7 +8,6 @@
 use super::annotations::NodeLease;
 use super::client::{chain, Failure};
 use super::history::{server_version, unknown_version, History, RECHECK};
-use super::node_cidrs::Stack;
 use super::node_view::NodeView;
 use super::own_node::{OwnChange, OwnNode};
 use crate::lease::Lease;
@@ -293,7 +292,7 @@ impl Follower {
         match self
             .own
             .annotations
-            .node_lease(node, Stack::of(&self.own.config))
+            .node_lease(node, self.own.config.stack())
         {
             NodeLease::NotFlannel => None,
             NodeLease::Lease(lease) => Some(Peer::Lease(lease)),

@@ -3,7 +3,6 @@
 //! IPv4 and one IPv6.
 
 use super::node_view::NodeView;
-use crate::config::Config;
 use anyhow::bail;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -57,34 +56,6 @@ fn parse(text: &str) -> anyhow::Result<IpNet> {
         bail!("podCIDR {text} has host bits set");
     }
     Ok(cidr)
-}
-
-/// The address families of a network, which say what a Node's lease has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stack {
-    Ipv4,
-    Dual,
-    Ipv6,
-}
-
-impl Stack {
-    pub fn of(config: &Config) -> Stack {
-        match (&config.ipv4, &config.ipv6) {
-            (_, None) => Stack::Ipv4,
-            (Some(_), Some(_)) => Stack::Dual,
-            (None, Some(_)) => Stack::Ipv6,
-        }
-    }
-}
-
-impl std::fmt::Display for Stack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Stack::Ipv4 => "IPv4-only",
-            Stack::Dual => "dual-stack",
-            Stack::Ipv6 => "IPv6-only",
-        })
-    }
 }
 
 #[cfg(test)]

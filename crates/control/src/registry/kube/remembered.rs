@@ -7,7 +7,7 @@
 use super::annotations::Annotations;
 use super::node_view::NodeView;
 use super::{retry, KubeTiming};
-use crate::backend::netlink::MacAddr;
+use crate::host::netlink::MacAddr;
 use crate::registry::Remembered;
 use anyhow::Context;
 use kube::Api;

@@ -163,7 +163,7 @@ pub(crate) fn install(nh: Nexthop, have: &HashMap<u32, Nexthop>) -> Option<Write
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::netlink::Route;
+    use crate::host::netlink::Route;
     use std::net::Ipv4Addr;
 
     fn nexthops(enabled: bool) -> Nexthops {

@@ -7,7 +7,6 @@ use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::netlink::{Netlink, Route};
-use crate::lease::Lease;
 
 /// The external interface as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,18 +46,10 @@ impl Uplink {
             .with_context(|| format!("interface {iface} has no IPv4 address"))
     }
 
-    /// `<subnet> via <PublicIP> dev <iface>`: host-gw's route, and DirectRouting's.
-    pub fn route_via(&self, lease: &Lease) -> Route {
-        self.route(lease.subnet.into(), lease.public_ip.into())
-    }
-
-    /// `<IPv6 subnet> via <PublicIPv6> dev <iface>`, for a lease with an IPv6 side.
-    pub fn route_via6(&self, lease: &Lease) -> Option<Route> {
-        let (subnet, public_ip) = lease.ipv6_side()?;
-        Some(self.route(subnet.into(), public_ip.into()))
-    }
-
-    fn route(&self, dst: IpNet, gateway: IpAddr) -> Route {
+    /// `<dst> via <gateway> dev <iface>`: host-gw's route to a peer's subnet, and
+    /// DirectRouting's, of either family.
+    pub fn route_via(&self, dst: impl Into<IpNet>, gateway: impl Into<IpAddr>) -> Route {
+        let (dst, gateway) = (dst.into(), gateway.into());
         Route {
             dst,
             gateway: Some(gateway),
@@ -77,27 +68,6 @@ pub(crate) fn is_link_local(ip: Ipv6Addr) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
-        Lease {
-            subnet: subnet.parse().unwrap(),
-            ipv6_subnet: None,
-            public_ip: public_ip.parse().unwrap(),
-            public_ipv6: None,
-            backend_type: backend_type.map(Into::into),
-            backend_data: None,
-            backend_v6_data: None,
-            created: Default::default(),
-        }
-    }
-
-    /// `lease` with an IPv6 side.
-    pub fn dual_stack(lease: Lease, subnet6: &str, public_ipv6: &str) -> Lease {
-        Lease {
-            public_ipv6: Some(public_ipv6.parse().unwrap()),
-            ..lease.with_ipv6_subnet(subnet6.parse().unwrap())
-        }
-    }
 
     pub fn uplink() -> Uplink {
         Uplink {
