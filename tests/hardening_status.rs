@@ -111,7 +111,10 @@ fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
     // the first write fails with EPIPE (it used to panic, exit 101).
     let piped = host.ns.exec(
         "bash",
-        &["-c", &format!("{TWILL} status | true; echo \"exit ${{PIPESTATUS[0]}}\"")],
+        &[
+            "-c",
+            &format!("{TWILL} status | true; echo \"exit ${{PIPESTATUS[0]}}\""),
+        ],
     )?;
     ensure!(piped.trim() == "exit 0", "{piped}");
     // `twill status` pointed at the healthz port says what it reached.
