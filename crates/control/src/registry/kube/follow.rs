@@ -42,6 +42,8 @@ pub(super) struct Follower {
     listing: Option<Listing>,
     /// A whole list has been sent as a snapshot.
     listed: bool,
+    /// Our Node was last seen without a podCIDR (said once, until it has one again).
+    own_unassigned: bool,
     tx: mpsc::Sender<LeaseEvent>,
 }
 
@@ -61,6 +63,7 @@ impl Follower {
         Follower {
             own,
             lease,
+            own_unassigned: false,
             peers: HashMap::new(),
             listing: None,
             listed: false,
@@ -272,8 +275,22 @@ impl Follower {
     /// Our own Node changed: re-publish our annotations if someone changed them, and stop if
     /// our podCIDR is no longer our lease.
     async fn own_changed(&mut self, node: &NodeView) -> Result<(), Gone> {
-        match self.own.change(node, &self.lease) {
-            OwnChange::None => Ok(()),
+        let change = self.own.change(node, &self.lease);
+        let unassigned = matches!(change, OwnChange::Unassigned);
+        if unassigned != self.own_unassigned {
+            match unassigned {
+                true => tracing::warn!(
+                    "Node {} has no podCIDR now (registered anew?); forwarding goes on with \
+                     {}, and twill waits for the controller manager to give it one",
+                    self.own.name,
+                    self.lease.id()
+                ),
+                false => tracing::info!("Node {} has a podCIDR again", self.own.name),
+            }
+            self.own_unassigned = unassigned;
+        }
+        match change {
+            OwnChange::None | OwnChange::Unassigned => Ok(()),
             OwnChange::Annotate(missing) => {
                 tracing::info!(
                     "Node {}'s flannel annotations changed; writing them again",
