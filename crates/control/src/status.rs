@@ -15,8 +15,8 @@ pub use server::{
 };
 
 use crate::lease::Lease;
+use crate::lease::{LeaseEvent, LeaseNamer};
 use crate::peers::{Peers, Refused};
-use crate::registry::{LeaseEvent, LeaseNamer};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;

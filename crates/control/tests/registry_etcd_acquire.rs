@@ -5,8 +5,8 @@ mod common;
 use common::{get, ip, start_with, Etcd, Logs, PREFIX};
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
+use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::LeaseEvent;
 
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#;
 

@@ -4,8 +4,9 @@ mod common;
 
 use common::Etcd;
 use std::time::Duration;
+use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::{EtcdRegistry, LeaseEvent, Registry};
+use twill_control::registry::{EtcdRegistry, Registry};
 
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16"}"#;
 

@@ -7,8 +7,8 @@ use common::{get, ip, start_with, Etcd, PREFIX};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::Ipv6Addr;
 use tokio::sync::mpsc::Receiver;
+use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::LeaseEvent;
 
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48","Backend":{"Type":"host-gw"}}"#;
 

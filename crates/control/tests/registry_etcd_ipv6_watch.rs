@@ -10,8 +10,8 @@ use common::{
 };
 use std::net::Ipv6Addr;
 use tokio::sync::mpsc::Receiver;
+use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::LeaseEvent;
 
 /// The nodes draw from 10.5.10.0 and fd10:0:0:10:: up, below what the tests write themselves.
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","SubnetMin":"10.5.10.0","EnableIPv6":true,"IPv6Network":"fd10::/48","IPv6SubnetMin":"fd10:0:0:10::","Backend":{"Type":"vxlan"}}"#;

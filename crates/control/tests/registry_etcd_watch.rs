@@ -11,8 +11,8 @@ use etcd_client::{CompactionOptions, GetOptions};
 use futures::stream::{self, StreamExt};
 use std::net::Ipv4Addr;
 use tokio::sync::mpsc::Receiver;
+use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::LeaseEvent;
 
 /// The nodes draw their subnets below 10.5.200.0, where the tests write leases of their own.
 const CONFIG: &str =

@@ -9,6 +9,7 @@ mod fields;
 mod ipv4;
 mod ipv6;
 mod underlay;
+pub mod wireguard;
 
 pub use ipv4::Ipv4Config;
 pub use ipv6::Ipv6Config;

@@ -8,10 +8,14 @@
 //! A dual-stack lease is one lease: its IPv6 subnet rides in the key beside the IPv4 one, its
 //! `PublicIPv6` and `BackendV6Data` in the JSON beside `PublicIP` and `BackendData`.
 
+mod event;
 mod key;
+mod namer;
 mod wire;
 
+pub use event::LeaseEvent;
 pub use key::{lease_key, parse_lease_key, parse_subnet_key, subnet_key, subnets_prefix, KeyError};
+pub use namer::{node_key, LeaseNamer};
 
 use crate::shown;
 use ipnet::{Ipv4Net, Ipv6Net};

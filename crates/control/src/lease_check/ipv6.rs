@@ -4,8 +4,8 @@
 //! The overlap with other peers' IPv6 subnets is settled with the IPv4 one, among all leases,
 //! by the peers above it (a lease's IPv6 subnet is one of its [`super::Claim`]s).
 
+use super::wireguard::LeaseReader;
 use super::Rejection;
-use crate::backend::wireguard::reading::LeaseReader;
 use crate::config::{Config, Ipv6Config, Underlay};
 use crate::lease::{backend_type, Lease};
 use ipnet::Ipv6Net;

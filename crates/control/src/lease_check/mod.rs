@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::host::netlink::MacAddr;
 use crate::shown;
 mod ipv6;
+pub mod wireguard;
 
 pub use ipv6::{overlaps_v6, unusable_ipv6, Ipv6Rules};
 

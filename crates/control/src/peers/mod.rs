@@ -15,9 +15,8 @@
 
 mod held;
 
-use crate::lease::{Lease, LeaseOrigin, SubnetId};
+use crate::lease::{Lease, LeaseEvent, LeaseNamer, LeaseOrigin, SubnetId};
 use crate::lease_check::{self, by_creation, first_made, Claim, LeaseRules, Rejection};
-use crate::registry::{LeaseEvent, LeaseNamer};
 use crate::shown;
 use held::Held;
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -8,52 +8,19 @@
 mod backoff;
 mod etcd;
 pub mod kube;
-mod namer;
 mod static_peers;
 
 pub use backoff::Backoff;
 pub use etcd::{EtcdOptions, EtcdRegistry, Timing, DEFAULT_ENDPOINTS, DEFAULT_PREFIX};
 pub use kube::{KubeOptions, KubeRegistry};
-pub use namer::{node_key, LeaseNamer};
 pub use static_peers::{parse_peer, StaticRegistry};
 
 use crate::config::Config;
 use crate::host::netlink::MacAddr;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, LeaseEvent, LeaseNamer};
 use futures::future::BoxFuture;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use tokio::sync::mpsc;
-
-/// A change in the set of other nodes' leases, in our own, or in the network config.
-///
-/// Our own lease never appears in `Snapshot`, `Added` or `Removed`: backends program routes to
-/// peers, never to themselves (flannel filters it the same way).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseEvent {
-    /// The complete set of peer leases. Sent first, and again after every re-list (etcd came
-    /// back, the watch history was compacted); the consumer replaces its table with it, which is
-    /// how it catches up on anything it missed.
-    Snapshot(Vec<Lease>),
-    /// A peer lease appeared or changed (same subnet, new attributes).
-    Added(Lease),
-    /// A peer lease expired or was deleted; carries its last known attributes, so a backend can
-    /// remove exactly what it added (e.g. the vxlan fdb entry for its VtepMAC).
-    Removed(Lease),
-    /// Our lease was lost (its key deleted or expired) and acquired again, with the same subnet.
-    OwnLease(Lease),
-    /// Our lease is gone for good (`why`), e.g. the Node's podCIDR was changed. Like
-    /// [`LeaseEvent::OwnLeaseTaken`], the node must stop rather than take another subnet.
-    OwnLeaseGone(String),
-    /// Another node now holds our subnet (this is its lease). No other subnet is taken in its
-    /// place: the containers on this host are numbered from the old one, so the node must stop.
-    OwnLeaseTaken(Lease),
-    /// An entry among the leases that is not a lease (`why` says what is wrong), or, with
-    /// `why: None`, that such an entry is gone or readable again.
-    Unreadable { key: String, why: Option<String> },
-    /// The network config in the registry changed since this node started: `Some(what)` says
-    /// how it differs from the config the node runs with, `None` that it matches again.
-    ConfigChanged(Option<String>),
-}
 
 /// What a registry remembers of this node (see [`Registry::remembered`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

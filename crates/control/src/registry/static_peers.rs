@@ -1,10 +1,11 @@
 //! A registry without etcd: every lease is given up front (`--subnet`, `--peer CIDR=IP[:PORT]`).
 //! Meant for two or three hosts and for tests, where running etcd is not worth it.
 
-use super::{LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
+use super::{Registry, EVENT_QUEUE};
 use crate::config::{Config, DEFAULT_BACKEND};
 use crate::lease::backend_type::TWILL_BATCH;
 use crate::lease::{Created, Lease, LeaseAttrs};
+use crate::lease::{LeaseEvent, LeaseNamer};
 use crate::lease_check::LeaseRules;
 use crate::peers::Peers;
 use anyhow::{bail, Context};

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
-use twill_control::registry::{EtcdOptions, EtcdRegistry, LeaseEvent, Registry, Timing};
+use twill_control::registry::{EtcdOptions, EtcdRegistry, Registry, Timing};
 
 pub const ETCD_BIN: &str = "/usr/bin/etcd";
 pub const PREFIX: &str = "/coreos.com/network";

@@ -7,21 +7,18 @@
 //! On a dual-stack network flannel's `Mode` decides the devices: separate (the default) has
 //! `flannel-wg` for IPv4 over the IPv4 underlay and `flannel-wg-v6` for IPv6 over the IPv6
 //! underlay; auto, ipv4 and ipv6 have `flannel-wg` alone, for both families, over the
-//! underlay the mode picks per peer ([`reading`]).
+//! underlay the mode picks per peer ([`crate::lease_check::wireguard`]).
 
-mod config;
 mod kernel;
 pub mod keyfile;
 mod path;
 mod peers;
-pub mod reading;
-
-pub use config::{Mode, WireguardConfig};
-pub use reading::{LeasePeers, LeaseReader};
 
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
+use crate::config::wireguard::{Mode, WireguardConfig};
 use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
+use crate::lease_check::wireguard::LeaseReader;
 use crate::node::Node;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use path::{Chosen, Path};

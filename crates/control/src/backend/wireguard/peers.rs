@@ -1,11 +1,11 @@
 //! The WireGuard peers the other nodes' leases describe, by subnet, on each of this node's
 //! devices. The lease gate already refuses a wireguard lease this node's Mode cannot read
-//! ([`super::reading`]); one that still fails is skipped here, on every device, with one
+//! ([`crate::lease_check::wireguard`]); one that still fails is skipped here, on every device, with one
 //! warning, repeated only when that lease changes. A lease of another backend type is
 //! skipped the same way.
 
-use super::reading::{LeasePeers, LeaseReader};
 use crate::lease::Lease;
+use crate::lease_check::wireguard::{LeasePeers, LeaseReader};
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 use twill_dataplane::engine::wireguard::{Device, WgPeerSpec};
@@ -122,7 +122,7 @@ fn changes(old: Option<&LeasePeers>, new: Option<&LeasePeers>) -> Vec<(Device, C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::wireguard::config::Mode;
+    use crate::config::wireguard::Mode;
     use crate::lease::{BackendData, LeaseAttrs};
     use serde_json::Value;
 

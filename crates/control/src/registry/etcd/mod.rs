@@ -7,9 +7,10 @@ mod subnets;
 mod taken;
 mod tls_probe;
 
-use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
+use super::{Backoff, Registry, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
+use crate::lease::{LeaseEvent, LeaseNamer};
 use crate::small_file;
 use anyhow::{anyhow, bail, Context};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};

@@ -15,9 +15,10 @@ mod remembered;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 
-use super::{Backoff, LeaseEvent, LeaseNamer, Registry, Remembered, EVENT_QUEUE};
+use super::{Backoff, Registry, Remembered, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{LeaseEvent, LeaseNamer};
 use anyhow::{anyhow, Context};
 use client::Failure;
 use futures::future::BoxFuture;

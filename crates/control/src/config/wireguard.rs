@@ -2,7 +2,7 @@
 //! `PersistentKeepaliveInterval` and `MTU`, with flannel's defaults. A bad value is refused in
 //! one line that names the field (and never repeats a key).
 
-use crate::config::{field, BackendConfig, Config, ConfigError};
+use super::{field, BackendConfig, Config, ConfigError};
 use serde_json::{Map, Value};
 use std::fmt;
 use twill_dataplane::engine::wireguard::{PresharedKey, DEFAULT_PORT};

@@ -14,7 +14,7 @@
 //! A lease that lacks what the mode needs is no peer at all, on any device: the lease gate
 //! refuses it with the reason ([`crate::lease_check`]), so it is never half configured.
 
-use super::config::{Mode, WireguardConfig};
+use crate::config::wireguard::{Mode, WireguardConfig};
 use crate::config::Config;
 use crate::lease::{backend_type, Lease};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};

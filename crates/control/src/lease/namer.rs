@@ -1,7 +1,7 @@
 //! How a registry names a lease to the operator: in logs and under `rejected_leases` in
 //! `twill status`, a lease is named where the operator would look for it.
 
-use crate::lease::{Lease, LeaseOrigin};
+use super::{Lease, LeaseOrigin};
 
 /// Names a lease as the operator wrote it: its etcd key, the flag that gave it, or the
 /// Kubernetes Node it was read from.
