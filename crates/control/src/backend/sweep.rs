@@ -5,8 +5,8 @@
 //! host-gw route `10.5.2.0/24 via <peer> dev eth0` is more specific than wireguard's
 //! `10.5.0.0/16 dev flannel-wg`, so it would keep container traffic flowing in the clear, and
 //! nothing would say so. So at start and at every reconcile the node sweeps the routes inside
-//! its `Network` that have the shape one of flannel's backends programs (see
-//! shared/reference/flannel.md) and that the running backend does not own, and logs each.
+//! its `Network` that have the shape one of flannel's backends programs (flanneld
+//! v0.28.9's routes, as the tests record them) and that the running backend does not own, and logs each.
 //!
 //! Only proto boot routes of the main table are looked at ([`Netlink::boot_routes`]: what
 //! flanneld and twill write, never the kernel's own prefix routes such as `10.5.1.0/24 dev
