@@ -16,8 +16,9 @@ use crate::backend::userspace::UserspaceSetup;
 use crate::backend::vxlan::{VtepMacs, VxlanConfig, VxlanDevice};
 use crate::backend::wireguard::{self, WireguardSetup};
 use crate::backend::{Backend, Setup};
+use crate::backend_kind::BackendKind;
+use crate::lease::Lease;
 use crate::lease::LeaseEvent;
-use crate::lease::{backend_type, Lease};
 use crate::lease_check::LeaseRules;
 use crate::node::Node;
 pub use crate::node::NodeOptions;
@@ -79,8 +80,15 @@ pub async fn run<R: Registry>(
         // device name a TUN needs.
         ebpf::cleanup(&node.options.bpf_dir, &node.options.tun_name).await?;
     }
-    match node.config.backend.backend_type.as_str() {
-        "udp" => match dataplane {
+    let Some(kind) = node.config.backend.kind() else {
+        bail!(
+            "backend type {:?} is not supported; supported: {}",
+            node.config.backend.backend_type,
+            BackendKind::names(|_| true, ", ")
+        )
+    };
+    match kind {
+        BackendKind::Udp => match dataplane {
             Dataplane::Ebpf => {
                 let setup = EbpfSetup::new(node)?;
                 join(registry, node, setup, every, shutdown).await
@@ -91,13 +99,13 @@ pub async fn run<R: Registry>(
                 join(registry, node, setup, every, shutdown).await
             }
         },
-        backend_type::TWILL_BATCH => {
+        BackendKind::TwillBatch => {
             host::ensure_tun_unclaimed(&node.options.tun_name, tun_fix).await?;
             let delay = node.options.batch_delay;
             let setup = UserspaceSetup::new(node, EngineKind::Batch { delay })?;
             join(registry, node, setup, every, shutdown).await
         }
-        backend_type::VXLAN => {
+        BackendKind::Vxlan => {
             let config = KernelConfig::of(node);
             let macs = VtepMacs {
                 v4: node.remembered.vtep_mac,
@@ -106,24 +114,21 @@ pub async fn run<R: Registry>(
             let device = VxlanDevice::ensure(&config, VxlanConfig::of(node)?, macs).await?;
             join(registry, node, device, every, shutdown).await
         }
-        backend_type::IPIP => {
+        BackendKind::Ipip => {
             let device = IpipDevice::ensure(&KernelConfig::of(node)).await?;
             join(registry, node, device, every, shutdown).await
         }
-        backend_type::HOST_GW => {
+        BackendKind::HostGw => {
             let setup = HostGwSetup(KernelConfig::of(node));
             join(registry, node, setup, every, shutdown).await
         }
-        backend_type::WIREGUARD => {
+        BackendKind::Wireguard => {
             // Without this the setup would replace the device under the node that holds it.
             let fix = "stop it first: the wireguard backend's device is always flannel-wg";
             host::ensure_tun_unclaimed(wireguard::DEVICE, fix).await?;
             let setup = WireguardSetup::new(node).await?;
             join(registry, node, setup, every, shutdown).await
         }
-        other => bail!(
-            "backend type {other:?} is not supported; supported: udp, twill-batch, vxlan, ipip, host-gw, wireguard"
-        ),
     }
 }
 

@@ -2,9 +2,9 @@
 //! flanneld's command line): the probes first, so that they answer from the first second, then
 //! the registry, which may wait for etcd or the API server as long as it takes, then the node.
 
-use crate::config::{Config, DEFAULT_BACKEND};
+use crate::backend_kind::BackendKind;
+use crate::config::Config;
 use crate::daemon;
-use crate::lease::backend_type;
 use crate::node::NodeOptions;
 use crate::registry::{parse_peer, EtcdOptions, EtcdRegistry, KubeOptions, KubeRegistry};
 use crate::registry::{Registry, StaticRegistry};
@@ -40,8 +40,8 @@ pub struct StaticNetwork {
 impl StaticNetwork {
     fn registry(&self) -> anyhow::Result<StaticRegistry> {
         let backend = match self.backend.as_deref() {
-            Some("batch") => backend_type::TWILL_BATCH,
-            other => other.unwrap_or(DEFAULT_BACKEND),
+            Some("batch") => BackendKind::TwillBatch.name(),
+            other => other.unwrap_or(BackendKind::DEFAULT.name()),
         };
         let mut config = Config::for_network(self.network, backend)?;
         if self.port.is_some() {

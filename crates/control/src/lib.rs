@@ -3,6 +3,7 @@
 //! It knows nothing of packet formats.
 
 pub mod backend;
+pub mod backend_kind;
 pub mod blackhole;
 pub mod config;
 pub mod daemon;

@@ -21,8 +21,6 @@ pub struct HostGwPlan {
 }
 
 impl PeerPlan for HostGwPlan {
-    const BACKEND_TYPE: &'static str = "host-gw";
-
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
         Ok(PeerState::route_only(route_via(&self.uplink, lease)))
     }

@@ -71,8 +71,6 @@ impl Setup for IpipDevice {
 pub struct IpipPlan(TunnelRoutes);
 
 impl PeerPlan for IpipPlan {
-    const BACKEND_TYPE: &'static str = "ipip";
-
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
         let tunnelled = Route {
             dst: lease.subnet.into(),

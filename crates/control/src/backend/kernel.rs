@@ -78,9 +78,6 @@ impl KernelConfig {
 
 /// The part that differs between kernel backends: what one peer needs.
 pub trait PeerPlan {
-    /// Only leases with this `BackendType` are programmed.
-    const BACKEND_TYPE: &'static str;
-
     /// Fails when the lease lacks what this backend needs (e.g. a vxlan lease without VtepMAC).
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState>;
 
@@ -263,10 +260,6 @@ impl<P: PeerPlan> KernelBackend<P> {
 }
 
 impl<P: PeerPlan> Backend for KernelBackend<P> {
-    fn backend_type(&self) -> Option<&'static str> {
-        Some(P::BACKEND_TYPE)
-    }
-
     fn mtu(&self) -> u32 {
         self.mtu
     }

@@ -28,9 +28,6 @@ use twill_dataplane::engine::Engine;
 /// what belongs to peers that no longer hold a lease).
 #[allow(async_fn_in_trait)]
 pub trait Backend {
-    /// The `BackendType` this backend writes into its lease (`None` for flannel's udp, which
-    /// writes no BackendType at all).
-    fn backend_type(&self) -> Option<&'static str>;
     /// MTU for containers (FLANNEL_MTU): the TUN's or tunnel device's, or the iface's for host-gw.
     fn mtu(&self) -> u32;
     /// The userspace dataplane this backend drives, for status and metrics; the kernel

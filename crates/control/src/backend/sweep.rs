@@ -28,13 +28,13 @@
 //! uses them.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::link::InfoKind;
 use tracing::warn;
 
+use crate::backend_kind::BackendKind;
 use crate::host::netlink::{Link, LinkKind, Netlink, Route, Write};
 use crate::host::nexthops::is_twills;
 
@@ -44,34 +44,6 @@ const FLANNEL_UDP_TUN: &str = "flannel0";
 const WIREGUARD_DEV: &str = super::wireguard::DEVICE;
 /// The ipip backend's device.
 const IPIP_DEV: &str = super::ipip::DEVICE;
-
-/// The backend whose route shape a route has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Shape {
-    /// `<subnet> via <peer> dev <underlay>`; also vxlan's and ipip's DirectRouting.
-    HostGw,
-    /// `<subnet> via <subnet's network address> dev flannel.<VNI> onlink` (and
-    /// `flannel-v6.<VNI>`).
-    Vxlan,
-    /// `<subnet> via <peer> dev flannel.ipip onlink`.
-    Ipip,
-    /// `<network> dev flannel0` (or twill's TUN).
-    Udp,
-    /// `<network> dev flannel-wg`.
-    Wireguard,
-}
-
-impl fmt::Display for Shape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Shape::HostGw => "host-gw",
-            Shape::Vxlan => "vxlan",
-            Shape::Ipip => "ipip",
-            Shape::Udp => "udp",
-            Shape::Wireguard => "wireguard",
-        })
-    }
-}
 
 /// The node as the sweep sees it.
 #[derive(Debug, Clone)]
@@ -100,7 +72,7 @@ impl Scope {
     }
 
     /// The backend shape of `route` on the device `dev`, if it is one the sweep may remove.
-    fn stale_shape(&self, route: &Route, dev: &str) -> Option<Shape> {
+    fn stale_shape(&self, route: &Route, dev: &str) -> Option<BackendKind> {
         let (network, own) = match route.dst {
             IpNet::V4(_) => {
                 let (network, own) = self.ipv4?;
@@ -129,22 +101,27 @@ impl Scope {
     }
 }
 
-/// The shape of `route`, inside `network` (the node's `Network` or `IPv6Network`).
-fn shape(route: &Route, dev: &str, scope: &Scope, network: IpNet) -> Option<Shape> {
+/// The backend whose shape `route` has, inside `network` (the node's `Network` or
+/// `IPv6Network`): host-gw's `<subnet> via <peer> dev <underlay>` (also vxlan's and ipip's
+/// DirectRouting), vxlan's `<subnet> via <subnet's network address> dev flannel.<VNI> onlink`
+/// (and `flannel-v6.<VNI>`), ipip's `<subnet> via <peer> dev flannel.ipip onlink`, udp's
+/// `<network> dev flannel0` (or twill's TUN, twill-batch's too), wireguard's
+/// `<network> dev flannel-wg`.
+fn shape(route: &Route, dev: &str, scope: &Scope, network: IpNet) -> Option<BackendKind> {
     let whole_network = route.dst == network && route.gateway.is_none();
     // A peer's route is for one subnet, never the whole network (an operator's may be).
     let one_subnet = route.dst.prefix_len() > network.prefix_len();
     let via = route.gateway.filter(|_| one_subnet);
     if dev == scope.underlay && via.is_some() && !route.onlink {
-        Some(Shape::HostGw)
+        Some(BackendKind::HostGw)
     } else if is_vxlan_name(dev) && route.onlink && via == Some(route.dst.network()) {
-        Some(Shape::Vxlan)
+        Some(BackendKind::Vxlan)
     } else if dev == IPIP_DEV && route.onlink && via.is_some() {
-        Some(Shape::Ipip)
+        Some(BackendKind::Ipip)
     } else if whole_network && (dev == FLANNEL_UDP_TUN || dev == scope.tun_name) {
-        Some(Shape::Udp)
+        Some(BackendKind::Udp)
     } else if whole_network && dev == WIREGUARD_DEV {
-        Some(Shape::Wireguard)
+        Some(BackendKind::Wireguard)
     } else {
         None
     }
@@ -255,7 +232,7 @@ impl Sweep {
 
     async fn remove_routes(&self, names: &HashMap<u32, String>) -> anyhow::Result<()> {
         let routes = self.nl.boot_routes().await.context("listing routes")?;
-        let stale: Vec<(Route, &str, Shape)> = routes
+        let stale: Vec<(Route, &str, BackendKind)> = routes
             .into_iter()
             .filter_map(|r| {
                 let dev = names.get(&r.oif)?;
@@ -320,25 +297,33 @@ mod tests {
             (
                 route("10.5.2.0/24", Some("10.200.0.2"), false),
                 "eth0",
-                Shape::HostGw,
+                BackendKind::HostGw,
             ),
             (
                 route("10.5.2.0/24", Some("10.5.2.0"), true),
                 "flannel.1",
-                Shape::Vxlan,
+                BackendKind::Vxlan,
             ),
             (
                 route("10.5.2.0/24", Some("10.5.2.0"), true),
                 "flannel.7",
-                Shape::Vxlan,
+                BackendKind::Vxlan,
             ),
             (
                 route("10.5.2.0/24", Some("10.200.0.2"), true),
                 "flannel.ipip",
-                Shape::Ipip,
+                BackendKind::Ipip,
             ),
-            (route("10.5.0.0/16", None, false), "flannel0", Shape::Udp),
-            (route("10.5.0.0/16", None, false), "twill0", Shape::Udp),
+            (
+                route("10.5.0.0/16", None, false),
+                "flannel0",
+                BackendKind::Udp,
+            ),
+            (
+                route("10.5.0.0/16", None, false),
+                "twill0",
+                BackendKind::Udp,
+            ),
         ];
         for (r, dev, want) in cases {
             assert_eq!(s.stale_shape(&r, dev), Some(want), "{}", describe(&r, dev));
@@ -346,7 +331,7 @@ mod tests {
         let wg = route("10.5.0.0/16", None, false);
         assert_eq!(
             scope(&["twill0"]).stale_shape(&wg, "flannel-wg"),
-            Some(Shape::Wireguard)
+            Some(BackendKind::Wireguard)
         );
     }
 
@@ -354,9 +339,12 @@ mod tests {
     fn a_dual_stack_nodes_ipv6_leftovers_are_swept_and_the_rest_left_alone() {
         let s = scope(&["flannel-wg"]);
         let host_gw = route("fd10:0:0:2::/64", Some("fd00:200::2"), false);
-        assert_eq!(s.stale_shape(&host_gw, "eth0"), Some(Shape::HostGw));
+        assert_eq!(s.stale_shape(&host_gw, "eth0"), Some(BackendKind::HostGw));
         let vxlan = route("fd10:0:0:2::/64", Some("fd10:0:0:2::"), true);
-        assert_eq!(s.stale_shape(&vxlan, "flannel-v6.1"), Some(Shape::Vxlan));
+        assert_eq!(
+            s.stale_shape(&vxlan, "flannel-v6.1"),
+            Some(BackendKind::Vxlan)
+        );
         let left_alone = [
             // Our own IPv6 subnet, outside IPv6Network, or the running backend's.
             (route("fd10:0:0:1::/64", Some("fd00:200::9"), false), "eth0"),
@@ -387,7 +375,7 @@ mod tests {
         assert_eq!(ipv6_only.stale_shape(&ipv4_peer, "eth0"), None);
         assert_eq!(
             scope(&["flannel-v6.1"]).stale_shape(&ipv4_peer, "eth0"),
-            Some(Shape::HostGw)
+            Some(BackendKind::HostGw)
         );
     }
 

@@ -16,9 +16,10 @@ use super::ipip;
 use super::sweep::{Scope, Sweep};
 use super::vxlan::VxlanConfig;
 use super::wireguard;
+use crate::backend_kind::BackendKind;
 use crate::config::wireguard::{Mode, WireguardConfig};
 use crate::host::netlink::{Groups, Netlink, Watch};
-use crate::lease::{backend_type, Lease};
+use crate::lease::Lease;
 use crate::node::Node;
 use crate::status::NodeStatus;
 
@@ -51,7 +52,7 @@ fn layout(node: &Node) -> Layout {
         tun: node.options.tun_name.clone(),
         underlay: node.iface.name.clone(),
     };
-    names.layout(&node.config.backend.backend_type)
+    names.layout(node.config.backend.kind())
 }
 
 /// `flannel-wg-v6`, made by wireguard's Mode separate on a dual-stack node.
@@ -75,7 +76,7 @@ struct Names {
 }
 
 impl Names {
-    fn layout(self, backend: &str) -> Layout {
+    fn layout(self, backend: Option<BackendKind>) -> Layout {
         let tunnel = |dev: Option<String>, dev6: Option<String>| Layout {
             device: dev.clone(),
             device6: dev6.clone(),
@@ -93,19 +94,21 @@ impl Names {
             keep: std::iter::once(dev).chain(dev6).collect(),
         };
         match backend {
-            backend_type::VXLAN => tunnel(self.vxlan.clone(), self.vxlan6.clone()),
-            backend_type::IPIP => tunnel(Some(ipip::DEVICE.to_string()), None),
-            backend_type::WIREGUARD => {
+            Some(BackendKind::Vxlan) => tunnel(self.vxlan.clone(), self.vxlan6.clone()),
+            Some(BackendKind::Ipip) => tunnel(Some(ipip::DEVICE.to_string()), None),
+            Some(BackendKind::Wireguard) => {
                 whole_network(wireguard::DEVICE.to_string(), self.wireguard6.clone())
             }
-            backend_type::HOST_GW => Layout {
+            Some(BackendKind::HostGw) => Layout {
                 device: None,
                 device6: None,
                 network_route: false,
                 keep: vec![self.underlay.clone()],
             },
-            // udp and twill-batch; the daemon refuses any other type before this.
-            _ => whole_network(self.tun.clone(), None),
+            // The daemon refuses a type twill does not run before this.
+            Some(BackendKind::Udp | BackendKind::TwillBatch) | None => {
+                whole_network(self.tun.clone(), None)
+            }
         }
     }
 }
@@ -289,6 +292,7 @@ mod tests {
     use super::*;
 
     fn layout(backend: &str) -> Layout {
+        let backend = BackendKind::parse(backend);
         let names = Names {
             vxlan: Some("flannel.7".into()),
             vxlan6: None,
@@ -308,7 +312,7 @@ mod tests {
             tun: "tun9".into(),
             underlay: "ens3".into(),
         };
-        let vxlan = names.layout("vxlan");
+        let vxlan = names.layout(BackendKind::parse("vxlan"));
         assert_eq!(vxlan.device6.as_deref(), Some("flannel-v6.7"));
         assert_eq!(vxlan.keep, ["flannel.7", "ens3", "flannel-v6.7"]);
     }
@@ -322,7 +326,7 @@ mod tests {
             tun: "tun9".into(),
             underlay: "ens3".into(),
         };
-        let vxlan = names.layout("vxlan");
+        let vxlan = names.layout(BackendKind::parse("vxlan"));
         assert_eq!(vxlan.device, None);
         assert_eq!(vxlan.device6.as_deref(), Some("flannel-v6.7"));
         assert_eq!(vxlan.keep, ["ens3", "flannel-v6.7"]);
@@ -337,7 +341,7 @@ mod tests {
             tun: "tun9".into(),
             underlay: "ens3".into(),
         };
-        let wireguard = names.layout("wireguard");
+        let wireguard = names.layout(BackendKind::parse("wireguard"));
         assert_eq!(wireguard.device6.as_deref(), Some("flannel-wg-v6"));
         assert!(wireguard.network_route);
         assert_eq!(wireguard.keep, ["flannel-wg", "flannel-wg-v6"]);

@@ -11,7 +11,7 @@
 use super::{Backend, Setup};
 use crate::config::Underlay;
 use crate::host::{self, Interface};
-use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -194,7 +194,7 @@ impl Setup for UserspaceSetup {
         if let Some((network6, _)) = self.ipv6 {
             host::route_network_to(network6, dev).await?;
         }
-        Ok(Userspace::new(engine, self.kind, self.port, self.underlay))
+        Ok(Userspace::new(engine, self.port, self.underlay))
     }
 }
 
@@ -202,7 +202,6 @@ impl Setup for UserspaceSetup {
 /// engine: dropping the backend stops forwarding and removes the TUN.
 pub struct Userspace {
     engine: Engine,
-    kind: EngineKind,
     table: Arc<SharedTable>,
     mtu: u32,
     /// The port peers listen on when their lease does not say (flannel leases never do).
@@ -211,14 +210,8 @@ pub struct Userspace {
 }
 
 impl Userspace {
-    pub fn new(
-        engine: Engine,
-        kind: EngineKind,
-        default_port: u16,
-        underlay: Underlay,
-    ) -> Userspace {
+    pub fn new(engine: Engine, default_port: u16, underlay: Underlay) -> Userspace {
         Userspace {
-            kind,
             table: engine.table().clone(),
             mtu: u32::from(engine.mtu()),
             engine,
@@ -248,13 +241,6 @@ impl Userspace {
 }
 
 impl Backend for Userspace {
-    fn backend_type(&self) -> Option<&'static str> {
-        match self.kind {
-            EngineKind::FlannelUdp => None,
-            EngineKind::Batch { .. } => Some(backend_type::TWILL_BATCH),
-        }
-    }
-
     fn mtu(&self) -> u32 {
         self.mtu
     }

@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
 use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
 use super::Setup;
+use crate::backend_kind::BackendKind;
 use crate::config::BackendConfig;
 use crate::host::netlink::{
     vxlan_link_message, FdbEntry, Link, LinkKind, MacAddr, Neighbour, Netlink, Route, VxlanParams,
@@ -24,7 +25,7 @@ use crate::host::netlink::{
 };
 use crate::host::uplink::connect;
 use crate::host::Interface;
-use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use ipnet::IpNet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -206,7 +207,7 @@ impl Setup for VxlanDevice {
     fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
         let attrs = match self.mac {
             Some(mac) => LeaseAttrs::vxlan(public_ip, self.vni, &mac.to_string()),
-            None => LeaseAttrs::typed(public_ip, Some(backend_type::VXLAN), None),
+            None => LeaseAttrs::typed(public_ip, BackendKind::Vxlan.lease_type(), None),
         };
         match (self.tunnel.config.ipv6, self.mac6) {
             (Some(v6), Some(mac6)) => {
@@ -227,8 +228,6 @@ impl Setup for VxlanDevice {
 pub struct VxlanPlan(TunnelRoutes);
 
 impl PeerPlan for VxlanPlan {
-    const BACKEND_TYPE: &'static str = "vxlan";
-
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
         if let Some(route) = self.0.direct(lease) {
             return Ok(PeerState::route_only(route));

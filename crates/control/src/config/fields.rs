@@ -4,6 +4,7 @@
 //! encoding/json); twill still accepts the config, since another version's fields are expected
 //! in a network shared with it, but says which fields have no effect here.
 
+use crate::backend_kind::BackendKind;
 use serde_json::{Map, Value};
 
 /// The top-level fields of flannel's config (its pkg/subnet/config.go).
@@ -22,24 +23,6 @@ const NETWORK_FIELDS: [&str; 12] = [
     "Backend",
 ];
 
-/// The `Backend` fields each backend reads, besides `Type`.
-fn backend_fields(backend_type: &str) -> &'static [&'static str] {
-    match backend_type {
-        "udp" | "twill-batch" => &["Port", "Underlay"],
-        "vxlan" => &["VNI", "Port", "GBP", "Learning", "DirectRouting", "MTU"],
-        "ipip" => &["DirectRouting"],
-        "wireguard" => &[
-            "ListenPort",
-            "ListenPortV6",
-            "PSK",
-            "PersistentKeepaliveInterval",
-            "Mode",
-            "MTU",
-        ],
-        _ => &[],
-    }
-}
-
 /// The fields of `config` (the whole object) twill does not read for a network on
 /// `backend_type`, as `Backend.X` or `X`, in the order they appear. Names match as Go matches
 /// them: exactly, else ignoring case.
@@ -55,7 +38,7 @@ pub fn unread(config: &Map<String, Value>, backend_type: &str) -> Vec<String> {
         .find(|(k, _)| k.eq_ignore_ascii_case("Backend"))
         .and_then(|(_, v)| v.as_object());
     if let Some(backend) = backend {
-        let fields = backend_fields(backend_type);
+        let fields = BackendKind::parse(backend_type).map_or(&[][..], BackendKind::config_fields);
         let extra = backend
             .keys()
             .filter(|k| !k.eq_ignore_ascii_case("Type") && !known(k, fields));

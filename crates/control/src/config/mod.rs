@@ -15,13 +15,11 @@ pub use ipv4::Ipv4Config;
 pub use ipv6::Ipv6Config;
 pub use underlay::Underlay;
 
+use crate::backend_kind::BackendKind;
 use crate::stack::Stack;
 use ipnet::Ipv4Net;
 use ipv6::Ipv6Fields;
 use serde_json::{Map, Value};
-
-/// Backend type used when the config has no `Backend` object, as in flannel.
-pub const DEFAULT_BACKEND: &str = "udp";
 
 /// A validated network config with flannel's defaults filled in.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,12 +68,6 @@ impl ConfigError {
         ConfigError(msg.into())
     }
 }
-
-/// The backends that carry a dual-stack network's IPv6 side.
-const DUAL_STACK_BACKENDS: [&str; 5] = ["vxlan", "host-gw", "udp", "twill-batch", "wireguard"];
-
-/// The backends that run an IPv6-only network (`EnableIPv4` false), as flannel's do.
-const IPV6_ONLY_BACKENDS: [&str; 2] = ["vxlan", "host-gw"];
 
 /// Backend fields whose values are secrets: a change to one is named, its value never shown.
 const SECRET_FIELDS: [&str; 1] = ["PSK"];
@@ -151,21 +143,22 @@ impl Config {
     pub fn parse(json: &str) -> Result<Config, ConfigError> {
         let config = Config::from_json(json)?;
         let backend = config.backend.backend_type.as_str();
+        let runs = |what: fn(BackendKind) -> bool| config.backend.kind().is_some_and(what);
         match (&config.ipv4, &config.ipv6) {
-            (None, Some(v6)) if !IPV6_ONLY_BACKENDS.contains(&backend) => invalid(format!(
+            (None, Some(v6)) if !runs(BackendKind::runs_ipv6_only) => invalid(format!(
                 "EnableIPv4 is false: the IPv6-only network {} is valid, but twill runs an \
                  IPv6-only network on {} only, not on {backend}; choose one of those, or set \
                  EnableIPv4 to true with a Network",
                 v6.network,
-                IPV6_ONLY_BACKENDS.join(" and ")
+                BackendKind::names(BackendKind::runs_ipv6_only, " and ")
             )),
-            (_, Some(v6)) if !DUAL_STACK_BACKENDS.contains(&backend) => invalid(format!(
+            (_, Some(v6)) if !runs(BackendKind::runs_dual_stack) => invalid(format!(
                 "EnableIPv6 is true: IPv6Network {} (IPv6SubnetLen /{}) is valid, but twill's \
                  {backend} backend carries no IPv6 yet (dual-stack runs on {}); set EnableIPv6 \
                  to false, choose one of those, or run flanneld",
                 v6.network,
                 v6.subnet_len,
-                DUAL_STACK_BACKENDS.join(", ")
+                BackendKind::names(BackendKind::runs_dual_stack, ", ")
             )),
             _ => {
                 (config.backend.underlay).check(backend, config.ipv6.is_some())?;
@@ -222,9 +215,22 @@ impl Config {
 }
 
 impl BackendConfig {
+    /// The backend `Type` names, if twill runs it.
+    pub fn kind(&self) -> Option<BackendKind> {
+        BackendKind::parse(&self.backend_type)
+    }
+
+    /// The `BackendType` this network's leases carry: none for udp, as flanneld writes none.
+    pub fn lease_type(&self) -> Option<&str> {
+        match self.kind() {
+            Some(kind) => kind.lease_type(),
+            None => Some(&self.backend_type),
+        }
+    }
+
     fn parse(value: Option<&Value>) -> Result<BackendConfig, ConfigError> {
         let Some(raw) = value.filter(|v| !v.is_null()) else {
-            return Ok(BackendConfig::of_type(DEFAULT_BACKEND));
+            return Ok(BackendConfig::of_type(BackendKind::DEFAULT.name()));
         };
         let Value::Object(obj) = raw else {
             return invalid(format!("Backend must be a JSON object, got {raw}"));

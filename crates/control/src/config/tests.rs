@@ -44,7 +44,7 @@ fn defaults_for_a_large_network() {
     assert_eq!(c.ipv4.as_ref().unwrap().subnet_len, 24);
     assert_eq!(c.ipv4.as_ref().unwrap().subnet_min, ip("10.5.1.0"));
     assert_eq!(c.ipv4.as_ref().unwrap().subnet_max, ip("10.5.255.0"));
-    assert_eq!(c.backend.backend_type, DEFAULT_BACKEND);
+    assert_eq!(c.backend.backend_type, "udp");
     assert_eq!(c.backend.raw, Value::Null);
 }
 

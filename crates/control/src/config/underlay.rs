@@ -6,11 +6,9 @@
 //! (`PublicIP`, or `PublicIPv6`), so two nodes never wait on each other in different families.
 
 use super::{field, ConfigError};
+use crate::backend_kind::BackendKind;
 use serde_json::{Map, Value};
 use std::fmt;
-
-/// The backends whose datagrams may go over an IPv6 underlay.
-const USERSPACE_BACKENDS: [&str; 2] = ["udp", "twill-batch"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Underlay {
@@ -51,7 +49,7 @@ impl Underlay {
         if self == Underlay::Ipv4 {
             return Ok(());
         }
-        if !USERSPACE_BACKENDS.contains(&backend) {
+        if !BackendKind::parse(backend).is_some_and(BackendKind::userspace) {
             return Err(ConfigError::new(format!(
                 "Backend.Underlay \"ipv6\" is for the udp and twill-batch backends; the {backend} \
                  backend sends each family over its own, as flannel's does: leave it out"

@@ -17,6 +17,7 @@ pub use event::LeaseEvent;
 pub use key::{lease_key, parse_lease_key, parse_subnet_key, subnet_key, subnets_prefix, KeyError};
 pub use namer::{node_key, LeaseNamer};
 
+use crate::backend_kind::BackendKind;
 use crate::shown;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::value::RawValue;
@@ -24,16 +25,6 @@ use serde_json::Value;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use twill_dataplane::engine::wireguard::PublicKey;
-
-/// `BackendType` values that flanneld and twill write. flannel's udp backend writes none.
-pub mod backend_type {
-    pub const VXLAN: &str = "vxlan";
-    pub const HOST_GW: &str = "host-gw";
-    pub const IPIP: &str = "ipip";
-    /// twill's own batching dataplane; flanneld nodes skip leases of a type they do not run.
-    pub const TWILL_BATCH: &str = "twill-batch";
-    pub const WIREGUARD: &str = "wireguard";
-}
 
 /// One node's claim on a subnet, as stored at `<prefix>/subnets/<net>-<len>`.
 ///
@@ -204,6 +195,11 @@ pub enum LeaseError {
 }
 
 impl LeaseAttrs {
+    /// The backend its `BackendType` names, if twill runs it.
+    pub fn kind(&self) -> Option<BackendKind> {
+        BackendKind::of_lease(self.backend_type.as_deref())
+    }
+
     /// flannel's udp backend: no BackendType at all.
     pub fn udp(public_ip: Ipv4Addr) -> Self {
         Self::typed(public_ip, None, None)
@@ -212,26 +208,30 @@ impl LeaseAttrs {
     /// vxlan: BackendData carries the VNI and the MAC of the local `flannel.<VNI>` device.
     pub fn vxlan(public_ip: Ipv4Addr, vni: u32, vtep_mac: &str) -> Self {
         let data = serde_json::json!({"VNI": vni, "VtepMAC": vtep_mac});
-        Self::typed(public_ip, Some(backend_type::VXLAN), Some(data.into()))
+        Self::typed(
+            public_ip,
+            BackendKind::Vxlan.lease_type(),
+            Some(data.into()),
+        )
     }
 
     pub fn host_gw(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, Some(backend_type::HOST_GW), None)
+        Self::typed(public_ip, BackendKind::HostGw.lease_type(), None)
     }
 
     pub fn ipip(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, Some(backend_type::IPIP), None)
+        Self::typed(public_ip, BackendKind::Ipip.lease_type(), None)
     }
 
     pub fn twill_batch(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, Some(backend_type::TWILL_BATCH), None)
+        Self::typed(public_ip, BackendKind::TwillBatch.lease_type(), None)
     }
 
     /// wireguard: BackendData carries the node's public key and listen port
     /// ([`BackendData::wireguard`]).
     pub fn wireguard(public_ip: Ipv4Addr, public_key: &str, port: u16) -> Self {
         let data = BackendData::wireguard(public_key, port);
-        Self::typed(public_ip, Some(backend_type::WIREGUARD), Some(data))
+        Self::typed(public_ip, BackendKind::Wireguard.lease_type(), Some(data))
     }
 
     /// A lease of `backend_type` (`None`: flannel's udp) whose BackendData is `backend_data`.
@@ -260,6 +260,11 @@ impl LeaseAttrs {
 }
 
 impl Lease {
+    /// The backend its `BackendType` names, if twill runs it.
+    pub fn kind(&self) -> Option<BackendKind> {
+        BackendKind::of_lease(self.backend_type.as_deref())
+    }
+
     pub fn new(subnet: Ipv4Net, attrs: LeaseAttrs) -> Self {
         Lease {
             subnet,

@@ -6,8 +6,9 @@
 
 use super::wireguard::LeaseReader;
 use super::Rejection;
+use crate::backend_kind::BackendKind;
 use crate::config::{Config, Ipv6Config, Underlay};
-use crate::lease::{backend_type, Lease};
+use crate::lease::Lease;
 use ipnet::Ipv6Net;
 use std::net::Ipv6Addr;
 
@@ -71,7 +72,7 @@ impl Ipv6Rules {
             None if self.needs_public_ip => return Err(Rejection::NoPublicIpv6),
             None => {}
         }
-        let wireguard = lease.backend_type.as_deref() == Some(backend_type::WIREGUARD);
+        let wireguard = lease.kind() == Some(BackendKind::Wireguard);
         match self.wireguard.as_ref().filter(|_| wireguard) {
             Some(reader) => reader
                 .read(lease)

@@ -15,7 +15,8 @@ pub mod wireguard;
 
 pub use ipv6::{overlaps_v6, unusable_ipv6, Ipv6Rules};
 
-use crate::lease::{backend_type, Lease};
+use crate::backend_kind::BackendKind;
+use crate::lease::Lease;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::cmp::Ordering;
 use std::fmt;
@@ -249,28 +250,33 @@ impl LeaseRules {
             v6.check(lease)?;
         }
         // flannel's udp backend writes no type; a lease that names it "udp" means the same.
-        let name = |t: &Option<Arc<str>>| t.as_deref().unwrap_or("udp").to_string();
+        let udp = BackendKind::Udp.name();
+        let name = |t: &Option<Arc<str>>| t.as_deref().unwrap_or(udp).to_string();
         let (got, want) = (name(&lease.backend_type), name(&self.backend_type));
         if got != want {
             return Err(Rejection::BackendType { got, want });
         }
-        match lease.backend_type.as_deref() {
-            Some(backend_type::VXLAN) => check_vtep_mac(lease, self.ipv4.is_none()).map(|()| None),
-            Some(backend_type::WIREGUARD) => {
+        match lease.kind() {
+            Some(BackendKind::Vxlan) => check_vtep_mac(lease, self.ipv4.is_none()).map(|()| None),
+            Some(BackendKind::Wireguard) => {
                 let (key, _) = lease.wireguard_data().map_err(Rejection::WireguardData)?;
                 match self.own_key {
                     Some(own) if own == key => Err(Rejection::OwnKey(key)),
                     _ => Ok(Some(key)),
                 }
             }
-            _ => Ok(None),
+            // Their leases carry no data a peer is read by (a twill-batch lease's Port is the
+            // endpoint's, claimed below).
+            Some(BackendKind::Udp | BackendKind::TwillBatch | BackendKind::HostGw)
+            | Some(BackendKind::Ipip)
+            | None => Ok(None),
         }
     }
 }
 
 /// A wireguard lease's key, if it has a good one.
 pub fn wireguard_key(lease: &Lease) -> Option<PublicKey> {
-    if lease.backend_type.as_deref() != Some(backend_type::WIREGUARD) {
+    if lease.kind() != Some(BackendKind::Wireguard) {
         return None;
     }
     lease.wireguard_data().ok().map(|(key, _)| key)
@@ -373,10 +379,8 @@ impl LeaseRules {
 
     /// The address the dataplane knows `lease`'s node by, where it knows peers by address.
     fn endpoint(&self, lease: &Lease) -> Option<Claim> {
-        if !matches!(
-            self.backend_type.as_deref(),
-            None | Some(backend_type::TWILL_BATCH)
-        ) {
+        if !BackendKind::of_lease(self.backend_type.as_deref()).is_some_and(BackendKind::userspace)
+        {
             return None;
         }
         // The engines send to a Port the lease names (a twill-batch lease, a `--peer IP:PORT`),

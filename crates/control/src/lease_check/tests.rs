@@ -179,14 +179,14 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
     );
     // twill-batch leases name their port: two nodes on one address are two peers.
     let batch = LeaseRules {
-        backend_type: Some(backend_type::TWILL_BATCH.into()),
+        backend_type: BackendKind::TwillBatch.lease_type().map(Into::into),
         ..rules()
     };
     let batch_lease = Lease::new(
         net("10.5.3.0/24"),
         LeaseAttrs::typed(
             "10.200.0.2".parse().unwrap(),
-            Some(backend_type::TWILL_BATCH),
+            BackendKind::TwillBatch.lease_type(),
             Some(json!({"Port": 8287, "Version": 1}).into()),
         ),
     );
@@ -198,7 +198,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
     // may share an address there.
     let key: PublicKey = OWN_KEY.parse().unwrap();
     let wireguard = LeaseRules {
-        backend_type: Some(backend_type::WIREGUARD.into()),
+        backend_type: BackendKind::Wireguard.lease_type().map(Into::into),
         ..rules()
     };
     let wg_lease = udp("10.5.4.0/24", "10.200.0.2");
@@ -207,7 +207,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
         [Claim::Subnet(net("10.5.4.0/24")), Claim::Key(key)]
     );
     let host_gw = LeaseRules {
-        backend_type: Some(backend_type::HOST_GW.into()),
+        backend_type: BackendKind::HostGw.lease_type().map(Into::into),
         ..rules()
     };
     assert_eq!(

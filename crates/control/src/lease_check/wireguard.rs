@@ -14,9 +14,10 @@
 //! A lease that lacks what the mode needs is no peer at all, on any device: the lease gate
 //! refuses it with the reason ([`crate::lease_check`]), so it is never half configured.
 
+use crate::backend_kind::BackendKind;
 use crate::config::wireguard::{Mode, WireguardConfig};
 use crate::config::Config;
-use crate::lease::{backend_type, Lease};
+use crate::lease::Lease;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use twill_dataplane::engine::wireguard::{PublicKey, WgPeerSpec};
 
@@ -55,7 +56,7 @@ impl LeaseReader {
     /// runs the wireguard backend on a dual-stack network (elsewhere, the lease gate's check of
     /// BackendData is all the reading needs).
     pub fn of_dual_stack_node(config: &Config, own: &Lease) -> Option<LeaseReader> {
-        let runs = config.backend.backend_type == backend_type::WIREGUARD;
+        let runs = config.backend.kind() == Some(BackendKind::Wireguard);
         let own_public_ipv6 = config.ipv6.as_ref().and(own.public_ipv6)?;
         let wireguard = WireguardConfig::of_network(config).ok().filter(|_| runs)?;
         Some(LeaseReader::new(&wireguard, Some(own_public_ipv6)))

@@ -2,8 +2,8 @@
 //! Meant for two or three hosts and for tests, where running etcd is not worth it.
 
 use super::{Registry, EVENT_QUEUE};
-use crate::config::{Config, DEFAULT_BACKEND};
-use crate::lease::backend_type::TWILL_BATCH;
+use crate::backend_kind::BackendKind;
+use crate::config::Config;
 use crate::lease::{Created, Lease, LeaseAttrs};
 use crate::lease::{LeaseEvent, LeaseNamer};
 use crate::lease_check::LeaseRules;
@@ -119,12 +119,11 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
         None => (addr.trim(), None),
     };
     let public_ip: Ipv4Addr = ip.parse().with_context(bad)?;
-    let backend_type = &config.backend.backend_type;
     let mut backend_data = serde_json::Map::new();
     if let Some(port) = port {
         backend_data.insert("Port".into(), port.into());
     }
-    if backend_type == TWILL_BATCH {
+    if config.backend.kind() == Some(BackendKind::TwillBatch) {
         backend_data.insert("Version".into(), batch::HIGHEST_VERSION.into());
     }
     Ok(Lease {
@@ -132,7 +131,7 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
         ipv6_subnet: None,
         public_ip,
         public_ipv6: None,
-        backend_type: (backend_type != DEFAULT_BACKEND).then(|| backend_type.as_str().into()),
+        backend_type: config.backend.lease_type().map(Into::into),
         backend_data: (!backend_data.is_empty())
             .then(|| serde_json::Value::from(backend_data).into()),
         backend_v6_data: None,

@@ -2,12 +2,10 @@
 //! userspace or the eBPF programs in the kernel. The wire and the lease are the same either way,
 //! so the choice is per node and peers never see it.
 
+use crate::backend_kind::BackendKind;
 use crate::node::{DataplaneChoice, Node};
 use anyhow::bail;
 use std::fmt;
-
-/// The one backend whose wire the eBPF programs carry (its config `Type`).
-const UDP: &str = "udp";
 
 /// The engine that runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,10 +41,11 @@ fn decide<E: fmt::Display>(
         backend,
         dual_stack,
     } = network;
-    let udp = backend == UDP && !dual_stack;
+    let on_ebpf = BackendKind::parse(backend).is_some_and(BackendKind::runs_on_ebpf);
+    let udp = on_ebpf && !dual_stack;
     match wanted {
         DataplaneChoice::Tun => Ok(Dataplane::Tun),
-        DataplaneChoice::Ebpf if backend != UDP => bail!(
+        DataplaneChoice::Ebpf if !on_ebpf => bail!(
             "--dataplane ebpf carries flannel's udp wire only, and this network's backend is \
              {backend}: leave --dataplane out, or give tun"
         ),
@@ -102,7 +101,7 @@ mod tests {
 
     #[test]
     fn ebpf_is_an_error_where_it_cannot_run_and_auto_falls_back() {
-        let udp = net(UDP, false);
+        let udp = net("udp", false);
         assert_eq!(
             decide(DataplaneChoice::Ebpf, udp, runs).unwrap(),
             Dataplane::Ebpf
@@ -139,7 +138,7 @@ mod tests {
             decide(DataplaneChoice::Auto, vxlan, runs).unwrap(),
             Dataplane::Tun
         );
-        let dual = net(UDP, true);
+        let dual = net("udp", true);
         let err = decide(DataplaneChoice::Ebpf, dual, runs)
             .unwrap_err()
             .to_string();

@@ -31,13 +31,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
+use twill_dataplane::wire::flannel;
 use twill_ebpf::{Attachment, Opened};
 use unproven::{undo, Unproven};
 
 pub use crate::node::DEFAULT_BPF_DIR;
 
-/// flannel's udp port, when the network config gives none.
-const DEFAULT_PORT: u16 = 8285;
 /// flannel's udp encapsulation: an outer IPv4 and UDP header.
 const OVERHEAD: usize = 28;
 
@@ -65,7 +64,7 @@ struct Site {
 
 impl EbpfSetup {
     pub fn new(node: &Node) -> anyhow::Result<EbpfSetup> {
-        let port = node.config.backend.port.unwrap_or(DEFAULT_PORT);
+        let port = node.config.backend.port.unwrap_or(flannel::DEFAULT_PORT);
         let iface = &node.iface;
         let mtu = tun_mtu(
             node.options.mtu,
@@ -250,10 +249,6 @@ impl Drop for Ebpf {
 }
 
 impl Backend for Ebpf {
-    fn backend_type(&self) -> Option<&'static str> {
-        None
-    }
-
     fn mtu(&self) -> u32 {
         self.mtu
     }

@@ -17,7 +17,7 @@ mod peers;
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
 use crate::config::wireguard::{Mode, WireguardConfig};
-use crate::lease::{backend_type, BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs};
 use crate::lease_check::wireguard::LeaseReader;
 use crate::node::Node;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -240,10 +240,6 @@ impl Wireguard {
 }
 
 impl Backend for Wireguard {
-    fn backend_type(&self) -> Option<&'static str> {
-        Some(backend_type::WIREGUARD)
-    }
-
     fn mtu(&self) -> u32 {
         self.mtu
     }

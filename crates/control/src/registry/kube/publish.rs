@@ -7,7 +7,8 @@
 
 use super::annotations::Annotations;
 use super::node_view::NodeView;
-use crate::lease::{backend_type, BackendData, LeaseAttrs};
+use crate::backend_kind::BackendKind;
+use crate::lease::{BackendData, LeaseAttrs};
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
 
@@ -29,7 +30,7 @@ impl Annotations {
         ]);
         // flanneld (kube.go) writes no backend-data nor public-ip for a vxlan node without
         // IPv4 backend data: an IPv6-only one.
-        let vxlan = attrs.backend_type.as_deref() == Some(backend_type::VXLAN);
+        let vxlan = attrs.kind() == Some(BackendKind::Vxlan);
         if !vxlan || attrs.backend_data.is_some() {
             own.insert(self.backend_data.clone(), json(attrs.backend_data.as_ref()));
             own.insert(
@@ -66,10 +67,10 @@ impl Annotations {
 fn ipv6_side(attrs: &LeaseAttrs) -> Option<(Ipv6Addr, String)> {
     let public_ipv6 = attrs.public_ipv6?;
     let data = attrs.backend_v6_data.as_ref();
-    let publishes = match attrs.backend_type.as_deref() {
-        Some(backend_type::VXLAN | backend_type::WIREGUARD) => data.is_some(),
-        Some(backend_type::HOST_GW | backend_type::TWILL_BATCH) | None => true,
-        Some(_) => false,
+    let publishes = match attrs.kind() {
+        Some(BackendKind::Vxlan | BackendKind::Wireguard) => data.is_some(),
+        Some(BackendKind::HostGw | BackendKind::TwillBatch | BackendKind::Udp) => true,
+        Some(BackendKind::Ipip) | None => false,
     };
     publishes.then(|| (public_ipv6, json(data)))
 }
