@@ -133,10 +133,10 @@ async fn bad_tls_files_are_named_and_a_refused_handshake_says_so() {
     assert!(err.contains(&want), "{err}");
 
     let other = dir.path().join("other");
-    common::make_certs(&other);
+    let other = twill_lab::certs::write_identity(&other, "127.0.0.1".parse().unwrap()).unwrap();
     let mut opts = etcd.options();
-    opts.certfile = Some(other.join("cert.pem"));
-    opts.keyfile = Some(other.join("key.pem"));
+    opts.certfile = Some(other.cert);
+    opts.keyfile = Some(other.key);
     let err = connect(opts).await;
     assert!(err.contains("TLS handshake with etcd failed"), "{err}");
 }

@@ -4,6 +4,7 @@
 //! containerd and kubelet. Everything created here carries the creating pid in its
 //! name, is removed on Drop, and is swept by [`cleanup_stale`] once its creator has died.
 
+pub mod certs;
 mod cluster;
 mod etcd;
 mod kube;
@@ -17,7 +18,7 @@ mod tcp;
 pub mod wireguard_go;
 
 pub use cluster::{Cluster, ClusterSpec, Image, KubeNode, CLUSTER_CIDR};
-pub use etcd::Etcd;
+pub use etcd::{Etcd, EtcdSetup};
 pub use ipnet::{Ipv4Net, Ipv6Net};
 // `self::`: the module, not the kube crate.
 pub use self::kube::{kube_part, KubeApiServer};

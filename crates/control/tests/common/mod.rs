@@ -1,193 +1,74 @@
-//! A real etcd for the registry tests: the Debian binary on 127.0.0.1, free ports, a temp dir.
-//! Killed and removed on drop, so also when a test panics.
+//! The registry tests' helpers: the lab's etcd (the Debian binary on 127.0.0.1, free ports, a
+//! temp dir, killed and removed on drop, so also when a test panics) with a client and registry
+//! options for it, and waits on lease events.
 
 #![allow(dead_code)] // each test binary uses a different part of this helper
 
 use etcd_client::Client;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use twill_control::lease::LeaseEvent;
 use twill_control::lease::{Lease, LeaseAttrs};
 use twill_control::registry::{EtcdOptions, EtcdRegistry, Registry, Timing};
+use twill_lab::EtcdSetup;
 
-pub const ETCD_BIN: &str = "/usr/bin/etcd";
 pub const PREFIX: &str = "/coreos.com/network";
 
-pub struct Etcd {
-    dir: tempfile::TempDir,
-    client_port: u16,
-    peer_port: u16,
-    child: Option<Child>,
-    /// Serve clients over TLS and require client certificates (certs in `tls_dir`).
-    tls: bool,
-    extra_args: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// The lab's etcd, as the registry tests reach it.
+pub struct Etcd(twill_lab::Etcd);
 
 impl Etcd {
     /// Ports and a data dir, but no process yet (to test a registry that starts first).
     pub fn unstarted() -> Etcd {
-        Etcd {
-            dir: tempfile::tempdir().unwrap(),
-            client_port: free_port(),
-            peer_port: free_port(),
-            child: None,
-            tls: false,
-            extra_args: vec![],
-        }
+        Etcd(twill_lab::Etcd::unstarted(EtcdSetup::default()).expect("an etcd's ports and dir"))
+    }
+
+    fn with(setup: EtcdSetup) -> Etcd {
+        Etcd(twill_lab::Etcd::with(setup).expect("start etcd (Debian package etcd-server)"))
+    }
+
+    pub fn start() -> Etcd {
+        Etcd::with(EtcdSetup::default())
     }
 
     /// An etcd started with additional command-line flags.
     pub fn start_with(args: &[&str]) -> Etcd {
-        let mut etcd = Etcd::unstarted();
-        etcd.extra_args = args.iter().map(|a| a.to_string()).collect();
-        etcd.launch();
-        etcd
+        let args = args.iter().map(|a| a.to_string()).collect();
+        Etcd::with(EtcdSetup { tls: false, args })
     }
 
     /// An etcd that speaks only TLS and wants a client certificate signed by its test CA.
     pub fn start_tls() -> Etcd {
-        let mut etcd = Etcd::unstarted();
-        etcd.tls = true;
-        make_certs(&etcd.tls_dir());
-        etcd.launch();
-        etcd
-    }
-
-    /// ca.pem, and cert.pem/key.pem valid for 127.0.0.1 as server and as client.
-    pub fn tls_dir(&self) -> PathBuf {
-        self.dir.path().join("tls")
-    }
-
-    pub fn start() -> Etcd {
-        let mut etcd = Etcd::unstarted();
-        etcd.launch();
-        etcd
+        Etcd::with(EtcdSetup {
+            tls: true,
+            args: vec![],
+        })
     }
 
     pub fn endpoint(&self) -> String {
-        let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.client_port)
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("etcd.log")
+        self.0.endpoint()
     }
 
     /// Starts etcd (again, with the same data and ports) and waits until it is healthy.
     pub fn launch(&mut self) {
-        assert!(self.child.is_none(), "etcd already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .unwrap();
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let secure_before = self.log().matches(SECURE_READY).count();
-        let child = Command::new(ETCD_BIN)
-            .args(["--name", "twill-test", "--data-dir"])
-            .arg(self.dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &self.endpoint(),
-                "--advertise-client-urls",
-                &self.endpoint(),
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("twill-test={peer}")])
-            .args(["--logger", "zap", "--log-outputs", "stderr"])
-            .args(self.tls_args())
-            .args(&self.extra_args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start /usr/bin/etcd (Debian package etcd-server)");
-        self.child = Some(child);
-        self.wait_healthy(secure_before);
-    }
-
-    fn tls_args(&self) -> Vec<String> {
-        if !self.tls {
-            return vec![];
-        }
-        let file = |name: &str| self.tls_dir().join(name).display().to_string();
-        vec![
-            "--cert-file".into(),
-            file("cert.pem"),
-            "--key-file".into(),
-            file("key.pem"),
-            "--trusted-ca-file".into(),
-            file("ca.pem"),
-            "--client-cert-auth".into(),
-        ]
-    }
-
-    fn wait_healthy(&mut self, secure_before: usize) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("etcd exited with {status}:\n{}", self.log());
-            }
-            if self.healthy(secure_before) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("etcd not healthy after 30 s:\n{}", self.log());
-    }
-
-    fn healthy(&self, secure_before: usize) -> bool {
-        if self.tls {
-            return self.log().matches(SECURE_READY).count() > secure_before;
-        }
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
-            return false;
-        };
-        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        let mut body = String::new();
-        s.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_ok()
-            && s.read_to_string(&mut body).is_ok()
-            && body.contains("\"health\":\"true\"")
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        self.0.start().expect("start etcd again");
     }
 
     /// Kills etcd hard (no graceful close of client connections), keeping its data.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.0.kill();
     }
 
     pub async fn client(&self) -> Client {
         let mut options = etcd_client::ConnectOptions::new();
-        if self.tls {
-            let read = |name: &str| std::fs::read(self.tls_dir().join(name)).unwrap();
+        if let Some(id) = self.0.identity() {
+            let read = |path: &std::path::Path| std::fs::read(path).unwrap();
             let tls = etcd_client::TlsOptions::new()
-                .ca_certificate(etcd_client::Certificate::from_pem(read("ca.pem")))
+                .ca_certificate(etcd_client::Certificate::from_pem(read(&id.ca)))
                 .identity(etcd_client::Identity::from_pem(
-                    read("cert.pem"),
-                    read("key.pem"),
+                    read(&id.cert),
+                    read(&id.key),
                 ));
             options = options.with_tls(tls);
         }
@@ -208,106 +89,13 @@ impl Etcd {
     pub fn options(&self) -> EtcdOptions {
         let mut opts = EtcdOptions::new(&self.endpoint());
         opts.timing = fast_timing();
-        if self.tls {
-            opts.cafile = Some(self.tls_dir().join("ca.pem"));
-            opts.certfile = Some(self.tls_dir().join("cert.pem"));
-            opts.keyfile = Some(self.tls_dir().join("key.pem"));
+        if let Some(id) = self.0.identity() {
+            opts.cafile = Some(id.ca.clone());
+            opts.certfile = Some(id.cert.clone());
+            opts.keyfile = Some(id.key.clone());
         }
         opts
     }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// What etcd logs once it accepts TLS clients (it has no plain /health to poll then).
-const SECURE_READY: &str = "serving client traffic securely";
-
-/// A throwaway CA and one certificate for 127.0.0.1, made with the openssl CLI.
-pub fn make_certs(dir: &std::path::Path) {
-    std::fs::create_dir_all(dir).unwrap();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    openssl(
-        dir,
-        &[
-            &["req", "-x509"],
-            &ec[..],
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=twill-test-ca",
-            ],
-        ]
-        .concat(),
-    );
-    openssl(
-        dir,
-        &[
-            &["req"],
-            &ec[..],
-            &[
-                "-keyout",
-                "key.pem",
-                "-out",
-                "cert.csr",
-                "-subj",
-                "/CN=127.0.0.1",
-            ],
-        ]
-        .concat(),
-    );
-    std::fs::write(
-        dir.join("ext"),
-        "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "cert.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "cert.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "ext",
-        ],
-    );
-}
-
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("run openssl");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 pub fn fast_timing() -> Timing {

@@ -3,11 +3,10 @@
 
 mod api;
 mod apply;
-mod certs;
 
 use crate::netns::{command_in, Netns};
 use crate::proc::{last_lines, temp_prefix, Proc};
-use crate::Etcd;
+use crate::{certs, Etcd};
 use anyhow::{bail, ensure, Context, Result};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};

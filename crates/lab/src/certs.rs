@@ -1,21 +1,22 @@
-//! Key material for one server, made with the `openssl` CLI (no Rust X.509 writer is a
-//! dependency, and openssl is on every test machine through scripts/setup).
+//! Key material for the lab's servers (the kube-apiserver, a TLS etcd) and their clients, made
+//! with the `openssl` CLI (no Rust X.509 writer is a dependency, and openssl is on every test
+//! machine through scripts/setup).
 
 use crate::proc::run;
 use anyhow::{Context, Result};
 use std::io::Read;
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub(super) const CA_CERT: &str = "ca.crt";
-pub(super) const CA_KEY: &str = "ca.key";
-pub(super) const SERVER_CERT: &str = "server.crt";
-pub(super) const SERVER_KEY: &str = "server.key";
+pub(crate) const CA_CERT: &str = "ca.crt";
+pub(crate) const CA_KEY: &str = "ca.key";
+pub(crate) const SERVER_CERT: &str = "server.crt";
+pub(crate) const SERVER_KEY: &str = "server.key";
 /// Signs and verifies service-account tokens.
-pub(super) const SA_KEY: &str = "sa.key";
+pub(crate) const SA_KEY: &str = "sa.key";
 /// The API server's client certificate towards kubelets (logs, exec), in `system:masters`.
-pub(super) const KUBELET_CLIENT: &str = "kubelet-client";
+pub(crate) const KUBELET_CLIENT: &str = "kubelet-client";
 /// The `kubernetes` Service's address in the service range (10.96.0.0/16): in-cluster clients
 /// check the serving certificate against it.
 const SERVICE_IP: &str = "10.96.0.1";
@@ -27,7 +28,7 @@ const DAYS: &str = "2";
 /// Writes a CA, a serving certificate it signs (for `ip`, 127.0.0.1, localhost and the in-cluster
 /// name and address), the client certificate the server shows kubelets, and an RSA
 /// service-account key into `dir`.
-pub(super) fn write(dir: &Path, ip: Ipv4Addr) -> Result<()> {
+pub(crate) fn write(dir: &Path, ip: Ipv4Addr) -> Result<()> {
     std::fs::write(
         dir.join("server.ext"),
         format!(
@@ -37,13 +38,7 @@ pub(super) fn write(dir: &Path, ip: Ipv4Addr) -> Result<()> {
              DNS:kubernetes.default.svc\n"
         ),
     )?;
-    openssl(
-        dir,
-        &format!(
-            "req -x509 -days {DAYS} {EC_KEY} -subj /CN=twill-lab-ca -keyout {CA_KEY} -out {CA_CERT} \
-             -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
-        ),
-    )?;
+    write_ca(dir)?;
     sign(dir, "server", "/CN=kube-apiserver", "server.ext")?;
     write_client(
         dir,
@@ -56,10 +51,50 @@ pub(super) fn write(dir: &Path, ip: Ipv4Addr) -> Result<()> {
     )
 }
 
+/// A CA's certificate, and a certificate it signed with its key: what one end of a TLS
+/// connection that checks both ends shows.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Writes a fresh CA into `dir` (made if missing) and, signed by it, one certificate for `ip`
+/// that serves and is a client: what a TLS etcd and the clients it trusts present.
+pub fn write_identity(dir: &Path, ip: Ipv4Addr) -> Result<Identity> {
+    std::fs::create_dir_all(dir)?;
+    write_ca(dir)?;
+    std::fs::write(
+        dir.join("identity.ext"),
+        format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:{ip}\n"
+        ),
+    )?;
+    sign(dir, "identity", &format!("/CN={ip}"), "identity.ext")?;
+    Ok(Identity {
+        ca: dir.join(CA_CERT),
+        cert: dir.join("identity.crt"),
+        key: dir.join("identity.key"),
+    })
+}
+
+/// A CA's key and self-signed certificate in `dir`.
+fn write_ca(dir: &Path) -> Result<()> {
+    openssl(
+        dir,
+        &format!(
+            "req -x509 -days {DAYS} {EC_KEY} -subj /CN=twill-lab-ca -keyout {CA_KEY} -out {CA_CERT} \
+             -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
+        ),
+    )
+}
+
 /// Writes `NAME.crt` and `NAME.key` into `dir`: a client certificate for `subject` (e.g.
 /// `/O=system:nodes/CN=system:node:node-1`, the user and group the API server sees) signed by the
 /// CA in `dir`.
-pub(super) fn write_client(dir: &Path, name: &str, subject: &str) -> Result<()> {
+pub(crate) fn write_client(dir: &Path, name: &str, subject: &str) -> Result<()> {
     let ext = format!("{name}.ext");
     std::fs::write(
         dir.join(&ext),
@@ -86,7 +121,7 @@ fn sign(dir: &Path, name: &str, subject: &str, ext: &str) -> Result<()> {
 }
 
 /// `2 * bytes` hex digits from the kernel's CSPRNG, for tokens.
-pub(super) fn random_hex(bytes: usize) -> Result<String> {
+pub(crate) fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0; bytes];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
