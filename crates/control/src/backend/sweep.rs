@@ -101,30 +101,30 @@ impl Scope {
     }
 }
 
-/// The backend whose shape `route` has, inside `network` (the node's `Network` or
-/// `IPv6Network`): host-gw's `<subnet> via <peer> dev <underlay>` (also vxlan's and ipip's
-/// DirectRouting), vxlan's `<subnet> via <subnet's network address> dev flannel.<VNI> onlink`
-/// (and `flannel-v6.<VNI>`), ipip's `<subnet> via <peer> dev flannel.ipip onlink`, udp's
-/// `<network> dev flannel0` (or twill's TUN, twill-batch's too), wireguard's
-/// `<network> dev flannel-wg`.
+/// The backend whose shape `route` on `dev` has, inside `network` (the node's `Network` or
+/// `IPv6Network`). Each backend names its own, so a new one must: no two shapes overlap.
 fn shape(route: &Route, dev: &str, scope: &Scope, network: IpNet) -> Option<BackendKind> {
     let whole_network = route.dst == network && route.gateway.is_none();
     // A peer's route is for one subnet, never the whole network (an operator's may be).
     let one_subnet = route.dst.prefix_len() > network.prefix_len();
     let via = route.gateway.filter(|_| one_subnet);
-    if dev == scope.underlay && via.is_some() && !route.onlink {
-        Some(BackendKind::HostGw)
-    } else if is_vxlan_name(dev) && route.onlink && via == Some(route.dst.network()) {
-        Some(BackendKind::Vxlan)
-    } else if dev == IPIP_DEV && route.onlink && via.is_some() {
-        Some(BackendKind::Ipip)
-    } else if whole_network && (dev == FLANNEL_UDP_TUN || dev == scope.tun_name) {
-        Some(BackendKind::Udp)
-    } else if whole_network && dev == WIREGUARD_DEV {
-        Some(BackendKind::Wireguard)
-    } else {
-        None
-    }
+    let has_shape = |kind: &BackendKind| match kind {
+        // `<subnet> via <peer> dev <underlay>`; also vxlan's and ipip's DirectRouting.
+        BackendKind::HostGw => dev == scope.underlay && via.is_some() && !route.onlink,
+        // `<subnet> via <subnet's network address> dev flannel.<VNI> onlink` (and
+        // `flannel-v6.<VNI>`).
+        BackendKind::Vxlan => {
+            is_vxlan_name(dev) && route.onlink && via == Some(route.dst.network())
+        }
+        // `<subnet> via <peer> dev flannel.ipip onlink`.
+        BackendKind::Ipip => dev == IPIP_DEV && route.onlink && via.is_some(),
+        // `<network> dev flannel0`, or twill's TUN (twill-batch's too: one shape for both).
+        BackendKind::Udp => whole_network && (dev == FLANNEL_UDP_TUN || dev == scope.tun_name),
+        BackendKind::TwillBatch => false,
+        // `<network> dev flannel-wg`.
+        BackendKind::Wireguard => whole_network && dev == WIREGUARD_DEV,
+    };
+    BackendKind::ALL.into_iter().find(has_shape)
 }
 
 /// `flannel.<VNI>` or `flannel-v6.<VNI>`; not `flannel.ipip`.
