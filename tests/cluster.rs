@@ -2,12 +2,14 @@
 //! controller manager and a scheduler; on each node its own containerd and kubelet v1.33) and
 //! flannel's own kube-flannel.yml v0.28.9 on it, first with flanneld v0.28.9's image (built from
 //! flannel's source by scripts/kube-parts), which proves the cluster and the checks, then with
-//! only the image swapped for twill's (scripts/image): the same checks (common::kube_flannel).
+//! only the image swapped for twill's (scripts/image): the same checks (common::kube_flannel);
+//! and twill's own deploy/kubernetes/twill.yml, through the same checks.
 
 mod common;
 
 use anyhow::Result;
-use common::kube_flannel::{cluster_for, kube_flannel_holds, twill_image};
+use common::kube_flannel::{cluster_for, kube_flannel_holds, rolls_out, twill_image, twill_yml};
+use common::pod_traffic::{pods_talk_across_nodes, TestPods};
 use std::time::Duration;
 use twill_lab::{Cluster, ClusterSpec, Image};
 
@@ -92,4 +94,15 @@ fn kube_flannel_yml_runs_twill_on_a_real_cluster() -> Result<()> {
     let twill = twill_image(dir.path())?;
     let mut cluster = cluster_for("twill", &twill)?;
     kube_flannel_holds(&mut cluster, &twill)
+}
+
+#[test]
+fn twill_yml_runs_twill_on_a_real_cluster() -> Result<()> {
+    // twill's own manifest, its image lines pointed at the image under test as its README says.
+    let dir = tempfile::tempdir()?;
+    let twill = twill_image(dir.path())?;
+    let mut cluster = cluster_for("twillyml", &twill)?;
+    rolls_out(&mut cluster, &twill_yml(&twill)?, &twill)?;
+    let pods = TestPods::start(&mut cluster)?;
+    pods_talk_across_nodes(&mut cluster, &pods)
 }
