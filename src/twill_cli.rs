@@ -158,9 +158,14 @@ struct RunArgs {
     #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
     bpf_dir: PathBuf,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
-    /// maps under --bpf-dir, its device --tun-name and route), then exit.
+    /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
+    /// runs on them.
     #[arg(long)]
     cleanup: bool,
+    /// With --cleanup: remove them even while a twill runs on them (it puts them back at its
+    /// next reconcile).
+    #[arg(long, requires = "cleanup")]
+    force: bool,
 }
 
 /// flanneld's etcd flags; `--etcd-endpoints` switches from the static registry to etcd.
@@ -245,7 +250,11 @@ pub fn main() -> i32 {
 fn launch(args: RunArgs) -> anyhow::Result<Option<Launch>> {
     if args.cleanup {
         let runtime = tokio::runtime::Runtime::new()?;
-        runtime.block_on(ebpf::cleanup(&args.bpf_dir, &args.tun_name))?;
+        let (bpf_dir, device) = (&args.bpf_dir, &args.tun_name);
+        match args.force {
+            true => runtime.block_on(ebpf::cleanup_anyway(bpf_dir, device))?,
+            false => runtime.block_on(ebpf::cleanup(bpf_dir, device))?,
+        }
         return Ok(None);
     }
     let leases = match (kube_options(&args)?, etcd_options(&args)?) {

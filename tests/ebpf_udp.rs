@@ -5,14 +5,13 @@
 mod common;
 
 use anyhow::{ensure, Context, Result};
+use common::bpffs::*;
 use common::*;
 use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use twill_lab::Container;
 
-const EBPF: &[&str] = &["--backend", "udp", "--dataplane", "ebpf"];
 const TUN: &[&str] = &["--backend", "udp"];
 
 /// Ping both ways with flanneld's TTL, and 8 MiB each way over TCP checked by sha256.
@@ -48,11 +47,7 @@ fn counted_by_ebpf(pair: &Pair) -> Result<()> {
 /// checksum at transmit, as a NIC does; two eBPF nodes need nothing of the sort.
 fn like_a_wire(pair: &Pair) -> Result<()> {
     for host in 0..2 {
-        let ns = &pair.host(host).ns;
-        ns.exec(
-            "ethtool",
-            &["-K", "eth0", "tx", "off", "tx-udp-segmentation", "off"],
-        )?;
+        segment_at_transmit(&pair.host(host).ns)?;
     }
     Ok(())
 }
@@ -73,64 +68,6 @@ fn two_ebpf_nodes_carry_each_others_traffic() -> Result<()> {
     let pair = start_pair_with("ebpfpair", [EBPF, EBPF], None)?;
     carries_both_ways(&pair)?;
     counted_by_ebpf(&pair)
-}
-
-/// A bpffs mounted by the test in the root mount namespace: `ip netns exec` gives each twill a
-/// copy of the mounts, so pins made there outlive the process, as under systemd.
-struct BpfFs {
-    path: PathBuf,
-}
-
-impl BpfFs {
-    fn mount(path: PathBuf) -> Result<BpfFs> {
-        std::fs::create_dir_all(&path)?;
-        nix::mount::mount(
-            Some("bpffs"),
-            &path,
-            Some("bpf"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        )
-        .with_context(|| format!("mounting bpffs on {}", path.display()))?;
-        Ok(BpfFs { path })
-    }
-
-    fn arg(&self) -> &str {
-        self.path.to_str().expect("a UTF-8 scratch path")
-    }
-
-    /// [`EBPF`]'s arguments, pinning here.
-    fn ebpf_args(&self) -> Vec<&str> {
-        EBPF.iter()
-            .copied()
-            .chain(["--bpf-dir", self.arg()])
-            .collect()
-    }
-
-    /// Entries left under the mount, as `find` lists them.
-    fn entries(&self) -> Result<Vec<String>> {
-        let mut found = Vec::new();
-        collect_entries(&self.path, &mut found)?;
-        Ok(found)
-    }
-}
-
-fn collect_entries(dir: &Path, found: &mut Vec<String>) -> Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        found.push(path.display().to_string());
-        if path.is_dir() {
-            collect_entries(&path, found)?;
-        }
-    }
-    Ok(())
-}
-
-impl Drop for BpfFs {
-    fn drop(&mut self) {
-        // Lazily: a pin still open elsewhere must not keep the test from cleaning up.
-        let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
-    }
 }
 
 /// Datagrams numbered 0..count, one every `gap`, from one container to another; how many

@@ -107,6 +107,16 @@ fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
     );
     let s = status(&host.ns)?;
     ensure!(s["lease"]["subnet"] == "10.5.1.0/24", "{s}");
+    // `twill status` into a pipe whose reader is gone (`| head` after its lines) ends quietly:
+    // the first write fails with EPIPE (it used to panic, exit 101).
+    let piped = host.ns.exec(
+        "bash",
+        &[
+            "-c",
+            &format!("{TWILL} status | true; echo \"exit ${{PIPESTATUS[0]}}\""),
+        ],
+    )?;
+    ensure!(piped.trim() == "exit 0", "{piped}");
     // `twill status` pointed at the healthz port says what it reached.
     let wrong = host.ns.exec(TWILL, &["status", "--addr", &healthz]);
     let wrong = format!(

@@ -11,21 +11,6 @@ use common::*;
 use std::time::Duration;
 use twill_lab::{Ipv4Net, Proc};
 
-/// A Node annotated as a flanneld udp node would be, on an address nothing answers at.
-fn flannel_node(c: &KubeCluster, name: &str, cidr: &str, public_ip: &str) -> Result<()> {
-    let managed = format!("{PREFIX}/kube-subnet-manager");
-    let ip = format!("{PREFIX}/public-ip");
-    let kind = format!("{PREFIX}/backend-type");
-    let data = format!("{PREFIX}/backend-data");
-    let annotations = [
-        (managed.as_str(), "true"),
-        (ip.as_str(), public_ip),
-        (kind.as_str(), ""),
-        (data.as_str(), "null"),
-    ];
-    c.api.create_node(name, Some(cidr), &annotations)
-}
-
 fn net(cidr: &str) -> Ipv4Net {
     cidr.parse().unwrap()
 }
@@ -66,7 +51,7 @@ fn peers_follow_node_changes_while_traffic_flows() -> Result<()> {
     c.traffic(0, 1, 4 << 20)?;
     let ping = background_ping(&c, 0, 1, 300)?;
 
-    flannel_node(&c, "flannel-x", "10.5.50.0/24", "10.200.0.50")?;
+    c.flannel_node("flannel-x", "10.5.50.0/24", "10.200.0.50")?;
     let all = |extra: &str| {
         [
             KubeCluster::pod_cidr(1),
@@ -130,14 +115,14 @@ fn api_server_outage_and_a_cut_watch_miss_nothing() -> Result<()> {
     c.add_container(1)?;
     c.wait_peers(0, &[KubeCluster::pod_cidr(1)])?;
     c.traffic(0, 1, 4 << 20)?;
-    flannel_node(&c, "gone-soon", "10.5.70.0/24", "10.200.0.70")?;
+    c.flannel_node("gone-soon", "10.5.70.0/24", "10.200.0.70")?;
     c.wait_peers(0, &[KubeCluster::pod_cidr(1), net("10.5.70.0/24")])?;
 
     let ping = background_ping(&c, 0, 1, 200)?;
     c.api.stop()?;
     std::thread::sleep(Duration::from_secs(3));
     c.api.start_again()?;
-    flannel_node(&c, "after-outage", "10.5.71.0/24", "10.200.0.71")?;
+    c.flannel_node("after-outage", "10.5.71.0/24", "10.200.0.71")?;
     let three = [
         KubeCluster::pod_cidr(1),
         net("10.5.70.0/24"),
@@ -170,7 +155,7 @@ fn api_server_outage_and_a_cut_watch_miss_nothing() -> Result<()> {
     c.api.stop()?;
     c.api.start_again()?;
     c.api.delete_node("gone-soon")?;
-    flannel_node(&c, "during-cut", "10.5.72.0/24", "10.200.0.72")?;
+    c.flannel_node("during-cut", "10.5.72.0/24", "10.200.0.72")?;
     c.wait_peers(
         1,
         &[

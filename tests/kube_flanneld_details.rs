@@ -118,3 +118,40 @@ fn network_unavailable_is_cleared_only_once_ready() -> Result<()> {
         Ok(network_unavailable(&c, 0)? == Some(("False".into(), "FlannelIsUp".into())))
     })
 }
+
+/// A Node registered anew without a podCIDR (a kubelet after the API server lost its data)
+/// does not stop the node: it waits, and once the controller manager gives the Node its
+/// podCIDR back, twill writes its annotations again and its peers reach it again (they drop it
+/// meanwhile: the Node is no lease then); a different podCIDR then stops it, since the host's
+/// containers are numbered from the old one.
+#[test]
+fn a_node_registered_anew_without_a_pod_cidr_is_waited_for() -> Result<()> {
+    let mut c = kube_cluster("kreregister", 3, &net_conf("host-gw", ""))?;
+    c.add_node(0)?;
+    c.add_node(1)?;
+    let mut node0 = c.start(0, &[])?;
+    let _node1 = c.start(1, &[])?;
+    c.wait_peers(1, &[KubeCluster::pod_cidr(0)])?;
+    c.add_container(0)?;
+    c.add_container(1)?;
+    let name = KubeCluster::node_name(0);
+    c.api.delete_node(&name)?;
+    c.api.create_node(&name, None, &[])?;
+    eventually("the wait said", || {
+        Ok(node0.stderr().contains("has no podCIDR now"))
+    })?;
+    ensure!(node0.is_running(), "{}", node0.stderr());
+    c.api
+        .set_pod_cidr(&name, &KubeCluster::pod_cidr(0).to_string())?;
+    eventually("annotated again", || {
+        Ok(annotation(&c, 0, "public-ip")?.is_some())
+    })?;
+    c.wait_peers(1, &[KubeCluster::pod_cidr(0)])?;
+    c.traffic(1, 0, 1 << 20)?;
+    ensure!(node0.is_running(), "{}", node0.stderr());
+    c.api.delete_node(&name)?;
+    c.api.create_node(&name, Some("10.5.99.0/24"), &[])?;
+    let stderr = node0.failure_within(std::time::Duration::from_secs(20), "twill kept running")?;
+    ensure!(stderr.contains("podCIDR changed"), "{stderr}");
+    Ok(())
+}

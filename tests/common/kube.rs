@@ -96,6 +96,21 @@ impl KubeCluster {
             .create_node(&Self::node_name(host), Some(&cidr), &[])
     }
 
+    /// A Node annotated as a flanneld udp node would annotate it, at `public_ip`.
+    pub fn flannel_node(&self, name: &str, cidr: &str, public_ip: &str) -> Result<()> {
+        let managed = format!("{PREFIX}/kube-subnet-manager");
+        let ip = format!("{PREFIX}/public-ip");
+        let kind = format!("{PREFIX}/backend-type");
+        let data = format!("{PREFIX}/backend-data");
+        let annotations = [
+            (managed.as_str(), "true"),
+            (ip.as_str(), public_ip),
+            (kind.as_str(), ""),
+            (data.as_str(), "null"),
+        ];
+        self.api.create_node(name, Some(cidr), &annotations)
+    }
+
     /// Creates host `host`'s Node with its IPv4 and IPv6 podCIDRs.
     pub fn add_dual_stack_node(&self, host: usize) -> Result<()> {
         let cidrs = [

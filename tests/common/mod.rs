@@ -1,6 +1,7 @@
 //! Shared pieces of the integration tests: twill nodes on lab hosts, traffic checked end to end.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod bpffs;
 pub mod cluster;
 pub mod datagrams;
 pub mod flannel_e2e;

@@ -48,7 +48,15 @@ pub async fn run<R: Registry>(
 ) -> anyhow::Result<()> {
     host::require_net_admin()?;
     let every = reconcile_every()?;
-    let remembered = registry.remembered().await?;
+    tokio::pin!(shutdown);
+    // Waits for the API server as long as it takes; a stop signal must still end it.
+    let remembered = tokio::select! {
+        remembered = registry.remembered() => remembered?,
+        () = &mut shutdown => {
+            tracing::info!("stopped before the registry answered");
+            return Ok(());
+        }
+    };
     let options = NodeOptions {
         public_ip: remembered.public_ip.or(options.public_ip),
         public_ipv6: remembered.public_ipv6.or(options.public_ipv6),

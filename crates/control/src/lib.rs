@@ -13,6 +13,8 @@ pub mod lease_check;
 pub mod node;
 pub mod peers;
 pub mod registry;
+pub mod shown;
+pub mod small_file;
 pub mod status;
 pub mod subnet_env;
 pub mod traffic;

@@ -83,7 +83,7 @@ impl Default for NodeOptions {
             metrics_per_peer: false,
             nexthop_objects: true,
             dataplane: DataplaneChoice::default(),
-            bpf_dir: crate::backend::ebpf::DEFAULT_BPF_DIR.into(),
+            bpf_dir: DEFAULT_BPF_DIR.into(),
             blackhole_route: false,
         }
     }
@@ -91,6 +91,10 @@ impl Default for NodeOptions {
 
 /// The TUN (or eBPF device) of the userspace backends, `--tun-name`.
 pub const DEFAULT_TUN_NAME: &str = "twill0";
+
+/// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf. Here, beside the other
+/// defaults, so that the options need not import the eBPF backend, which imports them.
+pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
 
 /// A node with its options resolved against the host and the network config.
 pub struct Node {

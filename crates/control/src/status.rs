@@ -285,7 +285,7 @@ fn lease_json(lease: &Lease) -> Value {
 
 fn refused_json(namer: &LeaseNamer, refused: &Refused) -> Value {
     json!({
-        "key": namer.name(refused.lease.id()),
+        "key": namer.name(&refused.lease),
         "subnet": refused.lease.id().to_string(),
         "public_ip": refused.lease.public_ip.to_string(),
         "reason": refused.reason.to_string(),

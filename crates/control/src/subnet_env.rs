@@ -5,6 +5,7 @@
 //! twill's memory across restarts: the subnet in it is preferred when acquiring a lease, which
 //! keeps a node's subnet stable (flannel #205).
 
+use crate::small_file;
 use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::fs;
@@ -121,11 +122,16 @@ pub fn previous_subnets(path: &Path) -> anyhow::Result<(Option<Ipv4Net>, Option<
     subnets().with_context(|| format!("reading {}", path.display()))
 }
 
+/// The most a subnet file holds: flanneld writes six short lines.
+const MAX_LEN: u64 = 64 << 10;
+
+/// The file's text; `None` when there is none. Anything but a regular file (a device, a FIFO,
+/// a directory) is an error naming it, and so is a file longer than a subnet file can be.
 fn read_text(path: &Path) -> anyhow::Result<Option<String>> {
-    match fs::read_to_string(path) {
+    match small_file::read_text(path, MAX_LEN) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Err(e) => Err(anyhow::anyhow!("the subnet file {}: {e}", path.display())),
     }
 }
 
@@ -225,7 +231,16 @@ fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         _ => Path::new("."),
     };
     fs::create_dir_all(dir)?;
-    let mode = fs::metadata(path)
+    // A device or FIFO of that name is someone else's: the rename would replace it.
+    let existing = match fs::metadata(path) {
+        Ok(meta) => Some(meta),
+        Err(e) if e.kind() == ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
+    if let Some(meta) = &existing {
+        small_file::check(meta, u64::MAX)?;
+    }
+    let mode = existing
         .map(|m| m.permissions().mode() & 0o7777)
         .unwrap_or(0o644);
     let mut tmp = tempfile::Builder::new()
@@ -397,6 +412,35 @@ mod tests {
         fs::write(&path, "FLANNEL_SUBNET=bogus\n").unwrap();
         let err = format!("{:#}", previous_subnets(&path).unwrap_err());
         assert!(err.contains("FLANNEL_SUBNET \"bogus\""), "{err}");
+    }
+
+    #[test]
+    fn anything_but_a_regular_file_is_refused_and_left_as_it_is() {
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let dir = tempfile::tempdir().unwrap();
+        let device = dir.path().join("null");
+        let mode = Mode::from_bits_truncate(0o666);
+        mknod(&device, SFlag::S_IFCHR, mode, makedev(1, 3)).unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, mode).unwrap();
+        for (path, what) in [
+            (device.as_path(), "a character device"),
+            (&fifo, "a FIFO"),
+            (Path::new("/dev/zero"), "a character device"),
+        ] {
+            let want = format!("it is {what}, not a regular file");
+            let err = format!("{:#}", previous_subnets(path).unwrap_err());
+            assert!(err.contains(&want), "{err}");
+            if path.starts_with(dir.path()) {
+                let err = format!("{:#}", sample().write(path).unwrap_err());
+                assert!(err.contains(&want), "{err}");
+                assert!(!fs::metadata(path).unwrap().is_file(), "{path:?} replaced");
+            }
+        }
+        let long = dir.path().join("long");
+        fs::write(&long, "#".repeat(100_000)).unwrap();
+        let err = format!("{:#}", previous_subnets(&long).unwrap_err());
+        assert!(err.contains("longer than 65536 bytes"), "{err}");
     }
 
     #[test]

@@ -100,6 +100,22 @@ struct {
 	__type(value, struct traffic);
 } totals SEC(".maps");
 
+/* A datagram to this node's port that came in fragments, by sender and IP id: its first
+ * fragment was dropped, and its later fragments (which carry no UDP header to tell whose they
+ * are) are dropped and counted too. */
+struct fragment_key {
+	__be32 saddr;
+	__be16 id;
+	__u16 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct fragment_key);
+	__type(value, __u8);
+} our_fragments SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, DROP_REASONS);

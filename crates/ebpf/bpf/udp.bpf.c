@@ -117,29 +117,49 @@ SEC("classifier/ingress")
 int twill_ingress(struct __sk_buff *skb)
 {
 	/* Anything that is not UDP to this node's address and port is not ours: it goes on
-	 * untouched, whatever it is (the stack judges it as it always does). */
+	 * untouched, whatever it is (the stack judges it as it always does). What is ours and not
+	 * carried is counted: nothing listens on the port, so the stack would drop it unsaid. */
 	if (skb->protocol != bpf_htons(ETH_P_IP) || linear(skb, ETH_HLEN + OVERHEAD))
 		return TC_ACT_OK;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct iphdr *outer = data + ETH_HLEN;
-	struct udphdr *udp = (void *)(outer + 1);
-	if ((void *)(udp + 1) > end)
+	if ((void *)(outer + 1) > end)
 		return TC_ACT_OK;
 	struct config *cfg = node_config();
-	if (!cfg || outer->version != 4 || outer->ihl != 5 || outer->protocol != IPPROTO_UDP ||
+	if (!cfg || outer->version != 4 || outer->protocol != IPPROTO_UDP ||
 	    outer->daddr != cfg->local_ip)
 		return TC_ACT_OK;
-	/* A later fragment has no UDP header to tell whose it is. */
-	if (outer->frag_off & bpf_htons(IP_OFFSET))
+	struct fragment_key fragment = { .saddr = outer->saddr, .id = outer->id };
+	/* A later fragment has no UDP header to tell whose it is: ours if its first was. */
+	if (outer->frag_off & bpf_htons(IP_OFFSET)) {
+		if (bpf_map_lookup_elem(&our_fragments, &fragment))
+			return drop(DROP_MALFORMED);
+		return TC_ACT_OK;
+	}
+	/* IP options come before the UDP header; its port says whether the datagram is ours. */
+	__u32 header = (outer->ihl & 0x0f) * 4;
+	if (header < sizeof(struct iphdr) ||
+	    linear(skb, ETH_HLEN + header + sizeof(struct udphdr)))
+		return TC_ACT_OK;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	outer = data + ETH_HLEN;
+	struct udphdr *udp = data + ETH_HLEN + header;
+	if ((void *)(outer + 1) > end || (void *)(udp + 1) > end)
 		return TC_ACT_OK;
 	if (udp->dest != cfg->port)
 		return TC_ACT_OK;
 
-	/* Ours: nothing listens on the port, so what is not carried is counted here. flannel's
-	 * peers send with DF; a first fragment is a datagram this node cannot check whole. */
-	if (outer->frag_off & bpf_htons(IP_MF))
+	/* Ours. flannel's peers send no IP options, and with DF: a first fragment is a datagram
+	 * this node cannot check whole, and its later fragments go with it. */
+	if (header != sizeof(struct iphdr))
 		return drop(DROP_MALFORMED);
+	if (outer->frag_off & bpf_htons(IP_MF)) {
+		__u8 seen = 1;
+		bpf_map_update_elem(&our_fragments, &fragment, &seen, BPF_ANY);
+		return drop(DROP_MALFORMED);
+	}
 	struct peer *peer = bpf_map_lookup_elem(&peers, &outer->saddr);
 	if (!peer || peer->port != udp->source)
 		return drop(DROP_UNKNOWN_PEER);

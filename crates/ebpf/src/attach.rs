@@ -100,6 +100,15 @@ fn adopt(
     Ok(Attached::Replaced)
 }
 
+/// Whether `program` runs at `device`'s hook for `side` (tcx kernels): no longer once its
+/// device was deleted or its link unpinned. A device that is gone is not an error here.
+pub(crate) fn runs(program: &SchedClassifier, side: Side, device: &str) -> anyhow::Result<bool> {
+    if nix::net::if_::if_nametoindex(device).is_err() {
+        return Ok(false);
+    }
+    attached_here(device, side, program.info()?.id())
+}
+
 fn attached_here(device: &str, side: Side, program_id: u32) -> anyhow::Result<bool> {
     let (_, programs) = SchedClassifier::query_tcx(device, side.attach_type())?;
     Ok(programs.iter().any(|p| p.id() == program_id))

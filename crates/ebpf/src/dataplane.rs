@@ -11,7 +11,8 @@ use crate::pins;
 use anyhow::ensure;
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Where the programs run and what they put on the wire.
@@ -38,47 +39,84 @@ pub enum Opened {
 }
 
 /// The attached programs and their maps. Dropping it leaves them running (they are pinned);
-/// [`crate::remove`] takes them away.
+/// [`crate::remove`] takes them away, or [`Dataplane::remove`] what this one made.
 pub struct Dataplane {
     loaded: Mutex<Loaded>,
+    /// The claim on the pin directory, taken again when the dataplane is opened again.
+    claim: Mutex<Option<pins::PinLock>>,
+    pin_dir: PathBuf,
+    at: Attachment,
+    /// The twill device's ifindex when the programs were attached, for kernels without tcx,
+    /// where a lost attachment cannot be asked for.
+    device_ifindex: AtomicU32,
 }
 
 impl Dataplane {
     /// Attach the programs as `at` says, pinning programs, links and maps under `pin_dir` (a
     /// bpffs is mounted there if it is not on one). What an earlier run pinned there is
-    /// adopted: its maps with their peers and counters, its links without a gap.
+    /// adopted: its maps with their peers and counters, its links without a gap. Refused while
+    /// another running dataplane holds `pin_dir`; what this call pinned is unpinned again when
+    /// it fails half-way.
     pub fn open(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Dataplane, Opened)> {
-        ensure!(at.port != 0, "the eBPF dataplane's port must not be 0");
-        ensure!(
-            !at.local_ip.is_unspecified(),
-            "the eBPF dataplane's local_ip must be the node's underlay address, not 0.0.0.0"
-        );
-        let device = Device::lookup(&at.device)?;
-        let underlay = Device::lookup(&at.underlay)?;
-        pins::ensure_bpffs(pin_dir)?;
-        let mut loaded = Loaded::load(Some(pin_dir))?;
-        loaded.maps.write_config(Config {
-            local_ip: wire_addr(at.local_ip),
-            underlay_ifindex: underlay.ifindex,
-            device_ifindex: device.ifindex,
-            port: wire_port(at.port),
-            mtu: device.mtu,
-            device_mac: device.mac,
-            pad: [0; 2],
-        })?;
-        let mut adopted = true;
-        for (side, name) in [(Side::Egress, &at.device), (Side::Ingress, &at.underlay)] {
-            let program = object::program(&mut loaded.ebpf, side)?;
-            adopted &= attach::attach(program, side, name, pin_dir)? != Attached::New;
-        }
-        let opened = match adopted {
-            true => Opened::Adopted {
-                peers: loaded.peers.len(),
-            },
-            false => Opened::Fresh,
+        let (ready, claim) = attach_at(pin_dir, at)?;
+        let dataplane = Dataplane {
+            loaded: Mutex::new(ready.loaded),
+            claim: Mutex::new(Some(claim)),
+            pin_dir: pin_dir.to_path_buf(),
+            at: at.clone(),
+            device_ifindex: AtomicU32::new(ready.device_ifindex),
         };
-        let loaded = Mutex::new(loaded);
-        Ok((Dataplane { loaded }, opened))
+        Ok((dataplane, ready.opened))
+    }
+
+    /// Attach again what someone took away while this dataplane ran (its device deleted and
+    /// made again, its pins removed): with the pins still there it adopts them, as a restart
+    /// does; else it starts with fresh maps, which the caller fills again.
+    pub fn reopen(&self) -> anyhow::Result<Opened> {
+        let mut claim = self.claim.lock().unwrap_or_else(|e| e.into_inner());
+        // The directory may be a new one: the old claim goes before the new is taken.
+        drop(claim.take());
+        let (ready, new_claim) = attach_at(&self.pin_dir, &self.at)?;
+        *self.lock() = ready.loaded;
+        *claim = Some(new_claim);
+        self.device_ifindex
+            .store(ready.device_ifindex, Ordering::Relaxed);
+        Ok(ready.opened)
+    }
+
+    /// Whether both programs still run where they were attached: false once the device was
+    /// deleted, or the pins (and with them the links) removed.
+    pub fn intact(&self) -> anyhow::Result<bool> {
+        if !attach::has_tcx() {
+            let now = nix::net::if_::if_nametoindex(self.at.device.as_str()).ok();
+            return Ok(now == Some(self.device_ifindex.load(Ordering::Relaxed)));
+        }
+        let mut loaded = self.lock();
+        for (side, device) in [
+            (Side::Egress, &self.at.device),
+            (Side::Ingress, &self.at.underlay),
+        ] {
+            let program = object::program(&mut loaded.ebpf, side)?;
+            if !attach::runs(program, side, device)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Detach and unpin everything, for a start that failed after this dataplane was opened
+    /// fresh: what it made goes with it.
+    pub fn remove(self) -> anyhow::Result<()> {
+        let Dataplane {
+            loaded,
+            claim,
+            pin_dir,
+            ..
+        } = self;
+        drop(loaded);
+        let removed = crate::cleanup::remove_pins(&pin_dir);
+        drop(claim);
+        removed
     }
 
     /// Route `subnet` to the peer at `endpoint` and accept its datagrams; changes the peer of
@@ -128,4 +166,70 @@ impl std::fmt::Debug for Dataplane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dataplane").finish_non_exhaustive()
     }
+}
+
+/// What [`attach_at`] made or found.
+struct Ready {
+    loaded: Loaded,
+    opened: Opened,
+    device_ifindex: u32,
+}
+
+/// Claims `pin_dir` (a bpffs mounted there if needed), loads the object on the maps pinned
+/// there and attaches both programs; on a failure after pins were made, unpins them again.
+fn attach_at(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Ready, pins::PinLock)> {
+    ensure!(at.port != 0, "the eBPF dataplane's port must not be 0");
+    ensure!(
+        !at.local_ip.is_unspecified(),
+        "the eBPF dataplane's local_ip must be the node's underlay address, not 0.0.0.0"
+    );
+    let device = Device::lookup(&at.device)?;
+    let underlay = Device::lookup(&at.underlay)?;
+    pins::ensure_bpffs(pin_dir)?;
+    let claim = pins::lock(pin_dir)?;
+    let had_pins = pins::pinned_config(pin_dir).is_ok_and(|c| c.is_some());
+    match load_and_attach(pin_dir, at, device, underlay) {
+        Ok(attached) => Ok((attached, claim)),
+        Err(e) if had_pins => Err(e),
+        Err(e) => {
+            if let Err(left) = crate::cleanup::remove_pins(pin_dir) {
+                tracing::warn!("removing the pins of a failed start: {left:#}");
+            }
+            Err(e)
+        }
+    }
+}
+
+fn load_and_attach(
+    pin_dir: &Path,
+    at: &Attachment,
+    device: Device,
+    underlay: Device,
+) -> anyhow::Result<Ready> {
+    let mut loaded = Loaded::load(Some(pin_dir))?;
+    loaded.maps.write_config(Config {
+        local_ip: wire_addr(at.local_ip),
+        underlay_ifindex: underlay.ifindex,
+        device_ifindex: device.ifindex,
+        port: wire_port(at.port),
+        mtu: device.mtu,
+        device_mac: device.mac,
+        pad: [0; 2],
+    })?;
+    let mut adopted = true;
+    for (side, name) in [(Side::Egress, &at.device), (Side::Ingress, &at.underlay)] {
+        let program = object::program(&mut loaded.ebpf, side)?;
+        adopted &= attach::attach(program, side, name, pin_dir)? != Attached::New;
+    }
+    let opened = match adopted {
+        true => Opened::Adopted {
+            peers: loaded.peers.len(),
+        },
+        false => Opened::Fresh,
+    };
+    Ok(Ready {
+        loaded,
+        opened,
+        device_ifindex: device.ifindex,
+    })
 }

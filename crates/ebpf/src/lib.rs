@@ -26,7 +26,7 @@ mod pinned;
 mod pins;
 mod probe;
 
-pub use cleanup::remove;
+pub use cleanup::{remove, remove_anyway};
 pub use counters::{Counters, PeerTraffic, Traffic};
 pub use dataplane::{Attachment, Dataplane, Opened};
 pub use loaded::{TestOutput, Verdict};

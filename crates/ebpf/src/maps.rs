@@ -13,13 +13,14 @@ use std::path::Path;
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 6] = [
+pub(crate) const MAP_NAMES: [&str; 7] = [
     "config",
     "routes",
     "peers",
     "peer_traffic",
     "totals",
     "drops",
+    "our_fragments",
 ];
 
 /// `struct config`: what the programs know of this node.

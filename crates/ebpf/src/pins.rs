@@ -5,12 +5,35 @@
 use crate::maps::{Maps, MAP_NAMES};
 use crate::object::Side;
 use anyhow::{bail, Context};
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
-use std::fs;
+use std::fs::{self, File};
 use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+/// A running dataplane's claim on its pin directory: an exclusive flock on the directory,
+/// held for as long as the dataplane is open, and dropped by the kernel when its process ends,
+/// however it ends. Another node, or a cleanup, that finds it held leaves the pins alone.
+#[derive(Debug)]
+pub(crate) struct PinLock {
+    _lock: Flock<File>,
+}
+
+/// Claims `dir`, which must exist; refused in one line while a running dataplane holds it.
+pub(crate) fn lock(dir: &Path) -> anyhow::Result<PinLock> {
+    let file = File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(PinLock { _lock: lock }),
+        Err((_, Errno::EWOULDBLOCK)) => bail!(
+            "{} holds the pins of a running twill's eBPF dataplane",
+            dir.display()
+        ),
+        Err((_, e)) => Err(e).with_context(|| format!("cannot lock {}", dir.display())),
+    }
+}
 
 /// The pins of one side's program and link.
 pub(crate) fn program_pin(dir: &Path, side: Side) -> PathBuf {

@@ -189,6 +189,36 @@ fn ingress_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::Malformed),
         ),
         (
+            "outer later fragment of that first fragment",
+            outer_with(|ip| ip.flags_fragment = 100),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "outer later fragment of another datagram",
+            outer_with(|ip| {
+                ip.flags_fragment = 100;
+                ip.id = 7;
+            }),
+            Expect::Untouched,
+        ),
+        (
+            "outer IP options, to our port",
+            outer_with(|ip| ip.options = vec![1, 1, 1, 0]),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "outer IP options, to another port",
+            datagram(
+                &Ip {
+                    options: vec![1, 1, 1, 0],
+                    ..Ip::new(PEER, LOCAL, UDP)
+                },
+                (PORT, 9999),
+                &packet,
+            ),
+            Expect::Untouched,
+        ),
+        (
             "unknown peer",
             outer_with(|ip| ip.src = STRANGER),
             Expect::Dropped(DropReason::UnknownPeer),

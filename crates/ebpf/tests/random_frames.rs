@@ -139,6 +139,7 @@ fn packet(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
                 dst,
                 protocol,
                 ttl,
+                id: 0,
                 flags_fragment: fragment,
                 options,
             };

@@ -99,6 +99,16 @@ impl Etcd {
         self.wait_healthy()
     }
 
+    /// Stops etcd, removes everything it stored and starts it again, empty, on the same ports:
+    /// a member that lost its disk. Its revisions start over, below any a client has seen.
+    pub fn lose_data(&mut self) -> Result<()> {
+        self.stop()?;
+        let data = self.dir.path().join("data");
+        std::fs::remove_dir_all(&data)
+            .map_err(|e| anyhow::anyhow!("cannot remove {}: {e}", data.display()))?;
+        self.start()
+    }
+
     /// Logs of the current run; empty after [`Etcd::stop`].
     pub fn stderr(&self) -> String {
         self.proc.as_ref().map(Proc::stderr).unwrap_or_default()

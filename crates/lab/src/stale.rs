@@ -17,7 +17,7 @@ pub fn cleanup_stale() -> Result<()> {
         }
     }
     // Pods of a dead owner's cluster nodes: in its nodes' cgroup roots, named like temp dirs.
-    crate::cluster::sweep_cgroups(|name| temp_owner(name).is_some_and(is_dead))?;
+    crate::cluster::cgroups::sweep(|name| temp_owner(name).is_some_and(is_dead))?;
     for name in names_in(&std::env::temp_dir())? {
         if temp_owner(&name).is_some_and(is_dead) {
             let _ = std::fs::remove_dir_all(std::env::temp_dir().join(name));

@@ -34,10 +34,11 @@ pub struct DeviceSpec {
     pub network_routes: Vec<IpNet>,
 }
 
-/// A device and its index, to pick its notices from the kernel's.
+/// A device and its index, to pick its notices from the kernel's; no index while it is gone,
+/// when any link's notice may be the device made again (the eBPF backend makes its own again).
 struct Guarded {
     spec: DeviceSpec,
-    index: u32,
+    index: Option<u32>,
 }
 
 /// Checks and repairs the backend's devices, and reports in `/healthz` while one cannot
@@ -63,7 +64,7 @@ impl DeviceGuard {
             let link = link.with_context(|| format!("device {} not found", spec.name))?;
             devices.push(Guarded {
                 spec,
-                index: link.index,
+                index: Some(link.index),
             });
         }
         Ok(DeviceGuard {
@@ -76,21 +77,25 @@ impl DeviceGuard {
 
     /// Whether the kernel's notice about link `index` concerns a guarded device.
     pub fn watches(&self, index: u32) -> bool {
-        self.devices.iter().any(|d| d.index == index)
+        self.devices
+            .iter()
+            .any(|d| d.index.is_none_or(|i| i == index))
     }
 
     /// Repairs what can be repaired (a device that is down too, when `bring_up`) and reports
     /// the rest in the status. Whether every device can forward now.
     pub async fn check(&mut self, bring_up: bool, status: &NodeStatus) -> bool {
         let mut problem = None;
-        for device in &self.devices {
-            let found = match self.repair(&device.spec, bring_up).await {
+        for i in 0..self.devices.len() {
+            let spec = &self.devices[i].spec;
+            let (index, found) = match self.repair(spec, bring_up).await {
                 Ok(found) => found,
-                Err(e) => Some(format!(
-                    "device {} cannot be repaired: {e:#}",
-                    device.spec.name
-                )),
+                Err(e) => (
+                    self.devices[i].index,
+                    Some(format!("device {} cannot be repaired: {e:#}", spec.name)),
+                ),
             };
+            self.devices[i].index = index;
             problem = problem.or(found);
         }
         let usable = problem.is_none();
@@ -98,15 +103,21 @@ impl DeviceGuard {
         usable
     }
 
-    /// `Ok(Some(why))` when the device cannot forward and was left so.
-    async fn repair(&self, spec: &DeviceSpec, bring_up: bool) -> anyhow::Result<Option<String>> {
+    /// The device's index now (`None`: gone), and `Some(why)` when it cannot forward and was
+    /// left so.
+    async fn repair(
+        &self,
+        spec: &DeviceSpec,
+        bring_up: bool,
+    ) -> anyhow::Result<(Option<u32>, Option<String>)> {
         let name = &spec.name;
         let Some(link) = self.nl.link_by_name(name).await? else {
-            return Ok(Some(format!("device {name} is gone")));
+            return Ok((None, Some(format!("device {name} is gone"))));
         };
+        let index = Some(link.index);
         if !link.up {
             if !bring_up {
-                return Ok(Some(format!("device {name} is down")));
+                return Ok((index, Some(format!("device {name} is down"))));
             }
             let set = self.nl.set_up(link.index).await;
             set.with_context(|| format!("setting {name} up"))?;
@@ -115,7 +126,7 @@ impl DeviceGuard {
         self.restore_addresses(spec, &link).await?;
         self.restore_mtu(spec, link.clone()).await?;
         self.restore_routes(spec, &link).await?;
-        Ok(None)
+        Ok((index, None))
     }
 
     async fn restore_addresses(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {

@@ -2,6 +2,7 @@
 //! read when `EnableIPv4` is true (flannel's default), with flanneld's defaults and checks.
 
 use super::{as_number, field, invalid, ConfigError};
+use crate::shown;
 use ipnet::Ipv4Net;
 use serde_json::{Map, Value};
 use std::net::Ipv4Addr;
@@ -77,12 +78,47 @@ fn parse_network(value: Option<&Value>) -> Result<Ipv4Net, ConfigError> {
     // flannel masks host bits (Go's net.ParseCIDR), so "10.5.1.0/16" means 10.5.0.0/16.
     let network = text
         .parse::<Ipv4Net>()
-        .map_err(|_| ConfigError(format!("Network {text:?} is not an IPv4 CIDR")))?
+        .map_err(|_| {
+            ConfigError(format!(
+                "Network {} is not an IPv4 CIDR",
+                shown::quoted(text)
+            ))
+        })?
         .trunc();
     if network.prefix_len() == 0 {
         return invalid(format!("Network {network} is empty"));
     }
+    if let Some((range, what)) = NOT_UNICAST.iter().find(|(r, _)| overlaps(network, r)) {
+        return invalid(format!(
+            "Network {network} holds {what} addresses ({range}), which no container can have: \
+             give a unicast range, such as 10.5.0.0/16"
+        ));
+    }
     Ok(network)
+}
+
+/// Ranges whose addresses no host interface has: the kernel refuses routes and addresses there.
+const NOT_UNICAST: [(Ipv4Net, &str); 4] = [
+    (
+        Ipv4Net::new_assert(Ipv4Addr::new(0, 0, 0, 0), 8),
+        "\"this network\"",
+    ),
+    (
+        Ipv4Net::new_assert(Ipv4Addr::new(127, 0, 0, 0), 8),
+        "loopback",
+    ),
+    (
+        Ipv4Net::new_assert(Ipv4Addr::new(224, 0, 0, 0), 4),
+        "multicast",
+    ),
+    (
+        Ipv4Net::new_assert(Ipv4Addr::new(240, 0, 0, 0), 4),
+        "reserved and broadcast",
+    ),
+];
+
+fn overlaps(a: Ipv4Net, b: &Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
 }
 
 fn parse_subnet_len(value: Option<&Value>, network: Ipv4Net) -> Result<u8, ConfigError> {
@@ -123,9 +159,12 @@ fn parse_bound(
 ) -> Result<Option<Ipv4Addr>, ConfigError> {
     let ip = match field(obj, name) {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s
-            .parse::<Ipv4Addr>()
-            .map_err(|_| ConfigError(format!("{name} {s:?} is not an IPv4 address")))?,
+        Some(Value::String(s)) => s.parse::<Ipv4Addr>().map_err(|_| {
+            ConfigError(format!(
+                "{name} {} is not an IPv4 address",
+                shown::quoted(s)
+            ))
+        })?,
         Some(other) => {
             return invalid(format!(
                 "{name} must be an IPv4 address string, got {other}"

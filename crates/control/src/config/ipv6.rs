@@ -6,6 +6,7 @@
 //! only a config with `EnableIPv6` is checked for coherence and gets its defaults.
 
 use super::{as_number, field, invalid, ConfigError};
+use crate::shown;
 use ipnet::Ipv6Net;
 use serde_json::{Map, Value};
 use std::net::Ipv6Addr;
@@ -104,8 +105,9 @@ fn parse_network(value: Option<&Value>) -> Result<Option<Ipv6Net>, ConfigError> 
         .parse::<Ipv6Net>()
         .map_err(|_| {
             ConfigError::new(format!(
-                "IPv6Network {text:?} is not an IPv6 CIDR (an IPv6 address, \"/\", and a prefix \
-                 length of at most 128)"
+                "IPv6Network {} is not an IPv6 CIDR (an IPv6 address, \"/\", and a prefix \
+                 length of at most 128)",
+                shown::quoted(text)
             ))
         })?
         .trunc();
@@ -116,9 +118,12 @@ fn parse_network(value: Option<&Value>) -> Result<Option<Ipv6Net>, ConfigError> 
 fn parse_address(obj: &Map<String, Value>, name: &str) -> Result<Option<Ipv6Addr>, ConfigError> {
     let ip = match field(obj, name) {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(s)) => s
-            .parse::<Ipv6Addr>()
-            .map_err(|_| ConfigError::new(format!("{name} {s:?} is not an IPv6 address")))?,
+        Some(Value::String(s)) => s.parse::<Ipv6Addr>().map_err(|_| {
+            ConfigError::new(format!(
+                "{name} {} is not an IPv6 address",
+                shown::quoted(s)
+            ))
+        })?,
         Some(other) => {
             return invalid(format!(
                 "{name} must be an IPv6 address string, got {other}"

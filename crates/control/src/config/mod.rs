@@ -56,9 +56,10 @@ pub struct BackendConfig {
     pub raw: Value,
 }
 
-/// Why a config was refused. The message is one line and names the field.
+/// Why a config was refused. The message is one line and names the field; a value written into
+/// it (whoever may write the config key chose its length) is shown up to a bound.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid network config: {0}")]
+#[error("invalid network config: {}", crate::shown::line(.0))]
 pub struct ConfigError(String);
 
 impl ConfigError {
@@ -120,7 +121,7 @@ fn backend_difference(running: &Value, now: &Value) -> Vec<String> {
             let show = |v: Option<&Value>| match v {
                 None => "(none)".to_string(),
                 Some(_) if SECRET_FIELDS.contains(&name.as_str()) => "<redacted>".to_string(),
-                Some(v) => v.to_string(),
+                Some(v) => crate::shown::value(&v.to_string()).owned(),
             };
             format!(
                 "Backend.{name} {} -> {}",
@@ -232,7 +233,7 @@ impl BackendConfig {
         Ok(BackendConfig {
             backend_type,
             port: number_field(obj, "Port")?,
-            vni: number_field(obj, "VNI")?,
+            vni: vni(obj)?,
             direct_routing: bool_field(obj, "DirectRouting")?.unwrap_or(false),
             mtu: number_field(obj, "MTU")?,
             underlay: Underlay::read(obj)?,
@@ -292,6 +293,20 @@ fn number_field<T: TryFrom<u64>>(
     name: &str,
 ) -> Result<Option<T>, ConfigError> {
     as_number(field(obj, name), &format!("Backend.{name}"))
+}
+
+/// The largest VXLAN network identifier: the header has 24 bits for it.
+const MAX_VNI: u32 = (1 << 24) - 1;
+
+/// `Backend.VNI`, checked here so that a number the kernel refuses is named by its field.
+fn vni(obj: &Map<String, Value>) -> Result<Option<u32>, ConfigError> {
+    match number_field::<u32>(obj, "VNI")? {
+        Some(vni) if vni > MAX_VNI => invalid(format!(
+            "Backend.VNI {vni} is out of range: a VXLAN network identifier has 24 bits, 0 to \
+             {MAX_VNI}"
+        )),
+        vni => Ok(vni),
+    }
 }
 
 fn as_number<T: TryFrom<u64>>(value: Option<&Value>, name: &str) -> Result<Option<T>, ConfigError> {

@@ -170,6 +170,22 @@ fn invalid_configs_name_the_field() {
         ),
         ("[1]", "expected a JSON object"),
         ("{", "not valid JSON"),
+        (
+            r#"{"Network":"224.0.0.0/4"}"#,
+            "Network 224.0.0.0/4 holds multicast addresses (224.0.0.0/4)",
+        ),
+        (
+            r#"{"Network":"127.1.0.0/16"}"#,
+            "Network 127.1.0.0/16 holds loopback addresses",
+        ),
+        (
+            r#"{"Network":"192.0.0.0/2"}"#,
+            "Network 192.0.0.0/2 holds multicast addresses",
+        ),
+        (
+            r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","VNI":16777216}}"#,
+            "Backend.VNI 16777216 is out of range: a VXLAN network identifier has 24 bits",
+        ),
     ];
     for (json, want) in cases {
         let err = error(json);
@@ -251,6 +267,28 @@ fn a_changed_config_names_its_fields_and_never_a_secret() {
          Backend.PSK <redacted> -> <redacted>"
     );
     assert!(!changed.contains(psk) && !changed.contains(other));
+}
+
+#[test]
+fn the_largest_vni_and_a_network_below_multicast_are_fine() {
+    let c = parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan","VNI":16777215}}"#);
+    assert_eq!(c.backend.vni, Some(16_777_215));
+    parse(r#"{"Network":"192.168.0.0/16"}"#);
+    parse(r#"{"Network":"128.0.0.0/2"}"#);
+}
+
+#[test]
+fn a_value_of_any_length_is_shown_cut_with_its_size() {
+    let long = "A".repeat(500_000);
+    let err = error(&format!(r#"{{"Network":"{long}"}}"#));
+    assert!(err.len() < 2000, "{} bytes", err.len());
+    assert!(err.contains("(500000 bytes)"), "{err}");
+    let running = parse(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#);
+    let now = parse(&format!(
+        r#"{{"Network":"10.5.0.0/16","Backend":{{"Type":"udp","Extra":"{long}"}}}}"#
+    ));
+    let change = running.difference(&now).unwrap();
+    assert!(change.len() < 200 && change.contains("bytes)"), "{change}");
 }
 
 #[test]

@@ -5,9 +5,10 @@
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-/// Why a key is not a lease key: the key, and what is wrong with it.
+/// Why a key is not a lease key: the key (up to a bound: whoever writes keys chooses their
+/// length), and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
-#[error("not a subnet lease key: {key:?} ({why})")]
+#[error("not a subnet lease key: {} ({why})", crate::shown::quoted(key))]
 pub struct KeyError {
     key: String,
     why: &'static str,

@@ -13,6 +13,7 @@ mod wire;
 
 pub use key::{lease_key, parse_lease_key, parse_subnet_key, subnet_key, subnets_prefix, KeyError};
 
+use crate::shown;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -96,16 +97,27 @@ impl From<Ipv4Net> for SubnetId {
 }
 
 /// Where a lease stands in the order its registry created the leases, the same on every node:
-/// of two leases that cannot both be peers (one WireGuard key, say), every node keeps the
-/// older one, whatever order it heard of them in. Compared by `at`, then by `name`.
+/// of two leases that cannot both be peers (one subnet, one PublicIP, one WireGuard key), every
+/// node keeps the older one, whatever order it heard of them in. Compared by `at`, then by
+/// `name`. Registry metadata: never part of flannel's lease JSON.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Created {
     /// etcd: the key's create_revision. Kubernetes: the Node's creationTimestamp, in seconds
     /// since 1970. Static registry: the `--peer` flag's position. 0 where it is not known.
     pub at: i64,
-    /// Breaks ties of `at`: the Node's name in Kubernetes, whose timestamps have only seconds.
-    /// Empty elsewhere.
+    /// The Node's name in Kubernetes, which also breaks ties of `at` (its timestamps have only
+    /// seconds) and is the lease's [`LeaseOrigin`]. Empty elsewhere.
     pub name: Arc<str>,
+}
+
+/// Which entry of its registry a lease is: the Kubernetes Node it was read from, else its
+/// subnets, which name an etcd key or a `--peer` flag. Two leases of one origin are two
+/// versions of one lease; two of different origins are two leases, even for one subnet (an
+/// impostor's Node with another Node's podCIDR, an etcd key with another key's IPv4 subnet).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LeaseOrigin {
+    Node(Arc<str>),
+    Key(Ipv4Net, Option<Ipv6Net>),
 }
 
 impl Created {
@@ -276,6 +288,14 @@ impl Lease {
         }
     }
 
+    /// Which entry of its registry this lease is: see [`LeaseOrigin`].
+    pub fn origin(&self) -> LeaseOrigin {
+        match self.created.name.is_empty() {
+            true => LeaseOrigin::Key(self.subnet, self.ipv6_subnet),
+            false => LeaseOrigin::Node(self.created.name.clone()),
+        }
+    }
+
     /// The same lease with an IPv6 subnet: a dual-stack lease.
     pub fn with_ipv6_subnet(self, ipv6_subnet: Ipv6Net) -> Lease {
         Lease {
@@ -351,10 +371,14 @@ fn wireguard_fields(
 ) -> Option<Result<(PublicKey, Option<u16>), String>> {
     let fields = data.and_then(BackendData::fields)?;
     let key = match fields.get("PublicKey")? {
-        Value::String(text) => text
-            .parse::<PublicKey>()
-            .map_err(|e| format!("its {prefix}PublicKey {text:?} is not a WireGuard key: {e}")),
-        other => Err(format!("its {prefix}PublicKey {other} is not a string")),
+        Value::String(text) => text.parse::<PublicKey>().map_err(|e| {
+            let text = shown::quoted(text);
+            format!("its {prefix}PublicKey {text} is not a WireGuard key: {e}")
+        }),
+        other => Err(format!(
+            "its {prefix}PublicKey {} is not a string",
+            shown::value(&other.to_string())
+        )),
     };
     let port = match fields.get("Port") {
         None | Some(Value::Null) => Ok(None),
@@ -363,7 +387,10 @@ fn wireguard_fields(
             .and_then(|p| u16::try_from(p).ok())
             .filter(|&p| p > 0)
             .map(Some)
-            .ok_or_else(|| format!("its {prefix}Port {v} is not a UDP port")),
+            .ok_or_else(|| {
+                let v = shown::value(&v.to_string()).owned();
+                format!("its {prefix}Port {v} is not a UDP port")
+            }),
     };
     Some(key.and_then(|key| Ok((key, port?))))
 }

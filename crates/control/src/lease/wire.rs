@@ -42,7 +42,8 @@ fn ipv6_or_null<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv6Addr>, D::
         return Ok(None);
     };
     text.parse().map(Some).map_err(|_| {
-        serde::de::Error::custom(format!("PublicIPv6 {text:?} is not an IPv6 address"))
+        let text = crate::shown::quoted(&text);
+        serde::de::Error::custom(format!("PublicIPv6 {text} is not an IPv6 address"))
     })
 }
 

@@ -1,8 +1,8 @@
 //! The lease checks of a dual-stack node for a lease's IPv6 side: the IPv6 subnet has the
 //! config's `IPv6SubnetLen`, lies inside `IPv6Network` and is not ours, `PublicIPv6` can be
 //! another host's address, and a wireguard lease carries what this node's `Mode` needs of it.
-//! The overlap with other peers' IPv6 subnets is checked with the IPv4 one, in
-//! [`super::admit_keyed`].
+//! The overlap with other peers' IPv6 subnets is settled with the IPv4 one, among all leases,
+//! by [`crate::peers::Peers`] (a lease's IPv6 subnet is one of its [`super::Claim`]s).
 
 use super::Rejection;
 use crate::backend::wireguard::reading::LeaseReader;
@@ -61,6 +61,12 @@ impl Ipv6Rules {
             }
         }
         match lease.public_ipv6 {
+            Some(ip) if self.network.contains(&ip) => {
+                return Err(Rejection::PublicIpv6InNetwork {
+                    ip,
+                    network: self.network,
+                })
+            }
             Some(ip) => check_public_ipv6(ip, self.own_public_ip)?,
             None if self.needs_public_ip => return Err(Rejection::NoPublicIpv6),
             None => {}
@@ -114,9 +120,8 @@ pub fn unusable_ipv6(ip: Ipv6Addr) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
-    use crate::lease::{BackendData, Lease, LeaseAttrs, SubnetId};
-    use crate::lease_check::{admit, LeaseRules, Rejection};
-    use std::collections::BTreeMap;
+    use crate::lease::{BackendData, Lease, LeaseAttrs};
+    use crate::lease_check::{Claim, LeaseRules, Rejection};
 
     /// A dual-stack host-gw node at 10.5.1.0/24 + fd10:0:0:1::/64.
     fn rules() -> LeaseRules {
@@ -277,37 +282,17 @@ mod tests {
         };
         let odd = lease(2, "fd99::/120", Some("fe80::2"));
         assert_eq!(v4_only.check(&odd), Ok(()));
-        let mut peers = BTreeMap::new();
-        peers.insert(odd.subnet, odd.clone());
         assert_eq!(
-            admit(&v4_only, &peers, &lease(3, "fd99::/120", None)),
-            Ok(())
-        );
-    }
-
-    #[test]
-    fn a_lease_whose_ipv6_subnet_another_peer_has_is_refused_and_an_update_is_not() {
-        let rules = rules();
-        let first = lease(2, "fd10:0:0:2::/64", Some("fd00::2"));
-        let mut peers = BTreeMap::new();
-        peers.insert(first.subnet, first.clone());
-        let update = lease(2, "fd10:0:0:2::/64", Some("fd00::22"));
-        assert_eq!(admit(&rules, &peers, &update), Ok(()));
-        let copy = lease(3, "fd10:0:0:2::/64", Some("fd00::3"));
-        assert_eq!(
-            admit(&rules, &peers, &copy),
-            Err(Rejection::OverlapsPeerIpv6 {
-                subnet: "fd10:0:0:2::/64".parse().unwrap(),
-                peer: SubnetId::V4("10.5.2.0/24".parse().unwrap())
-            })
+            v4_only.claims(&odd, None).as_slice(),
+            [Claim::Subnet("10.5.2.0/24".parse().unwrap())],
+            "nothing of its IPv6 side is claimed"
         );
         assert_eq!(
-            admit(&rules, &peers, &copy).unwrap_err().to_string(),
-            "its IPv6 subnet overlaps fd10:0:0:2::/64, the IPv6 subnet of the peer lease 10.5.2.0/24"
-        );
-        assert_eq!(
-            admit(&rules, &peers, &lease(3, "fd10:0:0:3::/64", None)),
-            Ok(())
+            rules().claims(&odd, None).as_slice(),
+            [
+                Claim::Subnet("10.5.2.0/24".parse().unwrap()),
+                Claim::Ipv6Subnet("fd99::/120".parse().unwrap())
+            ]
         );
     }
 }

@@ -1,19 +1,24 @@
 //! Which peer leases this node may act on. Every lease from any registry passes here before a
 //! backend sees it, so a lease written by a buggy or hostile node can never change a route,
 //! a neighbour or a userspace table entry.
+//!
+//! [`LeaseRules`] judges a lease on its own; what it [`Claim`]s that only one peer may have (a
+//! subnet of either family, the address the dataplane knows a peer by, a WireGuard key) is
+//! settled among all leases by [`crate::peers::Peers`]: the older lease ([`by_creation`])
+//! keeps it, the newer is refused with [`Rejection::Taken`].
 
 use crate::backend::netlink::MacAddr;
 use crate::config::Config;
+use crate::shown;
 mod ipv6;
 
 pub use ipv6::{overlaps_v6, unusable_ipv6, Ipv6Rules};
 
-use crate::lease::{backend_type, Lease, SubnetId};
+use crate::lease::{backend_type, Lease};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 use std::fmt;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use twill_dataplane::engine::wireguard::PublicKey;
 
@@ -28,12 +33,16 @@ pub enum Rejection {
     OutsideNetwork(Ipv4Net),
     /// It claims (part of) this node's own subnet.
     OverlapsOwn(Ipv4Net),
-    /// It overlaps a peer lease already programmed, which keeps its place.
-    OverlapsPeer(Ipv4Net),
     /// Its PublicIP is this node's: traffic for it would loop back to us.
     OwnPublicIp(Ipv4Addr),
     /// Its PublicIP cannot be a host (unspecified, loopback, multicast, broadcast).
     UnusablePublicIp(Ipv4Addr),
+    /// Its PublicIP lies inside the container network: its datagrams would be routed into the
+    /// tunnel they come out of, a loop.
+    PublicIpInNetwork {
+        ip: Ipv4Addr,
+        network: Ipv4Net,
+    },
     /// A vxlan lease whose VtepMAC is missing, malformed, zero, or multicast.
     VtepMac(String),
     /// A wireguard lease whose PublicKey is missing or malformed, or whose Port is no port, or
@@ -47,11 +56,11 @@ pub enum Rejection {
         got: String,
         want: String,
     },
-    /// A wireguard lease whose PublicKey another lease, created before it, already has. A key
-    /// names one WireGuard peer, so only one lease can have it: the first (see [`first_made`]).
-    DuplicateKey {
-        key: PublicKey,
-        first: SubnetId,
+    /// It claims what an older accepted lease, `first`, has (see [`Claim`]): of two leases
+    /// that claim one subnet, one address or one key, every node keeps the older.
+    Taken {
+        claim: Claim,
+        first: String,
     },
     /// Its IPv6 subnet's prefix length is not the config's `IPv6SubnetLen`.
     Ipv6PrefixLength {
@@ -61,13 +70,13 @@ pub enum Rejection {
     OutsideIpv6Network(Ipv6Net),
     /// Its IPv6 subnet claims (part of) this node's own.
     OverlapsOwnIpv6(Ipv6Net),
-    /// Its IPv6 subnet overlaps `subnet`, the IPv6 subnet of the peer lease `peer`.
-    OverlapsPeerIpv6 {
-        subnet: Ipv6Net,
-        peer: SubnetId,
-    },
     /// Its PublicIPv6 is this node's: traffic for it would loop back to us.
     OwnPublicIpv6(Ipv6Addr),
+    /// Its PublicIPv6 lies inside the IPv6Network: a loop, as [`Rejection::PublicIpInNetwork`].
+    PublicIpv6InNetwork {
+        ip: Ipv6Addr,
+        network: Ipv6Net,
+    },
     /// Its PublicIPv6 cannot be another host's address; `why` says what it is instead.
     UnusablePublicIpv6 {
         ip: Ipv6Addr,
@@ -94,21 +103,22 @@ impl fmt::Display for Rejection {
                 write!(f, "it lies outside the network {network}")
             }
             Rejection::OverlapsOwn(own) => write!(f, "it overlaps this node's own lease {own}"),
-            Rejection::OverlapsPeer(peer) => write!(f, "it overlaps the peer lease {peer}"),
             Rejection::OwnPublicIp(ip) => write!(f, "its PublicIP {ip} is this node's own"),
             Rejection::UnusablePublicIp(ip) => write!(f, "its PublicIP {ip} is not a host address"),
+            Rejection::PublicIpInNetwork { ip, network } => write!(
+                f,
+                "its PublicIP {ip} lies inside the network {network}: its traffic would be sent \
+                 into the tunnel it travels in, a loop"
+            ),
             Rejection::VtepMac(why) | Rejection::WireguardData(why) => write!(f, "{why}"),
             Rejection::OwnKey(key) => write!(f, "its PublicKey \"{key}\" is this node's own"),
             Rejection::BackendType { got, want } => write!(
                 f,
-                "its backend type {got} is not this node's {want}: they cannot carry each \
-                 other's traffic"
+                "its backend type {} is not this node's {want}: they cannot carry each \
+                 other's traffic",
+                shown::value(got)
             ),
-            Rejection::DuplicateKey { key, first } => write!(
-                f,
-                "its PublicKey \"{key}\" is already the key of the lease {first}, made before \
-                 it: a WireGuard key can be only one peer"
-            ),
+            Rejection::Taken { claim, first } => claim.taken(first, f),
             Rejection::Ipv6PrefixLength { got, want } => write!(
                 f,
                 "its IPv6 subnet's prefix length /{got} differs from the network's \
@@ -123,11 +133,12 @@ impl fmt::Display for Rejection {
                     "its IPv6 subnet overlaps this node's own IPv6 subnet {own}"
                 )
             }
-            Rejection::OverlapsPeerIpv6 { subnet, peer } => write!(
-                f,
-                "its IPv6 subnet overlaps {subnet}, the IPv6 subnet of the peer lease {peer}"
-            ),
             Rejection::OwnPublicIpv6(ip) => write!(f, "its PublicIPv6 {ip} is this node's own"),
+            Rejection::PublicIpv6InNetwork { ip, network } => write!(
+                f,
+                "its PublicIPv6 {ip} lies inside the IPv6Network {network}: its traffic would be \
+                 sent into the tunnel it travels in, a loop"
+            ),
             Rejection::UnusablePublicIpv6 { ip, why } => {
                 write!(f, "its PublicIPv6 {ip} is {why}, not a host's address")
             }
@@ -187,7 +198,14 @@ impl Ipv4Rules {
         if overlaps(subnet, self.own_subnet) {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
-        check_public_ip(lease.public_ip, self.own_public_ip)
+        check_public_ip(lease.public_ip, self.own_public_ip)?;
+        if self.network.contains(&lease.public_ip) {
+            return Err(Rejection::PublicIpInNetwork {
+                ip: lease.public_ip,
+                network: self.network,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -259,9 +277,9 @@ pub fn wireguard_key(lease: &Lease) -> Option<PublicKey> {
 
 /// The order leases were made in: the registry's creation order, the same on every node (never
 /// the order events arrived in), then, for a tie (two etcd keys made in one transaction,
-/// leases with no known order), the subnet, which every node also agrees on.
+/// leases with no known order), the lease's origin, which every node also agrees on.
 pub fn by_creation(a: &Lease, b: &Lease) -> Ordering {
-    (&a.created, a.id()).cmp(&(&b.created, b.id()))
+    (&a.created, a.origin()).cmp(&(&b.created, b.origin()))
 }
 
 /// Whether `a` was made before `b` ([`by_creation`]).
@@ -269,63 +287,111 @@ pub fn first_made(a: &Lease, b: &Lease) -> bool {
     by_creation(a, b) == Ordering::Less
 }
 
-/// The accepted peers a lease must not overlap. A lease for a subnet that is already a peer
-/// replaces that peer, so the peer with the lease's own [`SubnetId`] is never in the way.
-pub trait AcceptedPeers {
-    /// The IPv4 subnet of a peer, other than the one at `subnet`, that overlaps `subnet`.
-    fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net>;
-    /// The IPv6 subnet, and the peer's id, of a peer other than `own` whose IPv6 subnet
-    /// overlaps `subnet`.
-    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: SubnetId) -> Option<(Ipv6Net, SubnetId)>;
+/// What one lease claims: four things at most, kept without an allocation.
+pub type Claims = arrayvec::ArrayVec<Claim, 4>;
+
+/// Something a peer lease claims that no other peer may have. Of two leases that claim
+/// overlapping subnets, one endpoint or one key, the older keeps it ([`by_creation`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Its IPv4 subnet: a route can lead to one peer only.
+    Subnet(Ipv4Net),
+    /// Its IPv6 subnet, on a node with IPv6.
+    Ipv6Subnet(Ipv6Net),
+    /// The address the dataplane knows the peer by, where it knows peers by address (flannel's
+    /// udp, on TUN or eBPF, and twill-batch, whose engines take a datagram's sender for the
+    /// peer): its PublicIP, or PublicIPv6 over an IPv6 underlay, with the Port its BackendData
+    /// names (a twill-batch lease, a `--peer IP:PORT`; flanneld's udp leases name none: every
+    /// node has the network's). The other backends know a peer by its subnet or key, so nodes
+    /// behind one NAT may share a PublicIP there.
+    Endpoint { ip: IpAddr, port: Option<u16> },
+    /// A wireguard lease's PublicKey: a key names one WireGuard peer.
+    Key(PublicKey),
 }
 
-/// Leases keyed by subnet: O(log K) for IPv4, a walk over all for IPv6, which suits the few
-/// leases of `--peer` flags; [`crate::peers::Peers`] keeps an index of IPv6 subnets instead.
-impl AcceptedPeers for BTreeMap<Ipv4Net, Lease> {
-    fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net> {
-        let below = self.range(..subnet).next_back();
-        let above = self.range(subnet..).find(|(s, _)| **s != subnet);
-        let mut near = below.into_iter().chain(above).map(|(s, _)| *s);
-        near.find(|other| overlaps(subnet, *other))
-    }
-
-    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: SubnetId) -> Option<(Ipv6Net, SubnetId)> {
-        self.values()
-            .filter(|peer| peer.id() != own)
-            .filter_map(|peer| Some((peer.ipv6_subnet?, peer.id())))
-            .find(|(other, _)| overlaps_v6(subnet, *other))
-    }
-}
-
-/// Admits `lease` among `peers` if it passes the rules and overlaps no other peer; a lease for
-/// a subnet already in `peers` replaces it.
-pub fn admit(
-    rules: &LeaseRules,
-    peers: &impl AcceptedPeers,
-    lease: &Lease,
-) -> Result<(), Rejection> {
-    admit_keyed(rules, peers, lease).map(drop)
-}
-
-/// [`admit`], which also gives a wireguard lease's key, for the caller to check that no other
-/// peer has it.
-pub fn admit_keyed(
-    rules: &LeaseRules,
-    peers: &impl AcceptedPeers,
-    lease: &Lease,
-) -> Result<Option<PublicKey>, Rejection> {
-    let key = rules.check_keyed(lease)?;
-    let ipv4_subnet = lease.ipv4_subnet().filter(|_| rules.ipv4.is_some());
-    if let Some(other) = ipv4_subnet.and_then(|subnet| peers.overlapping(subnet)) {
-        return Err(Rejection::OverlapsPeer(other));
-    }
-    let ipv6_subnet = lease.ipv6_subnet.filter(|_| rules.ipv6.is_some());
-    if let Some(subnet) = ipv6_subnet {
-        if let Some((subnet, peer)) = peers.overlapping_ipv6(subnet, lease.id()) {
-            return Err(Rejection::OverlapsPeerIpv6 { subnet, peer });
+impl Claim {
+    /// Whether a lease that claims `self` and one that claims `other` cannot both be peers.
+    pub fn clashes(&self, other: &Claim) -> bool {
+        match (self, other) {
+            (Claim::Subnet(a), Claim::Subnet(b)) => overlaps(*a, *b),
+            (Claim::Ipv6Subnet(a), Claim::Ipv6Subnet(b)) => overlaps_v6(*a, *b),
+            (a, b) => a == b,
         }
     }
-    Ok(key)
+
+    /// The reason a lease is refused when `first` has this.
+    fn taken(&self, first: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let older = "of two leases that claim one subnet, every node keeps the older";
+        match self {
+            Claim::Subnet(subnet) => write!(
+                f,
+                "it overlaps {subnet}, the subnet of the lease {first}, made before it: {older}"
+            ),
+            Claim::Ipv6Subnet(subnet) => write!(
+                f,
+                "its IPv6 subnet overlaps {subnet}, the IPv6 subnet of the lease {first}, made \
+                 before it: {older}"
+            ),
+            Claim::Endpoint { ip, port } => {
+                write!(f, "its PublicIP {ip}")?;
+                if let Some(port) = port {
+                    write!(f, " (port {port})")?;
+                }
+                write!(
+                    f,
+                    " is already the address of the lease {first}, made before it: this \
+                     dataplane knows a peer by its address, so one address is one peer"
+                )
+            }
+            Claim::Key(key) => write!(
+                f,
+                "its PublicKey \"{key}\" is already the key of the lease {first}, made before \
+                 it: a WireGuard key can be only one peer"
+            ),
+        }
+    }
+}
+
+impl LeaseRules {
+    /// What `lease`, which passed [`LeaseRules::check_keyed`] with `key`, claims that no other
+    /// peer may have on this node.
+    pub fn claims(&self, lease: &Lease, key: Option<PublicKey>) -> Claims {
+        let mut claims = Claims::new();
+        if let Some(subnet) = lease.ipv4_subnet().filter(|_| self.ipv4.is_some()) {
+            claims.push(Claim::Subnet(subnet));
+        }
+        if let Some(subnet) = lease.ipv6_subnet.filter(|_| self.ipv6.is_some()) {
+            claims.push(Claim::Ipv6Subnet(subnet));
+        }
+        if let Some(endpoint) = self.endpoint(lease) {
+            claims.push(endpoint);
+        }
+        claims.extend(key.map(Claim::Key));
+        claims
+    }
+
+    /// The address the dataplane knows `lease`'s node by, where it knows peers by address.
+    fn endpoint(&self, lease: &Lease) -> Option<Claim> {
+        if !matches!(
+            self.backend_type.as_deref(),
+            None | Some(backend_type::TWILL_BATCH)
+        ) {
+            return None;
+        }
+        // The engines send to a Port the lease names (a twill-batch lease, a `--peer IP:PORT`),
+        // else to the network's.
+        let port = lease.backend_data.as_ref().and_then(|d| d.get("Port"));
+        let port = port
+            .and_then(|p| p.as_u64())
+            .and_then(|p| u16::try_from(p).ok());
+        let over_ipv6 =
+            self.ipv4.is_some() && self.ipv6.as_ref().is_some_and(|v6| v6.needs_public_ip);
+        let ip = match over_ipv6 {
+            true => IpAddr::V6(lease.public_ipv6?),
+            false => IpAddr::V4(lease.public_ip),
+        };
+        Some(Claim::Endpoint { ip, port })
+    }
 }
 
 pub(crate) fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
@@ -354,9 +420,10 @@ fn check_vtep_mac(lease: &Lease, ipv6_only: bool) -> Result<(), Rejection> {
     let Some(text) = mac.as_ref().and_then(|m| m.as_str()) else {
         return Err(Rejection::VtepMac(format!("it has no {field}.VtepMAC")));
     };
-    let mac: MacAddr = text
-        .parse()
-        .map_err(|_| Rejection::VtepMac(format!("its VtepMAC {text:?} is not a MAC address")))?;
+    let mac: MacAddr = text.parse().map_err(|_| {
+        let text = shown::quoted(text);
+        Rejection::VtepMac(format!("its VtepMAC {text} is not a MAC address"))
+    })?;
     if mac.0 == [0; 6] || mac.0[0] & 1 == 1 {
         return Err(Rejection::VtepMac(format!(
             "its VtepMAC {mac} is not a unicast address"

@@ -20,12 +20,6 @@ fn rules() -> LeaseRules {
     }
 }
 
-/// [`rules`] with another SubnetLen.
-fn with_subnet_len(subnet_len: u8) -> LeaseRules {
-    let ipv4 = rules().ipv4.map(|v4| Ipv4Rules { subnet_len, ..v4 });
-    LeaseRules { ipv4, ..rules() }
-}
-
 /// The checks of `lease` on a node of its own backend type, for the tests of the other rules.
 fn check(lease: &Lease) -> Result<(), Rejection> {
     let rules = LeaseRules {
@@ -173,33 +167,69 @@ fn each_bad_lease_gets_its_reason() {
 }
 
 #[test]
-fn a_lease_overlapping_a_peer_is_refused_and_an_update_is_not() {
-    let wide = with_subnet_len(23);
-    let mut peers = BTreeMap::new();
-    let first = Lease {
-        subnet: net("10.5.4.0/23"),
-        ..udp("10.5.4.0/24", "10.200.0.2")
+fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint() {
+    let udp_lease = udp("10.5.2.0/24", "10.200.0.2");
+    let endpoint = |port| Claim::Endpoint {
+        ip: "10.200.0.2".parse().unwrap(),
+        port,
     };
-    peers.insert(first.subnet, first.clone());
-    let update = Lease {
-        public_ip: "10.200.0.3".parse().unwrap(),
-        ..first.clone()
-    };
-    assert_eq!(admit(&wide, &peers, &update), Ok(()));
-    let next = Lease {
-        subnet: net("10.5.6.0/23"),
-        ..first.clone()
-    };
-    assert_eq!(admit(&wide, &peers, &next), Ok(()));
-    // Overlaps only arise between prefix lengths, which the rules refuse first; a rule set
-    // with none shows the range check on its own.
-    let inner = Lease {
-        subnet: net("10.5.5.0/24"),
-        ..first
-    };
-    let any_len = with_subnet_len(24);
     assert_eq!(
-        admit(&any_len, &peers, &inner),
-        Err(Rejection::OverlapsPeer(net("10.5.4.0/23")))
+        rules().claims(&udp_lease, None).as_slice(),
+        [Claim::Subnet(net("10.5.2.0/24")), endpoint(None)]
     );
+    // twill-batch leases name their port: two nodes on one address are two peers.
+    let batch = LeaseRules {
+        backend_type: Some(backend_type::TWILL_BATCH.into()),
+        ..rules()
+    };
+    let batch_lease = Lease::new(
+        net("10.5.3.0/24"),
+        LeaseAttrs::typed(
+            "10.200.0.2".parse().unwrap(),
+            Some(backend_type::TWILL_BATCH),
+            Some(json!({"Port": 8287, "Version": 1}).into()),
+        ),
+    );
+    assert_eq!(
+        batch.claims(&batch_lease, None).as_slice(),
+        [Claim::Subnet(net("10.5.3.0/24")), endpoint(Some(8287))]
+    );
+    // A kernel backend knows a peer by its subnet, wireguard by its key: nodes behind one NAT
+    // may share an address there.
+    let key: PublicKey = OWN_KEY.parse().unwrap();
+    let wireguard = LeaseRules {
+        backend_type: Some(backend_type::WIREGUARD.into()),
+        ..rules()
+    };
+    let wg_lease = udp("10.5.4.0/24", "10.200.0.2");
+    assert_eq!(
+        wireguard.claims(&wg_lease, Some(key)).as_slice(),
+        [Claim::Subnet(net("10.5.4.0/24")), Claim::Key(key)]
+    );
+    let host_gw = LeaseRules {
+        backend_type: Some(backend_type::HOST_GW.into()),
+        ..rules()
+    };
+    assert_eq!(
+        host_gw.claims(&wg_lease, None).as_slice(),
+        [Claim::Subnet(net("10.5.4.0/24"))]
+    );
+}
+
+#[test]
+fn claims_clash_by_overlap_for_subnets_and_by_equality_for_the_rest() {
+    let wide = Claim::Subnet(net("10.5.4.0/23"));
+    assert!(wide.clashes(&Claim::Subnet(net("10.5.5.0/24"))));
+    assert!(Claim::Subnet(net("10.5.5.0/24")).clashes(&wide));
+    assert!(!wide.clashes(&Claim::Subnet(net("10.5.6.0/24"))));
+    let v6 = |s: &str| Claim::Ipv6Subnet(s.parse().unwrap());
+    assert!(v6("fd10::/48").clashes(&v6("fd10:0:0:2::/64")));
+    assert!(!v6("fd10:0:0:3::/64").clashes(&v6("fd10:0:0:2::/64")));
+    let at = |ip: &str, port| Claim::Endpoint {
+        ip: ip.parse().unwrap(),
+        port,
+    };
+    assert!(at("10.200.0.2", None).clashes(&at("10.200.0.2", None)));
+    assert!(!at("10.200.0.2", Some(1)).clashes(&at("10.200.0.2", Some(2))));
+    assert!(!wide.clashes(&at("10.5.4.0", None)));
 }

@@ -31,7 +31,10 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
     let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
     assert_eq!(
         refused,
-        ["its IPv6 subnet overlaps fd10:0:0:2::/64, the IPv6 subnet of the peer lease 10.5.2.0/24"]
+        [
+            "its IPv6 subnet overlaps fd10:0:0:2::/64, the IPv6 subnet of the lease 10.5.2.0/24, \
+          made before it: of two leases that claim one subnet, every node keeps the older"
+        ]
     );
     // The holder renews with the same IPv6 subnet: still its own.
     let renewed = Lease {
@@ -132,7 +135,7 @@ fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
     }
     let mut refused: Vec<String> = peers
         .refused()
-        .map(|r| format!("{}: {}", peers.namer().name(r.lease.id()), r.reason))
+        .map(|r| format!("{}: {}", peers.namer().name(&r.lease), r.reason))
         .collect();
     refused.sort();
     assert_eq!(
@@ -144,8 +147,8 @@ fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
             "/p/subnets/0.0.0.0-0&fd10:0:0:7::-64: it has no BackendV6Data.VtepMAC",
             "/p/subnets/0.0.0.0-0: it has no IPv6 subnet, and this network is IPv6-only \
              (EnableIPv4 false)",
-            "/p/subnets/10.5.4.0-24: it has the IPv4 subnet 10.5.4.0/24, and this network is \
-             IPv6-only (EnableIPv4 false)",
+            "/p/subnets/10.5.4.0-24&fd10:0:0:4::-64: it has the IPv4 subnet 10.5.4.0/24, and \
+             this network is IPv6-only (EnableIPv4 false)",
         ]
     );
 }

@@ -92,6 +92,7 @@ fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
     );
     let twin = Lease {
         subnet: "10.5.8.0/24".parse().unwrap(),
+        public_ip: "10.200.0.8".parse().unwrap(),
         ..udp.clone()
     };
     // On a udp node, two leases without keys never clash over one.

@@ -3,74 +3,58 @@
 //! [`crate::lease_check`], and remembers the refused ones (with their reasons) for the log and
 //! `twill status`.
 //!
-//! One check needs every lease at once: a WireGuard key names one peer, so of the leases with
-//! one key only the first made ([`lease_check::first_made`]) is a peer, and the others are
-//! refused as duplicates. That holds whatever order the leases arrive in: a lease made before
-//! the peer that has its key takes the key over, and when the holder goes away (or changes its
-//! key) the next one in line becomes the peer with that very event.
+//! Leases are told apart by their origin (an etcd key, a Kubernetes Node: [`LeaseOrigin`]),
+//! never by their subnet alone, so a second lease for a peer's subnet is a second lease and not
+//! an update of the first. The duplicate rule needs every lease at once: of two leases that
+//! claim one thing only one peer may have (overlapping subnets of either family, one endpoint,
+//! one WireGuard key: [`Claim`]), the older one ([`lease_check::by_creation`]) is the peer and
+//! the newer is refused naming it. That holds whatever order the leases arrive in: an older
+//! lease takes the place of the newer ones it clashes with, and when a peer goes away (or stops
+//! claiming something) the leases that waited for it are judged again, oldest first, with that
+//! very event. The outcome is the one a fresh snapshot of the same leases gives.
 
-use crate::lease::{Lease, SubnetId};
-use crate::lease_check::{self, AcceptedPeers, LeaseRules, Rejection};
+mod held;
+
+use crate::lease::{Lease, LeaseOrigin, SubnetId};
+use crate::lease_check::{self, by_creation, first_made, Claim, LeaseRules, Rejection};
 use crate::registry::{LeaseEvent, LeaseNamer};
-use ipnet::{Ipv4Net, Ipv6Net};
-use std::collections::{BTreeMap, HashMap};
-use twill_dataplane::engine::wireguard::PublicKey;
+use crate::shown;
+use held::Held;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A lease that was refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
     pub lease: Lease,
     pub reason: Rejection,
+    /// The accepted lease that has what this one claims: when it goes, this one is judged again.
+    pub waits_for: Option<LeaseOrigin>,
 }
 
-/// Accepted and refused peer leases, each keyed by its [`SubnetId`].
+/// Accepted and refused peer leases.
 #[derive(Debug)]
 pub struct Peers {
     rules: LeaseRules,
-    /// How a lease is named in the log: its etcd key, or the flag that gave it.
+    /// How a lease is named in the log: its etcd key, the Node, or the flag that gave it.
     namer: LeaseNamer,
+    /// The accepted leases by [`SubnetId`]: they never clash, so no two share one.
     accepted: BTreeMap<SubnetId, Lease>,
-    refused: BTreeMap<SubnetId, Refused>,
-    /// Entries among the leases that are not leases at all: key, and what is wrong.
-    unreadable: BTreeMap<String, String>,
-    /// The accepted lease that has each WireGuard key.
-    keys: HashMap<PublicKey, SubnetId>,
-    /// On a node with IPv6, the accepted lease that has each IPv6 subnet, so a lease's IPv6
-    /// overlap check is O(log K) too.
-    ipv6: BTreeMap<Ipv6Net, SubnetId>,
+    /// Where each origin's accepted lease is.
+    origins: HashMap<LeaseOrigin, SubnetId>,
+    /// What the accepted leases claim.
+    held: Held,
+    refused: BTreeMap<LeaseOrigin, Refused>,
+    /// The refused leases waiting for each accepted one to go.
+    waiting: HashMap<LeaseOrigin, BTreeSet<LeaseOrigin>>,
+    /// Entries among the leases that are not leases at all, by key: the key and what is
+    /// wrong, as they are shown (cut to a bound: whoever wrote the entry chose their length).
+    unreadable: BTreeMap<String, (String, String)>,
 }
 
-/// The accepted leases as the overlap checks see them.
-struct Accepted<'a> {
-    leases: &'a BTreeMap<SubnetId, Lease>,
-    ipv6: &'a BTreeMap<Ipv6Net, SubnetId>,
-}
-
-impl AcceptedPeers for Accepted<'_> {
-    /// Accepted IPv4 subnets never overlap each other, so only the nearest one on each side
-    /// can overlap `subnet`.
-    fn overlapping(&self, subnet: Ipv4Net) -> Option<Ipv4Net> {
-        let id = SubnetId::V4(subnet);
-        let below = self.leases.range(..id).next_back();
-        let above = self.leases.range(id..).find(|(s, _)| **s != id);
-        let near = below.into_iter().chain(above);
-        let mut near = near.filter_map(|(_, lease)| lease.ipv4_subnet());
-        near.find(|other| lease_check::overlaps(subnet, *other))
-    }
-
-    /// Accepted IPv6 subnets never overlap each other, so only the nearest one on each side
-    /// can overlap `subnet`.
-    fn overlapping_ipv6(&self, subnet: Ipv6Net, own: SubnetId) -> Option<(Ipv6Net, SubnetId)> {
-        let below = self.ipv6.range(..=subnet).rev().find(|(_, s)| **s != own);
-        let above = self.ipv6.range(subnet..).find(|(_, s)| **s != own);
-        let mut near = below.into_iter().chain(above).map(|(v6, s)| (*v6, *s));
-        near.find(|(other, _)| lease_check::overlaps_v6(subnet, *other))
-    }
-}
-
-/// The subnets one event changed, each with its accepted lease before the event.
+/// The subnets one event changed, each with its accepted lease before the event; `None` for a
+/// snapshot, which is its own account of what changed.
 #[derive(Default)]
-struct Touched(Vec<(SubnetId, Option<Lease>)>);
+struct Touched(Option<Vec<(SubnetId, Option<Lease>)>>);
 
 impl Peers {
     pub fn new(rules: LeaseRules, namer: LeaseNamer) -> Peers {
@@ -78,25 +62,29 @@ impl Peers {
             rules,
             namer,
             accepted: BTreeMap::new(),
+            origins: HashMap::new(),
+            held: Held::default(),
             refused: BTreeMap::new(),
+            waiting: HashMap::new(),
             unreadable: BTreeMap::new(),
-            keys: HashMap::new(),
-            ipv6: BTreeMap::new(),
         }
     }
 
     /// Turns a registry event into the event the backend must see, if any: refused leases are
     /// left out, and a refused lease that goes away changes nothing. An event that changes more
-    /// than one peer (a key passing from one lease to another) reaches the backend as a
-    /// snapshot of all accepted leases.
+    /// than one peer (a subnet or key passing from one lease to another) reaches the backend as
+    /// a snapshot of all accepted leases.
     pub fn admit(&mut self, event: LeaseEvent) -> Option<LeaseEvent> {
         match event {
             LeaseEvent::Snapshot(all) => Some(LeaseEvent::Snapshot(self.replace_all(all))),
             LeaseEvent::Added(lease) => self.add(lease),
-            LeaseEvent::Removed(lease) => self.remove(lease.id()),
+            LeaseEvent::Removed(lease) => self.remove(&lease.origin()),
             LeaseEvent::Unreadable { key, why } => {
                 match why {
-                    Some(why) => self.unreadable.insert(key, why),
+                    Some(why) => {
+                        let shown = (shown::line(&key).owned(), shown::line(&why).owned());
+                        self.unreadable.insert(key, shown)
+                    }
                     None => self.unreadable.remove(&key),
                 };
                 None
@@ -108,123 +96,172 @@ impl Peers {
         }
     }
 
-    /// Checks every lease afresh, the first made first, so that of two leases with one key
-    /// the first made is accepted and the other refused, as the events would have left them.
+    /// Checks every lease afresh, the first made first, so that of two leases that clash the
+    /// first made is accepted and the other refused, as the events would have left them.
     fn replace_all(&mut self, mut all: Vec<Lease>) -> Vec<Lease> {
-        let mut refused = std::mem::take(&mut self.refused);
+        let mut before = std::mem::take(&mut self.refused);
+        self.waiting.clear();
         self.accepted.clear();
-        self.keys.clear();
-        self.ipv6.clear();
-        all.sort_by(lease_check::by_creation);
+        self.origins.clear();
+        self.held.clear();
+        all.sort_by(by_creation);
+        // The snapshot is the event: what each lease changed needs no account.
+        let mut touched = Touched::default();
         for lease in all {
-            let known = refused.remove(&lease.id());
-            self.judge(lease, known.as_ref(), &mut Touched::default());
+            let origin = lease.origin();
+            let known = before.remove(&origin);
+            // A registry lists each origin once; should one come twice, the later stands.
+            self.take_refused(&origin);
+            self.unaccept_origin(&origin, &mut touched);
+            self.judge(lease, known.as_ref(), &mut touched);
         }
         self.accepted.values().cloned().collect()
     }
 
     fn add(&mut self, lease: Lease) -> Option<LeaseEvent> {
-        let (subnet, mut touched) = (lease.id(), Touched::default());
-        let known = self.refused.remove(&subnet);
-        // The key that held a good lease now holds another: its old owner is gone.
-        let vacated = self.unaccept(subnet, &mut touched);
+        let (id, origin, mut touched) = (lease.id(), lease.origin(), Touched::kept());
+        let known = self.take_refused(&origin);
+        let replaced = self.unaccept_origin(&origin, &mut touched);
         self.judge(lease, known.as_ref(), &mut touched);
-        if let Some(key) = vacated.filter(|k| self.keys.get(k) != Some(&subnet)) {
-            self.settle(key, &mut touched);
+        // What the old version held and the new one may not: the next in line gets it.
+        if replaced.is_some() {
+            self.settle(&origin, &mut touched);
         }
-        self.events(subnet, touched)
+        self.events(id, touched)
     }
 
-    fn remove(&mut self, subnet: SubnetId) -> Option<LeaseEvent> {
-        let mut touched = Touched::default();
-        self.refused.remove(&subnet);
-        if let Some(key) = self.unaccept(subnet, &mut touched) {
-            self.settle(key, &mut touched);
-        }
-        self.events(subnet, touched)
+    fn remove(&mut self, origin: &LeaseOrigin) -> Option<LeaseEvent> {
+        self.take_refused(origin);
+        let mut touched = Touched::kept();
+        let removed = self.unaccept_origin(origin, &mut touched)?;
+        self.settle(origin, &mut touched);
+        self.events(removed.id(), touched)
     }
 
-    /// Accepts or refuses `lease`, whose subnet holds no accepted lease now. Of two leases with
-    /// one key the first made wins, even over one accepted already.
+    /// Accepts or refuses `lease`, whose origin has no accepted or refused lease now. A lease
+    /// older than every accepted one it clashes with takes their place.
     fn judge(&mut self, lease: Lease, known: Option<&Refused>, touched: &mut Touched) {
-        let accepted = Accepted {
-            leases: &self.accepted,
-            ipv6: &self.ipv6,
-        };
-        let key = match lease_check::admit_keyed(&self.rules, &accepted, &lease) {
+        let key = match self.rules.check_keyed(&lease) {
             Ok(key) => key,
-            Err(reason) => return self.refuse(lease, reason, known),
+            Err(reason) => return self.refuse(lease, reason, None, known),
         };
-        let Some((key, first)) = key.and_then(|k| Some((k, *self.keys.get(&k)?))) else {
-            return self.accept(lease, key, touched);
-        };
-        let holder = self.accepted[&first].clone();
-        if !lease_check::first_made(&lease, &holder) {
-            return self.refuse(lease, Rejection::DuplicateKey { key, first }, known);
+        let claims = self.rules.claims(&lease, key);
+        let holders = self.held.holders(&claims);
+        let older = holders
+            .iter()
+            .map(|(claim, id)| (claim, &self.accepted[id]))
+            .filter(|(_, holder)| first_made(holder, &lease))
+            .min_by(|a, b| by_creation(a.1, b.1));
+        if let Some((claim, holder)) = older {
+            let first = self.namer.holder(holder);
+            let reason = Rejection::Taken {
+                claim: *claim,
+                first,
+            };
+            let waits_for = Some(holder.origin());
+            return self.refuse(lease, reason, waits_for, known);
         }
-        let to = lease.id();
-        self.unaccept(first, touched);
-        self.accept(lease, Some(key), touched);
-        self.refuse(holder, Rejection::DuplicateKey { key, first: to }, None);
-        // The leases refused as duplicates of the old holder now name the new one.
-        self.settle(key, touched);
+        let displaced: Vec<Lease> = holders
+            .iter()
+            .filter_map(|(_, id)| self.unaccept(*id, touched))
+            .collect();
+        let (first, origin) = (self.namer.holder(&lease), lease.origin());
+        self.accept(lease, &claims, touched);
+        for lease in &displaced {
+            let theirs = self.rules.claims(lease, lease_check::wireguard_key(lease));
+            let claim = claims.iter().find(|c| theirs.iter().any(|t| t.clashes(c)));
+            let claim = *claim.expect("a displaced lease clashes with the one that displaced it");
+            let first = first.clone();
+            let reason = Rejection::Taken { claim, first };
+            self.refuse(lease.clone(), reason, Some(origin.clone()), None);
+        }
+        // What waited for the displaced leases may not clash with the new one.
+        for lease in displaced {
+            self.settle(&lease.origin(), touched);
+        }
     }
 
-    /// Checks again, first made first, every lease refused because another had `key`: the
-    /// first becomes its peer if none has it now, and the rest name the one that has.
-    fn settle(&mut self, key: PublicKey, touched: &mut Touched) {
-        let waiting = self
-            .refused
-            .values()
-            .filter(|r| matches!(r.reason, Rejection::DuplicateKey { key: k, .. } if k == key));
-        let mut waiting: Vec<Lease> = waiting.map(|r| r.lease.clone()).collect();
-        waiting.sort_by(lease_check::by_creation);
-        for lease in waiting {
-            let known = self.refused.remove(&lease.id());
-            self.judge(lease, known.as_ref(), touched);
+    /// Judges again, first made first, every lease that waited for the lease of `origin`,
+    /// which is no longer accepted or no longer claims what it did.
+    fn settle(&mut self, origin: &LeaseOrigin, touched: &mut Touched) {
+        let Some(waiters) = self.waiting.remove(origin) else {
+            return;
+        };
+        let mut waiting: Vec<Refused> = waiters
+            .iter()
+            .filter_map(|w| self.refused.remove(w))
+            .collect();
+        waiting.sort_by(|a, b| by_creation(&a.lease, &b.lease));
+        for known in waiting {
+            self.judge(known.lease.clone(), Some(&known), touched);
         }
     }
 
-    fn accept(&mut self, lease: Lease, key: Option<PublicKey>, touched: &mut Touched) {
+    fn accept(&mut self, lease: Lease, claims: &[Claim], touched: &mut Touched) {
         let id = lease.id();
         touched.note(id, &self.accepted);
-        if let Some(key) = key {
-            self.keys.insert(key, id);
-        }
-        if let Some(v6) = lease.ipv6_subnet.filter(|_| self.rules.ipv6.is_some()) {
-            self.ipv6.insert(v6, id);
-        }
+        self.held.insert(claims, id);
+        self.origins.insert(lease.origin(), id);
         self.accepted.insert(id, lease);
     }
 
-    /// Takes the accepted lease at `subnet` away; the WireGuard key it leaves free, if any.
-    fn unaccept(&mut self, subnet: SubnetId, touched: &mut Touched) -> Option<PublicKey> {
-        touched.note(subnet, &self.accepted);
-        let lease = self.accepted.remove(&subnet)?;
-        if let Some(v6) = lease.ipv6_subnet {
-            if self.ipv6.get(&v6) == Some(&subnet) {
-                self.ipv6.remove(&v6);
-            }
-        }
-        let key = lease_check::wireguard_key(&lease)?;
-        if self.keys.get(&key) != Some(&subnet) {
-            return None;
-        }
-        self.keys.remove(&key);
-        Some(key)
+    /// Takes the accepted lease at `id` away, and what it claimed.
+    fn unaccept(&mut self, id: SubnetId, touched: &mut Touched) -> Option<Lease> {
+        touched.note(id, &self.accepted);
+        let lease = self.accepted.remove(&id)?;
+        let claims = self
+            .rules
+            .claims(&lease, lease_check::wireguard_key(&lease));
+        self.held.remove(&claims, id);
+        self.origins.remove(&lease.origin());
+        Some(lease)
+    }
+
+    fn unaccept_origin(&mut self, origin: &LeaseOrigin, touched: &mut Touched) -> Option<Lease> {
+        let id = *self.origins.get(origin)?;
+        self.unaccept(id, touched)
     }
 
     /// Notes a refusal, warning once per lease and reason (a periodic re-list repeats them).
-    fn refuse(&mut self, lease: Lease, reason: Rejection, known: Option<&Refused>) {
-        let refused = Refused { lease, reason };
+    fn refuse(
+        &mut self,
+        lease: Lease,
+        reason: Rejection,
+        waits_for: Option<LeaseOrigin>,
+        known: Option<&Refused>,
+    ) {
+        let refused = Refused {
+            lease,
+            reason,
+            waits_for,
+        };
         if known != Some(&refused) {
             tracing::warn!(
                 "ignoring lease {}: {}",
-                self.namer.name(refused.lease.id()),
-                refused.reason
+                self.namer.name(&refused.lease),
+                shown::line(&refused.reason.to_string())
             );
         }
-        self.refused.insert(refused.lease.id(), refused);
+        let origin = refused.lease.origin();
+        if let Some(holder) = &refused.waits_for {
+            let waiters = self.waiting.entry(holder.clone()).or_default();
+            waiters.insert(origin.clone());
+        }
+        self.refused.insert(origin, refused);
+    }
+
+    /// Forgets the refused lease of `origin`, if there is one.
+    fn take_refused(&mut self, origin: &LeaseOrigin) -> Option<Refused> {
+        let refused = self.refused.remove(origin)?;
+        if let Some(holder) = &refused.waits_for {
+            if let Some(waiters) = self.waiting.get_mut(holder) {
+                waiters.remove(origin);
+                if waiters.is_empty() {
+                    self.waiting.remove(holder);
+                }
+            }
+        }
+        Some(refused)
     }
 
     /// What the backend must hear of an event about `subnet`: that lease as it is now (added,
@@ -232,6 +269,7 @@ impl Peers {
     fn events(&self, subnet: SubnetId, touched: Touched) -> Option<LeaseEvent> {
         let mut changes: Vec<LeaseEvent> = touched
             .0
+            .unwrap_or_default()
             .into_iter()
             .filter_map(|(s, before)| match (before, self.accepted.get(&s)) {
                 (Some(before), None) => Some(LeaseEvent::Removed(before)),
@@ -258,9 +296,9 @@ impl Peers {
         self.refused.values()
     }
 
-    /// Entries among the leases that are not leases: key, and what is wrong.
+    /// Entries among the leases that are not leases: key, and what is wrong, as shown.
     pub fn unreadable(&self) -> impl ExactSizeIterator<Item = (&String, &String)> {
-        self.unreadable.iter()
+        self.unreadable.values().map(|(key, why)| (key, why))
     }
 
     pub fn namer(&self) -> &LeaseNamer {
@@ -271,9 +309,17 @@ impl Peers {
 impl Touched {
     /// Remembers what `subnet` held before this event, the first time it changes.
     fn note(&mut self, subnet: SubnetId, accepted: &BTreeMap<SubnetId, Lease>) {
-        if !self.0.iter().any(|(s, _)| *s == subnet) {
-            self.0.push((subnet, accepted.get(&subnet).cloned()));
+        let Some(touched) = &mut self.0 else {
+            return;
+        };
+        if !touched.iter().any(|(s, _)| *s == subnet) {
+            touched.push((subnet, accepted.get(&subnet).cloned()));
         }
+    }
+
+    /// An account of the changes of one event.
+    fn kept() -> Touched {
+        Touched(Some(Vec::new()))
     }
 }
 
@@ -377,3 +423,6 @@ mod ipv6_tests;
 
 #[cfg(test)]
 mod key_tests;
+
+#[cfg(test)]
+mod rule_tests;

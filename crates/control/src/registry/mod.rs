@@ -14,7 +14,7 @@ mod static_peers;
 pub use backoff::Backoff;
 pub use etcd::{EtcdOptions, EtcdRegistry, Timing, DEFAULT_ENDPOINTS, DEFAULT_PREFIX};
 pub use kube::{KubeOptions, KubeRegistry};
-pub use namer::{node_key, LeaseNamer, NodeNames};
+pub use namer::{node_key, LeaseNamer};
 pub use static_peers::{parse_peer, StaticRegistry};
 
 use crate::backend::netlink::MacAddr;

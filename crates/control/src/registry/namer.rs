@@ -1,9 +1,7 @@
 //! How a registry names a lease to the operator: in logs and under `rejected_leases` in
 //! `twill status`, a lease is named where the operator would look for it.
 
-use crate::lease::SubnetId;
-use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use crate::lease::{Lease, LeaseOrigin};
 
 /// Names a lease as the operator wrote it: its etcd key, the flag that gave it, or the
 /// Kubernetes Node it was read from.
@@ -14,47 +12,36 @@ pub enum LeaseNamer {
     Flag,
     /// `<prefix>/subnets/` of an etcd registry.
     EtcdKey(String),
-    /// The Node each podCIDR was last read from, kept by the Kubernetes registry.
-    KubeNode(Arc<NodeNames>),
-}
-
-/// podCIDR → Node name, written by the registry as it reads Nodes, read when naming.
-#[derive(Debug, Default)]
-pub struct NodeNames(RwLock<HashMap<SubnetId, String>>);
-
-impl NodeNames {
-    pub fn set(&self, subnet: SubnetId, node: &str) {
-        self.0.write().unwrap().insert(subnet, node.to_string());
-    }
-
-    pub fn forget(&self, subnet: SubnetId) {
-        self.0.write().unwrap().remove(&subnet);
-    }
-
-    pub fn replace(&self, names: HashMap<SubnetId, String>) {
-        *self.0.write().unwrap() = names;
-    }
-
-    fn get(&self, subnet: SubnetId) -> Option<String> {
-        self.0.read().unwrap().get(&subnet).cloned()
-    }
+    /// Nodes of a Kubernetes registry, each read as a lease.
+    KubeNode,
 }
 
 impl LeaseNamer {
-    pub fn name(&self, subnet: SubnetId) -> String {
-        match self {
-            LeaseNamer::Flag => format!("peer {subnet}"),
-            LeaseNamer::EtcdKey(prefix) => match subnet {
-                SubnetId::V4(v4) => format!("{prefix}{}-{}", v4.network(), v4.prefix_len()),
-                // flanneld's key of an IPv6-only lease: an empty IPv4 part, then the IPv6 one.
-                SubnetId::V6(v6) => {
-                    format!("{prefix}0.0.0.0-0&{}-{}", v6.network(), v6.prefix_len())
+    /// The lease in full: its etcd key, its Node, or its flag.
+    pub fn name(&self, lease: &Lease) -> String {
+        match (self, lease.origin()) {
+            (_, LeaseOrigin::Node(node)) => node_key(&node),
+            (LeaseNamer::EtcdKey(prefix), LeaseOrigin::Key(v4, v6)) => {
+                // The key's own text: flanneld's IPv6-only key has the empty IPv4 part 0.0.0.0-0.
+                let v4 = format!("{prefix}{}-{}", v4.network(), v4.prefix_len());
+                match v6 {
+                    None => v4,
+                    Some(v6) => format!("{v4}&{}-{}", v6.network(), v6.prefix_len()),
                 }
-            },
-            LeaseNamer::KubeNode(names) => match names.get(subnet) {
-                Some(node) => node_key(&node),
-                None => format!("node with podCIDR {subnet}"),
-            },
+            }
+            (LeaseNamer::KubeNode, LeaseOrigin::Key(..)) => {
+                format!("node with podCIDR {}", lease.id())
+            }
+            (LeaseNamer::Flag, LeaseOrigin::Key(..)) => format!("peer {}", lease.id()),
+        }
+    }
+
+    /// An accepted lease named in another's refusal: its Node, or its subnet, which no other
+    /// accepted lease has.
+    pub fn holder(&self, lease: &Lease) -> String {
+        match lease.origin() {
+            LeaseOrigin::Node(node) => node_key(&node),
+            LeaseOrigin::Key(..) => lease.id().to_string(),
         }
     }
 }
@@ -67,29 +54,43 @@ pub fn node_key(node: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::{Created, LeaseAttrs};
+
+    fn lease(subnet: &str) -> Lease {
+        Lease::new(
+            subnet.parse().unwrap(),
+            LeaseAttrs::udp("10.200.0.2".parse().unwrap()),
+        )
+    }
 
     #[test]
     fn leases_are_named_by_their_etcd_key() {
         let namer = LeaseNamer::EtcdKey("/coreos.com/network/subnets/".into());
-        let subnet = SubnetId::V4("10.5.2.0/25".parse().unwrap());
+        let v4 = lease("10.5.2.0/25");
+        assert_eq!(namer.name(&v4), "/coreos.com/network/subnets/10.5.2.0-25");
+        assert_eq!(namer.holder(&v4), "10.5.2.0/25");
+        let dual = v4.with_ipv6_subnet("fd10:0:0:2::/64".parse().unwrap());
         assert_eq!(
-            namer.name(subnet),
-            "/coreos.com/network/subnets/10.5.2.0-25"
+            namer.name(&dual),
+            "/coreos.com/network/subnets/10.5.2.0-25&fd10:0:0:2::-64"
         );
-        let ipv6_only = SubnetId::V6("fd10:0:0:2::/64".parse().unwrap());
+        let ipv6_only = Lease::ipv6_only(
+            "fd10:0:0:2::/64".parse().unwrap(),
+            LeaseAttrs::udp(std::net::Ipv4Addr::UNSPECIFIED),
+        );
         assert_eq!(
-            namer.name(ipv6_only),
+            namer.name(&ipv6_only),
             "/coreos.com/network/subnets/0.0.0.0-0&fd10:0:0:2::-64"
         );
     }
 
     #[test]
     fn kubernetes_leases_are_named_by_their_node() {
-        let names = Arc::new(NodeNames::default());
-        let namer = LeaseNamer::KubeNode(names.clone());
-        let subnet = SubnetId::V4("10.5.2.0/24".parse().unwrap());
-        assert_eq!(namer.name(subnet), "node with podCIDR 10.5.2.0/24");
-        names.set(subnet, "worker-2");
-        assert_eq!(namer.name(subnet), "node/worker-2");
+        let namer = LeaseNamer::KubeNode;
+        let nameless = lease("10.5.2.0/24");
+        assert_eq!(namer.name(&nameless), "node with podCIDR 10.5.2.0/24");
+        let read = nameless.with_created(Created::named(1_700_000_000, "worker-2"));
+        assert_eq!(namer.name(&read), "node/worker-2");
+        assert_eq!(namer.holder(&read), "node/worker-2");
     }
 }

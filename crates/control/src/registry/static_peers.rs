@@ -1,14 +1,14 @@
 //! A registry without etcd: every lease is given up front (`--subnet`, `--peer CIDR=IP[:PORT]`).
 //! Meant for two or three hosts and for tests, where running etcd is not worth it.
 
-use super::{LeaseEvent, Registry, EVENT_QUEUE};
+use super::{LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
 use crate::config::{Config, DEFAULT_BACKEND};
 use crate::lease::backend_type::TWILL_BATCH;
 use crate::lease::{Created, Lease, LeaseAttrs};
-use crate::lease_check::{self, LeaseRules};
+use crate::lease_check::LeaseRules;
+use crate::peers::Peers;
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
-use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use tokio::sync::mpsc;
 use twill_dataplane::wire::batch;
@@ -74,13 +74,16 @@ impl Registry for StaticRegistry {
     /// flags, a mistake is better caught at start than ignored with a warning.
     async fn start(self, attrs: LeaseAttrs) -> anyhow::Result<(Lease, mpsc::Receiver<LeaseEvent>)> {
         let own = Lease::new(self.subnet, attrs);
-        let rules = LeaseRules::new(&self.config, &own);
-        let mut admitted = BTreeMap::new();
-        for peer in &self.peers {
-            if let Err(reason) = lease_check::admit(&rules, &admitted, peer) {
-                bail!("--peer {}={}: {reason}", peer.subnet, peer.public_ip);
-            }
-            admitted.insert(peer.subnet, peer.clone());
+        let mut gate = Peers::new(LeaseRules::new(&self.config, &own), LeaseNamer::Flag);
+        gate.admit(LeaseEvent::Snapshot(self.peers.clone()));
+        if let Some(refused) = gate.refused().next() {
+            let peer = &refused.lease;
+            bail!(
+                "--peer {}={}: {}",
+                peer.subnet,
+                peer.public_ip,
+                refused.reason
+            );
         }
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         tx.try_send(LeaseEvent::Snapshot(self.peers))

@@ -20,6 +20,8 @@ pub struct Ip {
     pub dst: Ipv4Addr,
     pub protocol: u8,
     pub ttl: u8,
+    /// The identification field, which ties the fragments of one datagram together.
+    pub id: u16,
     pub flags_fragment: u16,
     pub options: Vec<u8>,
 }
@@ -31,6 +33,7 @@ impl Ip {
             dst,
             protocol,
             ttl: 64,
+            id: 0,
             flags_fragment: 0,
             options: Vec::new(),
         }
@@ -41,6 +44,7 @@ impl Ip {
         let mut p = vec![0u8; header_len];
         p[0] = 0x40 | (header_len / 4) as u8;
         p[2..4].copy_from_slice(&((header_len + payload.len()) as u16).to_be_bytes());
+        p[4..6].copy_from_slice(&self.id.to_be_bytes());
         p[6..8].copy_from_slice(&self.flags_fragment.to_be_bytes());
         p[8] = self.ttl;
         p[9] = self.protocol;

@@ -5,14 +5,13 @@
 //! archives imported into each node's containerd. No kube-proxy either: each node routes the
 //! `kubernetes` Service's address to the API server itself, so in-cluster clients reach it.
 
-mod cgroups;
+pub(crate) mod cgroups;
 mod control;
 mod image;
 mod node;
 mod node_config;
 mod wait;
 
-pub(crate) use cgroups::sweep as sweep_cgroups;
 pub use image::Image;
 pub use node::KubeNode;
 

@@ -19,12 +19,22 @@ fn is_dummy(link: &Link) -> bool {
     matches!(&link.kind, LinkKind::Other(Some(kind)) if KINDS.contains(kind))
 }
 
+/// The device as [`ensure`] left it, and whether it made it.
+#[derive(Debug)]
+pub struct Made {
+    pub link: Link,
+    /// Made now, rather than adopted from an earlier run: a failed start deletes it again.
+    pub created: bool,
+}
+
 /// The device `name` as the dataplane needs it: a dummy with `mtu`, `address` and up. One left
 /// by an earlier run is adopted as it is (its route and programs are still carrying traffic);
 /// a TUN of that name that no process holds is what the userspace dataplane left, and is
 /// replaced. Any other device of that name is not twill's and is refused.
-pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> anyhow::Result<Link> {
-    let link = match nl.link_by_name(name).await? {
+pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> anyhow::Result<Made> {
+    let found = nl.link_by_name(name).await?;
+    let created = !found.as_ref().is_some_and(is_dummy);
+    let link = match found {
         Some(link) if is_dummy(&link) => link,
         Some(Link {
             kind: LinkKind::Tun { held: false },
@@ -59,7 +69,7 @@ pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> any
     if !link.up {
         nl.set_up(link.index).await?;
     }
-    Ok(link)
+    Ok(Made { link, created })
 }
 
 /// The programs carry IPv4 only: the kernel's own IPv6 on the device (router solicitations,

@@ -10,18 +10,21 @@
 mod choice;
 mod counters;
 mod device;
+mod owner;
+mod unproven;
 
 pub use choice::{choose, Dataplane};
 
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
-use crate::backend::netlink::Netlink;
+use crate::backend::netlink::{Netlink, Route};
 use crate::host;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::node::Node;
 use crate::status::EngineView;
-use anyhow::Context;
-use ipnet::Ipv4Net;
+use anyhow::{anyhow, Context};
+use ipnet::{IpNet, Ipv4Net};
+use owner::Owner;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -29,9 +32,9 @@ use std::sync::Arc;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_ebpf::{Attachment, Opened};
+use unproven::{undo, Unproven};
 
-/// `--bpf-dir`'s default, on the bpffs systemd mounts at /sys/fs/bpf.
-pub const DEFAULT_BPF_DIR: &str = "/sys/fs/bpf/twill";
+pub use crate::node::DEFAULT_BPF_DIR;
 
 /// flannel's udp port, when the network config gives none.
 const DEFAULT_PORT: u16 = 8285;
@@ -44,8 +47,16 @@ pub fn pin_dir(bpf_dir: &Path, device: &str) -> PathBuf {
     bpf_dir.join(device)
 }
 
-/// The eBPF dataplane before the lease: its MTU and where it attaches are checked first.
+/// The eBPF dataplane before the lease: its MTU and where it attaches are checked first, and
+/// its device is claimed, so that a second node on it is refused before anything is touched.
 pub struct EbpfSetup {
+    site: Site,
+    owner: Owner,
+}
+
+/// What the dataplane is made of: where it attaches, where it pins, and the network routed to
+/// its device.
+struct Site {
     attachment: Attachment,
     pin_dir: PathBuf,
     mtu: u16,
@@ -63,7 +74,13 @@ impl EbpfSetup {
             Overhead::same(OVERHEAD),
         )?;
         let device = node.options.tun_name.clone();
-        Ok(EbpfSetup {
+        let owner = Owner::claim(&device)?.map_err(|held| {
+            anyhow!(
+                "the eBPF dataplane on device {device} is already run by {held}: stop it first, \
+                 or give this node another --tun-name"
+            )
+        })?;
+        let site = Site {
             pin_dir: pin_dir(&node.options.bpf_dir, &device),
             attachment: Attachment {
                 device,
@@ -73,7 +90,8 @@ impl EbpfSetup {
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
-        })
+        };
+        Ok(EbpfSetup { site, owner })
     }
 }
 
@@ -84,36 +102,69 @@ impl Setup for EbpfSetup {
         LeaseAttrs::udp(public_ip)
     }
 
-    /// Makes (or adopts) the device and its route, then loads (or adopts) the programs.
+    /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
+    /// to the device. A step that fails takes back what the steps before it made.
     async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
         let nl = Netlink::connect().context("opening rtnetlink")?;
-        let name = &self.attachment.device;
         let address = Ipv4Net::new(lease.subnet.network(), 32)?;
-        let link = device::ensure(&nl, name, u32::from(self.mtu), address).await?;
-        host::route_network_via(&nl, self.network, link.index, name).await?;
-        let (dataplane, opened) = twill_ebpf::Dataplane::open(&self.pin_dir, &self.attachment)
-            .with_context(|| format!("loading the eBPF dataplane on {name}"))?;
+        let name = self.site.attachment.device.clone();
+        let made = device::ensure(&nl, &name, u32::from(self.site.mtu), address).await?;
+        let opened = twill_ebpf::Dataplane::open(&self.site.pin_dir, &self.site.attachment)
+            .with_context(|| format!("loading the eBPF dataplane on {name}"));
+        let (dataplane, opened) = match opened {
+            Ok(opened) => opened,
+            Err(e) => return Err(undo(&nl, made, None, e).await),
+        };
+        let replaced = match self.site.route(&nl, made.link.index).await {
+            Ok(replaced) => replaced,
+            Err(e) => {
+                let fresh = (opened == Opened::Fresh).then_some(dataplane);
+                return Err(undo(&nl, made, fresh, e).await);
+            }
+        };
         match opened {
             Opened::Fresh => tracing::info!(device = %name, "eBPF dataplane loaded"),
             Opened::Adopted { peers } => tracing::info!(
                 device = %name,
                 peers,
                 "eBPF dataplane adopted from {}: traffic kept flowing",
-                self.pin_dir.display()
+                self.site.pin_dir.display()
             ),
         }
-        Ok(Ebpf::new(
-            dataplane,
-            self.attachment.port,
-            u32::from(self.mtu),
-        ))
+        let unproven = Unproven {
+            device: made.created.then_some(name),
+            pins: opened == Opened::Fresh,
+            replaced,
+        };
+        Ok(Ebpf::new(self, dataplane, unproven, address))
+    }
+}
+
+impl Site {
+    /// The network routed to the device; the route it replaced, if it led elsewhere (another
+    /// node's device on this host, whose traffic a start that fails must give back).
+    async fn route(&self, nl: &Netlink, index: u32) -> anyhow::Result<Option<Route>> {
+        let network = IpNet::V4(self.network);
+        let routes = nl.boot_routes().await.context("listing routes")?;
+        let replaced = routes
+            .into_iter()
+            .find(|r| r.dst == network && r.oif != index);
+        host::route_network_via(nl, self.network, index, &self.attachment.device).await?;
+        Ok(replaced)
     }
 }
 
 /// The eBPF dataplane following the leases: each peer is an entry in its maps. Dropping it
-/// leaves the programs running, by design (see the module's comment).
+/// leaves the programs running, by design (see the module's comment), once it has reconciled.
 pub struct Ebpf {
     dataplane: Arc<twill_ebpf::Dataplane>,
+    site: Site,
+    /// The device's address, the lease's network address.
+    address: Ipv4Net,
+    /// What this start made and no reconcile has proven yet.
+    unproven: Unproven,
+    /// The claim on the device, held for as long as the node runs.
+    _owner: Owner,
     /// The peers as status shows them, with counters copied in from the maps.
     table: Arc<SharedTable>,
     stats: Arc<EngineStats>,
@@ -125,13 +176,23 @@ pub struct Ebpf {
 }
 
 impl Ebpf {
-    fn new(dataplane: twill_ebpf::Dataplane, port: u16, mtu: u32) -> Ebpf {
+    fn new(
+        setup: EbpfSetup,
+        dataplane: twill_ebpf::Dataplane,
+        unproven: Unproven,
+        address: Ipv4Net,
+    ) -> Ebpf {
+        let EbpfSetup { site, owner } = setup;
         Ebpf {
             dataplane: Arc::new(dataplane),
+            mtu: u32::from(site.mtu),
+            port: site.attachment.port,
+            site,
+            address,
+            unproven,
+            _owner: owner,
             table: Arc::default(),
             stats: Arc::default(),
-            mtu,
-            port,
             writes: 0,
         }
     }
@@ -160,6 +221,31 @@ impl Ebpf {
             // The programs carry IPv4 only; a dual-stack network never runs them.
             subnet6: None,
         }
+    }
+
+    /// Puts back what someone took away while the node ran: the device (deleted, or a
+    /// `--cleanup --force`), its route, and the programs with their pins. What the device
+    /// guard reports as gone is repaired here, at the reconcile it promises.
+    async fn repair(&mut self) -> anyhow::Result<()> {
+        if self.dataplane.intact()? {
+            return Ok(());
+        }
+        let name = &self.site.attachment.device;
+        tracing::warn!("the eBPF dataplane on {name} was taken away under twill; putting it back");
+        let nl = Netlink::connect().context("opening rtnetlink")?;
+        let made = device::ensure(&nl, name, self.mtu, self.address).await?;
+        let opened = self.dataplane.reopen()?;
+        self.site.route(&nl, made.link.index).await?;
+        tracing::info!(device = %name, ?opened, "eBPF dataplane put back");
+        Ok(())
+    }
+}
+
+impl Drop for Ebpf {
+    /// A start that fails before the first reconcile takes back what it made, so that a dead
+    /// device does not keep the network's route (nor programs the underlay's udp port).
+    fn drop(&mut self) {
+        std::mem::take(&mut self.unproven).take_back(&self.site.pin_dir);
     }
 }
 
@@ -193,8 +279,11 @@ impl Backend for Ebpf {
     }
 
     /// The maps end up holding exactly the leases' peers: a restart's adopted maps, or a change
-    /// made behind twill's back, are brought in line with one update per difference.
+    /// made behind twill's back, are brought in line with one update per difference. The
+    /// device and programs are put back first if someone took them away.
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+        self.unproven = Unproven::default();
+        self.repair().await?;
         let specs: Vec<PeerSpec> = leases.iter().map(|l| self.spec(l)).collect();
         self.table.set_peers(&specs);
         let wanted: BTreeMap<Ipv4Net, SocketAddrV4> = self
@@ -224,10 +313,37 @@ impl Backend for Ebpf {
 
 /// `twill run --cleanup`: removes what the eBPF dataplane leaves behind on purpose (the
 /// programs, links and maps pinned under `bpf_dir`, and the device `device` with its route).
-/// Nothing there is fine; what was removed is logged.
+/// Nothing there is fine; what was removed is logged. Refused while a running twill owns them.
 pub async fn cleanup(bpf_dir: &Path, device: &str) -> anyhow::Result<()> {
+    remove(bpf_dir, device, false).await
+}
+
+/// `twill run --cleanup --force`: [`cleanup`], even while a running twill owns them (which
+/// puts them back at its next reconcile).
+pub async fn cleanup_anyway(bpf_dir: &Path, device: &str) -> anyhow::Result<()> {
+    remove(bpf_dir, device, true).await
+}
+
+async fn remove(bpf_dir: &Path, device: &str, force: bool) -> anyhow::Result<()> {
+    let _owner = match Owner::claim(device)? {
+        Ok(owner) => Some(owner),
+        Err(held) if force => {
+            tracing::warn!("removing the eBPF dataplane on {device} of {held}, as --force says");
+            None
+        }
+        Err(held) => {
+            return Err(anyhow!(
+                "the eBPF dataplane on device {device} belongs to {held}: stop it first, give \
+                 this node another --tun-name, or remove it anyway with --cleanup --force"
+            ))
+        }
+    };
     let pins = pin_dir(bpf_dir, device);
-    twill_ebpf::remove(&pins).with_context(|| format!("removing {}", pins.display()))?;
+    let removed = match force {
+        true => twill_ebpf::remove_anyway(&pins),
+        false => twill_ebpf::remove(&pins),
+    };
+    removed.with_context(|| format!("removing {}", pins.display()))?;
     let nl = Netlink::connect().context("opening rtnetlink")?;
     if device::remove(&nl, device).await? {
         tracing::info!("removed the eBPF dataplane's device {device} and its route");

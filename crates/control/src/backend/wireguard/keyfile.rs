@@ -2,10 +2,11 @@
 //! (or `$WIREGUARD_KEY_FILE`), base64 text, mode 0400, made when missing and read ever after,
 //! so the public key in our lease stays the same across restarts.
 
+use crate::small_file;
 use anyhow::{anyhow, Context};
 use std::fs::{self, Metadata, OpenOptions};
-use std::io::{self, ErrorKind, Read, Write};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::io::{self, ErrorKind, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use twill_dataplane::engine::wireguard::PrivateKey;
 
@@ -34,52 +35,14 @@ fn unreadable(path: &Path, e: &io::Error) -> anyhow::Error {
     anyhow!("cannot read the WireGuard key file {}: {e}", path.display())
 }
 
-/// The text of a key file: a regular file of at most [`MAX_LEN`] bytes. Opened without
-/// blocking and looked at before any read, so that a FIFO (which would wait for a writer) or a
-/// device such as /dev/zero (which never ends) is refused at once.
+/// The text of a key file: a regular file of at most [`MAX_LEN`] bytes, so that a FIFO or a
+/// device such as /dev/zero is refused at once ([`small_file`]).
 fn read(path: &Path) -> io::Result<String> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        let why = format!("it is {}, not a regular file", kind(&meta));
-        return Err(io::Error::other(why));
-    }
-    let too_long = || {
-        let why = format!("it is longer than a key file ({MAX_LEN} bytes at most)");
-        io::Error::other(why)
-    };
-    if meta.len() > MAX_LEN {
-        return Err(too_long());
-    }
-    warn_if_readable_by_others(path, &meta);
-    let mut text = String::new();
-    // The file can grow after the look: never read more than a key file holds.
-    file.take(MAX_LEN + 1).read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_LEN {
-        return Err(too_long());
+    let text = small_file::read_text(path, MAX_LEN)?;
+    if let Ok(meta) = fs::metadata(path) {
+        warn_if_readable_by_others(path, &meta);
     }
     Ok(text)
-}
-
-/// What a file that is not a regular one is, for the error.
-fn kind(meta: &Metadata) -> &'static str {
-    let kind = meta.file_type();
-    if kind.is_dir() {
-        "a directory"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "something else"
-    }
 }
 
 fn parse(path: &Path, text: &str) -> anyhow::Result<PrivateKey> {
@@ -177,7 +140,7 @@ mod tests {
             ),
             (&fifo, "is a FIFO, not a regular file"),
             (dir.path(), "is a directory, not a regular file"),
-            (&long, "is longer than a key file (256 bytes at most)"),
+            (&long, "is longer than 256 bytes"),
         ];
         for (path, want) in cases {
             let started = std::time::Instant::now();

@@ -10,6 +10,7 @@ use super::Timing;
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::registry::{Backoff, LeaseEvent};
+use crate::shown;
 use anyhow::{anyhow, Context};
 use etcd_client::{EventType, WatchResponse};
 use std::collections::BTreeMap;
@@ -208,7 +209,11 @@ impl Keeper {
         if self.unreadable.get(&key) == Some(&why) {
             return;
         }
-        warn!("ignoring etcd entry {key}: {why}");
+        warn!(
+            "ignoring etcd entry {}: {}",
+            shown::line(&key),
+            shown::line(&why)
+        );
         self.unreadable.insert(key.clone(), why.clone());
         self.emit(LeaseEvent::Unreadable {
             key,
@@ -234,6 +239,7 @@ impl Keeper {
                 Err(e) => Some(format!("it is no longer valid ({e})")),
             },
         };
+        let change = change.map(|c| shown::line(&c).owned());
         if change != self.config_change {
             self.config_change = change.clone();
             self.emit(LeaseEvent::ConfigChanged(change)).await;
@@ -244,10 +250,11 @@ impl Keeper {
         if self.is_own(&lease) {
             return;
         }
-        // Any other lease of our IPv4 subnet, whatever its IPv6 part, claims our containers'
-        // addresses (on an IPv6-only network, of our IPv6 subnet: its id). One that claims only
-        // our IPv6 subnet on a network with IPv4 is a peer the lease checks refuse.
-        if lease.id() == self.own.id() && !self.taken {
+        // Only a write to our very key takes our lease over. Another key that repeats one of
+        // our subnets (our IPv4 subnet with another IPv6 half, say) is another lease, which the
+        // lease gate refuses for overlapping ours: stopping for it would let any writer of a
+        // key stop this node.
+        if Subnets::of(&lease) == Subnets::of(&self.own) && !self.taken {
             return self.taken_over(lease).await;
         }
         let subnets = Subnets::of(&lease);

@@ -10,6 +10,7 @@ mod tls_probe;
 use super::{Backoff, LeaseEvent, LeaseNamer, Registry, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
+use crate::small_file;
 use anyhow::{anyhow, bail, Context};
 use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -266,7 +267,8 @@ impl EtcdRegistry {
 fn read_pem(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
     use rustls_pki_types::pem::PemObject;
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let pem = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
+    let pem = small_file::read(path, small_file::CONFIG)
+        .with_context(|| format!("{flag} {}", path.display()))?;
     let holds = if flag == "--etcd-keyfile" {
         PrivateKeyDer::from_pem_slice(&pem)
             .map(drop)

@@ -95,8 +95,9 @@ impl Annotations {
         let ip_text = node.annotation(&self.public_ip).unwrap_or_default();
         let Ok(public_ip) = ip_text.parse::<Ipv4Addr>() else {
             bail!(
-                "annotation {} {ip_text:?} is not an IPv4 address",
-                self.public_ip
+                "annotation {} {} is not an IPv4 address",
+                self.public_ip,
+                crate::shown::quoted(ip_text)
             );
         };
         let backend_type = node
@@ -138,8 +139,9 @@ impl Annotations {
         let ip_text = node.annotation(&self.public_ipv6).unwrap_or_default();
         let Ok(public_ipv6) = ip_text.parse::<Ipv6Addr>() else {
             bail!(
-                "annotation {} {ip_text:?} is not an IPv6 address, and the network is {stack}",
-                self.public_ipv6
+                "annotation {} {} is not an IPv6 address, and the network is {stack}",
+                self.public_ipv6,
+                crate::shown::quoted(ip_text)
             );
         };
         let lease = Lease {

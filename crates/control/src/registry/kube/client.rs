@@ -2,9 +2,16 @@
 //! service account; and errors in words an operator can act on.
 
 use super::KubeOptions;
+use crate::small_file;
 use anyhow::{anyhow, Context};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use std::path::Path;
+use std::time::Duration;
+use tower::{BoxError, ServiceBuilder};
 
 /// The client for `--kubeconfig-file` (its server replaced by `--kube-api-url` if given),
 /// else for `--kube-api-url` with the pod's service account if there is one, else for the
@@ -12,8 +19,10 @@ use kube::{Client, Config};
 pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
     let mut config = match (&opts.kubeconfig, &opts.api_url) {
         (Some(path), _) => {
-            let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("--kubeconfig-file {}", path.display()))?;
+            let flag = || format!("--kubeconfig-file {}", path.display());
+            small_file::check_path(path, small_file::CONFIG).with_context(flag)?;
+            let file = Kubeconfig::read_from(path).with_context(flag)?;
+            files_named_in(&file).with_context(flag)?;
             Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
                 .await
                 .with_context(|| format!("--kubeconfig-file {}", path.display()))?
@@ -32,9 +41,56 @@ pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
     if let Some(url) = &opts.api_url {
         config.cluster_url = parse_url(url)?;
     }
-    config.connect_timeout = Some(opts.timing.request_timeout);
-    config.write_timeout = Some(opts.timing.request_timeout);
-    Client::try_from(config).context("cannot build a Kubernetes client")
+    with_keepalive(config, opts.timing.request_timeout).context("cannot build a Kubernetes client")
+}
+
+/// kube's own client, on connections that notice a dead peer within about `timeout`: TCP
+/// keepalive probes after `timeout / 2` without traffic, and TCP_USER_TIMEOUT, which ends a
+/// connection whose probes or data go unanswered for `timeout`. kube's default connections
+/// have neither, so a watch whose connection died silently (a path that dropped its packets
+/// while the API server restarted) waited for its idle timeout, about five minutes, before it
+/// watched again. client-go gets the same from HTTP/2 pings; kube speaks HTTP/1.1 here.
+fn with_keepalive(config: Config, timeout: Duration) -> Result<Client, kube::Error> {
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_connect_timeout(Some(timeout));
+    tcp.set_keepalive(Some(timeout / 2));
+    tcp.set_keepalive_interval(Some(timeout / 5));
+    tcp.set_keepalive_retries(Some(3));
+    tcp.set_tcp_user_timeout(Some(timeout));
+    let https = config.rustls_https_connector_with_connector(tcp)?;
+    let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(http);
+    Ok(Client::new(service, config.default_namespace))
+}
+
+/// The files a kubeconfig names (a CA, a client certificate and key, a token file), which
+/// kube reads whole: each must be a regular file of a sane size too.
+fn files_named_in(kubeconfig: &Kubeconfig) -> anyhow::Result<()> {
+    let clusters = kubeconfig
+        .clusters
+        .iter()
+        .filter_map(|c| c.cluster.as_ref());
+    let cas = clusters.filter_map(|c| c.certificate_authority.as_deref());
+    let users = kubeconfig
+        .auth_infos
+        .iter()
+        .filter_map(|a| a.auth_info.as_ref());
+    let user_files = users.flat_map(|u| {
+        [&u.client_certificate, &u.client_key, &u.token_file]
+            .into_iter()
+            .filter_map(|f| f.as_deref())
+    });
+    for named in cas.chain(user_files) {
+        small_file::check_path(Path::new(named), small_file::CONFIG)
+            .with_context(|| format!("the file {named} it names"))?;
+    }
+    Ok(())
 }
 
 fn parse_url(url: &str) -> anyhow::Result<http::Uri> {

@@ -6,6 +6,7 @@
 mod annotations;
 mod client;
 mod follow;
+mod history;
 mod node_cidrs;
 mod node_view;
 mod own_node;
@@ -14,7 +15,7 @@ mod remembered;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 
-use super::{Backoff, LeaseEvent, LeaseNamer, NodeNames, Registry, Remembered, EVENT_QUEUE};
+use super::{Backoff, LeaseEvent, LeaseNamer, Registry, Remembered, EVENT_QUEUE};
 use crate::config::Config;
 use crate::lease::{Lease, LeaseAttrs};
 use anyhow::{anyhow, Context};
@@ -24,7 +25,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use node_view::NodeView;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -146,7 +146,6 @@ pub struct KubeRegistry {
     config: Config,
     node_name: String,
     annotations: Annotations,
-    names: Arc<NodeNames>,
     opts: KubeOptions,
 }
 
@@ -168,7 +167,6 @@ impl KubeRegistry {
             config,
             node_name,
             annotations,
-            names: Arc::default(),
             opts,
         })
     }
@@ -177,7 +175,7 @@ impl KubeRegistry {
 /// flannel's net-conf.json, dual-stack or not ([`Config::parse`] refuses dual-stack on the
 /// backends that carry no IPv6).
 fn read_net_config(path: &std::path::Path) -> anyhow::Result<Config> {
-    let json = std::fs::read_to_string(path)
+    let json = crate::small_file::read_text(path, crate::small_file::CONFIG)
         .with_context(|| format!("cannot read --net-config-path {}", path.display()))?;
     Config::parse(&json).map_err(|e| anyhow!("{e} (--net-config-path {})", path.display()))
 }
@@ -233,7 +231,7 @@ impl Registry for KubeRegistry {
     }
 
     fn lease_namer(&self) -> LeaseNamer {
-        LeaseNamer::KubeNode(self.names.clone())
+        LeaseNamer::KubeNode
     }
 
     fn name(&self) -> String {
@@ -286,7 +284,7 @@ impl Registry for KubeRegistry {
         };
         let lease = own.acquire().await?;
         let (tx, rx) = mpsc::channel(self.opts.event_queue);
-        let follower = follow::Follower::new(own, lease.clone(), self.names, tx);
+        let follower = follow::Follower::new(own, lease.clone(), tx);
         let watch = follower.list(nodes).await?;
         tokio::spawn(watch);
         Ok((lease, rx))

@@ -51,7 +51,7 @@ impl NodeCidrs {
 
 fn parse(text: &str) -> anyhow::Result<IpNet> {
     let Ok(cidr) = text.parse::<IpNet>() else {
-        bail!("podCIDR {text:?} is not a CIDR");
+        bail!("podCIDR {} is not a CIDR", crate::shown::quoted(text));
     };
     if cidr.trunc() != cidr {
         bail!("podCIDR {text} has host bits set");

@@ -34,6 +34,8 @@ pub(super) enum OwnChange {
     None,
     /// Someone changed or removed our annotations: write these again.
     Annotate(BTreeMap<String, String>),
+    /// Our Node has no podCIDR (for now): nothing to publish until it has one.
+    Unassigned,
     /// Our podCIDR is no longer our lease.
     Lost(String),
 }
@@ -110,6 +112,11 @@ impl OwnNode {
 
     /// Compares a new version of our Node with our lease.
     pub fn change(&self, node: &NodeView, lease: &Lease) -> OwnChange {
+        // A Node registered anew (a kubelet after the API server lost its data) has no podCIDR
+        // until the controller manager gives it one, most likely ours again: wait for it.
+        if NodeCidrs::of(node).is_ok_and(|cidrs| cidrs.is_empty()) {
+            return OwnChange::Unassigned;
+        }
         if let Some(why) = self.moved(node, lease) {
             return OwnChange::Lost(why);
         }
