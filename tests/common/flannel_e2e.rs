@@ -14,7 +14,7 @@ use twill_lab::{Cluster, Image, Netns, CLUSTER_CIDR, CLUSTER_CIDR6};
 
 /// How long the pingers go on once traffic is back, so what a restarted node does in its
 /// first seconds (its first reconcile) is measured too.
-const MEASURE_AFTER: Duration = Duration::from_secs(2);
+pub const MEASURE_AFTER: Duration = Duration::from_secs(2);
 
 /// What the pings between the test pods lost across a disturbance (a restart, a migration),
 /// each way.

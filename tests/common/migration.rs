@@ -4,19 +4,16 @@
 //! pods on the two nodes ping each other every 10 ms. Halfway, one node runs twill and the
 //! other flanneld: that mixed cluster is checked as such.
 
-use super::flannel_e2e::{rules_are_flanneld_s, uninstall, PingLoss};
+use super::flannel_e2e::{rules_are_flanneld_s, uninstall, PingLoss, MEASURE_AFTER};
 use super::kube_flannel::{rolls_out, Variant, POD_TIMEOUT, ROLLOUT_TIMEOUT};
 use super::pod_traffic::{pods_talk_across_nodes, PingersBothWays, TestPods};
 use anyhow::{ensure, Context, Result};
-use std::time::Duration;
 use twill_lab::{Cluster, Image};
 
 /// How long each node's new pod must stay Ready before the rolling update moves to the next
 /// node (the DaemonSet's minReadySeconds, as a careful user sets it): the mixed cluster lasts
 /// at least this long, long enough for its checks.
 const MIXED_WINDOW: u32 = 10;
-/// How long the pingers go on once the update is done.
-const MEASURE_AFTER: Duration = Duration::from_secs(2);
 
 /// kube-flannel.yml on `backend` with flanneld's image, then with twill's applied over it: the
 /// rules on each node are flanneld's before and after; in the mixed cluster the pods ping both
