@@ -31,32 +31,41 @@ impl std::fmt::Display for PingLoss {
     }
 }
 
-/// Installs `variant` of kube-flannel.yml around `image`, runs flannel's connectivity and
-/// rules checks on it (and its resilience checks if `resilience`), and uninstalls it. The
-/// restart's losses when the resilience checks ran.
+/// Installs `variant` of kube-flannel.yml around `image` and runs [`e2e_checks`] on it.
 pub fn flannel_e2e(
     cluster: &mut Cluster,
     image: &Image,
     variant: &Variant,
     resilience: bool,
 ) -> Result<Option<PingLoss>> {
-    let mut run = || -> Result<Option<PingLoss>> {
-        let manifest = variant.manifest(image)?;
-        rolls_out(cluster, &manifest, image)?;
-        let mut pods = TestPods::start(cluster)?;
+    let manifest = variant.manifest(image)?;
+    e2e_checks(cluster, &manifest, image, variant, resilience)
+        .with_context(|| format!("flannel's e2e on {}", variant.name()))
+}
+
+/// Applies `manifest` (whose net-conf.json is `variant`'s), runs flannel's connectivity and
+/// rules checks on it (and its resilience checks if `resilience`), and uninstalls it. The
+/// restart's losses when the resilience checks ran.
+pub fn e2e_checks(
+    cluster: &mut Cluster,
+    manifest: &Manifest,
+    image: &Image,
+    variant: &Variant,
+    resilience: bool,
+) -> Result<Option<PingLoss>> {
+    rolls_out(cluster, manifest, image)?;
+    let mut pods = TestPods::start(cluster)?;
+    pods_talk_across_nodes(cluster, &pods)?;
+    rules_are_flanneld_s(cluster, variant)?;
+    let mut loss = None;
+    if resilience {
+        loss = Some(restart_flannel(cluster, manifest, &pods)?);
+        pods.recreate(cluster, 0)?;
         pods_talk_across_nodes(cluster, &pods)?;
-        rules_are_flanneld_s(cluster, variant)?;
-        let mut loss = None;
-        if resilience {
-            loss = Some(restart_flannel(cluster, &manifest, &pods)?);
-            pods.recreate(cluster, 0)?;
-            pods_talk_across_nodes(cluster, &pods)?;
-        }
-        pods.delete(cluster)?;
-        uninstall(cluster, &manifest)?;
-        Ok(loss)
-    };
-    run().with_context(|| format!("flannel's e2e on {}", variant.name()))
+    }
+    pods.delete(cluster)?;
+    uninstall(cluster, manifest)?;
+    Ok(loss)
 }
 
 /// Deletes the DaemonSet and waits until its pods are gone; the rest of the manifest stays, to

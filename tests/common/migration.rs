@@ -13,7 +13,7 @@ use twill_lab::{Cluster, Image};
 /// How long each node's new pod must stay Ready before the rolling update moves to the next
 /// node (the DaemonSet's minReadySeconds, as a careful user sets it): the mixed cluster lasts
 /// at least this long, long enough for its checks.
-const MIXED_WINDOW: u32 = 10;
+const MIXED_WINDOW: u32 = 15;
 
 /// kube-flannel.yml on `backend` with flanneld's image, then with twill's applied over it: the
 /// rules on each node are flanneld's before and after; in the mixed cluster the pods ping both
