@@ -2,14 +2,13 @@
 //! controller manager and a scheduler; on each node its own containerd and kubelet v1.33) and
 //! flannel's own kube-flannel.yml v0.28.9 on it, first with flanneld v0.28.9's image (built from
 //! flannel's source by scripts/kube-parts), which proves the cluster and the checks, then with
-//! only the image swapped for twill's (scripts/image): the same checks (common::kube_flannel);
-//! and twill's own deploy/kubernetes/twill.yml, through the same checks.
+//! only the image swapped for twill's (scripts/image): the same checks (common::kube_flannel).
+//! twill's own deploy/kubernetes/twill.yml passes them too, in tests/cluster_e2e.rs.
 
 mod common;
 
-use anyhow::{ensure, Context, Result};
-use common::flannel_e2e::e2e_checks;
-use common::kube_flannel::{cluster_for, kube_flannel_holds, twill_image, twill_yml, Variant};
+use anyhow::Result;
+use common::kube_flannel::{cluster_for, kube_flannel_holds, twill_image};
 use std::time::Duration;
 use twill_lab::{Cluster, ClusterSpec, Image};
 
@@ -94,24 +93,4 @@ fn kube_flannel_yml_runs_twill_on_a_real_cluster() -> Result<()> {
     let twill = twill_image(dir.path())?;
     let mut cluster = cluster_for("twill", &twill)?;
     kube_flannel_holds(&mut cluster, &twill)
-}
-
-#[test]
-fn twill_yml_runs_twill_on_a_real_cluster() -> Result<()> {
-    // twill's own manifest, its image lines pointed at the image under test as its README says,
-    // through the checks kube-flannel.yml passes and flannel's e2e checks on its net-conf.json
-    // (vxlan, iptables mode): flanneld's rules, and a restart that keeps the subnets and, the
-    // dataplane being the kernel's, loses nothing.
-    let dir = tempfile::tempdir()?;
-    let twill = twill_image(dir.path())?;
-    let mut cluster = cluster_for("twillyml", &twill)?;
-    let vxlan = Variant::new("vxlan");
-    let loss = e2e_checks(&mut cluster, &twill_yml(&twill)?, &twill, &vxlan, true)?;
-    let loss = loss.context("no restart was measured")?;
-    eprintln!("restart of twill.yml on vxlan: {loss}");
-    ensure!(
-        loss.ways.iter().all(|w| w.lost() == 0),
-        "a restart of twill.yml's DaemonSet on vxlan lost packets: {loss}"
-    );
-    Ok(())
 }

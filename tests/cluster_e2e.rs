@@ -2,15 +2,16 @@
 //! rules.go), ported to the lab's real two-node cluster (kubelet and containerd on each node)
 //! and run on twill's image in kube-flannel.yml v0.28.9, rendered as flannel's e2e renders it:
 //! every backend flannel's e2e runs that this kernel has, twill-batch and udp on the eBPF
-//! dataplane, in both rules modes; dual-stack on vxlan and host-gw. As in flannel's e2e, one
-//! cluster runs a whole list of variants, flannel uninstalled between them.
+//! dataplane, in both rules modes; dual-stack on vxlan and host-gw; twill's own
+//! deploy/kubernetes/twill.yml; and the migration from flanneld's image to twill's. As in
+//! flannel's e2e, one cluster runs a whole list of variants, flannel uninstalled between them.
 
 mod common;
 
-use anyhow::{ensure, Result};
-use common::flannel_e2e::{flannel_e2e, uninstall};
+use anyhow::{ensure, Context, Result};
+use common::flannel_e2e::{e2e_checks, flannel_e2e, uninstall};
 use common::in_parallel;
-use common::kube_flannel::{cluster_with, twill_image, Dataplane, Variant, POD_TIMEOUT};
+use common::kube_flannel::{cluster_with, twill_image, twill_yml, Dataplane, Variant, POD_TIMEOUT};
 use common::migration::migrate;
 use tempfile::TempDir;
 use twill_lab::{Cluster, Image};
@@ -119,6 +120,25 @@ fn flannel_e2e_dual_stack_on_vxlan_and_host_gw() -> Result<()> {
         },
     ];
     E2e::new("e2e-dual", true)?.run(&variants, true)
+}
+
+/// twill's own deploy/kubernetes/twill.yml, its image lines pointed at the image under test as
+/// its README says: the checks kube-flannel.yml passes (its readinessProbe on /readyz), then
+/// flannel's e2e checks on its own net-conf.json (vxlan, iptables mode): flanneld's rules, and
+/// a restart that keeps the subnets and, the dataplane being the kernel's, loses nothing.
+#[test]
+fn flannel_e2e_on_twill_yml() -> Result<()> {
+    let mut e2e = E2e::new("e2e-yml", false)?;
+    let manifest = twill_yml(&e2e.twill)?;
+    let vxlan = Variant::new("vxlan");
+    let loss = e2e_checks(&mut e2e.cluster, &manifest, &e2e.twill, &vxlan, true)?;
+    let loss = loss.context("no restart was measured")?;
+    eprintln!("restart of twill.yml on vxlan: {loss}");
+    ensure!(
+        loss.ways.iter().all(|w| w.lost() == 0),
+        "a restart of twill.yml's DaemonSet on vxlan lost packets: {loss}"
+    );
+    Ok(())
 }
 
 /// ipip on a kernel without it: the DaemonSet's pod stops with one line naming what is
