@@ -3,6 +3,7 @@
 
 mod api;
 mod apply;
+pub use apply::yaml_documents;
 
 use crate::netns::{command_in, Netns};
 use crate::proc::{last_lines, temp_prefix, Proc};
