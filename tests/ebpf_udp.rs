@@ -141,6 +141,7 @@ fn keeps_flowing_across_a_restart(tag: &str, attach: &str) -> Result<()> {
     args.extend(["--bpf-attach", attach]);
     let mut pair = start_pair_with(tag, [&args, TUN], None)?;
     attached_through(&pair.host(0).ns, attach)?;
+    shown_as(&pair.host(0).ns, attach)?;
     like_a_wire(&pair)?;
     ping_both_ways_with_ttl_60(&pair)?;
     const COUNT: u32 = 4000;
@@ -265,6 +266,19 @@ fn attached_through(ns: &twill_lab::Netns, attach: &str) -> Result<()> {
         listed == (attach == "tc"),
         "attached by {attach}, and tc filter show dev eth0 ingress says: {filters}"
     );
+    Ok(())
+}
+
+/// Status and /metrics name the dataplane and how its programs attach.
+fn shown_as(ns: &twill_lab::Netns, attach: &str) -> Result<()> {
+    let s = status(ns)?;
+    ensure!(
+        s["dataplane"] == "ebpf" && s["dataplane_attach"] == attach,
+        "status: {s}"
+    );
+    let metrics = http_get(ns, "127.0.0.1:9585", "/metrics")?;
+    let line = format!("twill_dataplane_info{{dataplane=\"ebpf\",attach=\"{attach}\"}} 1");
+    ensure!(metrics.contains(&line), "no {line} in /metrics: {metrics}");
     Ok(())
 }
 
