@@ -279,3 +279,26 @@ pub(crate) fn detach_filters(pin_dir: &Path) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_reads_three_words_and_names_them_when_wrong() {
+        assert_eq!("tcx".parse(), Ok(AttachMode::Tcx));
+        assert_eq!("tc".parse(), Ok(AttachMode::Tc));
+        assert_eq!("auto".parse(), Ok(AttachMode::Auto));
+        assert_eq!(
+            "clsact".parse::<AttachMode>().unwrap_err(),
+            r#""clsact" is not a way to attach; give tcx, tc or auto"#
+        );
+    }
+
+    #[test]
+    fn auto_takes_tcx_where_the_kernel_has_it() {
+        let hook = AttachMode::Auto.hook().unwrap();
+        assert_eq!(hook == Hook::Tcx, has_tcx(), "{hook:?}");
+        assert_eq!(AttachMode::Tc.hook().unwrap(), Hook::Tc);
+    }
+}
