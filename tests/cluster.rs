@@ -3,6 +3,7 @@
 //! flannel's own kube-flannel.yml v0.28.9 on it, first with flanneld v0.28.9's image (built from
 //! flannel's source by scripts/kube-parts), which proves the cluster and the checks, then with
 //! only the image swapped for twill's (scripts/image): the same checks (common::kube_flannel).
+//! twill's own deploy/kubernetes/twill.yml passes them too, in tests/cluster_e2e.rs.
 
 mod common;
 

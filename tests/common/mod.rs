@@ -4,9 +4,12 @@
 pub mod bpffs;
 pub mod cluster;
 pub mod datagrams;
+pub mod flannel_e2e;
 pub mod hostile6;
 pub mod kube;
 pub mod kube_flannel;
+pub mod migration;
+pub mod pod_traffic;
 pub mod rules;
 pub mod wireguard;
 
@@ -457,5 +460,31 @@ pub fn ping_both_ways_with_ttl_60(pair: &Pair) -> Result<()> {
     );
     let out = ping(b, a.ip, 3)?;
     anyhow::ensure!(out.contains("3 received"), "{out}");
+    Ok(())
+}
+
+/// Runs `f` on every item at once, each on a thread of its own (e.g. a cluster each, which
+/// mostly wait), and fails with every failure, each named by its item.
+pub fn in_parallel<T: Sync + std::fmt::Display>(
+    items: &[T],
+    f: impl Fn(&T) -> Result<()> + Sync,
+) -> Result<()> {
+    let f = &f;
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let running: Vec<_> = items
+            .iter()
+            .map(|item| (item.to_string(), s.spawn(move || f(item))))
+            .collect();
+        running
+            .into_iter()
+            .filter_map(|(name, thread)| {
+                let result = thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                result.err().map(|e| format!("{name}: {e:?}"))
+            })
+            .collect()
+    });
+    anyhow::ensure!(failures.is_empty(), "{}", failures.join("\n\n"));
     Ok(())
 }

@@ -16,11 +16,11 @@ mod stale;
 mod tcp;
 pub mod wireguard_go;
 
-pub use cluster::{Cluster, ClusterSpec, Image, KubeNode, CLUSTER_CIDR};
+pub use cluster::{Cluster, ClusterSpec, Image, KubeNode, CLUSTER_CIDR, CLUSTER_CIDR6};
 pub use etcd::Etcd;
 pub use ipnet::{Ipv4Net, Ipv6Net};
 // `self::`: the module, not the kube crate.
-pub use self::kube::{kube_part, KubeApiServer};
+pub use self::kube::{kube_part, yaml_documents, KubeApiServer};
 pub use lab::{Container, Host, Lab, LabSpec};
 pub use netns::Netns;
 pub use ports::{free_tcp_port, free_tcp_ports};

@@ -2,7 +2,7 @@
 //! IPAM, DaemonSets, service accounts, the root CA ConfigMap) and kube-scheduler.
 
 use super::node::tail;
-use super::{CLUSTER_CIDR, NODE_CIDR_MASK};
+use super::{CLUSTER_CIDR, CLUSTER_CIDR6, NODE_CIDR_MASK, NODE_CIDR_MASK6};
 use crate::kube::{kube_part, KubeApiServer};
 use crate::netns::command_in;
 use crate::Proc;
@@ -17,8 +17,14 @@ pub(super) struct ControlPlane {
 
 impl ControlPlane {
     /// Starts both in namespace `ns` as the API server's admin, with a kubeconfig written in
-    /// `dir`. Neither elects a leader: each is alone.
-    pub(super) fn start(ns: &str, api: &KubeApiServer, dir: &Path) -> Result<ControlPlane> {
+    /// `dir`. Neither elects a leader: each is alone. With `dual_stack`, node IPAM gives each
+    /// Node an IPv6 podCIDR too.
+    pub(super) fn start(
+        ns: &str,
+        api: &KubeApiServer,
+        dir: &Path,
+        dual_stack: bool,
+    ) -> Result<ControlPlane> {
         let kubeconfig = dir.join("admin.kubeconfig");
         api.write_kubeconfig(&kubeconfig, api.admin_token())?;
         let kubeconfig = format!("--kubeconfig={}", kubeconfig.display());
@@ -27,8 +33,7 @@ impl ControlPlane {
             "--leader-elect=false".into(),
             // Node IPAM: each Node gets a podCIDR, as flannel's --kube-subnet-mgr needs.
             "--allocate-node-cidrs=true".into(),
-            format!("--cluster-cidr={CLUSTER_CIDR}"),
-            format!("--node-cidr-mask-size={NODE_CIDR_MASK}"),
+            format!("--node-cidr-mask-size-ipv4={NODE_CIDR_MASK}"),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             // Published as the kube-root-ca.crt ConfigMap every service-account volume mounts.
             format!("--root-ca-file={}", api.ca_file().display()),
@@ -36,6 +41,15 @@ impl ControlPlane {
             // No serving: nothing scrapes it, and two clusters would want the same port.
             "--secure-port=0".into(),
         ];
+        // The IPv6 mask is refused on a single-stack cluster.
+        let mut controller_manager = controller_manager.to_vec();
+        controller_manager.extend(match dual_stack {
+            false => vec![format!("--cluster-cidr={CLUSTER_CIDR}")],
+            true => vec![
+                format!("--cluster-cidr={CLUSTER_CIDR},{CLUSTER_CIDR6}"),
+                format!("--node-cidr-mask-size-ipv6={NODE_CIDR_MASK6}"),
+            ],
+        });
         let scheduler = [
             kubeconfig,
             "--leader-elect=false".into(),

@@ -20,9 +20,10 @@ use crate::proc::temp_prefix;
 use crate::{Etcd, Host, Lab, LabSpec, Netns};
 use anyhow::{ensure, Context, Result};
 use control::ControlPlane;
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, LogParams};
-use std::net::Ipv4Addr;
+use kube::api::{Api, DeleteParams, ListParams, LogParams};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::time::Duration;
 use tempfile::TempDir;
@@ -30,6 +31,10 @@ use tempfile::TempDir;
 /// The pod network node IPAM carves podCIDRs from: kube-flannel.yml's `Network`.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 const NODE_CIDR_MASK: u8 = 24;
+/// A dual-stack cluster's IPv6 pod network (flannel's e2e suite's `IPv6Network`), carved into
+/// a /64 per node.
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/56";
+const NODE_CIDR_MASK6: u8 = 64;
 /// The `kubernetes` Service's ClusterIP (the first of the lab API server's 10.96.0.0/16) and
 /// port, which the kubelet gives every pod as KUBERNETES_SERVICE_HOST and _PORT.
 const KUBERNETES_SERVICE: (&str, u16) = ("10.96.0.1", 443);
@@ -53,6 +58,9 @@ pub struct ClusterSpec {
     /// routes between nodes) once it has its podCIDR, so Nodes go Ready without a network
     /// add-on. Without it, Nodes stay NotReady until an add-on such as flannel installs one.
     pub bridge_cni: bool,
+    /// An IPv6 underlay beside the IPv4 one (fd00:200::<n>/64, default routes of both
+    /// families), and node IPAM giving each Node an IPv6 podCIDR from [`CLUSTER_CIDR6`] too.
+    pub dual_stack: bool,
 }
 
 impl Default for ClusterSpec {
@@ -62,6 +70,7 @@ impl Default for ClusterSpec {
             nodes: 2,
             images: Vec::new(),
             bridge_cni: false,
+            dual_stack: false,
         }
     }
 }
@@ -91,21 +100,25 @@ impl Cluster {
             "a cluster has 1..={MAX_NODES} nodes, got {}",
             spec.nodes
         );
-        let lab = Lab::new(LabSpec {
+        let mut lab = Lab::new(LabSpec {
             hosts: spec.nodes + 1,
             tag: spec.tag.clone(),
             ..Default::default()
         })?;
+        if spec.dual_stack {
+            lab = lab.with_ipv6_underlay()?;
+        }
         let control_host = lab.host(0);
         let etcd = Etcd::new(Some(&control_host.ns))?;
         let api = KubeApiServer::start(Some(&control_host.ns), control_host.underlay_ip, &etcd)?;
         let dir = tempfile::Builder::new().prefix(&temp_prefix()).tempdir()?;
-        let control = ControlPlane::start(control_host.ns.name(), &api, dir.path())?;
+        let control =
+            ControlPlane::start(control_host.ns.name(), &api, dir.path(), spec.dual_stack)?;
         let pause = Image::part("pause")?;
         let mut nodes = Vec::new();
         for i in 1..=spec.nodes {
             let host = lab.host(i);
-            route_services(host, control_host.underlay_ip, api.port(), dir.path())?;
+            route_services(host, control_host, api.port(), dir.path())?;
             let name = format!("node-{i}");
             nodes.push(KubeNode::start(
                 &name,
@@ -219,11 +232,80 @@ impl Cluster {
 
     /// Pod `namespace/name`'s IPv4 address; an error until it has one.
     pub fn pod_ip(&self, namespace: &str, name: &str) -> Result<Ipv4Addr> {
+        let ips = self.pod_ips(namespace, name)?;
+        ips.iter()
+            .find_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            })
+            .with_context(|| format!("pod {namespace}/{name} has no IPv4 address: {ips:?}"))
+    }
+
+    /// Pod `namespace/name`'s IPv6 address (a dual-stack pod's); an error until it has one.
+    pub fn pod_ipv6(&self, namespace: &str, name: &str) -> Result<Ipv6Addr> {
+        let ips = self.pod_ips(namespace, name)?;
+        ips.iter()
+            .find_map(|ip| match ip {
+                IpAddr::V6(v6) => Some(*v6),
+                IpAddr::V4(_) => None,
+            })
+            .with_context(|| format!("pod {namespace}/{name} has no IPv6 address: {ips:?}"))
+    }
+
+    /// Every address of pod `namespace/name` (status.podIPs); an error until it has one.
+    pub fn pod_ips(&self, namespace: &str, name: &str) -> Result<Vec<IpAddr>> {
         let pod = self.pod(namespace, name)?;
-        let ip = pod.status.and_then(|s| s.pod_ip);
-        let ip = ip.with_context(|| format!("pod {namespace}/{name} has no address yet"))?;
-        ip.parse()
-            .with_context(|| format!("pod {namespace}/{name}: address {ip}"))
+        let ips = pod.status.and_then(|s| s.pod_ips).unwrap_or_default();
+        ensure!(!ips.is_empty(), "pod {namespace}/{name} has no address yet");
+        ips.into_iter()
+            .map(|ip| {
+                ip.ip
+                    .parse()
+                    .with_context(|| format!("pod {namespace}/{name}: address {}", ip.ip))
+            })
+            .collect()
+    }
+
+    /// Deletes pod `namespace/name` as `kubectl delete pod` does: its containers get SIGTERM
+    /// and their grace period. Returns at once; [`Cluster::wait_pod_gone`] waits for the end.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> Result<()> {
+        self.api
+            .block_on(|client| async move {
+                let pods = Api::<Pod>::namespaced(client, namespace);
+                pods.delete(name, &DeleteParams::default()).await?;
+                Ok(())
+            })
+            .with_context(|| format!("cannot delete pod {namespace}/{name}"))
+    }
+
+    /// Waits until pod `namespace/name` no longer exists.
+    pub fn wait_pod_gone(&mut self, namespace: &str, name: &str, timeout: Duration) -> Result<()> {
+        let what = format!("pod {namespace}/{name} gone");
+        self.wait_for(&what, timeout, |c| {
+            Ok((!c.pods(namespace)?.iter().any(|p| p == name)).then_some(()))
+        })
+    }
+
+    /// Deletes DaemonSet `namespace/name` and waits until its pods are gone, as flannel's
+    /// end-to-end suite uninstalls flannel before installing it anew.
+    pub fn delete_daemonset(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<()> {
+        let background = DeleteParams::background();
+        self.api
+            .block_on(|client| async move {
+                let sets = Api::<DaemonSet>::namespaced(client, namespace);
+                sets.delete(name, &background).await?;
+                Ok(())
+            })
+            .with_context(|| format!("cannot delete DaemonSet {namespace}/{name}"))?;
+        let what = format!("the pods of DaemonSet {namespace}/{name} gone");
+        self.wait_for(&what, timeout, |c| {
+            Ok(c.pods(namespace)?.is_empty().then_some(()))
+        })
     }
 
     /// Node `name`'s condition `type_` (e.g. `NetworkUnavailable`) as (status, reason); None
@@ -253,13 +335,18 @@ impl Cluster {
     }
 }
 
-/// Node `host` reaches the control plane through its default route, and the `kubernetes`
-/// Service's address at the API server: a DNAT for the node's own connections (host-network
-/// pods) and for those it forwards (pods), as kube-proxy's rules would do.
-/// The rules go through a file in `dir`.
-fn route_services(host: &Host, control: Ipv4Addr, api_port: u16, dir: &Path) -> Result<()> {
+/// Node `host` reaches the control plane through its default route (one of each family on an
+/// IPv6 underlay), and the `kubernetes` Service's address at the API server: a DNAT for the
+/// node's own connections (host-network pods) and for those it forwards (pods), as kube-proxy's
+/// rules would do. The rules go through a file in `dir`.
+fn route_services(host: &Host, control_host: &Host, api_port: u16, dir: &Path) -> Result<()> {
+    let control = control_host.underlay_ip;
     host.ns
         .ip(&["route", "add", "default", "via", &control.to_string()])?;
+    if let Some(gateway) = control_host.underlay_ipv6 {
+        host.ns
+            .ip(&["-6", "route", "add", "default", "via", &gateway.to_string()])?;
+    }
     let (service, port) = KUBERNETES_SERVICE;
     let dnat = format!("ip daddr {service} tcp dport {port} dnat to {control}:{api_port}");
     let rules = format!(

@@ -36,7 +36,7 @@ pub(super) const KUBELET_SYSCTLS: [(&str, &str); 6] = [
 ///
 /// `ip netns exec` would remount /sys without the cgroup hierarchies; instead the mounts under
 /// /sys (cgroups, bpffs) are moved aside, a sysfs of the node's network namespace is mounted,
-/// and they are moved back.
+/// and they are moved back; then a fresh bpffs goes on /sys/fs/bpf.
 pub(super) fn mount_script(state: &Path) -> String {
     let state = state.display();
     let mut lines = vec![
@@ -48,6 +48,9 @@ pub(super) fn mount_script(state: &Path) -> String {
             .into(),
         "mount -t sysfs sysfs /sys".into(),
         "i=0; for m in $subs; do mount --move $keep/$i $m; i=$((i+1)); done".into(),
+        // A bpffs of the node's own, as a booted node has one: what a pod pins there (twill's
+        // eBPF dataplane) stays the node's, and outlives the pod.
+        "mount -t bpf bpf /sys/fs/bpf".into(),
     ];
     for dir in PRIVATE_DIRS {
         lines.push(format!(
@@ -127,7 +130,11 @@ authentication:
 authorization:
   mode: Webhook
 readOnlyPort: 0
-# Several kubelets share one disk: none evicts for the others' use of it.
+# Several kubelets share one disk, filled by whatever else the host holds: none removes the
+# images the tests imported (no registry could give them back, the pause image included) ...
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# ... nor evicts for the others' use of it.
 evictionHard:
   memory.available: 100Mi
   nodefs.available: 1%

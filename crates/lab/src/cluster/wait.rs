@@ -80,8 +80,9 @@ impl Cluster {
         })
     }
 
-    /// Waits until DaemonSet `namespace/name` has rolled out: a pod on every node, all of the
-    /// current template, all Ready.
+    /// Waits until DaemonSet `namespace/name` has rolled out, as `kubectl rollout status` sees
+    /// it: a pod on every node, all of the current template, all Ready and available (Ready
+    /// for the DaemonSet's minReadySeconds).
     pub fn wait_daemonset(&mut self, namespace: &str, name: &str, timeout: Duration) -> Result<()> {
         let count = self.nodes.len() as i32;
         let what = format!("DaemonSet {namespace}/{name} Ready on every node");
@@ -98,7 +99,8 @@ impl Cluster {
             let done = status.observed_generation.unwrap_or_default() >= generation
                 && status.desired_number_scheduled == count
                 && status.updated_number_scheduled == Some(count)
-                && status.number_ready == count;
+                && status.number_ready == count
+                && status.number_available == Some(count);
             Ok(done.then_some(()))
         })
     }

@@ -27,8 +27,7 @@ impl KubeApiServer {
     }
 
     fn apply(&self, yaml: &str, dry_run: bool) -> Result<()> {
-        let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).context("invalid YAML")?;
-        let docs: Vec<Value> = docs.into_iter().filter(|doc| !doc.is_null()).collect();
+        let docs = yaml_documents(yaml)?;
         let declared = declared_namespaces(&docs);
         self.block_on(|client| async move {
             for (i, doc) in docs.into_iter().enumerate() {
@@ -45,6 +44,14 @@ impl KubeApiServer {
         })
         .with_context(|| format!("cannot apply{}", if dry_run { " (dry run)" } else { "" }))
     }
+}
+
+/// The documents of a multi-document manifest as JSON values, empty ones left out: what
+/// [`KubeApiServer::apply_yaml`] applies, for a test to change before applying them (each
+/// written back as JSON, which is YAML).
+pub fn yaml_documents(yaml: &str) -> Result<Vec<Value>> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).context("invalid YAML")?;
+    Ok(docs.into_iter().filter(|doc| !doc.is_null()).collect())
 }
 
 async fn apply_one(client: &Client, doc: &Value, dry_run: bool) -> Result<()> {

@@ -3,6 +3,7 @@
 
 mod api;
 mod apply;
+pub use apply::yaml_documents;
 mod certs;
 
 use crate::netns::{command_in, Netns};

@@ -73,13 +73,22 @@ pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> any
 }
 
 /// The programs carry IPv4 only: the kernel's own IPv6 on the device (router solicitations,
-/// MLD reports) would only be counted as `not_ipv4`.
+/// MLD reports) would only be counted as `not_ipv4`. Where /proc/sys is read-only (a pod
+/// without privileges, as kube-flannel.yml runs flannel) that counting is what happens: said
+/// once, not a reason to stop.
 fn without_ipv6(name: &str) -> anyhow::Result<()> {
     let knob = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
     match std::fs::write(&knob, "1") {
         Ok(()) => Ok(()),
         // A kernel without IPv6 has no such file, and nothing to turn off.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+            tracing::warn!(
+                "cannot turn IPv6 off on {name} ({knob} is read-only here): the kernel's own \
+                 IPv6 packets on it are counted as not_ipv4 drops"
+            );
+            Ok(())
+        }
         Err(e) => Err(e).with_context(|| format!("cannot write {knob}")),
     }
 }
