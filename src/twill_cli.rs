@@ -157,6 +157,11 @@ struct RunArgs {
     /// (mounted as bpffs if it is not one).
     #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
     bpf_dir: PathBuf,
+    /// How the eBPF dataplane's programs attach: `tcx` (links, Linux 6.6+), `tc` (a clsact
+    /// qdisc and a direct-action bpf filter, which `tc filter show` lists; any kernel from 5.10)
+    /// or `auto` (tcx where the kernel has it, else tc).
+    #[arg(long, value_name = "tcx|tc|auto", default_value = "auto")]
+    bpf_attach: ebpf::AttachMode,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
     /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
     /// runs on them.
@@ -362,6 +367,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         nexthop_objects: !args.no_nexthop_objects,
         dataplane: args.dataplane,
         bpf_dir: args.bpf_dir.clone(),
+        bpf_attach: args.bpf_attach,
         blackhole_route: args.ip_blackhole_route,
     }
 }

@@ -123,11 +123,25 @@ fn paced_stream(from: &Container, to: &Container, count: u32, gap: Duration) -> 
 /// both ways through it and a TCP transfer runs: the programs and maps, pinned, go on
 /// forwarding without it, and the new daemon adopts them.
 #[test]
-fn traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
+fn over_tcx_traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
+    keeps_flowing_across_a_restart("ebpfrstx", "tcx")
+}
+
+/// The same over classic TC, as on a kernel before 6.6: a clsact filter outlives the daemon
+/// by itself, and the restart replaces its program in one step.
+#[test]
+fn over_classic_tc_traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
+    keeps_flowing_across_a_restart("ebpfrstc", "tc")
+}
+
+fn keeps_flowing_across_a_restart(tag: &str, attach: &str) -> Result<()> {
     let dir = scratch()?;
     let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
-    let args = bpf.ebpf_args();
-    let mut pair = start_pair_with("ebpfrestart", [&args, TUN], None)?;
+    let mut args = bpf.ebpf_args();
+    args.extend(["--bpf-attach", attach]);
+    let mut pair = start_pair_with(tag, [&args, TUN], None)?;
+    attached_through(&pair.host(0).ns, attach)?;
+    shown_as(&pair.host(0).ns, attach)?;
     like_a_wire(&pair)?;
     ping_both_ways_with_ttl_60(&pair)?;
     const COUNT: u32 = 4000;
@@ -164,6 +178,11 @@ fn traffic_keeps_flowing_while_the_daemon_restarts() -> Result<()> {
     );
     let log = new.stderr();
     ensure!(log.contains("adopted"), "the restart did not adopt: {log}");
+    ensure!(
+        said_attach(&log, attach),
+        "the restart does not say it attached by {attach}: {log}"
+    );
+    attached_through(&pair.host(0).ns, attach)?;
     ensure!(new.is_running(), "{log}");
     pair.nodes.insert(0, new);
     let (a, b) = (pair.container(0), pair.container(1));
@@ -190,13 +209,24 @@ fn counted_by_ebpf_after_restart(pair: &Pair) -> Result<()> {
 /// `twill run --cleanup` removes the pins, the device and its route, and the programs on the
 /// underlay, after a stop left them running.
 #[test]
-fn cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
+fn over_tcx_cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
+    cleanup_removes_all("ebpfcltx", "tcx")
+}
+
+#[test]
+fn over_classic_tc_cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
+    cleanup_removes_all("ebpfcltc", "tc")
+}
+
+fn cleanup_removes_all(tag: &str, attach: &str) -> Result<()> {
     let dir = scratch()?;
     let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
-    let args = bpf.ebpf_args();
-    let mut pair = start_pair_with("ebpfclean", [&args, TUN], None)?;
+    let mut args = bpf.ebpf_args();
+    args.extend(["--bpf-attach", attach]);
+    let mut pair = start_pair_with(tag, [&args, TUN], None)?;
     pair.nodes[0].stop()?;
     let ns = &pair.host(0).ns;
+    attached_through(ns, attach)?;
     let pins = bpf.path.join("twill0");
     ensure!(
         pins.is_dir(),
@@ -220,9 +250,41 @@ fn cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
         !attached.contains("twill"),
         "programs left on eth0: {attached}"
     );
+    let filters = ns.exec("tc", &["filter", "show", "dev", "eth0", "ingress"])?;
+    ensure!(filters.trim().is_empty(), "filter left on eth0: {filters}");
     // A second cleanup finds nothing and says nothing is wrong.
     ns.exec(TWILL, &["run", "--cleanup", "--bpf-dir", bpf.arg()])?;
     Ok(())
+}
+
+/// The ingress program runs on the underlay through `attach`: a classic filter is what `tc
+/// filter show` lists, a tcx link is not (and this bpftool predates tcx).
+fn attached_through(ns: &twill_lab::Netns, attach: &str) -> Result<()> {
+    let filters = ns.exec("tc", &["filter", "show", "dev", "eth0", "ingress"])?;
+    let listed = filters.contains("twill_ingress") && filters.contains("direct-action");
+    ensure!(
+        listed == (attach == "tc"),
+        "attached by {attach}, and tc filter show dev eth0 ingress says: {filters}"
+    );
+    Ok(())
+}
+
+/// Status and /metrics name the dataplane and how its programs attach.
+fn shown_as(ns: &twill_lab::Netns, attach: &str) -> Result<()> {
+    let s = status(ns)?;
+    ensure!(
+        s["dataplane"] == "ebpf" && s["dataplane_attach"] == attach,
+        "status: {s}"
+    );
+    let metrics = http_get(ns, "127.0.0.1:9585", "/metrics")?;
+    let line = format!("twill_dataplane_info{{dataplane=\"ebpf\",attach=\"{attach}\"}} 1");
+    ensure!(metrics.contains(&line), "no {line} in /metrics: {metrics}");
+    Ok(())
+}
+
+/// The daemon said at start how it attached.
+fn said_attach(log: &str, attach: &str) -> bool {
+    log.contains(&format!("attach=\"{attach}\"")) || log.contains(&format!("attach={attach} "))
 }
 
 /// With a backend other than udp, `--dataplane ebpf` is refused in one line before anything

@@ -146,20 +146,32 @@ fn receive(socket: &UdpSocket, sending: &AtomicBool) -> Result<u64> {
     }
 }
 
-/// A tc counter on a host's underlay device, ingress: tc counts a GSO packet as the datagrams
-/// it carries (its segments), where the device's own counters count it once. Removed on drop.
+/// A tc counter on a host's underlay device, egress: tc counts a GSO packet as the datagrams
+/// it carries (its segments), where the device's own counters count it once. A clsact qdisc
+/// already there (twill's eBPF dataplane on classic TC) is shared, not replaced: its count then
+/// also has what comes in, which on the flood's sending host is next to nothing. What this
+/// added is removed on drop.
 struct UnderlayCounter<'a> {
     ns: &'a Netns,
     dev: &'a str,
+    /// Whether the clsact qdisc is this counter's own, to delete on drop.
+    own_qdisc: bool,
 }
+
+/// The counter's filter: its own priority, apart from any other filter on the qdisc.
+const COUNTER_PRIO: &str = "49152";
 
 impl<'a> UnderlayCounter<'a> {
     fn attach(ns: &'a Netns, dev: &'a str) -> Result<UnderlayCounter<'a>> {
-        ns.exec("tc", &["qdisc", "add", "dev", dev, "clsact"])?;
-        let counter = UnderlayCounter { ns, dev };
+        let qdiscs = ns.exec("tc", &["qdisc", "show", "dev", dev])?;
+        let own_qdisc = !qdiscs.contains("clsact");
+        if own_qdisc {
+            ns.exec("tc", &["qdisc", "add", "dev", dev, "clsact"])?;
+        }
+        let counter = UnderlayCounter { ns, dev, own_qdisc };
         // clsact counts only while it has a filter; u32 matching everything is the simplest.
         let filter = ["filter", "add", "dev", dev, "egress", "protocol", "ip"];
-        let all = ["prio", "1", "u32", "match", "u32", "0", "0"];
+        let all = ["prio", COUNTER_PRIO, "u32", "match", "u32", "0", "0"];
         ns.exec("tc", &[&filter[..], &all[..]].concat())
             .context("tc u32 filter (the kernel needs CONFIG_NET_CLS_U32)")?;
         Ok(counter)
@@ -176,8 +188,13 @@ impl<'a> UnderlayCounter<'a> {
 
 impl Drop for UnderlayCounter<'_> {
     fn drop(&mut self) {
-        let _ = self
-            .ns
-            .exec("tc", &["qdisc", "del", "dev", self.dev, "clsact"]);
+        let (ns, dev) = (self.ns, self.dev);
+        let _ = match self.own_qdisc {
+            true => ns.exec("tc", &["qdisc", "del", "dev", dev, "clsact"]),
+            false => ns.exec(
+                "tc",
+                &["filter", "del", "dev", dev, "egress", "prio", COUNTER_PRIO],
+            ),
+        };
     }
 }

@@ -11,8 +11,12 @@ pub enum PathKind {
     Vxlan,
     Ipip,
     TwillUdp,
-    /// flannel's udp wire on twill's eBPF dataplane (`--dataplane ebpf`).
+    /// flannel's udp wire on twill's eBPF dataplane (`--dataplane ebpf`), attached as the
+    /// kernel prefers (tcx from 6.6).
     TwillEbpf,
+    /// The same programs on classic TC filters (`--bpf-attach tc`), as kernels before 6.6 run
+    /// them.
+    TwillEbpfTc,
     TwillBatch,
     TwillWireguard,
     /// The reference for twill-wireguard: wireguard-go on both hosts.
@@ -23,7 +27,7 @@ impl PathKind {
     /// The `Backend.Type` a twill path runs.
     pub(crate) fn twill_backend(self) -> Option<&'static str> {
         match self {
-            PathKind::TwillUdp | PathKind::TwillEbpf => Some("udp"),
+            PathKind::TwillUdp | PathKind::TwillEbpf | PathKind::TwillEbpfTc => Some("udp"),
             PathKind::TwillBatch => Some("twill-batch"),
             PathKind::TwillWireguard => Some("wireguard"),
             _ => None,
@@ -35,7 +39,7 @@ impl PathKind {
     pub fn no_ipv6(self) -> Option<&'static str> {
         match self {
             PathKind::Ipip => Some("ipip carries IPv4 only (flannel's ipip backend has no IPv6)"),
-            PathKind::TwillEbpf => {
+            PathKind::TwillEbpf | PathKind::TwillEbpfTc => {
                 Some("twill's eBPF programs carry IPv4 only (twill refuses them on a dual-stack network)")
             }
             PathKind::WireguardGo => Some(
@@ -49,17 +53,19 @@ impl PathKind {
     pub(crate) fn twill_args(self) -> &'static [&'static str] {
         match self {
             PathKind::TwillEbpf => &["--dataplane", "ebpf"],
+            PathKind::TwillEbpfTc => &["--dataplane", "ebpf", "--bpf-attach", "tc"],
             _ => &[],
         }
     }
 
-    pub const ALL: [PathKind; 9] = [
+    pub const ALL: [PathKind; 10] = [
         PathKind::Native,
         PathKind::HostGw,
         PathKind::Vxlan,
         PathKind::Ipip,
         PathKind::TwillUdp,
         PathKind::TwillEbpf,
+        PathKind::TwillEbpfTc,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
         PathKind::WireguardGo,
@@ -73,6 +79,7 @@ impl PathKind {
             PathKind::Ipip => "ipip",
             PathKind::TwillUdp => "twill-udp",
             PathKind::TwillEbpf => "twill-ebpf",
+            PathKind::TwillEbpfTc => "twill-ebpf-tc",
             PathKind::TwillBatch => "twill-batch",
             PathKind::TwillWireguard => "twill-wireguard",
             PathKind::WireguardGo => "wireguard-go",

@@ -177,6 +177,7 @@ impl PathLab {
             }
             PathKind::TwillUdp
             | PathKind::TwillEbpf
+            | PathKind::TwillEbpfTc
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {
                 let etcd = etcd.insert(etcd_for(&lab)?);

@@ -54,6 +54,8 @@ pub struct NodeOptions {
     /// `--bpf-dir`: where the eBPF dataplane pins its programs, links and maps (a bpffs;
     /// mounted there if it is not one).
     pub bpf_dir: PathBuf,
+    /// `--bpf-attach`: the eBPF dataplane's programs on tcx links or classic TC filters.
+    pub bpf_attach: twill_ebpf::AttachMode,
     /// `--ip-blackhole-route`: a blackhole route for this node's subnets, so that traffic to an
     /// address of ours no container holds is dropped here rather than sent back out.
     pub blackhole_route: bool,
@@ -84,6 +86,7 @@ impl Default for NodeOptions {
             nexthop_objects: true,
             dataplane: DataplaneChoice::default(),
             bpf_dir: DEFAULT_BPF_DIR.into(),
+            bpf_attach: twill_ebpf::AttachMode::default(),
             blackhole_route: false,
         }
     }

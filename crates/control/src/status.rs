@@ -66,6 +66,8 @@ impl StatusAddr {
 pub struct EngineView {
     /// `tun` or `ebpf`.
     pub name: &'static str,
+    /// How the eBPF programs attach (`tcx` or `tc`); `None` for the userspace engines.
+    pub attach: Option<&'static str>,
     pub table: Arc<SharedTable>,
     pub stats: Arc<EngineStats>,
     pub refresh: Option<Arc<dyn Fn(Counted) + Send + Sync>>,
@@ -269,6 +271,7 @@ impl NodeStatus {
             "reconcile": reconciles_json(&self.reconciles()),
             "kernel_writes": self.kernel_writes.load(Relaxed),
             "dataplane": engine.as_ref().map(|e| e.name),
+            "dataplane_attach": engine.as_ref().and_then(|e| e.attach),
             "counters": engine.as_ref().map(|e| counters_json(&e.table, &e.stats)),
             "rules": *self.rules.read().unwrap(),
         })

@@ -12,11 +12,6 @@
 
 #include "maps.h"
 
-/* Debian's UAPI headers are 6.1's; the kernel has these since 6.3 (probe() checks it runs). */
-#ifndef BPF_F_ADJ_ROOM_DECAP_L3_IPV4
-#define BPF_F_ADJ_ROOM_DECAP_L3_IPV4 (1ULL << 7)
-#endif
-
 /* flannel's udp wire: an outer IPv4 and a UDP header, then the bare inner packet. */
 #define OVERHEAD (sizeof(struct iphdr) + sizeof(struct udphdr))
 #define IP_DF 0x4000

@@ -13,8 +13,10 @@
 #define ENCAP_FLAGS \
 	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP)
 /* FIXED_GSO both ways: the device MTU already leaves room for the outer headers, so a
- * super-packet's segment size stays the sender's. */
-#define DECAP_FLAGS (BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_DECAP_L3_IPV4)
+ * super-packet's segment size stays the sender's. No BPF_F_ADJ_ROOM_DECAP_L3_* flag (Linux
+ * 6.3+): the inner packet is IPv4 like the outer one, so the skb's protocol stays right, and
+ * kernels from 5.10 take the shrink as it is. */
+#define DECAP_FLAGS BPF_F_ADJ_ROOM_FIXED_GSO
 
 SEC("classifier/egress")
 int twill_egress(struct __sk_buff *skb)

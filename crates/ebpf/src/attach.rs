@@ -1,11 +1,14 @@
-//! Attaching the programs: a tcx link where the kernel has them (6.6+), pinned so it outlives
-//! the daemon, or a clsact filter otherwise. A link or filter already there is adopted: kept
-//! when it runs the same program, or switched to the new one in one step (link update,
-//! filter replace), so forwarding never stops.
+//! Attaching the programs: a tcx link (kernels from 6.6), pinned so it outlives the daemon, or
+//! a classic TC filter (a clsact qdisc and a direct-action bpf filter, which kernels have run
+//! since 4.x) at a fixed priority and handle, which outlives the daemon by itself. A link or
+//! filter already there is adopted: kept when it runs the same program, or switched to the new
+//! one in one step (link update, filter replace), so forwarding never stops. An attachment of
+//! the other kind an earlier run left (another `--bpf-attach`) goes once the new one is in.
 
+use crate::filters;
 use crate::object::Side;
 use crate::pins::{link_pin, pinned_config, program_pin};
-use anyhow::Context;
+use anyhow::{bail, Context};
 use aya::programs::links::{FdLink, LinkError, PinnedLink};
 use aya::programs::tc::{
     qdisc_add_clsact, qdisc_detach_program, NlOptions, SchedClassifierLink, TcAttachOptions,
@@ -15,6 +18,67 @@ use aya::programs::{LinkOrder, ProgramInfo, SchedClassifier};
 use aya::util::KernelVersion;
 use std::io::ErrorKind;
 use std::path::Path;
+use std::str::FromStr;
+
+/// How the programs are attached (`--bpf-attach`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AttachMode {
+    /// tcx links; refused on a kernel without them.
+    Tcx,
+    /// Classic TC: a clsact qdisc and a direct-action bpf filter.
+    Tc,
+    /// tcx where the kernel has it, else classic TC.
+    #[default]
+    Auto,
+}
+
+impl FromStr for AttachMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "tcx" => Ok(AttachMode::Tcx),
+            "tc" => Ok(AttachMode::Tc),
+            "auto" => Ok(AttachMode::Auto),
+            other => Err(format!(
+                "{other:?} is not a way to attach; give tcx, tc or auto"
+            )),
+        }
+    }
+}
+
+/// The hook the programs are attached through, once [`AttachMode`] is settled on a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    Tcx,
+    Tc,
+}
+
+impl Hook {
+    /// As status names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Tcx => "tcx",
+            Hook::Tc => "tc",
+        }
+    }
+}
+
+impl AttachMode {
+    /// The hook this kernel gives; `Tcx` on a kernel without tcx links is an error naming it.
+    pub fn hook(self) -> anyhow::Result<Hook> {
+        match self {
+            AttachMode::Tcx if !has_tcx() => bail!(
+                "tcx links need Linux 6.6 or later, and this kernel is {}: attach with tc, or auto",
+                crate::probe::kernel_release()
+            ),
+            AttachMode::Tcx => Ok(Hook::Tcx),
+            AttachMode::Tc => Ok(Hook::Tc),
+            AttachMode::Auto if has_tcx() => Ok(Hook::Tcx),
+            AttachMode::Auto => Ok(Hook::Tc),
+        }
+    }
+}
 
 /// What attaching found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +91,7 @@ pub(crate) enum Attached {
     New,
 }
 
-/// The clsact filter twill's programs sit at: fixed, so a restart finds and replaces it.
-const FILTER_PRIORITY: u16 = 1;
-const FILTER_HANDLE: TcHandle = TcHandle::new(0, 1);
-
-pub(crate) fn has_tcx() -> bool {
+fn has_tcx() -> bool {
     KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0))
 }
 
@@ -40,14 +100,20 @@ pub(crate) fn attach(
     side: Side,
     device: &str,
     pin_dir: &Path,
+    hook: Hook,
 ) -> anyhow::Result<Attached> {
-    let attached = if has_tcx() {
-        attach_tcx(program, side, device, pin_dir)
-    } else {
-        attach_clsact(program, side, device)
+    let attached = match hook {
+        Hook::Tcx => attach_tcx(program, side, device, pin_dir),
+        Hook::Tc => attach_filter(program, side, device),
     };
     let attached =
         attached.with_context(|| format!("attaching {} to {device}", side.program_name()))?;
+    // The other kind of attachment an earlier run left: after the new one, so no packet
+    // finds neither.
+    match hook {
+        Hook::Tcx => detach_filter(side, device)?,
+        Hook::Tc => remove_link_pin(pin_dir, side)?,
+    }
     if attached != Attached::Kept {
         pin_program(program, &program_pin(pin_dir, side))?;
     }
@@ -65,7 +131,7 @@ fn attach_tcx(
         Ok(pinned) => {
             let link = FdLink::from(pinned);
             let running = link.info()?.program_id();
-            if attached_here(device, side, running)? {
+            if tcx_runs(device, side, running)? {
                 return adopt(program, side, pin_dir, link, running);
             }
             // The device this link was made for is gone (a link dies with its device).
@@ -100,42 +166,59 @@ fn adopt(
     Ok(Attached::Replaced)
 }
 
-/// Whether `program` runs at `device`'s hook for `side` (tcx kernels): no longer once its
-/// device was deleted or its link unpinned. A device that is gone is not an error here.
-pub(crate) fn runs(program: &SchedClassifier, side: Side, device: &str) -> anyhow::Result<bool> {
-    if nix::net::if_::if_nametoindex(device).is_err() {
+/// Whether `program` runs at `device`'s hook for `side` through `hook`: no longer once its
+/// device was deleted, its link unpinned or its filter deleted. A device that is gone is not
+/// an error here.
+pub(crate) fn runs(
+    program: &SchedClassifier,
+    side: Side,
+    device: &str,
+    hook: Hook,
+) -> anyhow::Result<bool> {
+    let Ok(ifindex) = nix::net::if_::if_nametoindex(device) else {
         return Ok(false);
+    };
+    let id = program.info()?.id();
+    match hook {
+        Hook::Tcx => tcx_runs(device, side, id),
+        Hook::Tc => Ok(filters::program_at(ifindex, side.attach_type())? == Some(id)),
     }
-    attached_here(device, side, program.info()?.id())
 }
 
-fn attached_here(device: &str, side: Side, program_id: u32) -> anyhow::Result<bool> {
+fn tcx_runs(device: &str, side: Side, program_id: u32) -> anyhow::Result<bool> {
     let (_, programs) = SchedClassifier::query_tcx(device, side.attach_type())?;
     Ok(programs.iter().any(|p| p.id() == program_id))
 }
 
-fn attach_clsact(
+fn attach_filter(
     program: &mut SchedClassifier,
     side: Side,
     device: &str,
 ) -> anyhow::Result<Attached> {
     match qdisc_add_clsact(device) {
         Ok(()) | Err(TcError::AlreadyAttached) => {}
+        // aya 0.14 reports a clsact qdisc already there as the kernel's EEXIST.
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
         Err(e) => return Err(e).context("adding the clsact qdisc"),
     }
-    let existing = SchedClassifierLink::attached(
-        device,
-        side.attach_type(),
-        FILTER_PRIORITY,
-        FILTER_HANDLE,
-        None,
-    )?;
-    let (id, attached) = match program.attach_to_link(existing) {
-        Ok(id) => (id, Attached::Replaced),
-        Err(_) => {
+    let ifindex = nix::net::if_::if_nametoindex(device)?;
+    let handle = TcHandle::new(0, filters::HANDLE as u16);
+    let there = filters::program_at(ifindex, side.attach_type())?.is_some();
+    let (id, attached) = match there {
+        true => {
+            let existing = SchedClassifierLink::attached(
+                device,
+                side.attach_type(),
+                filters::PRIORITY,
+                handle,
+                None,
+            )?;
+            (program.attach_to_link(existing)?, Attached::Replaced)
+        }
+        false => {
             let options = TcAttachOptions::Netlink(NlOptions {
-                priority: FILTER_PRIORITY,
-                handle: FILTER_HANDLE,
+                priority: filters::PRIORITY,
+                handle,
                 ..NlOptions::default()
             });
             let id = program.attach_with_options(device, side.attach_type(), options)?;
@@ -145,6 +228,27 @@ fn attach_clsact(
     // A filter is no link: dropping its handle would delete it, and it must outlive us.
     std::mem::forget(program.take_link(id)?);
     Ok(attached)
+}
+
+/// Deletes twill's filter on `device`'s hook for `side`, if there is one.
+fn detach_filter(side: Side, device: &str) -> anyhow::Result<()> {
+    match qdisc_detach_program(device, side.attach_type(), side.program_name()) {
+        Ok(()) => Ok(()),
+        Err(TcError::IoError(e)) if e.kind() == ErrorKind::NotFound => Ok(()),
+        // No clsact qdisc on the device: no filter either.
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("detaching the filter from {device}")),
+    }
+}
+
+fn remove_link_pin(pin_dir: &Path, side: Side) -> anyhow::Result<()> {
+    let pin = link_pin(pin_dir, side);
+    match std::fs::remove_file(&pin) {
+        Err(e) if e.kind() != ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("cannot unpin {}", pin.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn pin_program(program: &mut SchedClassifier, path: &Path) -> anyhow::Result<()> {
@@ -157,12 +261,9 @@ fn pin_program(program: &mut SchedClassifier, path: &Path) -> anyhow::Result<()>
         .with_context(|| format!("pinning {}", path.display()))
 }
 
-/// Delete the clsact filters of the devices named in `pin_dir`'s config map (tcx links go when
-/// their pins do). A device that is gone took its filters with it.
+/// Delete the classic TC filters of the devices named in `pin_dir`'s config map (tcx links go
+/// when their pins do). A device that is gone took its filters with it.
 pub(crate) fn detach_filters(pin_dir: &Path) -> anyhow::Result<()> {
-    if has_tcx() {
-        return Ok(());
-    }
     let Some(config) = pinned_config(pin_dir)? else {
         return Ok(());
     };
@@ -174,12 +275,30 @@ pub(crate) fn detach_filters(pin_dir: &Path) -> anyhow::Result<()> {
         let Ok(name) = nix::net::if_::if_indextoname(ifindex) else {
             continue;
         };
-        let name = name.to_string_lossy();
-        match qdisc_detach_program(&name, side.attach_type(), side.program_name()) {
-            Ok(()) => {}
-            Err(TcError::IoError(e)) if e.kind() == ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("detaching from {name}")),
-        }
+        detach_filter(side, &name.to_string_lossy())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_reads_three_words_and_names_them_when_wrong() {
+        assert_eq!("tcx".parse(), Ok(AttachMode::Tcx));
+        assert_eq!("tc".parse(), Ok(AttachMode::Tc));
+        assert_eq!("auto".parse(), Ok(AttachMode::Auto));
+        assert_eq!(
+            "clsact".parse::<AttachMode>().unwrap_err(),
+            r#""clsact" is not a way to attach; give tcx, tc or auto"#
+        );
+    }
+
+    #[test]
+    fn auto_takes_tcx_where_the_kernel_has_it() {
+        let hook = AttachMode::Auto.hook().unwrap();
+        assert_eq!(hook == Hook::Tcx, has_tcx(), "{hook:?}");
+        assert_eq!(AttachMode::Tc.hook().unwrap(), Hook::Tc);
+    }
 }

@@ -4,7 +4,7 @@
 use crate::{attach, pins};
 use std::path::Path;
 
-/// Detach the programs (the clsact filters a kernel before tcx got; a tcx link goes with its
+/// Detach the programs (their classic TC filters; a tcx link goes with its
 /// pin) and unpin everything [`crate::Dataplane::open`] left in `pin_dir`, unmounting the
 /// bpffs it mounted there. A directory that is not there is fine. Refused while a running
 /// dataplane holds `pin_dir`: it would go on with programs detached under it.

@@ -1,7 +1,7 @@
 //! The eBPF dataplane on one node: the programs attached to twill's device and the underlay,
 //! and the peers in their maps.
 
-use crate::attach::{self, Attached};
+use crate::attach::{self, AttachMode, Attached, Hook};
 use crate::counters::Counters;
 use crate::device::Device;
 use crate::loaded::{Loaded, TestOutput};
@@ -26,6 +26,18 @@ pub struct Attachment {
     pub local_ip: Ipv4Addr,
     /// flannel's udp port (`Backend.Port`, 8285 by default): outer source and destination.
     pub port: u16,
+    /// tcx links or classic TC filters (`--bpf-attach`).
+    pub attach: AttachMode,
+}
+
+impl Attachment {
+    /// The device each program runs on.
+    fn device_of(&self, side: Side) -> &str {
+        match side {
+            Side::Egress => &self.device,
+            Side::Ingress => &self.underlay,
+        }
+    }
 }
 
 /// What [`Dataplane::open`] found in its pin directory.
@@ -46,8 +58,9 @@ pub struct Dataplane {
     claim: Mutex<Option<pins::PinLock>>,
     pin_dir: PathBuf,
     at: Attachment,
-    /// The twill device's ifindex when the programs were attached, for kernels without tcx,
-    /// where a lost attachment cannot be asked for.
+    hook: Hook,
+    /// The twill device's ifindex when the programs were attached: a device made again has
+    /// another, and none of the attachments of the old one.
     device_ifindex: AtomicU32,
 }
 
@@ -58,12 +71,14 @@ impl Dataplane {
     /// another running dataplane holds `pin_dir`; what this call pinned is unpinned again when
     /// it fails half-way.
     pub fn open(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Dataplane, Opened)> {
-        let (ready, claim) = attach_at(pin_dir, at)?;
+        let hook = at.attach.hook()?;
+        let (ready, claim) = attach_at(pin_dir, at, hook)?;
         let dataplane = Dataplane {
             loaded: Mutex::new(ready.loaded),
             claim: Mutex::new(Some(claim)),
             pin_dir: pin_dir.to_path_buf(),
             at: at.clone(),
+            hook,
             device_ifindex: AtomicU32::new(ready.device_ifindex),
         };
         Ok((dataplane, ready.opened))
@@ -76,7 +91,7 @@ impl Dataplane {
         let mut claim = self.claim.lock().unwrap_or_else(|e| e.into_inner());
         // The directory may be a new one: the old claim goes before the new is taken.
         drop(claim.take());
-        let (ready, new_claim) = attach_at(&self.pin_dir, &self.at)?;
+        let (ready, new_claim) = attach_at(&self.pin_dir, &self.at, self.hook)?;
         *self.lock() = ready.loaded;
         *claim = Some(new_claim);
         self.device_ifindex
@@ -84,20 +99,23 @@ impl Dataplane {
         Ok(ready.opened)
     }
 
+    /// How the programs are attached: tcx links or classic TC filters.
+    pub fn hook(&self) -> Hook {
+        self.hook
+    }
+
     /// Whether both programs still run where they were attached: false once the device was
-    /// deleted, or the pins (and with them the links) removed.
+    /// deleted (and made again), the pins (and with them the links) removed, or a filter
+    /// deleted.
     pub fn intact(&self) -> anyhow::Result<bool> {
-        if !attach::has_tcx() {
-            let now = nix::net::if_::if_nametoindex(self.at.device.as_str()).ok();
-            return Ok(now == Some(self.device_ifindex.load(Ordering::Relaxed)));
+        let now = nix::net::if_::if_nametoindex(self.at.device.as_str()).ok();
+        if now != Some(self.device_ifindex.load(Ordering::Relaxed)) {
+            return Ok(false);
         }
         let mut loaded = self.lock();
-        for (side, device) in [
-            (Side::Egress, &self.at.device),
-            (Side::Ingress, &self.at.underlay),
-        ] {
+        for side in Side::BOTH {
             let program = object::program(&mut loaded.ebpf, side)?;
-            if !attach::runs(program, side, device)? {
+            if !attach::runs(program, side, self.at.device_of(side), self.hook)? {
                 return Ok(false);
             }
         }
@@ -177,7 +195,11 @@ struct Ready {
 
 /// Claims `pin_dir` (a bpffs mounted there if needed), loads the object on the maps pinned
 /// there and attaches both programs; on a failure after pins were made, unpins them again.
-fn attach_at(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Ready, pins::PinLock)> {
+fn attach_at(
+    pin_dir: &Path,
+    at: &Attachment,
+    hook: Hook,
+) -> anyhow::Result<(Ready, pins::PinLock)> {
     ensure!(at.port != 0, "the eBPF dataplane's port must not be 0");
     ensure!(
         !at.local_ip.is_unspecified(),
@@ -188,7 +210,7 @@ fn attach_at(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Ready, pins::Pi
     pins::ensure_bpffs(pin_dir)?;
     let claim = pins::lock(pin_dir)?;
     let had_pins = pins::pinned_config(pin_dir).is_ok_and(|c| c.is_some());
-    match load_and_attach(pin_dir, at, device, underlay) {
+    match load_and_attach(pin_dir, at, hook, device, underlay) {
         Ok(attached) => Ok((attached, claim)),
         Err(e) if had_pins => Err(e),
         Err(e) => {
@@ -203,6 +225,7 @@ fn attach_at(pin_dir: &Path, at: &Attachment) -> anyhow::Result<(Ready, pins::Pi
 fn load_and_attach(
     pin_dir: &Path,
     at: &Attachment,
+    hook: Hook,
     device: Device,
     underlay: Device,
 ) -> anyhow::Result<Ready> {
@@ -217,9 +240,10 @@ fn load_and_attach(
         pad: [0; 2],
     })?;
     let mut adopted = true;
-    for (side, name) in [(Side::Egress, &at.device), (Side::Ingress, &at.underlay)] {
+    for side in Side::BOTH {
         let program = object::program(&mut loaded.ebpf, side)?;
-        adopted &= attach::attach(program, side, name, pin_dir)? != Attached::New;
+        let attached = attach::attach(program, side, at.device_of(side), pin_dir, hook)?;
+        adopted &= attached != Attached::New;
     }
     let opened = match adopted {
         true => Opened::Adopted {

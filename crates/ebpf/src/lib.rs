@@ -9,8 +9,10 @@
 //!   port, checks the sender is a peer, the inner packet well-formed and from inside that
 //!   peer's subnet, decapsulates it and hands it to the stack as if it came in on the dummy.
 //!
-//! Programs, links and maps are pinned under a directory per device, so they outlive the
-//! daemon: [`Dataplane::open`] adopts them on the next start, [`remove`] takes them away.
+//! They attach by tcx links (Linux 6.6+) or classic TC filters, a clsact qdisc and a
+//! direct-action bpf filter ([`AttachMode`], `--bpf-attach`). Programs, links and maps are
+//! pinned under a directory per device (a classic filter outlives the daemon by itself), so
+//! they outlive the daemon: [`Dataplane::open`] adopts them on the next start, [`remove`] takes them away.
 
 mod attach;
 mod batch;
@@ -18,6 +20,7 @@ mod cleanup;
 mod counters;
 mod dataplane;
 mod device;
+mod filters;
 mod loaded;
 mod maps;
 mod object;
@@ -26,6 +29,7 @@ mod pinned;
 mod pins;
 mod probe;
 
+pub use attach::{AttachMode, Hook};
 pub use cleanup::{remove, remove_anyway};
 pub use counters::{Counters, PeerTraffic, Traffic};
 pub use dataplane::{Attachment, Dataplane, Opened};

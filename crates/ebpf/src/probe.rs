@@ -22,7 +22,7 @@ pub enum Unsupported {
     NoBpfSyscall,
     #[error("the kernel runs no TC eBPF programs: no tcx and no clsact (CONFIG_NET_CLS_ACT, CONFIG_NET_CLS_BPF)")]
     NoTc,
-    #[error("kernel {found} cannot decapsulate in eBPF: BPF_F_ADJ_ROOM_DECAP_L3_IPV4 needs Linux 6.3 or later")]
+    #[error("kernel {found} cannot decapsulate in eBPF: bpf_skb_adjust_room refused to take the outer headers off")]
     KernelTooOld { found: String },
     #[error("the kernel refused twill's eBPF programs: {0}")]
     Refused(String),
@@ -155,7 +155,7 @@ fn from_syscall(what: &str, error: std::io::Error) -> Unsupported {
     }
 }
 
-fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "of unknown version".into())

@@ -1,5 +1,6 @@
 //! The programs outlive the Dataplane that attached them, the next open adopts them with their
-//! peers and counters while a ping stream runs on, and remove() leaves nothing behind.
+//! peers and counters while a ping stream runs on, and remove() leaves nothing behind: over tcx
+//! links and over classic TC filters alike, and across a restart that changes between them.
 
 mod common;
 
@@ -7,12 +8,21 @@ use anyhow::{ensure, Result};
 use aya::programs::{SchedClassifier, TcAttachType};
 use std::net::SocketAddrV4;
 use std::time::Duration;
-use twill_ebpf::Opened;
+use twill_ebpf::{AttachMode, Opened};
 use twill_lab::Host;
 
 #[test]
-fn a_reopen_adopts_without_a_gap_and_remove_leaves_nothing() -> Result<()> {
-    let (lab, nodes) = common::lab_pair("ebpfadpt")?;
+fn over_tcx_a_reopen_adopts_without_a_gap_and_remove_leaves_nothing() -> Result<()> {
+    reopen_adopts_without_a_gap("ebpfadtx", AttachMode::Tcx)
+}
+
+#[test]
+fn over_classic_tc_a_reopen_adopts_without_a_gap_and_remove_leaves_nothing() -> Result<()> {
+    reopen_adopts_without_a_gap("ebpfadtc", AttachMode::Tc)
+}
+
+fn reopen_adopts_without_a_gap(tag: &str, mode: AttachMode) -> Result<()> {
+    let (lab, nodes) = common::lab_pair(tag, mode)?;
     let [first_a, first_b] = common::open_pair(&lab, &nodes)?;
     let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
     assert_eq!(common::ping(&a.ns, b.ip, 2)?.len(), 2, "before");
@@ -64,20 +74,101 @@ fn a_reopen_adopts_without_a_gap_and_remove_leaves_nothing() -> Result<()> {
     drop(again);
 
     for (i, node) in nodes.iter().enumerate() {
-        let attached = tcx_programs(lab.host(i), common::DEVICE)?;
-        assert_eq!(attached, ["twill_egress"], "before remove");
-        twill_ebpf::remove(node.pins.path())?;
+        attached_as(lab.host(i), node, mode)?;
+        // In the host's namespace, as the daemon runs: a filter is found by its device.
+        let remove = || twill_ebpf::remove(node.pins.path());
+        lab.host(i).ns.enter(remove)?;
         ensure!(
             !node.pins.path().exists(),
             "{} left",
             node.pins.path().display()
         );
-        twill_ebpf::remove(node.pins.path())?;
+        lab.host(i).ns.enter(remove)?;
         nothing_attached(lab.host(i), &node.attachment.underlay)?;
     }
     let out =
         a.ns.exec("ping", &["-n", "-c", "2", "-W", "1", &b.ip.to_string()]);
     ensure!(out.is_err(), "ping still answered after remove: {out:?}");
+    Ok(())
+}
+
+#[test]
+fn a_restart_with_the_other_attachment_swaps_them_and_keeps_the_peers() -> Result<()> {
+    let (lab, mut nodes) = common::lab_pair("ebpfswap", AttachMode::Tcx)?;
+    let dataplanes = common::open_pair(&lab, &nodes)?;
+    let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
+    assert_eq!(common::ping(&a.ns, b.ip, 2)?.len(), 2, "over tcx");
+    drop(dataplanes);
+    let endpoint = SocketAddrV4::new(nodes[1].attachment.local_ip, common::PORT);
+    for mode in [AttachMode::Tc, AttachMode::Tcx] {
+        nodes[0].attachment.attach = mode;
+        let (again, _) = common::open(lab.host(0), &nodes[0])?;
+        assert_eq!(
+            again.peers()?,
+            vec![(nodes[1].subnet, endpoint)],
+            "{mode:?}"
+        );
+        attached_as(lab.host(0), &nodes[0], mode)?;
+        assert_eq!(common::ping(&a.ns, b.ip, 2)?.len(), 2, "after {mode:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_deleted_classic_filter_is_noticed_and_put_back() -> Result<()> {
+    let (lab, nodes) = common::lab_pair("ebpfdelf", AttachMode::Tc)?;
+    let dataplanes = common::open_pair(&lab, &nodes)?;
+    let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
+    let host = lab.host(1);
+    assert!(host.ns.enter(|| dataplanes[1].intact())?);
+    host.ns.exec(
+        "tc",
+        &[
+            "filter",
+            "del",
+            "dev",
+            &nodes[1].attachment.underlay,
+            "ingress",
+        ],
+    )?;
+    assert!(!host.ns.enter(|| dataplanes[1].intact())?, "filter deleted");
+    let out =
+        a.ns.exec("ping", &["-n", "-c", "1", "-W", "1", &b.ip.to_string()]);
+    ensure!(out.is_err(), "ping answered without b's ingress: {out:?}");
+    host.ns.enter(|| dataplanes[1].reopen())?;
+    assert!(host.ns.enter(|| dataplanes[1].intact())?, "put back");
+    attached_as(host, &nodes[1], AttachMode::Tc)?;
+    assert_eq!(common::ping(&a.ns, b.ip, 2)?.len(), 2, "after reopen");
+    Ok(())
+}
+
+/// The programs run on `node`'s devices as `mode` attaches them, and through nothing else:
+/// tcx links, or classic filters that `tc filter show` lists.
+fn attached_as(host: &Host, node: &common::Node, mode: AttachMode) -> Result<()> {
+    let at = &node.attachment;
+    let places = [
+        (common::DEVICE, "egress", "twill_egress"),
+        (at.underlay.as_str(), "ingress", "twill_ingress"),
+    ];
+    for (device, hook, program) in places {
+        let tcx = tcx_programs(host, device)?;
+        let filters = host
+            .ns
+            .exec("tc", &["filter", "show", "dev", device, hook])?;
+        match mode {
+            AttachMode::Tc => {
+                ensure!(tcx.is_empty(), "{device} runs {tcx:?} over tcx");
+                ensure!(
+                    filters.contains(program) && filters.contains("direct-action"),
+                    "{device} {hook}: {filters}"
+                );
+            }
+            _ => {
+                ensure!(tcx.contains(&program.to_string()), "{device}: {tcx:?}");
+                ensure!(filters.trim().is_empty(), "{device} {hook}: {filters}");
+            }
+        }
+    }
     Ok(())
 }
 

@@ -8,13 +8,23 @@ use anyhow::{ensure, Context, Result};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 use twill_dataplane::stats::DropReason;
+use twill_ebpf::AttachMode;
 use twill_lab::tcp_transfer_intact;
 
 const MIB: usize = 1 << 20;
 
 #[test]
-fn containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
-    let (lab, nodes) = common::lab_pair("ebpffwd")?;
+fn over_tcx_containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
+    containers_talk_both_ways("ebpffwtx", AttachMode::Tcx)
+}
+
+#[test]
+fn over_classic_tc_containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
+    containers_talk_both_ways("ebpffwtc", AttachMode::Tc)
+}
+
+fn containers_talk_both_ways(tag: &str, mode: AttachMode) -> Result<()> {
+    let (lab, nodes) = common::lab_pair(tag, mode)?;
     let dataplanes = common::open_pair(&lab, &nodes)?;
     let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
 

@@ -10,7 +10,7 @@ use common::{Pins, DEVICE, PORT};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
-use twill_ebpf::{Attachment, Dataplane, PeerTraffic, Side, Traffic, Verdict};
+use twill_ebpf::{AttachMode, Attachment, Dataplane, PeerTraffic, Side, Traffic, Verdict};
 use twill_lab::Netns;
 
 const PEERS: u32 = 60_000;
@@ -33,6 +33,7 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         underlay: "eth0".into(),
         local_ip: Ipv4Addr::new(172, 31, 0, 1),
         port: PORT,
+        attach: AttachMode::Auto,
     };
     let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
 

@@ -40,6 +40,7 @@ pub trait Backend {
     fn engine_view(&self) -> Option<EngineView> {
         self.engine().map(|engine| EngineView {
             name: "tun",
+            attach: None,
             table: engine.table().clone(),
             stats: engine.stats().clone(),
             refresh: None,

@@ -17,6 +17,12 @@ impl NodeStatus {
             false => Counted::Totals,
         };
         if let Some(engine) = self.engine_now(counted) {
+            let attach = engine.attach.unwrap_or("");
+            let _ = writeln!(
+                out,
+                "# TYPE twill_dataplane_info gauge\ntwill_dataplane_info{{dataplane=\"{}\",attach=\"{attach}\"}} 1",
+                engine.name
+            );
             write_engine_totals(&mut out, &engine.stats);
             gauge(
                 &mut out,
@@ -154,6 +160,7 @@ mod tests {
         let status = NodeStatus::new(per_peer);
         status.set_engine(crate::status::EngineView {
             name: "tun",
+            attach: None,
             table,
             stats: Arc::new(EngineStats::default()),
             refresh: None,
@@ -167,6 +174,10 @@ mod tests {
         assert!(text.len() < 100_000, "{} bytes", text.len());
         assert!(!text.contains("twill_peer_packets_total{"), "{text}");
         assert!(text.contains("twill_table_peers 5000"), "{text}");
+        assert!(
+            text.contains("twill_dataplane_info{dataplane=\"tun\",attach=\"\"} 1"),
+            "{text}"
+        );
         assert!(text.contains("twill_drops_total{reason=\"no_route\"} 0"));
     }
 

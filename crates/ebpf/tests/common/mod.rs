@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use twill_ebpf::{Attachment, Dataplane, Opened};
+use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened};
 use twill_lab::{Host, Lab, LabSpec};
 
 pub const PORT: u16 = 8285;
@@ -53,8 +53,8 @@ pub fn subnet_of(i: usize) -> Ipv4Net {
 }
 
 /// Two hosts on a veth underlay, each with a container in its subnet and twill's device, to
-/// which the network is routed; no programs yet.
-pub fn lab_pair(tag: &str) -> Result<(Lab, [Node; 2])> {
+/// which the network is routed; no programs yet, which will attach as `attach` says.
+pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
     let spec = LabSpec {
         hosts: 2,
         tag: tag.into(),
@@ -74,6 +74,7 @@ pub fn lab_pair(tag: &str) -> Result<(Lab, [Node; 2])> {
                 underlay: host.iface.clone(),
                 local_ip: host.underlay_ip,
                 port: PORT,
+                attach,
             },
             subnet,
         });

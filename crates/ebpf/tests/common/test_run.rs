@@ -7,7 +7,7 @@ use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use twill_ebpf::{Attachment, Dataplane, Opened};
+use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened};
 use twill_lab::Netns;
 
 /// This node's underlay address and its peer's.
@@ -42,6 +42,7 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
         underlay: "eth0".into(),
         local_ip: LOCAL,
         port: PORT,
+        attach: AttachMode::Auto,
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);

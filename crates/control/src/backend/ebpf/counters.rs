@@ -17,6 +17,7 @@ pub fn view(
     let (dataplane, into_table, into_stats) = (dataplane.clone(), table.clone(), stats.clone());
     EngineView {
         name: "ebpf",
+        attach: Some(dataplane.hook().name()),
         table: table.clone(),
         stats: stats.clone(),
         refresh: Some(Arc::new(move |counted| {

@@ -36,6 +36,7 @@ use twill_ebpf::{Attachment, Opened};
 use unproven::{undo, Unproven};
 
 pub use crate::node::DEFAULT_BPF_DIR;
+pub use twill_ebpf::AttachMode;
 
 /// flannel's udp encapsulation: an outer IPv4 and UDP header.
 const OVERHEAD: usize = 28;
@@ -86,6 +87,7 @@ impl EbpfSetup {
                 underlay: iface.name.clone(),
                 local_ip: iface.ipv4()?,
                 port,
+                attach: node.options.bpf_attach,
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
@@ -122,9 +124,14 @@ impl Setup for EbpfSetup {
             }
         };
         match opened {
-            Opened::Fresh => tracing::info!(device = %name, "eBPF dataplane loaded"),
+            Opened::Fresh => tracing::info!(
+                device = %name,
+                attach = dataplane.hook().name(),
+                "eBPF dataplane loaded"
+            ),
             Opened::Adopted { peers } => tracing::info!(
                 device = %name,
+                attach = dataplane.hook().name(),
                 peers,
                 "eBPF dataplane adopted from {}: traffic kept flowing",
                 self.site.pin_dir.display()
