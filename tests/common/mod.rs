@@ -29,6 +29,9 @@ pub const NET_ADMIN_ONLY: [&str; 3] = [
     "--no-new-privs",
 ];
 
+/// How long a started twill may take to write its subnet file and answer `twill status`.
+const READY_WITHIN: Duration = Duration::from_secs(60);
+
 /// Start `twill run ARGS` on a host and wait until its status endpoint answers.
 pub fn start_twill(host: &Host, args: &[&str], subnet_file: &Path) -> Result<Proc> {
     start_twill_with_env(host, args, &[], subnet_file)
@@ -51,8 +54,10 @@ pub fn start_twill_with_env(
     Ok(proc)
 }
 
+/// The bound is generous: on a loaded 2-core machine (CI with builds beside it) a start that
+/// takes seconds alone once took over 20 s.
 pub fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + READY_WITHIN;
     while Instant::now() < deadline {
         if !proc.is_running() {
             bail!("twill exited early:\n{}", proc.stderr());
@@ -62,7 +67,15 @@ pub fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()>
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("twill did not become ready in 20 s:\n{}", proc.stderr())
+    // The status server answers from the first second: what it says names the stage that hung.
+    let said = ns
+        .exec(TWILL, &["status"])
+        .unwrap_or_else(|e| format!("(no status: {e:#})"));
+    bail!(
+        "twill did not become ready in {READY_WITHIN:?} (subnet file written: {}):\n{}\nstatus: {said}",
+        subnet_file.exists(),
+        proc.stderr()
+    )
 }
 
 /// `twill status` on a host, parsed.
