@@ -17,6 +17,10 @@ use rtnetlink::sys::{protocols::NETLINK_ROUTE, AsyncSocket, AsyncSocketExt, Toki
 
 use super::nexthop::RtnlMessage;
 
+/// The receive buffer. The kernel sizes a dump's datagrams to what the reader offers, up to
+/// 32 KiB: this has room for the largest, and one that fills it was cut short.
+const DATAGRAM: usize = 64 << 10;
+
 /// Sends `request` as a dump and keeps what `parse` makes of each message of the answer; the
 /// kernel's error (its errno intact) if it refuses.
 pub(super) async fn dump<T>(
@@ -30,9 +34,13 @@ pub(super) async fn dump<T>(
     let mut wire = vec![0; message.buffer_len()];
     message.serialize(&mut wire);
     socket.send_to(&wire, &SocketAddr::new(0, 0)).await?;
-    let mut kept = Vec::new();
+    let (mut kept, mut datagram) = (Vec::new(), Vec::with_capacity(DATAGRAM));
     loop {
-        let (datagram, _) = socket.recv_from_full().await?;
+        datagram.clear();
+        socket.recv(&mut datagram).await?;
+        if datagram.len() == DATAGRAM {
+            return Err(malformed("a datagram filled the whole receive buffer"));
+        }
         let mut rest = datagram.as_slice();
         while !rest.is_empty() {
             let length = NetlinkBuffer::new_checked(rest)
