@@ -3,7 +3,7 @@
 mod common;
 
 use common::{Etcd, Logs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use twill_control::lease::LeaseAttrs;
 use twill_control::registry::{EtcdOptions, EtcdRegistry, Registry};
 
@@ -66,18 +66,38 @@ async fn unreachable_etcd_at_start_is_retried_until_it_comes_up() {
     etcd.stop();
 
     let (logs, _guard) = Logs::capture();
+    let started = Instant::now();
     let connecting = tokio::spawn(EtcdRegistry::connect(etcd.options()));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Waits for the attempts however slow the machine is; a connect that gives up, or that
+    // never retries, fails the wait.
+    let attempts = |logs: &Logs| logs.text().matches("is unreachable").count();
+    let deadline = started + Duration::from_secs(30);
+    while attempts(&logs) < 5 {
+        assert!(
+            !connecting.is_finished(),
+            "connect gave up while etcd was down"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "fewer than 5 attempts in 30 s:\n{}",
+            logs.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (took, text) = (started.elapsed(), logs.text());
+    // The delays double from 50 ms (fast_timing). A loaded machine only stretches them, so the
+    // fifth attempt cannot come before the four delays before it: 750 ms.
+    for delay in ["50ms", "100ms", "200ms", "400ms"] {
+        let said = format!("retrying in {delay}");
+        assert!(text.contains(&said), "no \"{said}\":\n{text}");
+    }
+    assert!(
+        took >= Duration::from_millis(750),
+        "5 attempts in {took:?}, sooner than the backoff allows:\n{text}"
+    );
     assert!(
         !connecting.is_finished(),
         "connect gave up while etcd was down"
-    );
-    let retries = logs.text().matches("is unreachable").count();
-    // With backoff from 50 ms capped at 500 ms, 2 s hold only a handful of attempts.
-    assert!(
-        (2..=10).contains(&retries),
-        "{retries} attempts in 2 s:\n{}",
-        logs.text()
     );
 
     etcd.launch();

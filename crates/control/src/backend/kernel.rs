@@ -226,6 +226,31 @@ impl<P: PeerPlan> KernelBackend<P> {
         desired
     }
 
+    /// Writes what the `desired` peers need and `have` lacks; each failed peer with its first
+    /// failure. The writes (four per vxlan peer at a cold start) are freed on return, before
+    /// the reconcile builds what it wants.
+    async fn install_missing(
+        &self,
+        desired: &[(SubnetId, PeerState)],
+        have: &Snapshot,
+    ) -> BTreeMap<SubnetId, String> {
+        let (mut owners, mut writes) = (Vec::new(), Vec::new());
+        for (subnet, peer) in desired {
+            for write in self.install(peer, have) {
+                owners.push(*subnet);
+                writes.push(write);
+            }
+        }
+        let results = self.nl.write(&writes).await;
+        let mut failed = BTreeMap::new();
+        for ((subnet, write), result) in owners.iter().zip(&writes).zip(results) {
+            if let Err(e) = result {
+                failed.entry(*subnet).or_insert(format!("{write}: {e}"));
+            }
+        }
+        failed
+    }
+
     /// Deletes what we own but no peer wants. Runs after installing, so a route that moved
     /// (same subnet, new gateway or device) was already replaced in place: no gap in traffic,
     /// and the delete of its old form is a no-op.
@@ -301,20 +326,7 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         let listed = listed.context("listing nexthops")?;
         let desired = self.desired(leases, &listed);
         let have = Snapshot::read(&self.nl, &self.owned, listed.ours).await?;
-        let (mut owners, mut writes) = (Vec::new(), Vec::new());
-        for (subnet, peer) in &desired {
-            for write in self.install(peer, &have) {
-                owners.push(*subnet);
-                writes.push(write);
-            }
-        }
-        let results = self.nl.write(&writes).await;
-        let mut failed = BTreeMap::new();
-        for ((subnet, write), result) in owners.iter().zip(&writes).zip(results) {
-            if let Err(e) = result {
-                failed.entry(*subnet).or_insert(format!("{write}: {e}"));
-            }
-        }
+        let failed = self.install_missing(&desired, &have).await;
         for (subnet, why) in &failed {
             warn!(%subnet, "reconcile: {why}");
         }

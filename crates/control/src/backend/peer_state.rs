@@ -170,19 +170,12 @@ fn with_nexthop(route: Route, nexthops: &HashMap<u32, Nexthop>) -> Route {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::lease::LeaseAttrs;
     use std::net::Ipv4Addr;
 
     pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
-        Lease {
-            subnet: subnet.parse().unwrap(),
-            ipv6_subnet: None,
-            public_ip: public_ip.parse().unwrap(),
-            public_ipv6: None,
-            backend_type: backend_type.map(Into::into),
-            backend_data: None,
-            backend_v6_data: None,
-            created: Default::default(),
-        }
+        let attrs = LeaseAttrs::typed(public_ip.parse().unwrap(), backend_type, None);
+        Lease::new(subnet.parse().unwrap(), attrs)
     }
 
     /// `lease` with an IPv6 side.

@@ -16,10 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
 use nix::sched::{setns, CloneFlags};
 use twill_control::backend::kernel::{Ipv6Side, KernelConfig};
-use twill_control::lease::Lease;
+use twill_control::lease::{Lease, LeaseAttrs};
 
 /// Bounds every piece of backend work in a namespace.
 const WORK_TIMEOUT: Duration = Duration::from_secs(30);
@@ -291,16 +290,8 @@ pub fn dual_stack(lease: Lease, ipv6_subnet: &str, public_ipv6: &str) -> Lease {
 }
 
 pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
-    Lease {
-        subnet: subnet.parse::<Ipv4Net>().unwrap(),
-        ipv6_subnet: None,
-        public_ip: public_ip.parse().unwrap(),
-        public_ipv6: None,
-        backend_type: backend_type.map(Into::into),
-        backend_data: None,
-        backend_v6_data: None,
-        created: Default::default(),
-    }
+    let attrs = LeaseAttrs::typed(public_ip.parse().unwrap(), backend_type, None);
+    Lease::new(subnet.parse().unwrap(), attrs)
 }
 
 /// Sorted lines, for comparing with [`Netns::tunnel_state`] and [`Netns::network_routes`].

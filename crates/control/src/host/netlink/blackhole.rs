@@ -7,22 +7,16 @@ use ipnet::IpNet;
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteType};
 use rtnetlink::RouteMessageBuilder;
 
-use super::{io_error, parse_each, Netlink};
+use super::{dump_routes, io_error, Netlink};
 
 impl Netlink {
     /// Adds the blackhole route to `dst` unless one is there; whether it had to be added.
     pub async fn ensure_blackhole(&self, dst: IpNet) -> io::Result<bool> {
         let existing = match dst {
-            IpNet::V4(_) => self
-                .handle
-                .route()
-                .get(RouteMessageBuilder::<Ipv4Addr>::new().build()),
-            IpNet::V6(_) => self
-                .handle
-                .route()
-                .get(RouteMessageBuilder::<Ipv6Addr>::new().build()),
+            IpNet::V4(_) => RouteMessageBuilder::<Ipv4Addr>::new().build(),
+            IpNet::V6(_) => RouteMessageBuilder::<Ipv6Addr>::new().build(),
         };
-        let found = parse_each(existing.execute(), |m| blackhole_to(m, dst)).await?;
+        let found = dump_routes(existing, |m| blackhole_to(m, dst)).await?;
         if !found.is_empty() {
             return Ok(false);
         }

@@ -15,11 +15,13 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::neighbour::NeighbourMessage;
-use netlink_packet_route::AddressFamily;
+use netlink_packet_route::route::RouteMessage;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 mod blackhole;
+mod dump;
 mod lookup;
 mod message;
 mod nexthop;
@@ -183,11 +185,9 @@ impl Netlink {
     /// up here, so a backend cleaning up cannot touch them.
     pub async fn boot_routes(&self) -> io::Result<Vec<Route>> {
         let v4 = RouteMessageBuilder::<Ipv4Addr>::new().build();
-        let mut routes =
-            parse_each(self.handle.route().get(v4).execute(), parse_boot_route).await?;
+        let mut routes = dump_routes(v4, parse_boot_route).await?;
         let v6 = RouteMessageBuilder::<Ipv6Addr>::new().build();
-        let v6 = parse_each(self.handle.route().get(v6).execute(), parse_boot_route).await?;
-        routes.extend(v6);
+        routes.extend(dump_routes(v6, parse_boot_route).await?);
         Ok(routes)
     }
 
@@ -213,9 +213,18 @@ impl Netlink {
         index: u32,
         parse: impl Fn(&NeighbourMessage) -> Option<T>,
     ) -> io::Result<Vec<T>> {
-        let req = self.handle.neighbours().get().set_address_family(family);
-        let on_index = |m: &NeighbourMessage| (m.header.ifindex == index).then(|| parse(m))?;
-        parse_each(req.execute(), on_index).await
+        let mut request = NeighbourMessage::default();
+        request.header.family = family;
+        let request = RouteNetlinkMessage::GetNeighbour(request);
+        dump::dump(request, |answer| match answer {
+            RtnlMessage::Route(RouteNetlinkMessage::NewNeighbour(m))
+                if m.header.ifindex == index =>
+            {
+                parse(&m)
+            }
+            _ => None,
+        })
+        .await
     }
 }
 
@@ -238,8 +247,22 @@ async fn collect<T>(stream: impl Stream<Item = Result<T, rtnetlink::Error>>) -> 
     stream.try_collect().await.map_err(io_error)
 }
 
-/// A dump parsed message by message as it arrives: tens of thousands of routes or neighbours
-/// are never held as messages all at once.
+/// Every route of one family (`request`, without a destination), as `parse` keeps them.
+async fn dump_routes<T>(
+    request: RouteMessage,
+    parse: impl Fn(&RouteMessage) -> Option<T>,
+) -> io::Result<Vec<T>> {
+    dump::dump(
+        RouteNetlinkMessage::GetRoute(request),
+        |answer| match answer {
+            RtnlMessage::Route(RouteNetlinkMessage::NewRoute(m)) => parse(&m),
+            _ => None,
+        },
+    )
+    .await
+}
+
+/// The answers to a request that is not a dump, parsed as they arrive.
 async fn parse_each<M, T>(
     stream: impl Stream<Item = Result<M, rtnetlink::Error>>,
     parse: impl Fn(&M) -> Option<T>,

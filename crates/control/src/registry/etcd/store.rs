@@ -138,17 +138,20 @@ impl Store {
     pub async fn list(&self) -> anyhow::Result<Listing> {
         let mut c = self.kv.clone();
         let opts = GetOptions::new().with_prefix();
-        let resp = self
+        let mut resp = self
             .call(
                 "list leases",
                 c.get(subnets_prefix(&self.prefix), Some(opts)),
             )
             .await?;
         let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-        let mut leases = Vec::with_capacity(resp.kvs().len());
+        // Taken, so that each entry's key and value are freed once parsed: 60,000 of them are
+        // never held twice over, as etcd sent them and as leases.
+        let kvs = resp.take_kvs();
+        let mut leases = Vec::with_capacity(kvs.len());
         let mut unreadable = Vec::new();
-        for kv in resp.kvs() {
-            match self.parse_kv(kv) {
+        for kv in kvs {
+            match self.parse_kv(&kv) {
                 Ok(lease) => leases.push(Listed {
                     lease,
                     mod_revision: kv.mod_revision(),
