@@ -139,10 +139,15 @@ pub fn eventually_within(
 
 /// `ping -c COUNT` from one container to an address of either family; returns ping's output.
 pub fn ping(from: &Container, to: impl Into<IpAddr>, count: u32) -> Result<String> {
+    ping_from(&from.ns, to.into(), count)
+}
+
+/// [`ping`] from any namespace (a pod's, entered by its path): 0.2 s apart, each reply awaited
+/// up to 2 s.
+pub fn ping_from(ns: &Netns, to: IpAddr, count: u32) -> Result<String> {
     let c = count.to_string();
-    let to = to.into().to_string();
-    from.ns
-        .exec("ping", &["-c", &c, "-i", "0.2", "-W", "2", &to])
+    let to = to.to_string();
+    ns.exec("ping", &["-c", &c, "-i", "0.2", "-W", "2", &to])
 }
 
 /// Send `bytes` of seeded random data over TCP from `from` to `to`, and return the sha256 of

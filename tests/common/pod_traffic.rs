@@ -4,6 +4,7 @@
 //! while they ping each other every 10 ms.
 
 use super::kube_flannel::{pod_cidr, pod_cidr6, POD_TIMEOUT};
+use super::ping_from;
 use anyhow::{ensure, Context, Result};
 use std::net::IpAddr;
 use std::process::Command;
@@ -137,30 +138,14 @@ pub fn pods_talk_across_nodes(cluster: &mut Cluster, pods: &TestPods) -> Result<
             let (from_ns, to_ns) = (pods.ns(from), pods.ns(to));
             let what = format!("{} pinging {} at {to_ip}", pods.names[from], pods.names[to]);
             cluster.wait_for(&what, FIRST_PING_TIMEOUT, |_| {
-                Ok(ping(from_ns, to_ip, 1).is_ok().then_some(()))
+                Ok(ping_from(from_ns, to_ip, 1).is_ok().then_some(()))
             })?;
-            ping(from_ns, to_ip, 3).with_context(|| what.clone())?;
+            ping_from(from_ns, to_ip, 3).with_context(|| what.clone())?;
             twill_lab::tcp_transfer_intact(from_ns, to_ns, to_ip, TCP_BYTES)
                 .with_context(|| format!("TCP from {} to {to_ip}", pods.names[from]))?;
         }
     }
     Ok(())
-}
-
-/// `ping -c count` from `ns` to `to`, each reply awaited up to 2 s.
-fn ping(ns: &Netns, to: IpAddr, count: u32) -> Result<String> {
-    ns.exec(
-        "ping",
-        &[
-            "-c",
-            &count.to_string(),
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-            &to.to_string(),
-        ],
-    )
 }
 
 /// A pod that sleeps on node `node`, from the busybox image every cluster node holds.
