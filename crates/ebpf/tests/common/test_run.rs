@@ -22,9 +22,11 @@ pub fn peer_subnet() -> Ipv4Net {
     "10.5.2.0/24".parse().unwrap()
 }
 
+/// Fields drop in order: the dataplane first, so that its claim on the pin directory is gone
+/// when `_pins` removes it (a claimed directory is refused, and its bpffs stayed mounted).
 pub struct TestBench {
-    _pins: Pins,
     pub dataplane: Dataplane,
+    _pins: Pins,
     /// twill's device's MAC: a decapsulated frame is addressed to it.
     pub device_mac: [u8; 6],
     _ns: Netns,
@@ -49,8 +51,8 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
     dataplane.set_peer(peer_subnet(), SocketAddrV4::new(PEER, PORT))?;
     let device_mac = mac_of(&ns, DEVICE)?;
     Ok(TestBench {
-        _pins: pins,
         dataplane,
+        _pins: pins,
         device_mac,
         _ns: ns,
     })
