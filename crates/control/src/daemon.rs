@@ -22,7 +22,7 @@ use crate::lease::LeaseEvent;
 use crate::lease_check::LeaseRules;
 use crate::node::Node;
 pub use crate::node::NodeOptions;
-use crate::peers::Peers;
+use crate::peers::{Gate, Peers};
 use crate::registry::Registry;
 use crate::status::NodeStatus;
 use crate::subnet_env::{Ipv4Env, Ipv6Env, SubnetEnv};
@@ -178,15 +178,17 @@ async fn join<R: Registry, S: Setup>(
         "lease acquired; forwarding"
     );
     announce_ready(node, on_ready);
-    let peers = Peers::new(LeaseRules::new(&node.config, &lease), namer);
+    // The node's peers live here; status only reads them.
+    let gate = Gate::new(Peers::new(LeaseRules::new(&node.config, &lease), namer));
     node.status
-        .set_lease(&lease, &node.config.backend.backend_type, peers);
+        .set_lease(&lease, &node.config.backend.backend_type, gate.view());
     if let Some(view) = backend.engine_view() {
         node.status.set_engine(view);
     }
     let mut following = Following {
         backend: &mut backend,
         upkeep: &mut upkeep,
+        gate,
         node,
         own: &lease,
     };
@@ -270,6 +272,8 @@ fn parse_reconcile_every(value: &str) -> anyhow::Result<Duration> {
 struct Following<'a, B> {
     backend: &'a mut B,
     upkeep: &'a mut Upkeep,
+    /// The peers: every lease event passes here on its way to the backend.
+    gate: Gate,
     node: &'a Node,
     own: &'a Lease,
 }
@@ -283,7 +287,7 @@ enum Step {
 
 impl<B: Backend> Following<'_, B> {
     /// Apply lease events to the backend until shutdown or until the registry goes away. Every
-    /// event passes the lease checks first ([`NodeStatus::admit`]).
+    /// event passes the lease checks first ([`Gate::admit`]).
     async fn follow(
         &mut self,
         mut events: mpsc::Receiver<LeaseEvent>,
@@ -303,12 +307,12 @@ impl<B: Backend> Following<'_, B> {
                      above says why); twill exits so that its service manager starts it again"
                 ),
                 _ = reconcile.tick() => {
-                    Step::Lease(LeaseEvent::Snapshot(node.status.accepted_leases()))
+                    Step::Lease(LeaseEvent::Snapshot(self.gate.accepted_leases()))
                 }
                 () = self.upkeep.changed() => Step::DeviceChanged,
                 event = events.recv() => {
                     let event = event.context("the lease registry stopped")?;
-                    let Some(admitted) = node.status.admit(event) else { continue };
+                    let Some(admitted) = self.gate.admit(event) else { continue };
                     Step::Lease(admitted)
                 }
             };
@@ -342,7 +346,7 @@ impl<B: Backend> Following<'_, B> {
     /// when nothing is missing.
     async fn device_changed(&mut self) {
         if self.upkeep.recheck(&self.node.status).await {
-            let leases = LeaseEvent::Snapshot(self.node.status.accepted_leases());
+            let leases = LeaseEvent::Snapshot(self.gate.accepted_leases());
             apply_recorded(self.backend, &leases, self.node).await;
         }
     }

@@ -15,8 +15,8 @@ pub use server::{
 };
 
 use crate::lease::Lease;
-use crate::lease::{LeaseEvent, LeaseNamer};
-use crate::peers::{Peers, Refused};
+use crate::lease::LeaseNamer;
+use crate::peers::{PeersView, Refused};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -82,15 +82,15 @@ pub enum Counted {
     PerPeer,
 }
 
-/// The node's state as the daemon last saw it. The peer leases live here, not in a copy, so
-/// a lease event costs the same however many peers there are.
+/// The node's state as the daemon last saw it. The peer leases are not kept here: status reads
+/// the node's own ([`PeersView`]), so a lease event costs the same however many peers there are.
 #[derive(Default)]
 pub struct NodeStatus {
     /// `/metrics` writes four series per peer only when asked (`--metrics-per-peer`): at
     /// thousands of peers they would swamp a Prometheus server.
     per_peer_metrics: bool,
     lease: RwLock<Option<Lease>>,
-    peers: RwLock<Option<Peers>>,
+    peers: RwLock<Option<PeersView>>,
     backend: RwLock<String>,
     /// Where the leases come from: etcd, Kubernetes or flags.
     registry: RwLock<String>,
@@ -150,8 +150,8 @@ impl NodeStatus {
         }
     }
 
-    /// Our lease is held: from now on peer leases are admitted against it.
-    pub fn set_lease(&self, lease: &Lease, backend: &str, peers: Peers) {
+    /// Our lease is held: from now on the node admits peer leases against it, into `peers`.
+    pub fn set_lease(&self, lease: &Lease, backend: &str, peers: PeersView) {
         *self.lease.write().unwrap() = Some(lease.clone());
         *self.backend.write().unwrap() = backend.to_string();
         *self.peers.write().unwrap() = Some(peers);
@@ -184,19 +184,6 @@ impl NodeStatus {
 
     pub fn set_registry(&self, name: String) {
         *self.registry.write().unwrap() = name;
-    }
-
-    /// Passes a registry event through the lease checks ([`Peers::admit`]); what comes out is
-    /// what the backend must do.
-    pub fn admit(&self, event: LeaseEvent) -> Option<LeaseEvent> {
-        // Before our lease is held nothing can be checked, and no backend is listening.
-        self.peers.write().unwrap().as_mut()?.admit(event)
-    }
-
-    /// The peer leases the backend was given.
-    pub fn accepted_leases(&self) -> Vec<Lease> {
-        let peers = self.peers.read().unwrap();
-        peers.iter().flat_map(|p| p.accepted()).cloned().collect()
     }
 
     pub fn set_restart_needed(&self, why: Option<String>) {
@@ -245,7 +232,8 @@ impl NodeStatus {
     fn to_json(&self) -> Value {
         let lease = self.lease.read().unwrap().clone();
         let engine = self.engine_now(Counted::PerPeer);
-        let peers = self.peers.read().unwrap();
+        let view = self.peers.read().unwrap().clone();
+        let peers = view.as_ref().map(PeersView::read);
         let accepted: Vec<Value> = peers
             .iter()
             .flat_map(|p| p.accepted())

@@ -13,7 +13,10 @@
 //! claiming something) the leases that waited for it are judged again, oldest first, with that
 //! very event. The outcome is the one a fresh snapshot of the same leases gives.
 
+mod gate;
 mod held;
+
+pub use gate::{Gate, PeersView};
 
 use crate::lease::{Lease, LeaseEvent, LeaseNamer, LeaseOrigin, SubnetId};
 use crate::lease_check::{self, by_creation, first_made, Claim, LeaseRules, Rejection};

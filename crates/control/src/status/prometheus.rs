@@ -3,7 +3,7 @@
 //! view either way.
 
 use super::{Counted, NodeStatus};
-use crate::peers::Peers;
+use crate::peers::{Peers, PeersView};
 use std::fmt::Write;
 use std::sync::atomic::Ordering::Relaxed;
 use twill_dataplane::stats::EngineStats;
@@ -33,8 +33,9 @@ impl NodeStatus {
                 write_peer_series(&mut out, &engine.table);
             }
         }
-        let peers = self.peers.read().unwrap();
-        let count = |f: fn(&Peers) -> usize| peers.as_ref().map_or(0, f) as u64;
+        let view = self.peers.read().unwrap().clone();
+        let peers = view.as_ref().map(PeersView::read);
+        let count = |f: fn(&Peers) -> usize| peers.as_deref().map_or(0, f) as u64;
         gauge(&mut out, "twill_peers", count(|p| p.accepted().len()));
         gauge(
             &mut out,
