@@ -5,8 +5,8 @@
 //! are done here once. Reconcile reads back what is really in the kernel instead of trusting
 //! memory, which is what makes it correct after a crash or a `kill -9`.
 
-use std::collections::{BTreeMap, HashSet};
-use std::net::{IpAddr, Ipv6Addr};
+use std::collections::BTreeMap;
+use std::net::Ipv6Addr;
 
 use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -251,32 +251,21 @@ impl<P: PeerPlan> KernelBackend<P> {
         failed
     }
 
-    /// Deletes what we own but no peer wants. Runs after installing, so a route that moved
-    /// (same subnet, new gateway or device) was already replaced in place: no gap in traffic,
-    /// and the delete of its old form is a no-op.
-    async fn remove_unwanted(&self, have: &Snapshot, want: &Snapshot) -> anyhow::Result<()> {
-        // A route through a nexthop is deleted by its id: one whose nexthop moved (same id)
-        // was just changed in place and must stay.
-        let through = want.routes.iter().filter_map(|r| r.nhid.zip(Some(r.dst)));
-        let through: HashSet<_> = through.collect();
-        let moved = |r: &Route| r.nhid.is_some_and(|id| through.contains(&(id, r.dst)));
-        let stale_routes = have.routes.difference(&want.routes).filter(|r| !moved(r));
-        let mut writes: Vec<Write> = stale_routes.map(|r| Write::DeleteRoute(*r)).collect();
-        let stale_nexthops = have
-            .nexthops
-            .keys()
-            .filter(|id| !want.nexthops.contains_key(id));
-        writes.extend(stale_nexthops.map(|id| Write::DeleteNexthop(*id)));
+    /// Deletes what we own but no peer wants ([`Snapshot::check_off`] left it). Runs after
+    /// installing, so a route that moved (same subnet, new gateway or device) was already
+    /// replaced in place: no gap in traffic.
+    async fn remove_unwanted(&self, unwanted: &Snapshot) -> anyhow::Result<()> {
+        let routes = unwanted.routes.iter();
+        let mut writes: Vec<Write> = routes.map(|r| Write::DeleteRoute(*r)).collect();
+        let nexthops = unwanted.nexthops.keys();
+        writes.extend(nexthops.map(|id| Write::DeleteNexthop(*id)));
         let l2 = self.owned.l2;
-        let fdb = have.fdb.difference(&want.fdb);
+        let fdb = unwanted.fdb.iter();
         writes.extend(fdb.filter_map(|f| Some(Write::DeleteFdb(l2.for_ip(f.dst)?, *f))));
-        // Keyed by IP only: an entry whose MAC changed was just replaced and must stay.
-        let wanted_ips: HashSet<IpAddr> = want.neighbours.iter().map(|n| n.ip).collect();
-        let stale = have
-            .neighbours
-            .iter()
-            .filter(|n| !wanted_ips.contains(&n.ip));
-        writes.extend(stale.filter_map(|n| Some(Write::DeleteNeighbour(l2.for_ip(n.ip)?, n.ip))));
+        let neighbours = unwanted.neighbours.iter();
+        writes.extend(
+            neighbours.filter_map(|n| Some(Write::DeleteNeighbour(l2.for_ip(n.ip)?, n.ip))),
+        );
         for write in &writes {
             info!("stale: {write}");
         }
@@ -330,8 +319,10 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         for (subnet, why) in &failed {
             warn!(%subnet, "reconcile: {why}");
         }
-        let want = Snapshot::of(desired.iter().map(|(_, p)| p));
-        self.remove_unwanted(&have, &want).await?;
+        let mut unwanted = have;
+        unwanted.check_off(desired.iter().map(|(_, p)| p));
+        drop(desired);
+        self.remove_unwanted(&unwanted).await?;
         if !failed.is_empty() {
             let subnets: Vec<_> = failed.keys().collect();
             anyhow::bail!("reconcile could not program peers {subnets:?}");

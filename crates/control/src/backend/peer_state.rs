@@ -1,5 +1,5 @@
 //! The kernel backends' state as plain values: what one peer needs ([`PeerState`]), what a
-//! backend owns ([`Owned`]), and all of it at once, as wanted or as read back ([`Snapshot`]).
+//! backend owns ([`Owned`]), and all of it at once, as read back from the kernel ([`Snapshot`]).
 
 use std::collections::{HashMap, HashSet};
 
@@ -105,7 +105,7 @@ impl L2Links {
     }
 }
 
-/// Owned kernel state, read back from the kernel or computed from leases.
+/// Owned kernel state, read back from the kernel.
 #[derive(Debug, Default)]
 pub(crate) struct Snapshot {
     pub routes: HashSet<Route>,
@@ -141,16 +141,40 @@ impl Snapshot {
         Ok(snap)
     }
 
-    pub fn of<'a>(peers: impl Iterator<Item = &'a PeerState>) -> Snapshot {
-        let mut snap = Snapshot::default();
-        for p in peers {
-            snap.routes.insert(p.route);
-            snap.neighbours.extend(p.neighbour);
-            snap.fdb.extend(p.fdb);
-            snap.nexthops.extend(p.nexthop.map(|nh| (nh.id, nh)));
+    /// Checks what `peers` want off what the kernel holds, leaving what no peer wants, without
+    /// a second set of everything wanted. What the kernel holds in another form than a peer
+    /// wants was just replaced in place and stays: a route through the same nexthop id (its
+    /// nexthop moved), a neighbour of the same IP (its MAC changed).
+    pub fn check_off<'a>(&mut self, peers: impl Iterator<Item = &'a PeerState> + Clone) {
+        for p in peers.clone() {
+            self.routes.remove(&p.route);
+            if let Some(neighbour) = &p.neighbour {
+                self.neighbours.remove(neighbour);
+            }
+            if let Some(fdb) = &p.fdb {
+                self.fdb.remove(fdb);
+            }
+            if let Some(nexthop) = &p.nexthop {
+                self.nexthops.remove(&nexthop.id);
+            }
         }
-        snap
+        // What is left is usually nothing, so these sets are small.
+        let left_through: HashSet<(u32, IpNet)> = self.routes.iter().filter_map(through).collect();
+        let left_ips: HashSet<IpAddr> = self.neighbours.iter().map(|n| n.ip).collect();
+        let (mut moved, mut replaced) = (HashSet::new(), HashSet::new());
+        for p in peers {
+            moved.extend(through(&p.route).filter(|t| left_through.contains(t)));
+            replaced.extend(p.neighbour.map(|n| n.ip).filter(|ip| left_ips.contains(ip)));
+        }
+        self.routes
+            .retain(|r| !through(r).is_some_and(|t| moved.contains(&t)));
+        self.neighbours.retain(|n| !replaced.contains(&n.ip));
     }
+}
+
+/// A route through a nexthop as the kernel deletes it: by nexthop id and destination.
+fn through(route: &Route) -> Option<(u32, IpNet)> {
+    Some((route.nhid?, route.dst))
 }
 
 /// A route through one of twill's nexthops takes its gateway and device from it: the kernel
@@ -170,6 +194,7 @@ fn with_nexthop(route: Route, nexthops: &HashMap<u32, Nexthop>) -> Route {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::host::netlink::MacAddr;
     use crate::lease::LeaseAttrs;
     use std::net::Ipv4Addr;
 
@@ -238,5 +263,82 @@ pub(crate) mod tests {
         let ours = HashMap::from([(nh.id, nh)]);
         assert_eq!(with_nexthop(listed, &ours), planned.route);
         assert_eq!(with_nexthop(listed, &HashMap::new()), listed, "not ours");
+    }
+
+    fn mac(last: u8) -> MacAddr {
+        MacAddr([0x0e, 0, 0, 0, 0, last])
+    }
+
+    /// A vxlan peer of 10.5.<n>.0/24 at 10.200.0.<n>, its route through nexthop `n`.
+    fn vxlan_peer(n: u8) -> PeerState {
+        let gateway = Ipv4Addr::new(10, 5, n, 0);
+        let nexthop = Nexthop {
+            id: u32::from(n),
+            gateway,
+            oif: 4,
+            onlink: true,
+        };
+        PeerState {
+            neighbour: Some(Neighbour {
+                ip: gateway.into(),
+                mac: mac(n),
+            }),
+            fdb: Some(FdbEntry {
+                mac: mac(n),
+                dst: Ipv4Addr::new(10, 200, 0, n).into(),
+            }),
+            nexthop: None,
+            route: Route {
+                gateway: Some(gateway.into()),
+                onlink: true,
+                ..route(&format!("10.5.{n}.0/24"), 4)
+            },
+        }
+        .through(Some(nexthop))
+    }
+
+    /// The kernel holding exactly `peers`.
+    fn holding(peers: &[PeerState]) -> Snapshot {
+        let mut held = Snapshot::default();
+        for p in peers {
+            held.routes.insert(p.route);
+            held.neighbours.extend(p.neighbour);
+            held.fdb.extend(p.fdb);
+            held.nexthops.extend(p.nexthop.map(|nh| (nh.id, nh)));
+        }
+        held
+    }
+
+    #[test]
+    fn checking_off_the_wanted_peers_leaves_only_what_no_peer_wants() {
+        let (kept, gone) = (vxlan_peer(3), vxlan_peer(4));
+        let mut held = holding(&[kept.clone(), gone.clone()]);
+        held.check_off([kept].iter());
+        assert_eq!(held.routes, HashSet::from([gone.route]));
+        assert_eq!(held.neighbours, HashSet::from([gone.neighbour.unwrap()]));
+        assert_eq!(held.fdb, HashSet::from([gone.fdb.unwrap()]));
+        let gone_nexthop = gone.nexthop.unwrap();
+        assert_eq!(
+            held.nexthops,
+            HashMap::from([(gone_nexthop.id, gone_nexthop)])
+        );
+    }
+
+    #[test]
+    fn what_was_replaced_in_place_is_still_wanted() {
+        let before = vxlan_peer(3);
+        // The peer's VtepMAC changed, and its route's nexthop moved to another gateway: both
+        // were just replaced in place (same neighbour IP, same nexthop id and destination).
+        let mut now = before.clone();
+        now.neighbour.as_mut().unwrap().mac = mac(9);
+        now.fdb.as_mut().unwrap().mac = mac(9);
+        now.route.gateway = Some(Ipv4Addr::new(10, 5, 9, 0).into());
+        let mut held = holding(std::slice::from_ref(&before));
+        held.check_off([now].iter());
+        assert!(held.routes.is_empty(), "{:?}", held.routes);
+        assert!(held.neighbours.is_empty(), "{:?}", held.neighbours);
+        assert!(held.nexthops.is_empty());
+        // An fdb entry is keyed by MAC and destination: the old one is stale.
+        assert_eq!(held.fdb, HashSet::from([before.fdb.unwrap()]));
     }
 }
