@@ -22,7 +22,7 @@ use crate::lease::LeaseEvent;
 use crate::lease_check::LeaseRules;
 use crate::node::Node;
 pub use crate::node::NodeOptions;
-use crate::peers::{Gate, Peers};
+use crate::peers::{Admitted, Gate, Peers};
 use crate::registry::Registry;
 use crate::status::NodeStatus;
 use crate::subnet_env::{Ipv4Env, Ipv6Env, SubnetEnv};
@@ -280,7 +280,8 @@ struct Following<'a, B> {
 
 /// What the node does next.
 enum Step {
-    Lease(LeaseEvent),
+    /// What the gate let through of a registry event, or a periodic reconcile.
+    Lease(Admitted),
     /// The kernel reported a change to the backend's device.
     DeviceChanged,
 }
@@ -306,9 +307,7 @@ impl<B: Backend> Following<'_, B> {
                     "the dataplane stopped forwarding: its thread '{direction}' ended (the log \
                      above says why); twill exits so that its service manager starts it again"
                 ),
-                _ = reconcile.tick() => {
-                    Step::Lease(LeaseEvent::Snapshot(self.gate.accepted_leases()))
-                }
+                _ = reconcile.tick() => Step::Lease(Admitted::Reconcile),
                 () = self.upkeep.changed() => Step::DeviceChanged,
                 event = events.recv() => {
                     let event = event.context("the lease registry stopped")?;
@@ -317,28 +316,31 @@ impl<B: Backend> Following<'_, B> {
                 }
             };
             match step {
-                Step::Lease(event) => {
+                Step::Lease(Admitted::Node(event)) => {
                     if let Some(result) = on_node_event(node, self.own, &event) {
                         return result;
                     }
-                    self.apply(&event).await;
+                }
+                Step::Lease(Admitted::Reconcile) => self.reconcile().await,
+                Step::Lease(Admitted::Added(lease)) => {
+                    let added = self.backend.add_peer(&lease).await;
+                    self.recorded(added, || format!("adding {lease:?}"));
+                }
+                Step::Lease(Admitted::Removed(lease)) => {
+                    let removed = self.backend.remove_peer(&lease).await;
+                    self.recorded(removed, || format!("removing {lease:?}"));
                 }
                 Step::DeviceChanged => self.device_changed().await,
             }
         }
     }
 
-    /// A reconcile (a snapshot) repairs the device first, so that the backend can program
-    /// routes through it, and sweeps what other backends left last.
-    async fn apply(&mut self, event: &LeaseEvent) {
-        let reconciling = matches!(event, LeaseEvent::Snapshot(_));
-        if reconciling {
-            self.upkeep.repair(&self.node.status).await;
-        }
-        apply_recorded(self.backend, event, self.node).await;
-        if reconciling {
-            self.upkeep.sweep().await;
-        }
+    /// A reconcile repairs the device first, so that the backend can program routes through
+    /// it, and sweeps what other backends left last.
+    async fn reconcile(&mut self) {
+        self.upkeep.repair(&self.node.status).await;
+        self.reconcile_recorded().await;
+        self.upkeep.sweep().await;
     }
 
     /// A device that can forward again gets back what the kernel flushed when it went down:
@@ -346,9 +348,36 @@ impl<B: Backend> Following<'_, B> {
     /// when nothing is missing.
     async fn device_changed(&mut self) {
         if self.upkeep.recheck(&self.node.status).await {
-            let leases = LeaseEvent::Snapshot(self.gate.accepted_leases());
-            apply_recorded(self.backend, &leases, self.node).await;
+            self.reconcile_recorded().await;
         }
+    }
+
+    /// Reconciles the backend with the accepted leases and records what it cost in the
+    /// status: its wall time and kernel writes (0 when nothing had drifted).
+    async fn reconcile_recorded(&mut self) {
+        let leases = self.gate.accepted_leases();
+        let (started, writes_before) = (Instant::now(), self.backend.kernel_writes());
+        let reconciled = self.backend.reconcile(&leases).await;
+        let (took, made) = (
+            started.elapsed(),
+            self.backend.kernel_writes() - writes_before,
+        );
+        tracing::debug!(peers = leases.len(), ?took, writes = made, "reconciled");
+        self.node.status.record_reconcile(took, made);
+        let peers = leases.len();
+        drop(leases);
+        self.recorded(reconciled, || format!("the reconcile with {peers} leases"));
+        release_freed_memory();
+    }
+
+    /// Logs what failed, and records the kernel writes so far in the status.
+    fn recorded(&self, result: anyhow::Result<()>, what: impl FnOnce() -> String) {
+        if let Err(e) = result {
+            tracing::warn!("{} failed: {e:#}", what());
+        }
+        self.node
+            .status
+            .set_kernel_writes(self.backend.kernel_writes());
     }
 }
 
@@ -360,23 +389,6 @@ async fn first_ended(dataplane: Option<&Ended>) -> String {
     }
 }
 
-/// Applies one event and records what it cost in the status: every reconcile's wall time and
-/// kernel writes (0 when nothing had drifted), and the kernel writes so far.
-async fn apply_recorded<B: Backend>(backend: &mut B, event: &LeaseEvent, node: &Node) {
-    let (started, writes_before) = (Instant::now(), backend.kernel_writes());
-    if let Err(e) = apply(backend, event).await {
-        tracing::warn!("applying {} failed: {e:#}", describe(event));
-    }
-    let writes = backend.kernel_writes();
-    if let LeaseEvent::Snapshot(leases) = event {
-        let (took, made) = (started.elapsed(), writes - writes_before);
-        tracing::debug!(peers = leases.len(), ?took, writes = made, "reconciled");
-        node.status.record_reconcile(took, made);
-        release_freed_memory();
-    }
-    node.status.set_kernel_writes(writes);
-}
-
 /// A reconcile of tens of thousands of leases allocates and frees megabytes at once, on
 /// several threads; hand the freed pages back to the system rather than leave them in glibc's
 /// per-thread free lists (at 60,000 leases that was about 18 MB of a udp node's 76).
@@ -385,14 +397,6 @@ fn release_freed_memory() {
     // SAFETY: malloc_trim only returns free memory to the kernel; it touches no live allocation.
     unsafe {
         libc::malloc_trim(0);
-    }
-}
-
-/// An event in one line: a snapshot of thousands of leases is named by its size.
-fn describe(event: &LeaseEvent) -> String {
-    match event {
-        LeaseEvent::Snapshot(leases) => format!("the snapshot of {} leases", leases.len()),
-        other => format!("{other:?}"),
     }
 }
 
@@ -428,19 +432,6 @@ fn on_node_event(node: &Node, own: &Lease, event: &LeaseEvent) -> Option<anyhow:
         _ => {}
     }
     None
-}
-
-async fn apply<B: Backend>(backend: &mut B, event: &LeaseEvent) -> anyhow::Result<()> {
-    match event {
-        LeaseEvent::Snapshot(leases) => backend.reconcile(leases).await,
-        LeaseEvent::Added(lease) => backend.add_peer(lease).await,
-        LeaseEvent::Removed(lease) => backend.remove_peer(lease).await,
-        LeaseEvent::OwnLease(_)
-        | LeaseEvent::OwnLeaseTaken(_)
-        | LeaseEvent::OwnLeaseGone(_)
-        | LeaseEvent::ConfigChanged(_)
-        | LeaseEvent::Unreadable { .. } => Ok(()),
-    }
 }
 
 #[cfg(test)]

@@ -137,7 +137,7 @@ fn nexthops_of_others_are_never_touched(mode: Mode) {
         be.add_peer(&pc).await?;
         be.remove_peer(&pb).await?;
         be.remove_peer(&pc).await?;
-        be.reconcile(&[]).await
+        be.reconcile::<Lease>(&[]).await
     });
     assert_eq!(listed(), before, "another's nexthop changed");
     // The collision on the way: c's route was a gateway route, b's went through its nexthop.

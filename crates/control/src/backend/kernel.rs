@@ -14,11 +14,12 @@ use tracing::{info, warn};
 
 pub use super::peer_state::PeerState;
 use super::peer_state::{Owned, Snapshot};
-use super::Backend;
+use super::{each, Backend};
 use crate::host::netlink::{Netlink, Route, Write};
 use crate::host::nexthops::{self, NexthopTable, Nexthops};
 use crate::lease::{Lease, SubnetId};
 use crate::node::Node;
+use std::borrow::Borrow;
 
 /// What every kernel backend needs to know about this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,10 +214,14 @@ impl<P: PeerPlan> KernelBackend<P> {
         Ok(())
     }
 
-    fn desired(&mut self, leases: &[Lease], have: &NexthopTable) -> Vec<(SubnetId, PeerState)> {
+    fn desired<'a>(
+        &mut self,
+        leases: impl ExactSizeIterator<Item = &'a Lease>,
+        have: &NexthopTable,
+    ) -> Vec<(SubnetId, PeerState)> {
         let mut desired = Vec::with_capacity(leases.len());
         let own = self.own_subnet;
-        for lease in leases.iter().filter(|l| l.id() != own) {
+        for lease in leases.filter(|l| l.id() != own) {
             let subnet = lease.id();
             match self.peer_states(lease, have) {
                 Ok(states) => desired.extend(states.into_iter().map(|s| (subnet, s))),
@@ -310,10 +315,10 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         result.with_context(|| format!("removing peer {}", lease.id()))
     }
 
-    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+    async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()> {
         let listed = self.nexthops.list(&self.nl).await;
         let listed = listed.context("listing nexthops")?;
-        let desired = self.desired(leases, &listed);
+        let desired = self.desired(each(leases), &listed);
         let have = Snapshot::read(&self.nl, &self.owned, listed.ours).await?;
         let failed = self.install_missing(&desired, &have).await;
         for (subnet, why) in &failed {

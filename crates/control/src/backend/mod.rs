@@ -18,6 +18,7 @@ pub mod vxlan;
 
 use crate::lease::{Lease, LeaseAttrs};
 use crate::status::EngineView;
+use std::borrow::Borrow;
 use std::net::Ipv4Addr;
 use twill_dataplane::engine::Engine;
 
@@ -53,7 +54,16 @@ pub trait Backend {
     }
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()>;
-    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()>;
+    /// `leases` are the gate's own (`Arc<Lease>`, shared rather than copied: there may be
+    /// tens of thousands) or, in tests, plain ones.
+    async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()>;
+}
+
+/// The leases a reconcile was given, as leases.
+pub(crate) fn each<L: Borrow<Lease>>(
+    leases: &[L],
+) -> impl ExactSizeIterator<Item = &Lease> + Clone {
+    leases.iter().map(Borrow::borrow)
 }
 
 /// A backend before this node holds a lease. Whatever must exist first is made before the

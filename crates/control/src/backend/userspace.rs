@@ -8,13 +8,14 @@
 //! udp backend, which has no IPv6 at all, sends them; on a dual-stack network with
 //! `Backend.Underlay` "ipv6" they go to peers' PublicIPv6 instead.
 
-use super::{Backend, Setup};
+use super::{each, Backend, Setup};
 use crate::config::Underlay;
 use crate::host::{self, Interface};
 use crate::lease::{BackendData, Lease, LeaseAttrs};
 use crate::node::Node;
 use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
+use std::borrow::Borrow;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
@@ -266,8 +267,8 @@ impl Backend for Userspace {
         Ok(())
     }
 
-    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
-        let specs: Vec<PeerSpec> = leases.iter().filter_map(|l| self.spec(l)).collect();
+    async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()> {
+        let specs: Vec<PeerSpec> = each(leases).filter_map(|l| self.spec(l)).collect();
         self.table.set_peers(&specs);
         Ok(())
     }

@@ -1,3 +1,4 @@
+use super::tests::admitted;
 use super::*;
 use crate::config::Config;
 use crate::lease::LeaseAttrs;
@@ -26,8 +27,8 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
     let mut peers = peers();
     let first = lease(2, "fd10:0:0:2::/64");
     let copy = lease(3, "fd10:0:0:2::/64");
-    assert!(peers.admit(LeaseEvent::Added(first.clone())).is_some());
-    assert_eq!(peers.admit(LeaseEvent::Added(copy.clone())), None);
+    assert!(admitted(&mut peers, LeaseEvent::Added(first.clone())).is_some());
+    assert_eq!(admitted(&mut peers, LeaseEvent::Added(copy.clone())), None);
     let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
     assert_eq!(
         refused,
@@ -41,17 +42,17 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
         public_ip: "10.200.0.22".parse().unwrap(),
         ..first.clone()
     };
-    assert!(peers.admit(LeaseEvent::Added(renewed.clone())).is_some());
-    assert_eq!(peers.admit(LeaseEvent::Added(copy.clone())), None);
-    peers.admit(LeaseEvent::Removed(renewed));
+    assert!(admitted(&mut peers, LeaseEvent::Added(renewed.clone())).is_some());
+    assert_eq!(admitted(&mut peers, LeaseEvent::Added(copy.clone())), None);
+    admitted(&mut peers, LeaseEvent::Removed(renewed));
     assert_eq!(
-        peers.admit(LeaseEvent::Added(copy.clone())),
+        admitted(&mut peers, LeaseEvent::Added(copy.clone())),
         Some(LeaseEvent::Added(copy.clone()))
     );
     // A snapshot starts the index afresh: the first made keeps the subnet.
     let all = vec![first.clone(), copy];
     assert_eq!(
-        peers.admit(LeaseEvent::Snapshot(all)),
+        admitted(&mut peers, LeaseEvent::Snapshot(all)),
         Some(LeaseEvent::Snapshot(vec![first]))
     );
 }
@@ -80,7 +81,7 @@ fn ipv6_only_leases_are_peers_of_their_own() {
     let (two, three) = (ipv6_only_lease(2), ipv6_only_lease(3));
     assert_eq!(two.id(), SubnetId::V6("fd10:0:0:2::/64".parse().unwrap()));
     for lease in [&two, &three] {
-        let added = peers.admit(LeaseEvent::Added(lease.clone()));
+        let added = admitted(&mut peers, LeaseEvent::Added(lease.clone()));
         assert_eq!(added, Some(LeaseEvent::Added(lease.clone())));
     }
     assert_eq!(peers.accepted().count(), 2);
@@ -91,11 +92,11 @@ fn ipv6_only_leases_are_peers_of_their_own() {
     let mut wide = ipv6_only_lease(8);
     wide.ipv6_subnet = Some("fd10:0:0:2::/63".parse().unwrap());
     wide.public_ipv6 = Some("fd00:200::8".parse().unwrap());
-    assert_eq!(peers.admit(LeaseEvent::Added(own)), None);
-    let removed = peers.admit(LeaseEvent::Removed(two.clone()));
+    assert_eq!(admitted(&mut peers, LeaseEvent::Added(own)), None);
+    let removed = admitted(&mut peers, LeaseEvent::Removed(two.clone()));
     assert_eq!(removed, Some(LeaseEvent::Removed(two)));
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&three]);
-    assert_eq!(peers.admit(LeaseEvent::Added(wide)), None);
+    assert_eq!(admitted(&mut peers, LeaseEvent::Added(wide)), None);
     let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
     assert!(
         refused
@@ -131,7 +132,7 @@ fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
         ..ipv6_only_lease(7)
     };
     for lease in [with_ipv4, without_ipv6, without_public_ipv6, without_mac] {
-        assert_eq!(peers.admit(LeaseEvent::Added(lease)), None);
+        assert_eq!(admitted(&mut peers, LeaseEvent::Added(lease)), None);
     }
     let mut refused: Vec<String> = peers
         .refused()

@@ -1,3 +1,4 @@
+use super::tests::admitted;
 use super::*;
 use crate::lease::{Created, LeaseAttrs};
 
@@ -30,7 +31,10 @@ fn refusal(peers: &Peers) -> Vec<(String, String)> {
 fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() {
     let (real, copy) = (wg(3, KEY, 5), wg(0, KEY, 9));
     let mut peers = peers();
-    let event = peers.admit(LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]));
+    let event = admitted(
+        &mut peers,
+        LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]),
+    );
     assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
     let why = format!(
         "its PublicKey \"{KEY}\" is already the key of the lease 10.5.3.0/24, made before it: \
@@ -40,11 +44,14 @@ fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() 
 
     // The same, lease by lease, in either order.
     let mut in_order = self::peers();
-    assert!(in_order.admit(LeaseEvent::Added(real.clone())).is_some());
-    assert_eq!(in_order.admit(LeaseEvent::Added(copy.clone())), None);
+    assert!(admitted(&mut in_order, LeaseEvent::Added(real.clone())).is_some());
+    assert_eq!(
+        admitted(&mut in_order, LeaseEvent::Added(copy.clone())),
+        None
+    );
     let mut reversed = self::peers();
-    reversed.admit(LeaseEvent::Added(copy.clone()));
-    let event = reversed.admit(LeaseEvent::Added(real.clone()));
+    admitted(&mut reversed, LeaseEvent::Added(copy.clone()));
+    let event = admitted(&mut reversed, LeaseEvent::Added(real.clone()));
     assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
     for p in [&in_order, &reversed] {
         assert_eq!(subnets(p.accepted()), ["10.5.3.0/24"]);
@@ -56,12 +63,11 @@ fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() 
 fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
     let (first, second, third) = (wg(3, KEY, 5), wg(4, KEY, 7), wg(2, KEY, 9));
     let mut peers = peers();
-    peers.admit(LeaseEvent::Snapshot(vec![
-        third.clone(),
-        second.clone(),
-        first.clone(),
-    ]));
-    let event = peers.admit(LeaseEvent::Removed(first.clone()));
+    admitted(
+        &mut peers,
+        LeaseEvent::Snapshot(vec![third.clone(), second.clone(), first.clone()]),
+    );
+    let event = admitted(&mut peers, LeaseEvent::Removed(first.clone()));
     let swap = Some(LeaseEvent::Snapshot(vec![second.clone()]));
     assert_eq!(event, swap, "one event: the old peer out, the next one in");
     let left = refusal(&peers);
@@ -72,7 +78,7 @@ fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
     );
 
     let rekeyed = wg(4, OTHER, 7);
-    let event = peers.admit(LeaseEvent::Added(rekeyed.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Added(rekeyed.clone()));
     assert_eq!(event, Some(LeaseEvent::Snapshot(vec![third, rekeyed])));
     assert!(peers.refused().next().is_none());
 }
@@ -81,10 +87,10 @@ fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
 fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
     let mut peers = peers();
     let real = wg(3, KEY, 5);
-    peers.admit(LeaseEvent::Added(real.clone()));
+    admitted(&mut peers, LeaseEvent::Added(real.clone()));
     let mut moved = real.clone();
     moved.public_ip = "10.200.0.33".parse().unwrap();
-    let event = peers.admit(LeaseEvent::Added(moved.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Added(moved.clone()));
     assert_eq!(event, Some(LeaseEvent::Added(moved)));
     let udp = Lease::new(
         "10.5.9.0/24".parse().unwrap(),
@@ -103,14 +109,17 @@ fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
         },
         LeaseNamer::default(),
     );
-    udp_peers.admit(LeaseEvent::Added(udp));
-    assert!(udp_peers.admit(LeaseEvent::Added(twin)).is_some());
+    admitted(&mut udp_peers, LeaseEvent::Added(udp));
+    assert!(admitted(&mut udp_peers, LeaseEvent::Added(twin)).is_some());
     assert_eq!(udp_peers.accepted().count(), 2);
     // On this wireguard node, they are of another backend type.
-    let refused = peers.admit(LeaseEvent::Added(Lease::new(
-        "10.5.7.0/24".parse().unwrap(),
-        LeaseAttrs::udp("10.200.0.7".parse().unwrap()),
-    )));
+    let refused = admitted(
+        &mut peers,
+        LeaseEvent::Added(Lease::new(
+            "10.5.7.0/24".parse().unwrap(),
+            LeaseAttrs::udp("10.200.0.7".parse().unwrap()),
+        )),
+    );
     assert_eq!(refused, None);
     assert!(matches!(
         peers.refused().next().map(|r| &r.reason),

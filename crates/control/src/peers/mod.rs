@@ -23,6 +23,7 @@ use crate::lease_check::{self, by_creation, first_made, Claim, LeaseRules, Rejec
 use crate::shown;
 use held::Held;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 /// A lease that was refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,8 +40,9 @@ pub struct Peers {
     rules: LeaseRules,
     /// How a lease is named in the log: its etcd key, the Node, or the flag that gave it.
     namer: LeaseNamer,
-    /// The accepted leases by [`SubnetId`]: they never clash, so no two share one.
-    accepted: BTreeMap<SubnetId, Lease>,
+    /// The accepted leases by [`SubnetId`]: they never clash, so no two share one. Each is
+    /// the one copy of that lease the node keeps: a reconcile is handed these, not copies.
+    accepted: BTreeMap<SubnetId, Arc<Lease>>,
     /// Where each origin's accepted lease is.
     origins: HashMap<LeaseOrigin, SubnetId>,
     /// What the accepted leases claim.
@@ -53,10 +55,25 @@ pub struct Peers {
     unreadable: BTreeMap<String, (String, String)>,
 }
 
+/// What the backend must do after an event, as the gate admitted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admitted {
+    /// Make the peers exactly the accepted leases ([`Gate::accepted_leases`]): the registry
+    /// listed them all, or one event changed more than one peer.
+    Reconcile,
+    /// A peer lease was accepted, or an accepted one changed.
+    Added(Lease),
+    /// An accepted peer lease went, as it was.
+    Removed(Lease),
+    /// An event about this node rather than its peers (its own lease, the network config),
+    /// passed on as it came.
+    Node(LeaseEvent),
+}
+
 /// The subnets one event changed, each with its accepted lease before the event; `None` for a
 /// snapshot, which is its own account of what changed.
 #[derive(Default)]
-struct Touched(Option<Vec<(SubnetId, Option<Lease>)>>);
+struct Touched(Option<Vec<(SubnetId, Option<Arc<Lease>>)>>);
 
 impl Peers {
     pub fn new(rules: LeaseRules, namer: LeaseNamer) -> Peers {
@@ -72,13 +89,16 @@ impl Peers {
         }
     }
 
-    /// Turns a registry event into the event the backend must see, if any: refused leases are
+    /// Turns a registry event into what the backend must do, if anything: refused leases are
     /// left out, and a refused lease that goes away changes nothing. An event that changes more
     /// than one peer (a subnet or key passing from one lease to another) reaches the backend as
-    /// a snapshot of all accepted leases.
-    pub fn admit(&mut self, event: LeaseEvent) -> Option<LeaseEvent> {
+    /// a reconcile with all accepted leases.
+    pub fn admit(&mut self, event: LeaseEvent) -> Option<Admitted> {
         match event {
-            LeaseEvent::Snapshot(all) => Some(LeaseEvent::Snapshot(self.replace_all(all))),
+            LeaseEvent::Snapshot(all) => {
+                self.replace_all(all);
+                Some(Admitted::Reconcile)
+            }
             LeaseEvent::Added(lease) => self.add(lease),
             LeaseEvent::Removed(lease) => self.remove(&lease.origin()),
             LeaseEvent::Unreadable { key, why } => {
@@ -94,13 +114,13 @@ impl Peers {
             own @ (LeaseEvent::OwnLease(_)
             | LeaseEvent::OwnLeaseTaken(_)
             | LeaseEvent::OwnLeaseGone(_)
-            | LeaseEvent::ConfigChanged(_)) => Some(own),
+            | LeaseEvent::ConfigChanged(_)) => Some(Admitted::Node(own)),
         }
     }
 
     /// Checks every lease afresh, the first made first, so that of two leases that clash the
     /// first made is accepted and the other refused, as the events would have left them.
-    fn replace_all(&mut self, mut all: Vec<Lease>) -> Vec<Lease> {
+    fn replace_all(&mut self, mut all: Vec<Lease>) {
         let mut before = std::mem::take(&mut self.refused);
         self.waiting.clear();
         self.accepted.clear();
@@ -117,10 +137,9 @@ impl Peers {
             self.unaccept_origin(&origin, &mut touched);
             self.judge(lease, known.as_ref(), &mut touched);
         }
-        self.accepted.values().cloned().collect()
     }
 
-    fn add(&mut self, lease: Lease) -> Option<LeaseEvent> {
+    fn add(&mut self, lease: Lease) -> Option<Admitted> {
         let (id, origin, mut touched) = (lease.id(), lease.origin(), Touched::kept());
         let known = self.take_refused(&origin);
         let replaced = self.unaccept_origin(&origin, &mut touched);
@@ -132,7 +151,7 @@ impl Peers {
         self.events(id, touched)
     }
 
-    fn remove(&mut self, origin: &LeaseOrigin) -> Option<LeaseEvent> {
+    fn remove(&mut self, origin: &LeaseOrigin) -> Option<Admitted> {
         self.take_refused(origin);
         let mut touched = Touched::kept();
         let removed = self.unaccept_origin(origin, &mut touched)?;
@@ -163,7 +182,7 @@ impl Peers {
             let waits_for = Some(holder.origin());
             return self.refuse(lease, reason, waits_for, known);
         }
-        let displaced: Vec<Lease> = holders
+        let displaced: Vec<Arc<Lease>> = holders
             .iter()
             .filter_map(|(_, id)| self.unaccept(*id, touched))
             .collect();
@@ -175,7 +194,7 @@ impl Peers {
             let claim = *claim.expect("a displaced lease clashes with the one that displaced it");
             let first = first.clone();
             let reason = Rejection::Taken { claim, first };
-            self.refuse(lease.clone(), reason, Some(origin.clone()), None);
+            self.refuse(Lease::clone(lease), reason, Some(origin.clone()), None);
         }
         // What waited for the displaced leases may not clash with the new one.
         for lease in displaced {
@@ -204,11 +223,11 @@ impl Peers {
         touched.note(id, &self.accepted);
         self.held.insert(claims, id);
         self.origins.insert(lease.origin(), id);
-        self.accepted.insert(id, lease);
+        self.accepted.insert(id, Arc::new(lease));
     }
 
     /// Takes the accepted lease at `id` away, and what it claimed.
-    fn unaccept(&mut self, id: SubnetId, touched: &mut Touched) -> Option<Lease> {
+    fn unaccept(&mut self, id: SubnetId, touched: &mut Touched) -> Option<Arc<Lease>> {
         touched.note(id, &self.accepted);
         let lease = self.accepted.remove(&id)?;
         let claims = self
@@ -219,7 +238,11 @@ impl Peers {
         Some(lease)
     }
 
-    fn unaccept_origin(&mut self, origin: &LeaseOrigin, touched: &mut Touched) -> Option<Lease> {
+    fn unaccept_origin(
+        &mut self,
+        origin: &LeaseOrigin,
+        touched: &mut Touched,
+    ) -> Option<Arc<Lease>> {
         let id = *self.origins.get(origin)?;
         self.unaccept(id, touched)
     }
@@ -268,30 +291,28 @@ impl Peers {
 
     /// What the backend must hear of an event about `subnet`: that lease as it is now (added,
     /// changed or removed), or, when the event changed other peers too, every accepted lease.
-    fn events(&self, subnet: SubnetId, touched: Touched) -> Option<LeaseEvent> {
-        let mut changes: Vec<LeaseEvent> = touched
+    fn events(&self, subnet: SubnetId, touched: Touched) -> Option<Admitted> {
+        let mut changes: Vec<Admitted> = touched
             .0
             .unwrap_or_default()
             .into_iter()
             .filter_map(|(s, before)| match (before, self.accepted.get(&s)) {
-                (Some(before), None) => Some(LeaseEvent::Removed(before)),
+                (Some(before), None) => Some(Admitted::Removed(Arc::unwrap_or_clone(before))),
                 (before, Some(now)) if s == subnet || before.as_ref() != Some(now) => {
-                    Some(LeaseEvent::Added(now.clone()))
+                    Some(Admitted::Added(Lease::clone(now)))
                 }
                 _ => None,
             })
             .collect();
         match changes.len() {
             0 | 1 => changes.pop(),
-            _ => Some(LeaseEvent::Snapshot(
-                self.accepted.values().cloned().collect(),
-            )),
+            _ => Some(Admitted::Reconcile),
         }
     }
 
     /// The leases the backend has, lowest subnet first.
     pub fn accepted(&self) -> impl ExactSizeIterator<Item = &Lease> {
-        self.accepted.values()
+        self.accepted.values().map(|lease| &**lease)
     }
 
     pub fn refused(&self) -> impl ExactSizeIterator<Item = &Refused> {
@@ -310,7 +331,7 @@ impl Peers {
 
 impl Touched {
     /// Remembers what `subnet` held before this event, the first time it changes.
-    fn note(&mut self, subnet: SubnetId, accepted: &BTreeMap<SubnetId, Lease>) {
+    fn note(&mut self, subnet: SubnetId, accepted: &BTreeMap<SubnetId, Arc<Lease>>) {
         let Some(touched) = &mut self.0 else {
             return;
         };
@@ -342,6 +363,16 @@ mod tests {
         peers_on(None)
     }
 
+    /// What the backend is told of `event`, a reconcile as the leases it reconciles with.
+    pub(super) fn admitted(peers: &mut Peers, event: LeaseEvent) -> Option<LeaseEvent> {
+        Some(match peers.admit(event)? {
+            Admitted::Reconcile => LeaseEvent::Snapshot(peers.accepted().cloned().collect()),
+            Admitted::Added(lease) => LeaseEvent::Added(lease),
+            Admitted::Removed(lease) => LeaseEvent::Removed(lease),
+            Admitted::Node(event) => event,
+        })
+    }
+
     /// A node of 10.5.0.0/16 with the lease 10.5.1.0/24, running `backend_type`.
     pub(super) fn peers_on(backend_type: Option<&str>) -> Peers {
         let rules = LeaseRules {
@@ -364,12 +395,12 @@ mod tests {
         let real = lease("10.5.2.0/24", "10.200.0.2");
         let bogus = lease("10.5.2.0/25", "10.200.0.66");
         assert_eq!(
-            peers.admit(LeaseEvent::Added(real.clone())),
+            admitted(&mut peers, LeaseEvent::Added(real.clone())),
             Some(LeaseEvent::Added(real.clone()))
         );
-        assert_eq!(peers.admit(LeaseEvent::Added(bogus.clone())), None);
+        assert_eq!(admitted(&mut peers, LeaseEvent::Added(bogus.clone())), None);
         assert_eq!(peers.refused().count(), 1);
-        assert_eq!(peers.admit(LeaseEvent::Removed(bogus)), None);
+        assert_eq!(admitted(&mut peers, LeaseEvent::Removed(bogus)), None);
         assert_eq!(peers.refused().count(), 0);
         assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
     }
@@ -378,10 +409,10 @@ mod tests {
     fn a_good_key_overwritten_with_a_bad_lease_removes_the_old_peer() {
         let mut peers = peers();
         let real = lease("10.5.2.0/24", "10.200.0.2");
-        peers.admit(LeaseEvent::Added(real.clone()));
+        admitted(&mut peers, LeaseEvent::Added(real.clone()));
         let overwritten = lease("10.5.2.0/24", "10.200.0.1");
         assert_eq!(
-            peers.admit(LeaseEvent::Added(overwritten)),
+            admitted(&mut peers, LeaseEvent::Added(overwritten)),
             Some(LeaseEvent::Removed(real))
         );
         assert_eq!(peers.accepted().count(), 0);
@@ -393,11 +424,11 @@ mod tests {
         let good = lease("10.5.3.0/24", "10.200.0.3");
         let all = vec![good.clone(), lease("10.6.0.0/24", "10.200.0.4")];
         assert_eq!(
-            peers.admit(LeaseEvent::Snapshot(all.clone())),
+            admitted(&mut peers, LeaseEvent::Snapshot(all.clone())),
             Some(LeaseEvent::Snapshot(vec![good.clone()]))
         );
         assert_eq!(peers.refused().count(), 1);
-        peers.admit(LeaseEvent::Snapshot(vec![good]));
+        admitted(&mut peers, LeaseEvent::Snapshot(vec![good]));
         assert_eq!(
             peers.refused().count(),
             0,
@@ -413,9 +444,12 @@ mod tests {
             key: key.clone(),
             why: Some("invalid lease value".into()),
         };
-        assert_eq!(peers.admit(bad), None);
+        assert_eq!(admitted(&mut peers, bad), None);
         assert_eq!(peers.unreadable().count(), 1);
-        assert_eq!(peers.admit(LeaseEvent::Unreadable { key, why: None }), None);
+        assert_eq!(
+            admitted(&mut peers, LeaseEvent::Unreadable { key, why: None }),
+            None
+        );
         assert_eq!(peers.unreadable().count(), 0);
     }
 }

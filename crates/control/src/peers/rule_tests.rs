@@ -2,6 +2,7 @@
 //! the older keeps it, whatever order the events come in, and the incremental outcome is the
 //! one a fresh snapshot of the same leases gives.
 
+use super::tests::admitted;
 use super::*;
 use crate::config::Config;
 use crate::lease::{Created, LeaseAttrs};
@@ -39,30 +40,36 @@ fn of_two_nodes_with_one_pod_cidr_the_older_keeps_it_in_any_order() {
     let refused = vec![("node/impostor".to_string(), why.to_string())];
 
     let mut in_order = kube_peers();
-    let added = in_order.admit(LeaseEvent::Added(real.clone()));
+    let added = admitted(&mut in_order, LeaseEvent::Added(real.clone()));
     assert_eq!(added, Some(LeaseEvent::Added(real.clone())));
-    assert_eq!(in_order.admit(LeaseEvent::Added(impostor.clone())), None);
+    assert_eq!(
+        admitted(&mut in_order, LeaseEvent::Added(impostor.clone())),
+        None
+    );
     assert_eq!(reasons(&in_order), refused);
 
     let mut reversed = kube_peers();
-    reversed.admit(LeaseEvent::Added(impostor.clone()));
-    let taken_back = reversed.admit(LeaseEvent::Added(real.clone()));
+    admitted(&mut reversed, LeaseEvent::Added(impostor.clone()));
+    let taken_back = admitted(&mut reversed, LeaseEvent::Added(real.clone()));
     assert_eq!(taken_back, Some(LeaseEvent::Added(real.clone())));
     assert_eq!(reasons(&reversed), refused);
 
     let mut listed = kube_peers();
     let all = vec![impostor.clone(), real.clone()];
-    let snapshot = listed.admit(LeaseEvent::Snapshot(all));
+    let snapshot = admitted(&mut listed, LeaseEvent::Snapshot(all));
     assert_eq!(snapshot, Some(LeaseEvent::Snapshot(vec![real.clone()])));
     assert_eq!(reasons(&listed), refused);
 
     // Removing the newer changes nothing for the older; removing the older lets the newer in.
     for mut peers in [in_order, reversed, listed] {
-        assert_eq!(peers.admit(LeaseEvent::Removed(impostor.clone())), None);
+        assert_eq!(
+            admitted(&mut peers, LeaseEvent::Removed(impostor.clone())),
+            None
+        );
         assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
         assert!(peers.refused().next().is_none());
-        peers.admit(LeaseEvent::Added(impostor.clone()));
-        let moved = peers.admit(LeaseEvent::Removed(real.clone()));
+        admitted(&mut peers, LeaseEvent::Added(impostor.clone()));
+        let moved = admitted(&mut peers, LeaseEvent::Removed(real.clone()));
         assert_eq!(moved, Some(LeaseEvent::Added(impostor.clone())));
         assert!(peers.refused().next().is_none());
     }
@@ -73,15 +80,18 @@ fn a_changed_node_is_an_update_of_its_own_lease_never_of_another() {
     let mut peers = kube_peers();
     let real = node("node-2", 100, "10.5.2.0/24", "10.200.0.2");
     let other = node("node-3", 150, "10.5.3.0/24", "10.200.0.3");
-    peers.admit(LeaseEvent::Snapshot(vec![real.clone(), other.clone()]));
+    admitted(
+        &mut peers,
+        LeaseEvent::Snapshot(vec![real.clone(), other.clone()]),
+    );
     // node-3 now says it has node-2's podCIDR: it loses its own place and gets no other.
     let moved = node("node-3", 150, "10.5.2.0/24", "10.200.0.3");
-    let event = peers.admit(LeaseEvent::Added(moved));
+    let event = admitted(&mut peers, LeaseEvent::Added(moved));
     assert_eq!(event, Some(LeaseEvent::Removed(other)));
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
     // node-2 moves its address: an update in place.
     let renumbered = node("node-2", 100, "10.5.2.0/24", "10.200.0.22");
-    let event = peers.admit(LeaseEvent::Added(renumbered.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Added(renumbered.clone()));
     assert_eq!(event, Some(LeaseEvent::Added(renumbered)));
 }
 
@@ -113,9 +123,15 @@ fn a_dual_stack_key_repeating_a_peers_half_is_another_lease_and_refused() {
     let real = key_lease(2, 5, "fd10:0:0:2::/64", "10.200.0.2");
     let same_v4 = key_lease(2, 9, "fd10:0:0:99::/64", "10.200.0.66");
     let same_v6 = key_lease(7, 11, "fd10:0:0:2::/64", "10.200.0.67");
-    peers.admit(LeaseEvent::Snapshot(vec![real.clone()]));
-    assert_eq!(peers.admit(LeaseEvent::Added(same_v4.clone())), None);
-    assert_eq!(peers.admit(LeaseEvent::Added(same_v6.clone())), None);
+    admitted(&mut peers, LeaseEvent::Snapshot(vec![real.clone()]));
+    assert_eq!(
+        admitted(&mut peers, LeaseEvent::Added(same_v4.clone())),
+        None
+    );
+    assert_eq!(
+        admitted(&mut peers, LeaseEvent::Added(same_v6.clone())),
+        None
+    );
     let prefix = "/coreos.com/network/subnets/";
     assert_eq!(
         reasons(&peers),
@@ -135,10 +151,10 @@ fn a_dual_stack_key_repeating_a_peers_half_is_another_lease_and_refused() {
             ),
         ]
     );
-    assert_eq!(peers.admit(LeaseEvent::Removed(same_v4)), None);
+    assert_eq!(admitted(&mut peers, LeaseEvent::Removed(same_v4)), None);
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
     // The real key goes: the next in line, by creation, is the peer.
-    let event = peers.admit(LeaseEvent::Removed(real.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Removed(real.clone()));
     assert_eq!(event, Some(LeaseEvent::Snapshot(vec![same_v6])));
 }
 
@@ -150,7 +166,10 @@ fn a_lease_at_a_peers_public_ip_is_refused_whatever_its_subnet() {
     // Below the real one: subnet order would put it first.
     let copy =
         Lease::new("10.5.0.0/24".parse().unwrap(), real.attrs()).with_created(Created::at(9));
-    let snapshot = peers.admit(LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]));
+    let snapshot = admitted(
+        &mut peers,
+        LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]),
+    );
     assert_eq!(snapshot, Some(LeaseEvent::Snapshot(vec![real.clone()])));
     assert_eq!(
         reasons(&peers),
@@ -161,7 +180,7 @@ fn a_lease_at_a_peers_public_ip_is_refused_whatever_its_subnet() {
                 .to_string()
         )]
     );
-    let event = peers.admit(LeaseEvent::Removed(real.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Removed(real.clone()));
     assert_eq!(event, Some(LeaseEvent::Snapshot(vec![copy])));
 }
 
@@ -172,15 +191,15 @@ fn an_older_lease_displaces_a_chain_and_the_waiting_come_back() {
     let a = node("a", 1, "10.5.2.0/24", "10.200.0.2");
     let b = node("b", 2, "10.5.2.0/24", "10.200.0.3");
     let c = node("c", 3, "10.5.4.0/24", "10.200.0.3");
-    peers.admit(LeaseEvent::Added(c.clone()));
-    peers.admit(LeaseEvent::Added(b.clone()));
+    admitted(&mut peers, LeaseEvent::Added(c.clone()));
+    admitted(&mut peers, LeaseEvent::Added(b.clone()));
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&b]);
-    let event = peers.admit(LeaseEvent::Added(a.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Added(a.clone()));
     assert_eq!(
         event,
         Some(LeaseEvent::Snapshot(vec![a.clone(), c.clone()]))
     );
-    let event = peers.admit(LeaseEvent::Removed(a));
+    let event = admitted(&mut peers, LeaseEvent::Removed(a));
     assert_eq!(event, Some(LeaseEvent::Snapshot(vec![b])));
 }
 
@@ -227,7 +246,7 @@ proptest! {
                     None => continue,
                 },
             };
-            match peers.admit(event) {
+            match admitted(&mut peers, event) {
                 Some(LeaseEvent::Snapshot(all)) => {
                     backend = all.into_iter().map(|l| (l.id(), l)).collect();
                 }
@@ -240,7 +259,7 @@ proptest! {
                 _ => {}
             }
             let mut fresh = kube_peers();
-            fresh.admit(LeaseEvent::Snapshot(registry.values().cloned().collect()));
+            admitted(&mut fresh, LeaseEvent::Snapshot(registry.values().cloned().collect()));
             let accepted: Vec<&Lease> = peers.accepted().collect();
             prop_assert_eq!(&accepted, &fresh.accepted().collect::<Vec<_>>());
             prop_assert_eq!(&accepted, &backend.values().collect::<Vec<_>>());

@@ -16,7 +16,7 @@ mod unproven;
 pub use choice::{choose, Dataplane};
 
 use super::userspace::{mtu_source, tun_mtu, Overhead};
-use super::{Backend, Setup};
+use super::{each, Backend, Setup};
 use crate::host;
 use crate::host::netlink::{Netlink, Route};
 use crate::lease::{Lease, LeaseAttrs};
@@ -25,6 +25,7 @@ use crate::status::EngineView;
 use anyhow::{anyhow, Context};
 use ipnet::{IpNet, Ipv4Net};
 use owner::Owner;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -283,10 +284,10 @@ impl Backend for Ebpf {
     /// The maps end up holding exactly the leases' peers: a restart's adopted maps, or a change
     /// made behind twill's back, are brought in line with one update per difference. The
     /// device and programs are put back first if someone took them away.
-    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+    async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()> {
         self.unproven = Unproven::default();
         self.repair().await?;
-        let specs: Vec<PeerSpec> = leases.iter().map(|l| self.spec(l)).collect();
+        let specs: Vec<PeerSpec> = each(leases).map(|l| self.spec(l)).collect();
         self.table.set_peers(&specs);
         let wanted: BTreeMap<Ipv4Net, SocketAddrV4> = self
             .table

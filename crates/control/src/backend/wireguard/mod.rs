@@ -23,6 +23,7 @@ use crate::node::Node;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use path::{Chosen, Path};
 use peers::{Change, PeerBook};
+use std::borrow::Borrow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use twill_dataplane::engine::wireguard::{self, Device, Families, TunnelParams};
 use twill_dataplane::engine::Engine;
@@ -260,7 +261,7 @@ impl Backend for Wireguard {
 
     /// The kernel devices get only what changed: replacing all of their peers would drop
     /// every session and make each peer handshake again, every minute.
-    async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
+    async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()> {
         let changes = self.book.reconcile(leases);
         if self.path.is_kernel() && !self.out_of_step {
             return self.apply(changes).await;

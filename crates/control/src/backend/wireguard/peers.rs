@@ -4,9 +4,11 @@
 //! warning, repeated only when that lease changes. A lease of another backend type is
 //! skipped the same way.
 
+use crate::backend::each;
 use crate::lease::Lease;
 use crate::lease_check::wireguard::{LeasePeers, LeaseReader};
 use ipnet::Ipv4Net;
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 use twill_dataplane::engine::wireguard::{Device, WgPeerSpec};
 
@@ -52,11 +54,10 @@ impl PeerBook {
     }
 
     /// Make the peers exactly those of `leases`; returns what that changed, peer by peer.
-    pub fn reconcile(&mut self, leases: &[Lease]) -> Vec<(Device, Change)> {
+    pub fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> Vec<(Device, Change)> {
         self.skipped
-            .retain(|s, _| leases.iter().any(|l| l.subnet == *s));
-        let now: BTreeMap<_, _> = leases
-            .iter()
+            .retain(|s, _| each(leases).any(|l| l.subnet == *s));
+        let now: BTreeMap<_, _> = each(leases)
             .filter_map(|l| Some((l.subnet, self.read(l)?)))
             .collect();
         let before = std::mem::replace(&mut self.peers, now);
@@ -268,7 +269,7 @@ mod tests {
         assert_eq!(subnets(Device::Main), ["10.5.2.0/24"]);
         assert_eq!(subnets(Device::V6), ["10.5.2.0/24"]);
         assert!(book.skipped.contains_key(&bad.subnet));
-        book.reconcile(&[]);
+        book.reconcile::<Lease>(&[]);
         assert!(book.skipped.is_empty() && book.specs(Device::Main).is_empty());
     }
 
