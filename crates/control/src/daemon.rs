@@ -367,7 +367,6 @@ impl<B: Backend> Following<'_, B> {
         let peers = leases.len();
         drop(leases);
         self.recorded(reconciled, || format!("the reconcile with {peers} leases"));
-        release_freed_memory();
     }
 
     /// Logs what failed, and records the kernel writes so far in the status.
@@ -386,17 +385,6 @@ async fn first_ended(dataplane: Option<&Ended>) -> String {
     match dataplane {
         Some(ended) => ended.first().await,
         None => std::future::pending().await,
-    }
-}
-
-/// A reconcile of tens of thousands of leases allocates and frees megabytes at once, on
-/// several threads; hand the freed pages back to the system rather than leave them in glibc's
-/// per-thread free lists (at 60,000 leases that was about 18 MB of a udp node's 76).
-fn release_freed_memory() {
-    #[cfg(target_env = "gnu")]
-    // SAFETY: malloc_trim only returns free memory to the kernel; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
