@@ -394,6 +394,7 @@ fn wireguard_fields(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const PREFIX: &str = "/coreos.com/network";
 
@@ -486,6 +487,102 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("not a subnet lease key: "), "{err}");
+    }
+
+    /// `V4`, `V6` or `Dual` of the two strategies' values.
+    fn families<A, B>(
+        v4: impl Strategy<Value = A> + Clone,
+        v6: impl Strategy<Value = B> + Clone,
+    ) -> impl Strategy<Value = Families<A, B>>
+    where
+        A: Clone + std::fmt::Debug,
+        B: Clone + std::fmt::Debug,
+    {
+        prop_oneof![
+            v4.clone().prop_map(Families::V4),
+            v6.clone().prop_map(Families::V6),
+            (v4, v6).prop_map(|(a, b)| Families::Dual(a, b)),
+        ]
+    }
+
+    fn any_lease() -> impl Strategy<Value = Lease> {
+        let net4 = (any::<u32>(), 1u8..=32)
+            .prop_map(|(a, len)| Ipv4Net::new(a.into(), len).unwrap().trunc());
+        let net6 = (any::<u128>(), 0u8..=128)
+            .prop_map(|(a, len)| Ipv6Net::new(a.into(), len).unwrap().trunc());
+        let ip4 = (1..=u32::MAX).prop_map(Ipv4Addr::from);
+        let ip6 = any::<u128>().prop_map(Ipv6Addr::from);
+        let kind = prop_oneof![Just(None), Just(Some("vxlan")), Just(Some("host-gw"))];
+        (families(net4, net6), families(ip4, ip6), kind).prop_map(|(subnets, addrs, kind)| {
+            let attrs = LeaseAttrs::typed(addrs, kind, None);
+            Lease::new(subnets, attrs)
+        })
+    }
+
+    /// Key names shaped as flanneld's, of every family, empty IPv4 part and /0 included; some
+    /// with host bits set.
+    fn key_names() -> impl Strategy<Value = String> {
+        let v4 = (any::<u32>(), 0u8..=32, any::<bool>()).prop_map(|(a, len, trunc)| {
+            let net = Ipv4Net::new(Ipv4Addr::from(a), len).unwrap();
+            let net = if trunc { net.trunc() } else { net };
+            format!("{}-{len}", net.addr())
+        });
+        let v4 = prop_oneof![v4, Just("0.0.0.0-0".to_string())];
+        let v6 = (any::<u128>(), 0u8..=128)
+            .prop_map(|(a, len)| Ipv6Net::new(Ipv6Addr::from(a), len).unwrap().trunc())
+            .prop_map(|net| format!("{}-{}", net.network(), net.prefix_len()));
+        (v4, proptest::option::of(v6)).prop_map(|(v4, v6)| match v6 {
+            Some(v6) => format!("{v4}&{v6}"),
+            None => v4,
+        })
+    }
+
+    proptest::proptest! {
+        /// Every lease of any family is written as flanneld writes it (an IPv6-only one as the
+        /// key `0.0.0.0-0&<v6>` with PublicIP 0.0.0.0) and read back as itself.
+        #[test]
+        fn every_lease_round_trips_through_flanneld_bytes(lease in any_lease()) {
+            let (key, json) = (lease.key(PREFIX), lease.to_json());
+            let name = key.strip_prefix("/coreos.com/network/subnets/").unwrap();
+            let v4 = lease.subnets.v4().map_or("0.0.0.0-0".into(), |s| {
+                format!("{}-{}", s.network(), s.prefix_len())
+            });
+            prop_assert!(name.starts_with(&v4), "{name}");
+            prop_assert_eq!(name.contains('&'), lease.subnets.v6().is_some());
+            let public_ip = lease.public_addrs.v4().unwrap_or(Ipv4Addr::UNSPECIFIED);
+            let head = format!(r#"{{"PublicIP":"{public_ip}","PublicIPv6":"#);
+            prop_assert!(json.starts_with(&head), "{json}");
+            let back = Lease::from_kv(PREFIX, &key, &json).unwrap();
+            prop_assert_eq!(&back, &lease);
+            prop_assert_eq!(back.subnets, lease.subnets);
+        }
+
+        /// Whatever is written under `<prefix>/subnets/`, reading it never panics, and what
+        /// reads as a lease is written back as the same lease.
+        #[test]
+        fn any_key_and_value_read_without_panic(
+            name in prop_oneof![
+                "[0-9.]{0,16}-[0-9]{0,3}(&[0-9a-f:]{0,24}-[0-9]{0,3})?",
+                key_names(),
+            ],
+            public_ip in prop_oneof![
+                "[0-9.]{0,16}",
+                Just("0.0.0.0".to_string()),
+                any::<u32>().prop_map(|a| Ipv4Addr::from(a).to_string()),
+            ],
+            public_ipv6 in proptest::option::of(prop_oneof![
+                "[0-9a-f:.]{0,24}",
+                any::<u128>().prop_map(|a| Ipv6Addr::from(a).to_string()),
+            ]),
+        ) {
+            let key = format!("{PREFIX}/subnets/{name}");
+            let public_ipv6 = public_ipv6.map_or("null".into(), |ip| format!("{ip:?}"));
+            let value = format!(r#"{{"PublicIP":"{public_ip}","PublicIPv6":{public_ipv6}}}"#);
+            if let Ok(lease) = Lease::from_kv(PREFIX, &key, &value) {
+                let again = Lease::from_kv(PREFIX, &lease.key(PREFIX), &lease.to_json());
+                prop_assert_eq!(again.unwrap(), lease);
+            }
+        }
     }
 
     #[test]
