@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use twill_control::status::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS};
-use twill_lab::{Host, Lab, LabSpec, Netns, Proc};
+use twill_lab::{Host, Lab, Netns, Proc};
 
 const STATUS_ADDR: &str = "127.0.0.1:9585";
 /// flannel's forward chain, which the node writes with the default flags: `-N` and two rules.
@@ -61,12 +61,7 @@ fn open_files(pid: u32) -> Result<usize> {
 
 #[test]
 fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
-    twill_lab::require_root()?;
-    let lab = Lab::new(LabSpec {
-        hosts: 2,
-        tag: "shealthz".into(),
-        ..Default::default()
-    })?;
+    let lab = Lab::of("shealthz", 2)?;
     let dir = scratch()?;
     let host = lab.host(0);
     let port = host.ns.enter(twill_lab::free_tcp_port)?.to_string();
