@@ -283,8 +283,7 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
 
     // ...and so does the lease watch.
     let lease = r#"{"PublicIP":"10.200.0.77","PublicIPv6":null,"BackendType":"udp"}"#;
-    let unheld = c.unheld_subnet()?;
-    c.etcd.etcdctl(&["put", &c.lease_key(unheld), lease])?;
+    let unheld = c.put_unheld_lease(lease)?;
     eventually_within(
         "the new peer in twill status",
         Duration::from_secs(10),

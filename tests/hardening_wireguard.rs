@@ -67,8 +67,7 @@ fn an_all_zero_public_key_is_refused_naming_it() -> Result<()> {
     let w = wg::connected("hwzero", &wg::config(PSK, ""))?;
     let zero = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
     let bad = wg::lease_value("10.200.0.9".parse()?, zero, wg::PORT);
-    let unheld = w.c.unheld_subnet()?;
-    w.c.etcd.etcdctl(&["put", &w.c.lease_key(unheld), &bad])?;
+    let unheld = w.c.put_unheld_lease(&bad)?;
     let want = format!(
         "its PublicKey \"{zero}\" is not a WireGuard key: all zero or another point of small \
          order, with which no handshake is secret"

@@ -134,6 +134,15 @@ impl Cluster {
             .context("every subnet of 10.5.0.0/16 is held")
     }
 
+    /// Writes `lease` (its JSON) for an [`unheld_subnet`](Cluster::unheld_subnet), as another
+    /// node would; the subnet it took.
+    pub fn put_unheld_lease(&self, lease: &str) -> Result<Ipv4Net> {
+        let unheld = self.unheld_subnet()?;
+        self.etcd
+            .etcdctl(&["put", &self.lease_key(unheld), lease])?;
+        Ok(unheld)
+    }
+
     pub fn add_container(&mut self, host: usize) -> Result<()> {
         let subnet = self.subnet(host)?;
         self.lab.host_mut(host).add_container(subnet)?;
