@@ -103,6 +103,17 @@ pub fn drops(ns: &Netns, reason: &str) -> Result<u64> {
         .with_context(|| format!("no drop counter {reason} in {s}"))
 }
 
+/// Wait until `twill status` counts exactly `expected` drops for each of its reasons.
+pub fn wait_for_drops(ns: &Netns, expected: &std::collections::BTreeMap<&str, u64>) -> Result<()> {
+    let counted = eventually("drop counters", || {
+        let s = status(ns)?;
+        Ok(expected
+            .iter()
+            .all(|(reason, n)| s["counters"]["drops"][reason].as_u64() == Some(*n)))
+    });
+    counted.with_context(|| format!("want {expected:?}, have {}", status(ns).unwrap_or_default()))
+}
+
 /// Delete the route `network dev device` in `ns` and wait until the node put it back: a guarded
 /// device's route comes back at the kernel's notice, long before the minute's reconcile.
 pub fn deleted_route_comes_back(ns: &twill_lab::Netns, network: &str, device: &str) -> Result<()> {
