@@ -36,8 +36,8 @@ pub struct HostGwSetup(pub KernelConfig);
 impl Setup for HostGwSetup {
     type Backend = HostGwBackend;
 
-    fn lease_attrs(&self, public_ip: PublicAddrs) -> LeaseAttrs {
-        let attrs = LeaseAttrs::host_gw(public_ip);
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        let attrs = LeaseAttrs::host_gw(public_addrs);
         match self.0.ipv6 {
             Some(v6) => attrs.with_ipv6(v6.public_ip, None),
             None => attrs,

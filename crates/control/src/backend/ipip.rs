@@ -55,8 +55,8 @@ impl IpipDevice {
 impl Setup for IpipDevice {
     type Backend = IpipBackend;
 
-    fn lease_attrs(&self, public_ip: PublicAddrs) -> LeaseAttrs {
-        LeaseAttrs::ipip(public_ip)
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        LeaseAttrs::ipip(public_addrs)
     }
 
     /// Finishes the device for our lease (its /32 address, up) and returns the backend.

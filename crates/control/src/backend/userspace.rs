@@ -24,14 +24,14 @@ use twill_dataplane::wire::batch;
 
 /// This node's lease for `kind`. A twill-batch lease names its port and the highest batch
 /// version it reads, as docs/batch-protocol.md specifies; flannel's udp leases carry nothing.
-pub fn lease_attrs(kind: EngineKind, public_ip: PublicAddrs, port: u16) -> LeaseAttrs {
+pub fn lease_attrs(kind: EngineKind, public_addrs: PublicAddrs, port: u16) -> LeaseAttrs {
     match kind {
-        EngineKind::FlannelUdp => LeaseAttrs::udp(public_ip),
+        EngineKind::FlannelUdp => LeaseAttrs::udp(public_addrs),
         EngineKind::Batch { .. } => LeaseAttrs {
             backend_data: Some(
                 serde_json::json!({ "Port": port, "Version": batch::HIGHEST_VERSION }).into(),
             ),
-            ..LeaseAttrs::twill_batch(public_ip)
+            ..LeaseAttrs::twill_batch(public_addrs)
         },
     }
 }
@@ -174,8 +174,8 @@ pub(crate) fn mtu_source(iface: &Interface) -> String {
 impl Setup for UserspaceSetup {
     type Backend = Userspace;
 
-    fn lease_attrs(&self, public_ip: PublicAddrs) -> LeaseAttrs {
-        let attrs = lease_attrs(self.kind, public_ip, self.port);
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        let attrs = lease_attrs(self.kind, public_addrs, self.port);
         match self.ipv6 {
             Some((_, public_ipv6)) => attrs.with_ipv6(public_ipv6, None),
             None => attrs,

@@ -204,10 +204,10 @@ impl VxlanDevice {
 impl Setup for VxlanDevice {
     type Backend = VxlanBackend;
 
-    fn lease_attrs(&self, public_ip: PublicAddrs) -> LeaseAttrs {
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
         let attrs = match self.mac {
-            Some(mac) => LeaseAttrs::vxlan(public_ip, self.vni, &mac.to_string()),
-            None => LeaseAttrs::typed(public_ip, BackendKind::Vxlan.lease_type(), None),
+            Some(mac) => LeaseAttrs::vxlan(public_addrs, self.vni, &mac.to_string()),
+            None => LeaseAttrs::typed(public_addrs, BackendKind::Vxlan.lease_type(), None),
         };
         match (self.tunnel.config.ipv6, self.mac6) {
             (Some(v6), Some(mac6)) => {

@@ -196,47 +196,51 @@ impl LeaseAttrs {
     }
 
     /// flannel's udp backend: no BackendType at all.
-    pub fn udp(public_ip: impl Into<PublicAddrs>) -> Self {
-        Self::typed(public_ip, None, None)
+    pub fn udp(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, None, None)
     }
 
     /// vxlan: BackendData carries the VNI and the MAC of the local `flannel.<VNI>` device.
-    pub fn vxlan(public_ip: impl Into<PublicAddrs>, vni: u32, vtep_mac: &str) -> Self {
+    pub fn vxlan(public_addrs: impl Into<PublicAddrs>, vni: u32, vtep_mac: &str) -> Self {
         let data = serde_json::json!({"VNI": vni, "VtepMAC": vtep_mac});
         Self::typed(
-            public_ip,
+            public_addrs,
             BackendKind::Vxlan.lease_type(),
             Some(data.into()),
         )
     }
 
-    pub fn host_gw(public_ip: impl Into<PublicAddrs>) -> Self {
-        Self::typed(public_ip, BackendKind::HostGw.lease_type(), None)
+    pub fn host_gw(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, BackendKind::HostGw.lease_type(), None)
     }
 
-    pub fn ipip(public_ip: impl Into<PublicAddrs>) -> Self {
-        Self::typed(public_ip, BackendKind::Ipip.lease_type(), None)
+    pub fn ipip(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, BackendKind::Ipip.lease_type(), None)
     }
 
-    pub fn twill_batch(public_ip: impl Into<PublicAddrs>) -> Self {
-        Self::typed(public_ip, BackendKind::TwillBatch.lease_type(), None)
+    pub fn twill_batch(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, BackendKind::TwillBatch.lease_type(), None)
     }
 
     /// wireguard: BackendData carries the node's public key and listen port
     /// ([`BackendData::wireguard`]).
-    pub fn wireguard(public_ip: impl Into<PublicAddrs>, public_key: &str, port: u16) -> Self {
+    pub fn wireguard(public_addrs: impl Into<PublicAddrs>, public_key: &str, port: u16) -> Self {
         let data = BackendData::wireguard(public_key, port);
-        Self::typed(public_ip, BackendKind::Wireguard.lease_type(), Some(data))
+        Self::typed(
+            public_addrs,
+            BackendKind::Wireguard.lease_type(),
+            Some(data),
+        )
     }
 
     /// A lease of `backend_type` (`None`: flannel's udp) whose BackendData is `backend_data`.
     pub fn typed(
-        public_ip: impl Into<PublicAddrs>,
+        public_addrs: impl Into<PublicAddrs>,
         backend_type: Option<&str>,
         backend_data: Option<BackendData>,
     ) -> Self {
         LeaseAttrs {
-            public_addrs: public_ip.into(),
+            public_addrs: public_addrs.into(),
             backend_type: backend_type.map(Arc::from),
             backend_data,
             backend_v6_data: None,

@@ -99,8 +99,8 @@ impl EbpfSetup {
 impl Setup for EbpfSetup {
     type Backend = Ebpf;
 
-    fn lease_attrs(&self, public_ip: PublicAddrs) -> LeaseAttrs {
-        LeaseAttrs::udp(public_ip)
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        LeaseAttrs::udp(public_addrs)
     }
 
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
