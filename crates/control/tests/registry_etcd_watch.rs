@@ -54,7 +54,10 @@ async fn peers_are_reported_and_our_own_lease_is_not() {
         LeaseEvent::Added(lease) => lease,
         other => panic!("expected Added, got {other:?}"),
     };
-    assert_eq!(added.subnet, "10.5.200.0/24".parse().unwrap());
+    assert_eq!(
+        added.subnets.v4().unwrap(),
+        "10.5.200.0/24".parse().unwrap()
+    );
     assert_eq!(
         added.backend_data.as_ref().unwrap().get("VtepMAC").unwrap(),
         "d6:60:f1:85:5a:fc"
@@ -82,7 +85,7 @@ async fn own_subnet_taken_by_another_node_is_reported_and_no_other_subnet_is_tak
     etcd.put_config(CONFIG).await;
     let (a, mut events) = start(&etcd, 1).await;
     snapshot(next_event(&mut events, 5 * SECOND).await);
-    let intruder = Lease::new(a.subnet, LeaseAttrs::host_gw(ip(9)));
+    let intruder = Lease::new(a.subnets.v4().unwrap(), LeaseAttrs::host_gw(ip(9)));
     let mut client = etcd.client().await;
     client
         .put(a.key(PREFIX), intruder.to_json(), None)
@@ -219,7 +222,7 @@ async fn put_many(etcd: &Etcd, first: u32, count: u32, pad: usize) -> Vec<Lease>
     let padding = "x".repeat(pad);
     let leases: Vec<Lease> = (first..first + count)
         .map(|i| {
-            let subnet = format!("10.{}.{}.0/24", 6 + i / 256, i % 256)
+            let subnet: ipnet::Ipv4Net = format!("10.{}.{}.0/24", 6 + i / 256, i % 256)
                 .parse()
                 .unwrap();
             let mut attrs = LeaseAttrs::host_gw(Ipv4Addr::from(0x0a00_0000 + i));

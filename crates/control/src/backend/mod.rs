@@ -16,10 +16,9 @@ mod tunnel;
 pub mod upkeep;
 pub mod vxlan;
 
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 use crate::status::EngineView;
 use std::borrow::Borrow;
-use std::net::Ipv4Addr;
 use twill_dataplane::engine::Engine;
 
 /// What every backend does with the leases of the other nodes.
@@ -73,6 +72,6 @@ pub(crate) fn each<L: Borrow<Lease>>(
 pub trait Setup {
     type Backend: Backend;
     /// What this node publishes in its lease.
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs;
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs;
     async fn attach(self, lease: &Lease) -> anyhow::Result<Self::Backend>;
 }
