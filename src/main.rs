@@ -20,11 +20,11 @@ use tokio_util::sync::CancellationToken;
 use twill_control::launch::Launch;
 use twill_control::status;
 
-/// mimalloc, not glibc's malloc: glibc gives the threads that allocate arenas of their own and
-/// keeps what is freed in them, so a node at 60,000 leases peaked 20 MB higher under it
+/// jemalloc, not glibc's malloc: glibc gives the threads that allocate arenas of their own and
+/// keeps what is freed in them, so a node at 60,000 leases peaked far above what it held
 /// (docs/decisions.md, "The allocator").
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// `--version`: the crate's version and the git commit it was built from.
 const VERSION: &str = concat!(
