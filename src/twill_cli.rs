@@ -162,6 +162,10 @@ struct RunArgs {
     /// or `auto` (tcx where the kernel has it, else tc).
     #[arg(long, value_name = "tcx|tc|auto", default_value = "auto")]
     bpf_attach: ebpf::AttachMode,
+    /// The eBPF dataplane decapsulates at TC alone, not at XDP on the underlay before GRO
+    /// (where its driver takes native XDP; else at TC anyway).
+    #[arg(long)]
+    no_bpf_xdp: bool,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
     /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
     /// runs on them.
@@ -368,6 +372,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         dataplane: args.dataplane,
         bpf_dir: args.bpf_dir.clone(),
         bpf_attach: args.bpf_attach,
+        bpf_xdp: !args.no_bpf_xdp,
         blackhole_route: args.ip_blackhole_route,
     }
 }

@@ -56,6 +56,9 @@ pub struct NodeOptions {
     pub bpf_dir: PathBuf,
     /// `--bpf-attach`: the eBPF dataplane's programs on tcx links or classic TC filters.
     pub bpf_attach: twill_ebpf::AttachMode,
+    /// Not `--no-bpf-xdp`: the eBPF dataplane decapsulates at XDP on the underlay where its
+    /// driver takes it.
+    pub bpf_xdp: bool,
     /// `--ip-blackhole-route`: a blackhole route for this node's subnets, so that traffic to an
     /// address of ours no container holds is dropped here rather than sent back out.
     pub blackhole_route: bool,
@@ -87,6 +90,7 @@ impl Default for NodeOptions {
             dataplane: DataplaneChoice::default(),
             bpf_dir: DEFAULT_BPF_DIR.into(),
             bpf_attach: twill_ebpf::AttachMode::default(),
+            bpf_xdp: true,
             blackhole_route: false,
         }
     }

@@ -23,11 +23,13 @@ mod device;
 mod filters;
 mod loaded;
 mod maps;
+mod netlink;
 mod object;
 mod peers;
 mod pinned;
 mod pins;
 mod probe;
+mod xdp;
 
 pub use attach::{AttachMode, Hook};
 pub use cleanup::{remove, remove_anyway};
@@ -38,3 +40,4 @@ pub use maps::MAX_PEERS;
 pub use object::Side;
 pub use pinned::PinnedPeers;
 pub use probe::{probe, Unsupported};
+pub use xdp::Ingress;

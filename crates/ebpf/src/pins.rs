@@ -44,6 +44,15 @@ pub(crate) fn link_pin(dir: &Path, side: Side) -> PathBuf {
     dir.join(format!("link_{}", side_name(side)))
 }
 
+/// The pins of the XDP program and its link.
+pub(crate) fn xdp_program_pin(dir: &Path) -> PathBuf {
+    dir.join("prog_xdp_ingress")
+}
+
+pub(crate) fn xdp_link_pin(dir: &Path) -> PathBuf {
+    dir.join("link_xdp_ingress")
+}
+
 fn side_name(side: Side) -> &'static str {
     match side {
         Side::Egress => "egress",
@@ -126,7 +135,8 @@ fn pinned_paths(dir: &Path) -> Vec<PathBuf> {
     let sides = Side::BOTH.into_iter();
     let programs = sides
         .clone()
-        .flat_map(|s| [link_pin(dir, s), program_pin(dir, s)]);
+        .flat_map(|s| [link_pin(dir, s), program_pin(dir, s)])
+        .chain([xdp_link_pin(dir), xdp_program_pin(dir)]);
     programs
         .chain(MAP_NAMES.iter().map(|m| dir.join(m)))
         .collect()
