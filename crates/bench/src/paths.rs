@@ -178,6 +178,7 @@ impl PathLab {
             PathKind::TwillUdp
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
+            | PathKind::TwillEbpfNoXdp
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {
                 let etcd = etcd.insert(etcd_for(&lab)?);

@@ -279,6 +279,7 @@ fn load_and_attach(
         device_mac: device.mac,
         pad: [0; 2],
     })?;
+    crate::wire::like_a_wire(&at.underlay)?;
     let mut adopted = true;
     let mut tc = Side::BOTH.map(|side| (side, 0));
     for (side, id) in &mut tc {

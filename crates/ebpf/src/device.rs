@@ -62,7 +62,10 @@ fn ioctl(
     Ok(())
 }
 
-/// ETHTOOL_GGRO and ETHTOOL_SGRO (linux/ethtool.h), which libc does not name.
+/// ethtool's commands (linux/ethtool.h), which libc does not name.
+const ETHTOOL_GDRVINFO: u32 = 0x03;
+const ETHTOOL_GTXCSUM: u32 = 0x16;
+const ETHTOOL_STXCSUM: u32 = 0x17;
 const ETHTOOL_GGRO: u32 = 0x2b;
 const ETHTOOL_SGRO: u32 = 0x2c;
 
@@ -77,21 +80,44 @@ struct EthtoolValue {
 /// off. A veth has it off, and since Linux 6.6 attaching XDP no longer turns it on: without it
 /// the segments the XDP program decapsulates reach the stack one by one.
 pub(crate) fn ensure_gro(name: &str) -> anyhow::Result<bool> {
+    set_feature(name, (ETHTOOL_GGRO, ETHTOOL_SGRO), true).context("turning GRO on")
+}
+
+/// Turns transmit checksumming off for `name` if it is on (TSO goes with it), as `ethtool -K
+/// name tx off` does; true when it was on.
+pub(crate) fn checksum_in_software(name: &str) -> anyhow::Result<bool> {
+    set_feature(name, (ETHTOOL_GTXCSUM, ETHTOOL_STXCSUM), false)
+        .context("turning transmit checksumming off")
+}
+
+/// Sets the feature that the (get, set) commands read and write to `on`; true when it changed.
+fn set_feature(name: &str, (get, set): (u32, u32), on: bool) -> anyhow::Result<bool> {
     let socket = device_socket()?;
-    let mut value = EthtoolValue {
-        cmd: ETHTOOL_GGRO,
-        data: 0,
-    };
-    ethtool(&socket, name, &mut value).context("reading whether GRO is on")?;
-    if value.data != 0 {
+    let mut value = EthtoolValue { cmd: get, data: 0 };
+    ethtool(&socket, name, &mut value)?;
+    if (value.data != 0) == on {
         return Ok(false);
     }
     value = EthtoolValue {
-        cmd: ETHTOOL_SGRO,
-        data: 1,
+        cmd: set,
+        data: u32::from(on),
     };
-    ethtool(&socket, name, &mut value).context("turning GRO on")?;
+    ethtool(&socket, name, &mut value)?;
     Ok(true)
+}
+
+/// The name of `name`'s driver, as `ethtool -i` gives it (`veth`, `virtio_net`, ...).
+pub(crate) fn driver(name: &str) -> anyhow::Result<String> {
+    // struct ethtool_drvinfo: cmd, then driver[32] and more this does not read.
+    let mut info = [0u32; 49];
+    info[0] = ETHTOOL_GDRVINFO;
+    let mut req = named_ifreq(name)?;
+    req.ifr_ifru.ifru_data = info.as_mut_ptr().cast();
+    ioctl(&device_socket()?, name, libc::SIOCETHTOOL, &mut req)
+        .context("reading the driver's name")?;
+    let bytes: Vec<u8> = info[1..9].iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    Ok(String::from_utf8_lossy(&bytes[..end]).into_owned())
 }
 
 fn ethtool(socket: &OwnedFd, name: &str, value: &mut EthtoolValue) -> anyhow::Result<()> {

@@ -29,6 +29,7 @@ mod peers;
 mod pinned;
 mod pins;
 mod probe;
+mod wire;
 mod xdp;
 
 pub use attach::{AttachMode, Hook};
