@@ -4,7 +4,9 @@
  * is routed: it encapsulates and sends the packet to the peer that owns its destination.
  * twill_ingress runs at the underlay's ingress: it takes only UDP to this node's address and
  * port, checks the datagram as the userspace engine does, decapsulates it and hands the inner
- * packet to the stack as if it had arrived on the dummy device.
+ * packet to the stack as if it had arrived on the dummy device. twill_xdp_ingress, on the
+ * underlay where its driver takes native XDP, does the same to each wire frame before GRO and
+ * passes it up marked; twill_ingress then only moves it into the device.
  *
  * A packet is never dropped without a count under the reason the userspace engine uses. */
 
