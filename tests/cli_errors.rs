@@ -6,7 +6,7 @@ use anyhow::Result;
 use common::TWILL;
 use std::net::UdpSocket;
 use std::process::Command;
-use twill_lab::{Lab, LabSpec};
+use twill_lab::Lab;
 
 /// Run twill in the first host of a fresh lab and return (success, stderr).
 fn twill_in_lab(lab: &Lab, args: &[&str]) -> Result<(bool, String)> {
@@ -18,15 +18,6 @@ fn twill_in_lab(lab: &Lab, args: &[&str]) -> Result<(bool, String)> {
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into(),
     ))
-}
-
-fn lab(tag: &str) -> Result<Lab> {
-    twill_lab::require_root()?;
-    Lab::new(LabSpec {
-        hosts: 2,
-        tag: tag.into(),
-        ..Default::default()
-    })
 }
 
 const STATIC: [&str; 6] = [
@@ -56,7 +47,7 @@ fn assert_fails_with(lab: &Lab, extra: &[&str], expected: &str) -> Result<()> {
 
 #[test]
 fn bad_cidr_names_the_flag() -> Result<()> {
-    let lab = lab("cli-cidr")?;
+    let lab = Lab::of("cli-cidr", 2)?;
     assert_fails_with(
         &lab,
         &["--iface", "eth0", "--subnet", "10.5.1.0/33"],
@@ -66,7 +57,7 @@ fn bad_cidr_names_the_flag() -> Result<()> {
 
 #[test]
 fn tuning_flags_out_of_range_name_the_flag() -> Result<()> {
-    let lab = lab("cli-tune")?;
+    let lab = Lab::of("cli-tune", 2)?;
     let base = ["--iface", "eth0", "--subnet", "10.5.1.0/24"];
     for bad in [["--udp-buffer", "4096"], ["--tun-txqueuelen", "0"]] {
         let args = [base.as_slice(), bad.as_slice()].concat();
@@ -77,7 +68,7 @@ fn tuning_flags_out_of_range_name_the_flag() -> Result<()> {
 
 #[test]
 fn subnet_outside_the_network_is_refused() -> Result<()> {
-    let lab = lab("cli-out")?;
+    let lab = Lab::of("cli-out", 2)?;
     assert_fails_with(
         &lab,
         &["--iface", "eth0", "--subnet", "10.9.1.0/24"],
@@ -87,7 +78,7 @@ fn subnet_outside_the_network_is_refused() -> Result<()> {
 
 #[test]
 fn missing_iface_is_named() -> Result<()> {
-    let lab = lab("cli-if")?;
+    let lab = Lab::of("cli-if", 2)?;
     assert_fails_with(
         &lab,
         &["--iface", "nosuch0", "--subnet", "10.5.1.0/24"],
@@ -97,7 +88,7 @@ fn missing_iface_is_named() -> Result<()> {
 
 #[test]
 fn port_in_use_is_named() -> Result<()> {
-    let lab = lab("cli-port")?;
+    let lab = Lab::of("cli-port", 2)?;
     let host = lab.host(0);
     let blocker = host
         .ns
@@ -113,7 +104,7 @@ fn port_in_use_is_named() -> Result<()> {
 
 #[test]
 fn without_net_admin_it_says_so() -> Result<()> {
-    let lab = lab("cli-cap")?;
+    let lab = Lab::of("cli-cap", 2)?;
     let mut args = vec![
         "--reuid=65534",
         "--regid=65534",
@@ -136,7 +127,7 @@ fn without_net_admin_it_says_so() -> Result<()> {
 
 #[test]
 fn port_zero_is_refused() -> Result<()> {
-    let lab = lab("cli-p0")?;
+    let lab = Lab::of("cli-p0", 2)?;
     assert_fails_with(
         &lab,
         &["--iface", "eth0", "--subnet", "10.5.1.0/24", "--port", "0"],
@@ -146,7 +137,7 @@ fn port_zero_is_refused() -> Result<()> {
 
 #[test]
 fn an_mtu_the_underlay_cannot_carry_is_refused() -> Result<()> {
-    let lab = lab("cli-mtu")?;
+    let lab = Lab::of("cli-mtu", 2)?;
     let base = ["--iface", "eth0", "--subnet", "10.5.1.0/24"];
     for (mtu, expected) in [
         (
@@ -173,7 +164,7 @@ fn an_mtu_the_underlay_cannot_carry_is_refused() -> Result<()> {
 
 #[test]
 fn a_subnet_with_host_bits_is_refused() -> Result<()> {
-    let lab = lab("cli-host")?;
+    let lab = Lab::of("cli-host", 2)?;
     assert_fails_with(
         &lab,
         &["--iface", "eth0", "--subnet", "10.5.1.7/24"],
@@ -183,7 +174,7 @@ fn a_subnet_with_host_bits_is_refused() -> Result<()> {
 
 #[test]
 fn a_peer_at_our_own_address_is_refused() -> Result<()> {
-    let lab = lab("cli-self")?;
+    let lab = Lab::of("cli-self", 2)?;
     assert_fails_with(
         &lab,
         &[
@@ -200,7 +191,7 @@ fn a_peer_at_our_own_address_is_refused() -> Result<()> {
 
 #[test]
 fn no_underlay_without_iface_or_default_route_is_named() -> Result<()> {
-    let lab = lab("cli-route")?;
+    let lab = Lab::of("cli-route", 2)?;
     let args = ["run", "--network", "10.5.0.0/16", "--subnet", "10.5.1.0/24"];
     let (ok, stderr) = twill_in_lab(&lab, &args)?;
     assert!(!ok);
@@ -215,7 +206,7 @@ fn no_underlay_without_iface_or_default_route_is_named() -> Result<()> {
 /// IPv6-only network runs there.
 #[test]
 fn an_interface_without_ipv4_is_named_on_an_ipv4_network() -> Result<()> {
-    let lab = lab("cli-noip4")?;
+    let lab = Lab::of("cli-noip4", 2)?;
     lab.host(0).ns.ip(&["-4", "addr", "flush", "dev", "eth0"])?;
     assert_fails_with(
         &lab,
@@ -231,7 +222,7 @@ type KubeCase<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
 /// net-conf.json, or beside etcd flags: one line each, naming what to fix.
 #[test]
 fn kube_mode_flag_errors_are_named() -> Result<()> {
-    let lab = lab("cli-kube")?;
+    let lab = Lab::of("cli-kube", 2)?;
     let dir = tempfile::tempdir()?;
     let net_conf = dir.path().join("net-conf.json");
     std::fs::write(
@@ -292,7 +283,7 @@ fn kube_mode_flag_errors_are_named() -> Result<()> {
 
 #[test]
 fn an_unusable_public_ipv6_names_the_flag_and_what_it_is() -> Result<()> {
-    let lab = lab("cli-ipv6")?;
+    let lab = Lab::of("cli-ipv6", 2)?;
     for (value, expected) in [
         (
             "fe80::1",

@@ -167,13 +167,7 @@ fn traffic_survives_an_etcd_outage_and_the_watch_resyncs() -> Result<()> {
     std::thread::sleep(Duration::from_secs(10).saturating_sub(outage.elapsed()));
     c.etcd.start()?;
     // A lease written after etcd returns must reach the node through the re-established watch.
-    let unheld = c.unheld_subnet()?;
-    let key = c.lease_key(unheld);
-    c.etcd.etcdctl(&[
-        "put",
-        &key,
-        r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#,
-    ])?;
+    let unheld = c.put_unheld_lease(r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#)?;
     let deadline = Instant::now() + Duration::from_secs(15);
     while !c.peer_subnets(0)?.contains(&unheld.to_string()) {
         assert!(Instant::now() < deadline, "watch did not resync");
@@ -195,13 +189,7 @@ fn a_compaction_under_the_watch_is_recovered() -> Result<()> {
     let rev: serde_json::Value = serde_json::from_str(&rev)?;
     let rev = rev["header"]["revision"].as_u64().context("revision")?;
     c.etcd.etcdctl(&["compact", &rev.to_string()])?;
-    let unheld = c.unheld_subnet()?;
-    let key = c.lease_key(unheld);
-    c.etcd.etcdctl(&[
-        "put",
-        &key,
-        r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#,
-    ])?;
+    let unheld = c.put_unheld_lease(r#"{"PublicIP":"10.200.0.9","PublicIPv6":null}"#)?;
     eventually("lease seen after compaction", || {
         Ok(c.peer_subnets(0)?.contains(&unheld.to_string()))
     })

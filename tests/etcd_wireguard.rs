@@ -113,10 +113,8 @@ fn the_key_file_is_kept_across_restarts_and_a_new_key_rekeys_the_peers() -> Resu
 #[test]
 fn a_lease_with_a_malformed_public_key_is_refused_with_one_warning() -> Result<()> {
     let w = wg::connected("ewgbadk", &wg::config(PSK, ""))?;
-    let unheld = w.c.unheld_subnet()?;
-    let key = w.c.lease_key(unheld);
     let bad = wg::lease_value("10.200.0.9".parse()?, "c2hvcnQ=", wg::PORT);
-    w.c.etcd.etcdctl(&["put", &key, &bad])?;
+    let unheld = w.c.put_unheld_lease(&bad)?;
     eventually("the lease refused", || {
         Ok(status(w.ns(0))?["rejected_leases"]
             .to_string()
@@ -130,7 +128,7 @@ fn a_lease_with_a_malformed_public_key_is_refused_with_one_warning() -> Result<(
         "its PublicKey \"c2hvcnQ=\" is not a WireGuard key: 5 bytes long, a WireGuard key has 32";
     assert_eq!(reason, want);
     // A reconcile (the lease put again unchanged) must not warn a second time.
-    w.c.etcd.etcdctl(&["put", &key, &bad])?;
+    w.c.etcd.etcdctl(&["put", &w.c.lease_key(unheld), &bad])?;
     std::thread::sleep(std::time::Duration::from_millis(300));
     let warnings = w.nodes[0].stderr().matches("c2hvcnQ=").count();
     assert_eq!(warnings, 1, "{}", w.nodes[0].stderr());

@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use twill_control::status::{HEADER_READ_TIMEOUT, MAX_CONNECTIONS};
-use twill_lab::{Host, Lab, LabSpec, Netns, Proc};
+use twill_lab::{Host, Lab, Netns, Proc};
 
 const STATUS_ADDR: &str = "127.0.0.1:9585";
 /// flannel's forward chain, which the node writes with the default flags: `-N` and two rules.
@@ -61,12 +61,7 @@ fn open_files(pid: u32) -> Result<usize> {
 
 #[test]
 fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
-    twill_lab::require_root()?;
-    let lab = Lab::new(LabSpec {
-        hosts: 2,
-        tag: "shealthz".into(),
-        ..Default::default()
-    })?;
+    let lab = Lab::of("shealthz", 2)?;
     let dir = scratch()?;
     let host = lab.host(0);
     let port = host.ns.enter(twill_lab::free_tcp_port)?.to_string();
@@ -288,8 +283,7 @@ fn two_thousand_idle_connections_take_nothing_from_the_node() -> Result<()> {
 
     // ...and so does the lease watch.
     let lease = r#"{"PublicIP":"10.200.0.77","PublicIPv6":null,"BackendType":"udp"}"#;
-    let unheld = c.unheld_subnet()?;
-    c.etcd.etcdctl(&["put", &c.lease_key(unheld), lease])?;
+    let unheld = c.put_unheld_lease(lease)?;
     eventually_within(
         "the new peer in twill status",
         Duration::from_secs(10),

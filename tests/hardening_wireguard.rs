@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use twill_dataplane::engine::wireguard::{
     PrivateKey, PublicKey, Sealed, TunnelParams, WgPeerSpec, WgPeers,
 };
-use twill_lab::{Etcd, KubeApiServer, Lab, LabSpec};
+use twill_lab::{Etcd, KubeApiServer, Lab};
 
 #[test]
 fn a_lease_with_another_nodes_key_is_refused_by_creation_order_until_the_first_goes() -> Result<()>
@@ -67,8 +67,7 @@ fn an_all_zero_public_key_is_refused_naming_it() -> Result<()> {
     let w = wg::connected("hwzero", &wg::config(PSK, ""))?;
     let zero = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
     let bad = wg::lease_value("10.200.0.9".parse()?, zero, wg::PORT);
-    let unheld = w.c.unheld_subnet()?;
-    w.c.etcd.etcdctl(&["put", &w.c.lease_key(unheld), &bad])?;
+    let unheld = w.c.put_unheld_lease(&bad)?;
     let want = format!(
         "its PublicKey \"{zero}\" is not a WireGuard key: all zero or another point of small \
          order, with which no handshake is secret"
@@ -90,32 +89,13 @@ fn a_key_file_that_is_a_device_or_a_fifo_is_refused_at_once_naming_it() -> Resul
     let fifo = fifo.to_str().context("path")?;
     for (file, what) in [("/dev/zero", "a character device"), (fifo, "a FIFO")] {
         let started = Instant::now();
-        let last = failing_start_with_key_file(&c, file)?;
+        let last = c.failing_start_with_env(0, &[("WIREGUARD_KEY_FILE", file)])?;
         let took = started.elapsed();
         let want = format!("the WireGuard key file {file}: it is {what}, not a regular file");
         anyhow::ensure!(last.contains(&want), "{last}");
         anyhow::ensure!(took < Duration::from_secs(1), "{file} took {took:?}");
     }
     Ok(())
-}
-
-/// `twill run` on host 0 with `file` as its key file, which must stop it; its last line.
-fn failing_start_with_key_file(c: &Cluster, file: &str) -> Result<String> {
-    let endpoint = c.etcd.endpoint();
-    let subnet_file = c.subnet_file(0);
-    let args = [
-        "run",
-        "--etcd-endpoints",
-        &endpoint,
-        "--iface",
-        "eth0",
-        "--subnet-file",
-        subnet_file.to_str().context("path")?,
-    ];
-    let env = [("WIREGUARD_KEY_FILE", file)];
-    let mut node = c.lab.host(0).ns.spawn_with(TWILL, &args, &env)?;
-    let stderr = node.failure_within(Duration::from_secs(10), "twill kept running")?;
-    Ok(stderr.lines().last().unwrap_or_default().to_string())
 }
 
 #[test]
@@ -278,12 +258,7 @@ fn two_nodes_behind_one_nat_publish_one_address_and_both_carry_traffic() -> Resu
 /// behind a NAT: the bridge's namespace routes between the underlay (where it is 10.200.0.254)
 /// and a LAN 192.168.60.0/24 of its own, and masquerades the LAN behind its underlay address.
 fn nat_cluster(tag: &str) -> Result<KubeCluster> {
-    twill_lab::require_root()?;
-    let lab = Lab::new(LabSpec {
-        hosts: 3,
-        tag: tag.into(),
-        ..Default::default()
-    })?;
+    let lab = Lab::of(tag, 3)?;
     let control = lab.host(0);
     let etcd = Etcd::listening(Some(&control.ns), control.underlay_ip)?;
     let api = KubeApiServer::start(Some(&control.ns), control.underlay_ip, &etcd)?;

@@ -6,7 +6,7 @@
 
 mod common;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use common::cluster::*;
 use common::hostile6::{self, fake_dual_stack_peer, malformed6, Fake6, Underlay, FAKE_SUBNET6};
 use common::*;
@@ -63,18 +63,7 @@ fn survive(
     // A flood that overflowed the receive buffer never reached twill: count what arrived.
     let overflowed = udp_receive_errors(host_a)? - before;
     *expected.entry(flood_reason).or_default() += FLOOD - overflowed;
-    let counted = eventually("drop counters", || {
-        let s = status(host_a)?;
-        Ok(expected
-            .iter()
-            .all(|(reason, n)| s["counters"]["drops"][reason].as_u64() == Some(*n)))
-    });
-    counted.with_context(|| {
-        format!(
-            "want {expected:?}, have {}",
-            status(host_a).unwrap_or_default()
-        )
-    })?;
+    wait_for_drops(host_a, &expected)?;
     tcp_transfer_intact(pair.container(0), pair.container(1), 8 << 20)?;
     tcp_transfer_intact(pair.container(1), pair.container(0), 8 << 20)?;
     Ok(())

@@ -3,7 +3,7 @@
 use super::*;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use twill_lab::{Etcd, Ipv4Net, Lab, LabSpec, Proc};
+use twill_lab::{Etcd, Ipv4Net, Lab, Proc};
 
 pub const PREFIX: &str = "/coreos.com/network";
 pub const UDP_CONFIG: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp"}}"#;
@@ -40,21 +40,12 @@ pub struct Cluster {
 }
 
 pub fn cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
-    cluster_on(lab(tag, hosts)?, config)
+    cluster_on(Lab::of(tag, hosts)?, config)
 }
 
 /// [`cluster`] whose hosts also have an IPv6 underlay (fd00:200::<n>/64 on eth0).
 pub fn dual_stack_cluster(tag: &str, hosts: usize, config: &str) -> Result<Cluster> {
-    cluster_on(lab(tag, hosts)?.with_ipv6_underlay()?, config)
-}
-
-fn lab(tag: &str, hosts: usize) -> Result<Lab> {
-    twill_lab::require_root()?;
-    Lab::new(LabSpec {
-        hosts,
-        tag: tag.into(),
-        ..Default::default()
-    })
+    cluster_on(Lab::of(tag, hosts)?.with_ipv6_underlay()?, config)
 }
 
 fn cluster_on(lab: Lab, config: &str) -> Result<Cluster> {
@@ -143,6 +134,15 @@ impl Cluster {
             .context("every subnet of 10.5.0.0/16 is held")
     }
 
+    /// Writes `lease` (its JSON) for an [`unheld_subnet`](Cluster::unheld_subnet), as another
+    /// node would; the subnet it took.
+    pub fn put_unheld_lease(&self, lease: &str) -> Result<Ipv4Net> {
+        let unheld = self.unheld_subnet()?;
+        self.etcd
+            .etcdctl(&["put", &self.lease_key(unheld), lease])?;
+        Ok(unheld)
+    }
+
     pub fn add_container(&mut self, host: usize) -> Result<()> {
         let subnet = self.subnet(host)?;
         self.lab.host_mut(host).add_container(subnet)?;
@@ -159,6 +159,11 @@ impl Cluster {
 
     /// Start a node that must refuse to run, and return the last line it printed.
     pub fn failing_start(&self, host: usize) -> Result<String> {
+        self.failing_start_with_env(host, &[])
+    }
+
+    /// [`Cluster::failing_start`] with extra environment variables.
+    pub fn failing_start_with_env(&self, host: usize, env: &[(&str, &str)]) -> Result<String> {
         let endpoint = self.etcd.endpoint();
         let file = self.subnet_file(host);
         let args = [
@@ -170,7 +175,7 @@ impl Cluster {
             "--subnet-file",
             file.to_str().context("path")?,
         ];
-        let mut node = self.lab.host(host).ns.spawn(TWILL, &args)?;
+        let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, env)?;
         let stderr =
             node.failure_within(std::time::Duration::from_secs(10), "twill kept running")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())

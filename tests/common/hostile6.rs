@@ -5,7 +5,7 @@
 //! 0's container (a socket there counts what arrives).
 
 use super::cluster::{dual_stack_cluster, Cluster, PREFIX};
-use super::{eventually, status, tcp_transfer6_intact};
+use super::{eventually, tcp_transfer6_intact, wait_for_drops};
 use anyhow::{ensure, Context, Result};
 use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
@@ -126,18 +126,7 @@ impl Fake6 {
             })?;
             receiver.join().expect("receiver thread")
         })?;
-        let counted = eventually("drop counters", || {
-            let s = status(&host0.ns)?;
-            Ok(expected
-                .iter()
-                .all(|(reason, n)| s["counters"]["drops"][reason].as_u64() == Some(*n)))
-        });
-        counted.with_context(|| {
-            format!(
-                "want {expected:?}, have {}",
-                status(&host0.ns).unwrap_or_default()
-            )
-        })?;
+        wait_for_drops(&host0.ns, expected)?;
         ensure!(
             arrived == delivered,
             "{arrived} packets reached the container, not {delivered}"

@@ -5,7 +5,7 @@
 use super::*;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
-use twill_lab::{Etcd, Ipv4Net, Ipv6Net, KubeApiServer, Lab, LabSpec, Proc};
+use twill_lab::{Etcd, Ipv4Net, Ipv6Net, KubeApiServer, Lab, Proc};
 
 pub const NETWORK: &str = "10.5.0.0/16";
 pub const IPV6_NETWORK: &str = "fd10::/56";
@@ -43,21 +43,12 @@ pub fn kube_cluster_with(
     conf: &str,
     api_args: &[&str],
 ) -> Result<KubeCluster> {
-    kube_cluster_on(lab(tag, hosts)?, hosts, conf, api_args)
+    kube_cluster_on(Lab::of(tag, hosts)?, hosts, conf, api_args)
 }
 
 /// [`kube_cluster`] whose hosts also have an IPv6 underlay (fd00:200::<n>/64 on eth0).
 pub fn dual_stack_kube_cluster(tag: &str, hosts: usize, conf: &str) -> Result<KubeCluster> {
-    kube_cluster_on(lab(tag, hosts)?.with_ipv6_underlay()?, hosts, conf, &[])
-}
-
-fn lab(tag: &str, hosts: usize) -> Result<Lab> {
-    twill_lab::require_root()?;
-    Lab::new(LabSpec {
-        hosts,
-        tag: tag.into(),
-        ..Default::default()
-    })
+    kube_cluster_on(Lab::of(tag, hosts)?.with_ipv6_underlay()?, hosts, conf, &[])
 }
 
 fn kube_cluster_on(lab: Lab, hosts: usize, conf: &str, api_args: &[&str]) -> Result<KubeCluster> {

@@ -18,7 +18,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use twill_lab::{Container, Host, Lab, LabSpec, Netns, Proc};
+use twill_lab::{Container, Host, Lab, Netns, Proc};
 
 pub const TWILL: &str = env!("CARGO_BIN_EXE_twill");
 
@@ -101,6 +101,17 @@ pub fn drops(ns: &Netns, reason: &str) -> Result<u64> {
     s["counters"]["drops"][reason]
         .as_u64()
         .with_context(|| format!("no drop counter {reason} in {s}"))
+}
+
+/// Wait until `twill status` counts exactly `expected` drops for each of its reasons.
+pub fn wait_for_drops(ns: &Netns, expected: &std::collections::BTreeMap<&str, u64>) -> Result<()> {
+    let counted = eventually("drop counters", || {
+        let s = status(ns)?;
+        Ok(expected
+            .iter()
+            .all(|(reason, n)| s["counters"]["drops"][reason].as_u64() == Some(*n)))
+    });
+    counted.with_context(|| format!("want {expected:?}, have {}", status(ns).unwrap_or_default()))
 }
 
 /// Delete the route `network dev device` in `ns` and wait until the node put it back: a guarded
@@ -270,12 +281,7 @@ pub fn start_pair(tag: &str, args: &[&str], extra_peer: Option<&str>) -> Result<
 
 /// [`start_pair`] with different arguments for host 0 and host 1.
 pub fn start_pair_with(tag: &str, args: [&[&str]; 2], extra_peer: Option<&str>) -> Result<Pair> {
-    twill_lab::require_root()?;
-    let mut lab = Lab::new(LabSpec {
-        hosts: 2,
-        tag: tag.into(),
-        ..Default::default()
-    })?;
+    let mut lab = Lab::of(tag, 2)?;
     for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
         lab.host_mut(i).add_container(subnet.parse()?)?;
     }

@@ -150,7 +150,7 @@ async fn join<R: Registry, S: Setup>(
     let rules = traffic::Rules::prepare(traffic, &node.config, node.status.clone()).await?;
     // Acquiring waits for etcd as long as it takes; a stop signal must still end it.
     let (lease, events) = tokio::select! {
-        started = registry.start(setup.lease_attrs(node.public_ip)) => started?,
+        started = registry.start(setup.lease_attrs(node.public_addrs)) => started?,
         () = &mut shutdown => {
             tracing::info!("stopped before a lease was held");
             return Ok(());
@@ -162,8 +162,8 @@ async fn join<R: Registry, S: Setup>(
     upkeep.sweep().await;
     let rules = rules.install(&node.config, &lease).await?;
     let blackholes = node.options.blackhole_route.then(|| {
-        let subnets = lease.ipv4_subnet().map(IpNet::V4).into_iter();
-        let subnets = subnets.chain(lease.ipv6_subnet.map(IpNet::V6)).collect();
+        let subnets = lease.subnets.v4().map(IpNet::V4).into_iter();
+        let subnets = subnets.chain(lease.subnets.v6().map(IpNet::V6)).collect();
         blackhole::keep(subnets, node.options.traffic.resync)
     });
     if let Err(e) = write_subnet_env(node, &lease, backend.mtu()) {
@@ -173,8 +173,8 @@ async fn join<R: Registry, S: Setup>(
     }
     tracing::info!(
         subnet = %lease.id(),
-        ipv6_subnet = ?lease.ipv6_subnet,
-        public_ip = %node.public_ip,
+        ipv6_subnet = ?lease.subnets.v6(),
+        public_ip = %node.public_addrs,
         "lease acquired; forwarding"
     );
     announce_ready(node, on_ready);
@@ -229,7 +229,7 @@ fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> 
 fn ipv4_env(node: &Node, lease: &Lease) -> Option<Ipv4Env> {
     Some(Ipv4Env {
         network: node.config.ipv4.as_ref()?.network,
-        subnet: lease.ipv4_subnet()?,
+        subnet: lease.subnets.v4()?,
     })
 }
 
@@ -237,7 +237,7 @@ fn ipv4_env(node: &Node, lease: &Lease) -> Option<Ipv4Env> {
 fn ipv6_env(node: &Node, lease: &Lease) -> Option<Ipv6Env> {
     Some(Ipv6Env {
         network: node.config.ipv6.as_ref()?.network,
-        subnet: lease.ipv6_subnet?,
+        subnet: lease.subnets.v6()?,
     })
 }
 
@@ -402,7 +402,7 @@ fn on_node_event(node: &Node, own: &Lease, event: &LeaseEvent) -> Option<anyhow:
             return Some(Err(anyhow::anyhow!(
                 "our lease {} was taken over by the node at {}; this host's containers are numbered from it, so twill stops instead of taking another subnet (restart it to acquire a new one, and restart the containers)",
                 own.id(),
-                holder.public_ip
+                holder.public_addrs
             )))
         }
         LeaseEvent::OwnLeaseGone(why) => {

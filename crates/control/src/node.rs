@@ -3,10 +3,12 @@
 
 use crate::config::Config;
 use crate::host::{self, Interface, InterfaceChoice};
+use crate::lease::PublicAddrs;
 use crate::lease_check::unusable_ipv6;
 use crate::registry::Remembered;
 use crate::status::{NodeStatus, StatusAddr};
 use crate::traffic::TrafficOptions;
+use anyhow::Context;
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -109,11 +111,10 @@ pub struct Node {
     /// The network config every node shares.
     pub config: Config,
     pub iface: Interface,
-    /// The address peers reach us at (`--public-ip`, else the interface's address).
-    pub public_ip: Ipv4Addr,
-    /// On a dual-stack network, the IPv6 address peers reach us at (`--public-ipv6`, else the
-    /// interface's, [`Interface::ipv6`]); `None` when the config does not enable IPv6.
-    pub public_ipv6: Option<Ipv6Addr>,
+    /// The addresses peers reach us at: on a network with IPv4, `--public-ip`, else the
+    /// interface's address; on one with IPv6, `--public-ipv6`, else the interface's
+    /// ([`Interface::ipv6`]).
+    pub public_addrs: PublicAddrs,
     pub status: Arc<NodeStatus>,
     /// What the registry kept of this node from before (its vxlan VtepMACs).
     pub remembered: Remembered,
@@ -143,34 +144,35 @@ impl Node {
         );
         let public_ip = public_ip(&options, &config, &iface)?;
         let public_ipv6 = public_ipv6(&options, &config, &iface)?;
+        let public_addrs = PublicAddrs::from_parts(public_ip, public_ipv6)
+            .context("the network config enables neither IPv4 nor IPv6")?;
         Ok(Node {
             status,
             remembered,
             options,
             config,
             iface,
-            public_ip,
-            public_ipv6,
+            public_addrs,
         })
     }
 }
 
-/// The PublicIP of our lease: `--public-ip`, else the interface's address; on an IPv6-only
-/// network 0.0.0.0, as flanneld writes it there.
+/// The PublicIP of our lease: `--public-ip`, else the interface's address; none on an
+/// IPv6-only network.
 fn public_ip(
     options: &NodeOptions,
     config: &Config,
     iface: &Interface,
-) -> anyhow::Result<Ipv4Addr> {
+) -> anyhow::Result<Option<Ipv4Addr>> {
     if config.ipv4.is_some() {
-        return options.public_ip.map_or_else(|| iface.ipv4(), Ok);
+        return options.public_ip.map_or_else(|| iface.ipv4(), Ok).map(Some);
     }
     if let Some(ip) = options.public_ip {
         tracing::warn!(
             "--public-ip {ip} is ignored: the network config is IPv6-only (EnableIPv4 false)"
         );
     }
-    Ok(Ipv4Addr::UNSPECIFIED)
+    Ok(None)
 }
 
 /// A dual-stack node's PublicIPv6: `--public-ipv6`, else the interface's IPv6 address, as

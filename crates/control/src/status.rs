@@ -284,7 +284,7 @@ impl NodeStatus {
 fn lease_json(lease: &Lease) -> Value {
     json!({
         "subnet": lease.id().to_string(),
-        "public_ip": lease.public_ip.to_string(),
+        "public_ip": lease.public_addrs.v4().map(|ip| ip.to_string()),
         "backend_type": lease.backend_type.as_deref(),
     })
 }
@@ -293,7 +293,7 @@ fn refused_json(namer: &LeaseNamer, refused: &Refused) -> Value {
     json!({
         "key": namer.name(&refused.lease),
         "subnet": refused.lease.id().to_string(),
-        "public_ip": refused.lease.public_ip.to_string(),
+        "public_ip": refused.lease.public_addrs.v4().map(|ip| ip.to_string()),
         "reason": refused.reason.to_string(),
     })
 }

@@ -59,7 +59,7 @@ fn node_in(
             Default::default(),
         )
         .await
-        .map(|node| (node.iface, node.public_ipv6))
+        .map(|node| (node.iface, node.public_addrs.v6()))
         .map_err(|e| format!("{e:#}"))
     })
 }

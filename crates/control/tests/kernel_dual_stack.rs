@@ -39,14 +39,14 @@ fn dual_lease([subnet, subnet6, ip, ip6]: [&str; 4], backend: &str) -> Lease {
 /// A dual-stack vxlan node's device set-up: both devices, and its lease as it would write it.
 fn vxlan_lease(ns: &Netns, host: [&str; 4]) -> Lease {
     let config = ns.dual_stack_config(false, host[3]);
-    let public_ip = host[2].parse().unwrap();
+    let public_ip: std::net::Ipv4Addr = host[2].parse().unwrap();
     let attrs = ns.block_on(move || async move {
         let dev = VxlanDevice::ensure(&config, VxlanConfig::default(), VtepMacs::default())
             .await
             .unwrap();
-        dev.lease_attrs(public_ip)
+        dev.lease_attrs(public_ip.into())
     });
-    let own = Lease::new(host[0].parse().unwrap(), attrs);
+    let own = Lease::new(host[0].parse::<ipnet::Ipv4Net>().unwrap(), attrs);
     own.with_ipv6_subnet(host[1].parse().unwrap())
 }
 
@@ -125,7 +125,10 @@ fn vxlan_gives_each_peer_flannels_ipv6_device_state_and_pings_both_families(mode
         format!(r#"{{"VNI":1,"VtepMAC":"{}"}}"#, mac6_of(&lease_a)),
         "flanneld's BackendV6Data"
     );
-    assert_eq!(lease_a.public_ipv6, Some("fd00:200::1".parse().unwrap()));
+    assert_eq!(
+        lease_a.public_addrs.v6(),
+        Some("fd00:200::1".parse().unwrap())
+    );
     let (la, lb) = (lease_a.clone(), lease_b.clone());
     on_vxlan_node(
         &a,

@@ -34,17 +34,23 @@ async fn two_registries_get_distinct_leases_in_flannels_format() {
     etcd.put_config(CONFIG).await;
     let (a, _a_events) = start(&etcd, LeaseAttrs::host_gw(ip(1))).await;
     let (b, _b_events) = start(&etcd, LeaseAttrs::host_gw(ip(2))).await;
-    assert_ne!(a.subnet, b.subnet);
+    assert_ne!(a.subnets.v4().unwrap(), b.subnets.v4().unwrap());
     for lease in [&a, &b] {
-        assert_eq!(lease.subnet.prefix_len(), 24);
-        assert!(net("10.5.0.0/16").contains(&lease.subnet) && lease.subnet != net("10.5.0.0/24"));
-        let key = format!("{PREFIX}/subnets/{}-24", lease.subnet.network());
+        assert_eq!(lease.subnets.v4().unwrap().prefix_len(), 24);
+        assert!(
+            net("10.5.0.0/16").contains(&lease.subnets.v4().unwrap())
+                && lease.subnets.v4().unwrap() != net("10.5.0.0/24")
+        );
+        let key = format!(
+            "{PREFIX}/subnets/{}-24",
+            lease.subnets.v4().unwrap().network()
+        );
         let (value, etcd_lease) = get(&mut etcd.client().await, &key)
             .await
             .expect("lease key written");
         let want = format!(
             r#"{{"PublicIP":"{}","PublicIPv6":null,"BackendType":"host-gw"}}"#,
-            lease.public_ip
+            lease.public_addrs.v4().unwrap()
         );
         assert_eq!(value, want);
         let ttl = etcd
@@ -72,7 +78,7 @@ async fn restarted_registry_keeps_its_subnet_with_a_fresh_ttl() {
     let (_, _other) = start(&etcd, LeaseAttrs::host_gw(ip(2))).await;
 
     let (again, _events) = start(&etcd, LeaseAttrs::vxlan(ip(1), 1, "aa:aa:aa:aa:aa:02")).await;
-    assert_eq!(again.subnet, first.subnet);
+    assert_eq!(again.subnets.v4().unwrap(), first.subnets.v4().unwrap());
     let (value, etcd_lease) = get(&mut etcd.client().await, &key).await.unwrap();
     assert_ne!(
         etcd_lease, first_etcd_lease,
@@ -92,16 +98,20 @@ async fn subnet_file_subnet_is_preferred_when_free() {
     let (a, _a) = start_preferring(&etcd, LeaseAttrs::host_gw(ip(1)), Some(wanted))
         .await
         .unwrap();
-    assert_eq!(a.subnet, wanted);
+    assert_eq!(a.subnets.v4().unwrap(), wanted);
     let (b, _b) = start_preferring(&etcd, LeaseAttrs::host_gw(ip(2)), Some(wanted))
         .await
         .unwrap();
-    assert_ne!(b.subnet, wanted, "a taken subnet-file subnet is not stolen");
+    assert_ne!(
+        b.subnets.v4().unwrap(),
+        wanted,
+        "a taken subnet-file subnet is not stolen"
+    );
     let outside = net("10.9.1.0/24");
     let (c, _c) = start_preferring(&etcd, LeaseAttrs::host_gw(ip(3)), Some(outside))
         .await
         .unwrap();
-    assert!(net("10.5.0.0/16").contains(&c.subnet));
+    assert!(net("10.5.0.0/16").contains(&c.subnets.v4().unwrap()));
 }
 
 #[tokio::test]
@@ -116,7 +126,7 @@ async fn lease_of_our_ip_outside_the_config_is_replaced() {
         .await
         .unwrap();
     let (lease, _events) = start(&etcd, LeaseAttrs::udp(ip(1))).await;
-    assert!(lease.subnet.network() >= "10.5.10.0".parse::<Ipv4Addr>().unwrap());
+    assert!(lease.subnets.v4().unwrap().network() >= "10.5.10.0".parse::<Ipv4Addr>().unwrap());
     assert_eq!(
         get(&mut client, &stale).await,
         None,
@@ -141,7 +151,11 @@ async fn lost_create_race_is_retried() {
             start_preferring(&etcd, LeaseAttrs::udp(ip(2)), Some(contested)),
         );
         let (a, b) = (a.unwrap().0, b.unwrap().0);
-        assert_ne!(a.subnet, b.subnet, "round {round}");
+        assert_ne!(
+            a.subnets.v4().unwrap(),
+            b.subnets.v4().unwrap(),
+            "round {round}"
+        );
         if logs.text().contains("lost the race for 10.5.0.4/30") {
             return;
         }
@@ -174,7 +188,7 @@ async fn with_one_free_subnet_one_contender_wins_and_the_other_says_why() {
             b.map(|x| x.0)
         ),
     };
-    assert_eq!(won.subnet, net("10.5.0.4/30"));
+    assert_eq!(won.subnets.v4().unwrap(), net("10.5.0.4/30"));
     assert_eq!(
         lost.to_string(),
         "no free subnet left between SubnetMin 10.5.0.4 and SubnetMax 10.5.0.4 of network 10.5.0.0/28"

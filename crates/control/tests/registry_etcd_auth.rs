@@ -21,7 +21,9 @@ async fn tls_with_client_certificates() {
         .expect("TLS connect hangs")
         .unwrap();
     let (lease, _events) = registry
-        .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
+        .start(LeaseAttrs::udp(
+            "127.0.0.1".parse::<std::net::Ipv4Addr>().unwrap(),
+        ))
         .await
         .unwrap();
     let mut client = etcd.client().await;
@@ -48,7 +50,9 @@ async fn username_and_password() {
     opts.timing.renew_margin = Duration::from_secs(2);
     let registry = EtcdRegistry::connect(opts.clone()).await.unwrap();
     let (own, mut events) = registry
-        .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
+        .start(LeaseAttrs::udp(
+            "127.0.0.1".parse::<std::net::Ipv4Addr>().unwrap(),
+        ))
         .await
         .unwrap();
     common::next_event(&mut events, Duration::from_secs(5)).await;
@@ -62,8 +66,8 @@ async fn username_and_password() {
         .await
         .unwrap();
     let peer = Lease::new(
-        "10.5.99.0/24".parse().unwrap(),
-        LeaseAttrs::udp("127.0.0.2".parse().unwrap()),
+        "10.5.99.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+        LeaseAttrs::udp("127.0.0.2".parse::<std::net::Ipv4Addr>().unwrap()),
     );
     admin
         .put(peer.key(common::PREFIX), peer.to_json(), None)

@@ -51,11 +51,11 @@ async fn lease_keys(etcd: &Etcd) -> Vec<String> {
 
 /// `10.5.8.0-24&fd10:0:0:8::-64`: the key name of a lease, as flanneld writes it.
 fn key_name(lease: &Lease) -> String {
-    let v6 = lease.ipv6_subnet.expect("a dual-stack lease");
+    let v6 = lease.subnets.v6().expect("a dual-stack lease");
     format!(
         "{}-{}&{}-{}",
-        lease.subnet.network(),
-        lease.subnet.prefix_len(),
+        lease.subnets.v4().unwrap().network(),
+        lease.subnets.v4().unwrap().prefix_len(),
         v6.network(),
         v6.prefix_len()
     )
@@ -67,11 +67,11 @@ async fn dual_stack_nodes_get_distinct_subnets_of_both_families_in_one_key() {
     etcd.put_config(CONFIG).await;
     let (a, _a_events) = start(&etcd, dual(1)).await;
     let (b, _b_events) = start(&etcd, dual(2)).await;
-    let (a6, b6) = (a.ipv6_subnet.unwrap(), b.ipv6_subnet.unwrap());
-    assert_ne!(a.subnet, b.subnet);
+    let (a6, b6) = (a.subnets.v6().unwrap(), b.subnets.v6().unwrap());
+    assert_ne!(a.subnets.v4().unwrap(), b.subnets.v4().unwrap());
     assert_ne!(a6, b6);
     for (lease, v6) in [(&a, a6), (&b, b6)] {
-        assert_eq!(lease.subnet.prefix_len(), 24);
+        assert_eq!(lease.subnets.v4().unwrap().prefix_len(), 24);
         assert_eq!(v6.prefix_len(), 64);
         assert!(
             net6("fd10::/48").contains(&v6) && v6 != net6("fd10::/64"),
@@ -107,8 +107,8 @@ async fn a_restart_with_the_same_public_ip_reuses_both_subnets() {
     let moved = LeaseAttrs::host_gw(ip(1)).with_ipv6(ip6(0x11), None);
     let (again, _events) = start(&etcd, moved).await;
     assert_eq!(
-        (again.subnet, again.ipv6_subnet),
-        (first.subnet, first.ipv6_subnet)
+        (again.subnets.v4().unwrap(), again.subnets.v6()),
+        (first.subnets.v4().unwrap(), first.subnets.v6())
     );
     let (value, _) = get(&mut etcd.client().await, &first.key(PREFIX))
         .await
@@ -128,14 +128,17 @@ async fn the_previous_subnets_are_preferred_as_a_pair_when_free() {
     assert_eq!(key_name(&a), "10.5.77.0-24&fd10:0:0:77::-64");
     // Taken now: the next node with the same subnet.env draws others.
     let (b, _b) = start_with(opts.clone(), dual(2)).await.unwrap();
-    assert_ne!(b.subnet, a.subnet);
-    assert_ne!(b.ipv6_subnet, a.ipv6_subnet);
+    assert_ne!(b.subnets.v4().unwrap(), a.subnets.v4().unwrap());
+    assert_ne!(b.subnets.v6(), a.subnets.v6());
     // Without its IPv6 half the pair does not fit a dual-stack network (flanneld ignores it);
     // 10.5.200.0 lies past the first 100 free subnets, so a random pick never lands on it.
     opts.previous_subnet = Some("10.5.200.0/24".parse().unwrap());
     opts.previous_ipv6_subnet = None;
     let (c, _c) = start_with(opts, dual(3)).await.unwrap();
-    assert_ne!(c.subnet, "10.5.200.0/24".parse::<Ipv4Net>().unwrap());
+    assert_ne!(
+        c.subnets.v4().unwrap(),
+        "10.5.200.0/24".parse::<Ipv4Net>().unwrap()
+    );
 }
 
 #[tokio::test]
@@ -148,7 +151,7 @@ async fn a_changed_ipv6_network_makes_the_old_lease_misfit_and_it_is_replaced() 
         .await;
     let (new, _events) = start(&etcd, dual(1)).await;
     assert!(
-        net6("fd20::/48").contains(&new.ipv6_subnet.unwrap()),
+        net6("fd20::/48").contains(&new.subnets.v6().unwrap()),
         "{new:?}"
     );
     assert_eq!(
@@ -172,7 +175,7 @@ async fn a_lease_of_our_ip_in_the_other_stack_is_replaced() {
         .unwrap();
     let (lease, events) = start(&etcd, dual(1)).await;
     drop(events);
-    assert!(lease.ipv6_subnet.is_some());
+    assert!(lease.subnets.v6().is_some());
     assert_eq!(lease_keys(&etcd).await, [key_name(&lease)]);
     // And back: a dual-stack key of our IP on an IPv4-only network does not fit either.
     etcd.put_config(r#"{"Network":"10.5.0.0/16","Backend":{"Type":"host-gw"}}"#)
@@ -180,10 +183,10 @@ async fn a_lease_of_our_ip_in_the_other_stack_is_replaced() {
     let (v4, _events) = start_with(etcd.options(), LeaseAttrs::host_gw(ip(1)))
         .await
         .unwrap();
-    assert_eq!(v4.ipv6_subnet, None);
+    assert_eq!(v4.subnets.v6(), None);
     assert_eq!(
         lease_keys(&etcd).await,
-        [format!("{}-24", v4.subnet.network())]
+        [format!("{}-24", v4.subnets.v4().unwrap().network())]
     );
 }
 
@@ -197,7 +200,7 @@ async fn running_out_of_ipv6_subnets_says_so() {
     ))
     .await;
     let (a, _a) = start(&etcd, dual(1)).await;
-    assert_eq!(a.ipv6_subnet, Some(net6("fd10:0:0:5::/64")));
+    assert_eq!(a.subnets.v6(), Some(net6("fd10:0:0:5::/64")));
     let err = start_with(etcd.options(), dual(2)).await.unwrap_err();
     assert_eq!(
         err.to_string(),

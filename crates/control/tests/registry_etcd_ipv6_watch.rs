@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    assert_reacquired_after_its_key_is_deleted, get, ip, next_event, snapshot, start_with, Etcd,
-    PREFIX, SECOND,
+    assert_reacquired_after_its_key_is_deleted, assert_renewed_under_its_key, ip, next_event,
+    snapshot, start_with, Etcd, PREFIX, SECOND,
 };
 use std::net::Ipv6Addr;
 use tokio::sync::mpsc::Receiver;
@@ -44,12 +44,18 @@ async fn flanneld_dual_stack_leases_are_read_and_their_put_and_delete_reach_the_
     let [flanneld] = &listed[..] else {
         panic!("expected flanneld's lease alone, got {listed:?}");
     };
-    assert_eq!(flanneld.subnet, "10.5.1.0/24".parse().unwrap());
     assert_eq!(
-        flanneld.ipv6_subnet,
+        flanneld.subnets.v4().unwrap(),
+        "10.5.1.0/24".parse().unwrap()
+    );
+    assert_eq!(
+        flanneld.subnets.v6(),
         Some("fd10:0:0:1::/64".parse().unwrap())
     );
-    assert_eq!(flanneld.public_ipv6, Some("fd00:200::9".parse().unwrap()));
+    assert_eq!(
+        flanneld.public_addrs.v6(),
+        Some("fd00:200::9".parse().unwrap())
+    );
     let v6_data = flanneld.backend_v6_data.as_ref().expect("BackendV6Data");
     assert_eq!(v6_data.get("VtepMAC").unwrap(), "d6:60:f1:85:5a:fd");
     assert_eq!(
@@ -73,7 +79,7 @@ async fn flanneld_dual_stack_leases_are_read_and_their_put_and_delete_reach_the_
     let LeaseEvent::Added(added) = next_event(&mut events, 5 * SECOND).await else {
         panic!("expected Added");
     };
-    assert_eq!(added.ipv6_subnet, Some("fd10:0:0:2::/64".parse().unwrap()));
+    assert_eq!(added.subnets.v6(), Some("fd10:0:0:2::/64".parse().unwrap()));
     assert_eq!(added.key(PREFIX), second_key);
     client.delete(key, None).await.unwrap();
     assert_eq!(
@@ -94,7 +100,7 @@ async fn dual_stack_peers_are_reported_with_their_ipv6_subnets() {
     let (a, mut a_events) = start(&etcd, 1).await;
     assert_eq!(snapshot(next_event(&mut a_events, 5 * SECOND).await), []);
     let (b, mut b_events) = start(&etcd, 2).await;
-    assert!(b.ipv6_subnet.is_some());
+    assert!(b.subnets.v6().is_some());
     assert_eq!(
         next_event(&mut a_events, 5 * SECOND).await,
         LeaseEvent::Added(b.clone())
@@ -115,37 +121,7 @@ async fn dual_stack_peers_are_reported_with_their_ipv6_subnets() {
 async fn a_dual_stack_lease_is_renewed_under_its_key() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
-    let mut opts = etcd.options();
-    opts.timing.lease_ttl = 3 * SECOND;
-    opts.timing.renew_margin = 2 * SECOND;
-    let (a, _events) = start_with(opts, dual(1)).await.unwrap();
-    let (_, mut b_events) = start(&etcd, 2).await;
-    snapshot(next_event(&mut b_events, 5 * SECOND).await);
-    let mut client = etcd.client().await;
-    let (_, first) = get(&mut client, &a.key(PREFIX)).await.unwrap();
-
-    // Three TTLs: without renewal the key would be gone.
-    tokio::time::sleep(9 * SECOND).await;
-    let (value, now) = get(&mut client, &a.key(PREFIX))
-        .await
-        .expect("renewed key still there");
-    assert_eq!(value, a.to_json());
-    assert_ne!(now, first, "each renewal puts the key on a new etcd lease");
-    let opts = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_count_only();
-    let count = client
-        .get(format!("{PREFIX}/subnets/"), Some(opts))
-        .await
-        .unwrap()
-        .count();
-    assert_eq!(count, 2, "renewal wrote no second key");
-    while let Ok(event) = b_events.try_recv() {
-        assert!(
-            !matches!(event, LeaseEvent::Removed(_)),
-            "peer saw our lease vanish: {event:?}"
-        );
-    }
+    assert_renewed_under_its_key(&etcd, dual(1), dual(2)).await;
 }
 
 #[tokio::test]
@@ -154,7 +130,7 @@ async fn a_deleted_dual_stack_key_is_reacquired_with_both_subnets() {
     etcd.put_config(CONFIG).await;
     let (a, mut events) = start(&etcd, 1).await;
     snapshot(next_event(&mut events, 5 * SECOND).await);
-    assert!(a.ipv6_subnet.is_some(), "{a:?}");
+    assert!(a.subnets.v6().is_some(), "{a:?}");
     assert_reacquired_after_its_key_is_deleted(&etcd, &a, &mut events).await;
 }
 

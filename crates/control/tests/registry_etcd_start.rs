@@ -111,8 +111,10 @@ async fn unreachable_etcd_at_start_is_retried_until_it_comes_up() {
         "10.5.0.0/16".parse().unwrap()
     );
     let (lease, _events) = registry
-        .start(LeaseAttrs::udp("127.0.0.1".parse().unwrap()))
+        .start(LeaseAttrs::udp(
+            "127.0.0.1".parse::<std::net::Ipv4Addr>().unwrap(),
+        ))
         .await
         .unwrap();
-    assert_eq!(lease.subnet.prefix_len(), 24);
+    assert_eq!(lease.subnets.v4().unwrap().prefix_len(), 24);
 }

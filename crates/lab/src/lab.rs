@@ -69,6 +69,17 @@ pub struct Container {
 }
 
 impl Lab {
+    /// A lab of `hosts` hosts on a 1500-byte underlay, its namespaces named after `tag`; says
+    /// plainly that it needs root when not run as root.
+    pub fn of(tag: &str, hosts: usize) -> Result<Lab> {
+        crate::require_root()?;
+        Lab::new(LabSpec {
+            hosts,
+            tag: tag.into(),
+            ..Default::default()
+        })
+    }
+
     pub fn new(spec: LabSpec) -> Result<Lab> {
         ensure!(
             (2..=250).contains(&spec.hosts),

@@ -19,12 +19,7 @@ fn netns_list() -> String {
 }
 
 fn lab(tag: &str, hosts: usize) -> Lab {
-    Lab::new(LabSpec {
-        hosts,
-        tag: tag.into(),
-        ..Default::default()
-    })
-    .unwrap()
+    Lab::of(tag, hosts).unwrap()
 }
 
 #[test]

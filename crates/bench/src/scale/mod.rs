@@ -21,7 +21,7 @@ use node::{etcd_rpcs, Metrics, Node};
 use report::{ScaleField, ScaleResult};
 use std::path::Path;
 use std::time::{Duration, Instant};
-use twill_lab::{Etcd, Host, Lab, LabSpec, Proc};
+use twill_lab::{Etcd, Host, Lab, Proc};
 
 /// The backends compared at scale: userspace udp, the kernel's vxlan and host-gw, and udp on
 /// the eBPF dataplane (udp leases, `twill run --dataplane ebpf`).
@@ -136,11 +136,7 @@ fn run_k(
         ScaleRegistry::Kube => format!("kube at {k} Nodes"),
     };
     progress.show(&format!("scale: setting up a lab and etcd for {what}"));
-    let lab = Lab::new(LabSpec {
-        hosts: 2,
-        tag: "scale".into(),
-        ..Default::default()
-    })?;
+    let lab = Lab::of("scale", 2)?;
     let host = lab.host(0);
     let etcd = Etcd::new(Some(&host.ns))?;
     let files = tempfile::tempdir()?;

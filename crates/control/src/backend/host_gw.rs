@@ -7,8 +7,7 @@ use super::kernel::{KernelBackend, KernelConfig, Ours, PeerPlan, PeerState};
 use super::peer_state::{route_via, route_via6, L2Links, Owned};
 use super::Setup;
 use crate::host::uplink::{connect, Uplink};
-use crate::lease::{Lease, LeaseAttrs};
-use std::net::Ipv4Addr;
+use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 
 pub type HostGwBackend = KernelBackend<HostGwPlan>;
 
@@ -22,7 +21,7 @@ pub struct HostGwPlan {
 
 impl PeerPlan for HostGwPlan {
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
-        Ok(PeerState::route_only(route_via(&self.uplink, lease)))
+        Ok(PeerState::route_only(route_via(&self.uplink, lease)?))
     }
 
     fn peer_state_v6(&self, lease: &Lease) -> anyhow::Result<Option<PeerState>> {
@@ -37,8 +36,8 @@ pub struct HostGwSetup(pub KernelConfig);
 impl Setup for HostGwSetup {
     type Backend = HostGwBackend;
 
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        let attrs = LeaseAttrs::host_gw(public_ip);
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        let attrs = LeaseAttrs::host_gw(public_addrs);
         match self.0.ipv6 {
             Some(v6) => attrs.with_ipv6(v6.public_ip, None),
             None => attrs,
@@ -87,8 +86,8 @@ mod tests {
         let l = lease("10.5.2.0/24", "10.200.0.2", Some("host-gw"));
         let state = plan(false).peer_state(&l).unwrap();
         let route = Route {
-            dst: l.subnet.into(),
-            gateway: Some(l.public_ip.into()),
+            dst: l.subnets.v4().unwrap().into(),
+            gateway: Some(l.public_addrs.v4().unwrap().into()),
             oif: uplink().index,
             onlink: false,
             nhid: None,

@@ -13,9 +13,8 @@ use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
 use super::Setup;
 use crate::host::netlink::{ipip_link_message, IpipParams, Link, LinkKind, Netlink, Route};
 use crate::host::uplink::connect;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 use ipnet::Ipv4Net;
-use std::net::Ipv4Addr;
 
 /// flanneld's name; not `tunl0`, which the ipip module creates by itself and users may rely on.
 pub const DEVICE: &str = "flannel.ipip";
@@ -56,8 +55,8 @@ impl IpipDevice {
 impl Setup for IpipDevice {
     type Backend = IpipBackend;
 
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        LeaseAttrs::ipip(public_ip)
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        LeaseAttrs::ipip(public_addrs)
     }
 
     /// Finishes the device for our lease (its /32 address, up) and returns the backend.
@@ -72,9 +71,10 @@ pub struct IpipPlan(TunnelRoutes);
 
 impl PeerPlan for IpipPlan {
     fn peer_state(&self, lease: &Lease) -> anyhow::Result<PeerState> {
+        let (subnet, public_ip) = lease.ipv4_side()?;
         let tunnelled = Route {
-            dst: lease.subnet.into(),
-            gateway: Some(lease.public_ip.into()),
+            dst: subnet.into(),
+            gateway: Some(public_ip.into()),
             oif: self.0.dev()?,
             onlink: true,
             nhid: None,
@@ -166,8 +166,8 @@ mod tests {
     fn peer_gets_an_onlink_route_via_its_public_ip() {
         let l = lease("10.5.2.0/24", "10.200.0.2", Some("ipip"));
         let route = Route {
-            dst: l.subnet.into(),
-            gateway: Some(l.public_ip.into()),
+            dst: l.subnets.v4().unwrap().into(),
+            gateway: Some(l.public_addrs.v4().unwrap().into()),
             oif: 7,
             onlink: true,
             nhid: None,
@@ -182,7 +182,7 @@ mod tests {
     fn direct_routing_skips_the_tunnel_for_same_segment_peers() {
         let near = lease("10.5.2.0/24", "10.200.0.2", Some("ipip"));
         let far = lease("10.5.3.0/24", "192.168.1.3", Some("ipip"));
-        let direct = PeerState::route_only(route_via(&uplink(), &near));
+        let direct = PeerState::route_only(route_via(&uplink(), &near).unwrap());
         assert_eq!(plan(true).peer_state(&near).unwrap(), direct);
         assert_eq!(plan(true).peer_state(&far).unwrap().route.oif, 7);
     }

@@ -49,7 +49,7 @@ pub struct Ipv6Side {
 
 impl KernelConfig {
     pub fn of(node: &Node) -> KernelConfig {
-        let ipv6 = node.config.ipv6.as_ref().zip(node.public_ipv6);
+        let ipv6 = node.config.ipv6.as_ref().zip(node.public_addrs.v6());
         KernelConfig {
             iface: node.iface.name.clone(),
             network: node.config.ipv4.as_ref().map(|v4| v4.network),
@@ -128,7 +128,15 @@ impl<P: PeerPlan> KernelBackend<P> {
     /// The lease's IPv4 subnet, where this node's network has IPv4 (not IPv6-only).
     fn ipv4_side(&self, lease: &Lease) -> Option<Ipv4Net> {
         let carries_ipv4 = matches!(self.own_subnet, SubnetId::V4(_));
-        lease.ipv4_subnet().filter(|_| carries_ipv4)
+        lease.subnets.v4().filter(|_| carries_ipv4)
+    }
+
+    /// The nexthop twill holds for `lease`'s IPv4 route, if it has one.
+    async fn held_nexthops(&self, lease: &Lease) -> anyhow::Result<NexthopTable> {
+        match self.ipv4_side(lease) {
+            Some(subnet) => self.nexthops.lookup(&self.nl, subnet).await,
+            None => Ok(NexthopTable::default()),
+        }
     }
 
     /// What `lease` needs: its IPv4 side, the route through its own nexthop where it can
@@ -297,9 +305,9 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
         if !self.is_peer(lease) {
             return Ok(());
         }
-        let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
+        let held = self.held_nexthops(lease).await?;
         let peer = self.peer_states(lease, &held)?;
-        info!(subnet = %lease.id(), public_ip = %lease.public_ip, "adding peer");
+        info!(subnet = %lease.id(), public_ip = %lease.public_addrs, "adding peer");
         let have = Snapshot {
             nexthops: held.ours,
             ..Snapshot::default()
@@ -314,7 +322,7 @@ impl<P: PeerPlan> Backend for KernelBackend<P> {
             return Ok(());
         }
         let peer = self.planned(lease)?;
-        let held = self.nexthops.lookup(&self.nl, lease.subnet).await?;
+        let held = self.held_nexthops(lease).await?;
         info!(subnet = %lease.id(), "removing peer");
         let writes: Vec<Write> = peer.iter().flat_map(|p| self.uninstall(p, &held)).collect();
         let result = self.apply(&writes).await;

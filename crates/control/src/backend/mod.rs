@@ -16,9 +16,8 @@ mod tunnel;
 pub mod upkeep;
 pub mod vxlan;
 
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 use crate::status::EngineView;
-use std::net::Ipv4Addr;
 use twill_dataplane::engine::Engine;
 
 /// What every backend does with the leases of the other nodes.
@@ -64,6 +63,6 @@ pub trait Backend {
 pub trait Setup {
     type Backend: Backend;
     /// What this node publishes in its lease.
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs;
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs;
     async fn attach(self, lease: &Lease) -> anyhow::Result<Self::Backend>;
 }

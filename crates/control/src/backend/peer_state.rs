@@ -53,8 +53,9 @@ impl PeerState {
 }
 
 /// `<subnet> via <PublicIP> dev <iface>`: host-gw's route to a peer, and DirectRouting's.
-pub(crate) fn route_via(uplink: &Uplink, lease: &Lease) -> Route {
-    uplink.route_via(lease.subnet, lease.public_ip)
+pub(crate) fn route_via(uplink: &Uplink, lease: &Lease) -> anyhow::Result<Route> {
+    let (subnet, public_ip) = lease.ipv4_side()?;
+    Ok(uplink.route_via(subnet, public_ip))
 }
 
 /// `<IPv6 subnet> via <PublicIPv6> dev <iface>`, for a lease with an IPv6 side.
@@ -174,16 +175,17 @@ pub(crate) mod tests {
     use std::net::Ipv4Addr;
 
     pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
-        let attrs = LeaseAttrs::typed(public_ip.parse().unwrap(), backend_type, None);
-        Lease::new(subnet.parse().unwrap(), attrs)
+        let public_ip: Ipv4Addr = public_ip.parse().unwrap();
+        let attrs = LeaseAttrs::typed(public_ip, backend_type, None);
+        Lease::new(subnet.parse::<ipnet::Ipv4Net>().unwrap(), attrs)
     }
 
     /// `lease` with an IPv6 side.
     pub fn dual_stack(lease: Lease, subnet6: &str, public_ipv6: &str) -> Lease {
-        Lease {
-            public_ipv6: Some(public_ipv6.parse().unwrap()),
-            ..lease.with_ipv6_subnet(subnet6.parse().unwrap())
-        }
+        let attrs = lease
+            .attrs()
+            .with_ipv6(public_ipv6.parse().unwrap(), lease.backend_v6_data.clone());
+        Lease::new(lease.subnets.with_v6(subnet6.parse().unwrap()), attrs)
     }
 
     fn route(dst: &str, oif: u32) -> Route {

@@ -6,7 +6,7 @@ use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::kernel::{KernelBackend, KernelConfig, Ours, PeerPlan};
-use super::peer_state::{route_via, route_via6};
+use super::peer_state::route_via6;
 use super::peer_state::{L2Links, Owned};
 use crate::host::netlink::{Link, Netlink, Route};
 use crate::host::uplink::{is_link_local, Uplink};
@@ -73,14 +73,14 @@ impl Tunnel {
         plan: impl FnOnce(TunnelRoutes) -> P,
     ) -> anyhow::Result<KernelBackend<P>> {
         if let Some(link) = &self.link {
-            let subnet = lease.ipv4_subnet().with_context(|| {
+            let subnet = lease.subnets.v4().with_context(|| {
                 format!("{} is made, but our lease has no IPv4 subnet", link.name)
             })?;
             self.configure(link, Ipv4Net::new(subnet.network(), 32)?.into())
                 .await?;
         }
         if let Some(link6) = &self.link6 {
-            let subnet = lease.ipv6_subnet.with_context(|| {
+            let subnet = lease.subnets.v6().with_context(|| {
                 format!("{} is made, but our lease has no IPv6 subnet", link6.name)
             })?;
             self.configure(link6, Ipv6Net::new(subnet.network(), 128)?.into())
@@ -147,11 +147,9 @@ impl TunnelRoutes {
     }
 
     pub fn direct(&self, lease: &Lease) -> Option<Route> {
-        let same_segment = self
-            .uplink
-            .addr
-            .is_some_and(|a| a.contains(&lease.public_ip));
-        (self.direct_routing && same_segment).then(|| route_via(&self.uplink, lease))
+        let (subnet, public_ip) = lease.ipv4_side().ok()?;
+        let same_segment = self.uplink.addr.is_some_and(|a| a.contains(&public_ip));
+        (self.direct_routing && same_segment).then(|| self.uplink.route_via(subnet, public_ip))
     }
 
     /// [`TunnelRoutes::direct`] for the lease's IPv6 side: a peer on the iface's IPv6 subnet.
@@ -182,8 +180,8 @@ pub(crate) mod tests {
         let near = lease("10.5.2.0/24", "10.200.0.2", Some("vxlan"));
         let far = lease("10.5.3.0/24", "192.168.9.3", Some("vxlan"));
         let expected = Route {
-            dst: near.subnet.into(),
-            gateway: Some(near.public_ip.into()),
+            dst: near.subnets.v4().unwrap().into(),
+            gateway: Some(near.public_addrs.v4().unwrap().into()),
             oif: 2,
             onlink: false,
             nhid: None,

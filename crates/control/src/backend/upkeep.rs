@@ -139,13 +139,13 @@ fn device_specs(
     mtu: u32,
 ) -> anyhow::Result<Vec<DeviceSpec>> {
     let (routes, routes6) = network_routes(layout, node);
-    let own6 = match lease.ipv6_subnet {
+    let own6 = match lease.subnets.v6() {
         Some(subnet) => Some(IpNet::from(Ipv6Net::new(subnet.network(), 128)?)),
         None => None,
     };
     let mut specs = Vec::new();
     if let Some(name) = layout.device.clone() {
-        let subnet = lease.ipv4_subnet();
+        let subnet = lease.subnets.v4();
         let subnet =
             subnet.with_context(|| format!("{name} is made, but our lease has no IPv4 subnet"))?;
         let own = IpNet::from(Ipv4Net::new(subnet.network(), 32)?);
@@ -215,13 +215,13 @@ impl Upkeep {
                 .config
                 .ipv4
                 .as_ref()
-                .zip(lease.ipv4_subnet())
+                .zip(lease.subnets.v4())
                 .map(|(v4, own)| (v4.network, own)),
             ipv6: node
                 .config
                 .ipv6
                 .as_ref()
-                .zip(lease.ipv6_subnet)
+                .zip(lease.subnets.v6())
                 .map(|(v6, own)| (v6.network, own)),
             underlay: node.iface.name.clone(),
             tun_name: node.options.tun_name.clone(),

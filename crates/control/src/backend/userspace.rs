@@ -11,7 +11,7 @@
 use super::{Backend, Setup};
 use crate::config::Underlay;
 use crate::host::{self, Interface};
-use crate::lease::{BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs, PublicAddrs};
 use crate::node::Node;
 use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -24,14 +24,14 @@ use twill_dataplane::wire::batch;
 
 /// This node's lease for `kind`. A twill-batch lease names its port and the highest batch
 /// version it reads, as docs/batch-protocol.md specifies; flannel's udp leases carry nothing.
-pub fn lease_attrs(kind: EngineKind, public_ip: Ipv4Addr, port: u16) -> LeaseAttrs {
+pub fn lease_attrs(kind: EngineKind, public_addrs: PublicAddrs, port: u16) -> LeaseAttrs {
     match kind {
-        EngineKind::FlannelUdp => LeaseAttrs::udp(public_ip),
+        EngineKind::FlannelUdp => LeaseAttrs::udp(public_addrs),
         EngineKind::Batch { .. } => LeaseAttrs {
             backend_data: Some(
                 serde_json::json!({ "Port": port, "Version": batch::HIGHEST_VERSION }).into(),
             ),
-            ..LeaseAttrs::twill_batch(public_ip)
+            ..LeaseAttrs::twill_batch(public_addrs)
         },
     }
 }
@@ -94,7 +94,7 @@ impl UserspaceSetup {
                 .ipv6
                 .as_ref()
                 .map(|v6| v6.network)
-                .zip(node.public_ipv6),
+                .zip(node.public_addrs.v6()),
         })
     }
 }
@@ -105,7 +105,7 @@ impl UserspaceSetup {
 fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
     match underlay {
         Underlay::Ipv4 => Ok(node.iface.ipv4()?.into()),
-        Underlay::Ipv6 => match node.iface.ipv6.or(node.public_ipv6) {
+        Underlay::Ipv6 => match node.iface.ipv6.or(node.public_addrs.v6()) {
             Some(ip) => Ok(ip.into()),
             None => bail!(
                 "Backend.Underlay is ipv6, but this node has no IPv6 address to send from: \
@@ -174,8 +174,8 @@ pub(crate) fn mtu_source(iface: &Interface) -> String {
 impl Setup for UserspaceSetup {
     type Backend = Userspace;
 
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        let attrs = lease_attrs(self.kind, public_ip, self.port);
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        let attrs = lease_attrs(self.kind, public_addrs, self.port);
         match self.ipv6 {
             Some((_, public_ipv6)) => attrs.with_ipv6(public_ipv6, None),
             None => attrs,
@@ -185,9 +185,13 @@ impl Setup for UserspaceSetup {
     /// Opens the TUN with the lease's network addresses and routes the whole network (and the
     /// IPv6Network, on a dual-stack one) into it.
     async fn attach(mut self, lease: &Lease) -> anyhow::Result<Userspace> {
-        self.engine.subnet = lease.subnet;
-        self.engine.subnet6 = lease.ipv6_subnet.filter(|_| self.ipv6.is_some());
-        self.engine.tun.address = lease.subnet.network();
+        let subnet = lease
+            .subnets
+            .v4()
+            .context("a userspace engine needs an IPv4 subnet, and our lease has none")?;
+        self.engine.subnet = subnet;
+        self.engine.subnet6 = lease.subnets.v6().filter(|_| self.ipv6.is_some());
+        self.engine.tun.address = subnet.network();
         let engine = Engine::start(&self.engine)?;
         let dev = &self.engine.tun.name;
         host::route_network_to(self.network, dev).await?;
@@ -220,20 +224,20 @@ impl Userspace {
         }
     }
 
-    /// The peer a lease describes; `None` for a lease with no address of the underlay's
-    /// family, which the lease gate refuses before it gets here.
+    /// The peer a lease describes; `None` for a lease with no IPv4 subnet or no address of the
+    /// underlay's family, which the lease gate refuses before it gets here.
     fn spec(&self, lease: &Lease) -> Option<PeerSpec> {
         let fields = lease.backend_data.as_ref().and_then(BackendData::fields);
         let field = |name: &str| fields.as_ref()?.get(name)?.as_u64();
         let port = field("Port").and_then(|p| u16::try_from(p).ok());
         let version = field("Version").and_then(|v| u8::try_from(v).ok());
         let address: IpAddr = match self.underlay {
-            Underlay::Ipv4 => lease.public_ip.into(),
-            Underlay::Ipv6 => lease.public_ipv6?.into(),
+            Underlay::Ipv4 => lease.public_addrs.v4()?.into(),
+            Underlay::Ipv6 => lease.public_addrs.v6()?.into(),
         };
         Some(PeerSpec {
-            subnet: lease.subnet,
-            subnet6: lease.ipv6_subnet,
+            subnet: lease.subnets.v4()?,
+            subnet6: lease.subnets.v6(),
             endpoint: SocketAddr::new(address, port.unwrap_or(self.default_port)),
             version: version.unwrap_or(batch::VERSION),
         })
@@ -253,16 +257,19 @@ impl Backend for Userspace {
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
         let Some(spec) = self.spec(lease) else {
             bail!(
-                "peer {} left out: its lease names no PublicIPv6",
-                lease.subnet
+                "peer {} left out: its lease has no IPv4 subnet, or no address of the underlay's \
+                 family",
+                lease.id()
             );
         };
         let set = self.table.set_peer(spec);
-        set.with_context(|| format!("peer {} left out", lease.subnet))
+        set.with_context(|| format!("peer {} left out", lease.id()))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        self.table.remove_peer(lease.subnet);
+        if let Some(subnet) = lease.subnets.v4() {
+            self.table.remove_peer(subnet);
+        }
         Ok(())
     }
 

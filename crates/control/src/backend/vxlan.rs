@@ -25,10 +25,10 @@ use crate::host::netlink::{
 };
 use crate::host::uplink::connect;
 use crate::host::Interface;
-use crate::lease::{BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs, PublicAddrs};
 use crate::node::Node;
 use ipnet::IpNet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 /// IPv4 (20) + UDP (8) + VXLAN (8) + inner Ethernet (14).
 const ENCAP_OVERHEAD: u32 = 50;
@@ -204,10 +204,10 @@ impl VxlanDevice {
 impl Setup for VxlanDevice {
     type Backend = VxlanBackend;
 
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
         let attrs = match self.mac {
-            Some(mac) => LeaseAttrs::vxlan(public_ip, self.vni, &mac.to_string()),
-            None => LeaseAttrs::typed(public_ip, BackendKind::Vxlan.lease_type(), None),
+            Some(mac) => LeaseAttrs::vxlan(public_addrs, self.vni, &mac.to_string()),
+            None => LeaseAttrs::typed(public_addrs, BackendKind::Vxlan.lease_type(), None),
         };
         match (self.tunnel.config.ipv6, self.mac6) {
             (Some(v6), Some(mac6)) => {
@@ -233,9 +233,10 @@ impl PeerPlan for VxlanPlan {
             return Ok(PeerState::route_only(route));
         }
         let mac = vtep_mac(lease.backend_data.as_ref(), "BackendData")?;
+        let (subnet, public_ip) = lease.ipv4_side()?;
         Ok(tunnelled(
-            lease.subnet.into(),
-            lease.public_ip.into(),
+            subnet.into(),
+            public_ip.into(),
             mac,
             self.0.dev()?,
         ))
@@ -435,11 +436,11 @@ mod tests {
             state.fdb,
             Some(FdbEntry {
                 mac,
-                dst: l.public_ip.into()
+                dst: l.public_addrs.v4().unwrap().into()
             })
         );
         let route = Route {
-            dst: l.subnet.into(),
+            dst: l.subnets.v4().unwrap().into(),
             gateway: Some(net_addr.into()),
             oif: 7,
             onlink: true,
@@ -453,7 +454,10 @@ mod tests {
         let near = vxlan_lease("10.5.2.0/24", "10.200.0.2", "d6:60:f1:85:5a:fc");
         let far = vxlan_lease("10.5.3.0/24", "192.168.1.3", "d6:60:f1:85:5a:fd");
         let state = plan(true).peer_state(&near).unwrap();
-        assert_eq!(state, PeerState::route_only(route_via(&uplink(), &near)));
+        assert_eq!(
+            state,
+            PeerState::route_only(route_via(&uplink(), &near).unwrap())
+        );
         let state = plan(true).peer_state(&far).unwrap();
         assert!(state.fdb.is_some() && state.route.onlink);
     }

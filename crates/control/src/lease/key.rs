@@ -2,6 +2,7 @@
 //! `ParseSubnetKey`): `<prefix>/subnets/10.5.8.0-24`, and for a dual-stack lease the IPv6 subnet
 //! in the same key, `<prefix>/subnets/10.5.8.0-24&fd10:0:0:8::-64`, so one key holds both.
 
+use super::Subnets;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -21,28 +22,33 @@ pub fn subnets_prefix(prefix: &str) -> String {
 
 /// The etcd key of an IPv4 lease's `subnet` under `prefix`: network address, dash, prefix length.
 pub fn subnet_key(prefix: &str, subnet: Ipv4Net) -> String {
-    lease_key(prefix, subnet, None)
+    lease_key(prefix, Subnets::V4(subnet))
 }
 
 /// The etcd key of a lease: [`subnet_key`], then `&`, the IPv6 network address (in the
 /// shortest form, as Go prints it), dash and prefix length when the lease has an IPv6 subnet.
-pub fn lease_key(prefix: &str, subnet: Ipv4Net, ipv6_subnet: Option<Ipv6Net>) -> String {
-    let v4 = format!(
-        "{}{}-{}",
-        subnets_prefix(prefix),
-        subnet.network(),
-        subnet.prefix_len()
-    );
-    match ipv6_subnet {
+/// An IPv6-only lease's IPv4 part is flanneld's empty one, `0.0.0.0-0`.
+pub fn lease_key(prefix: &str, subnets: Subnets) -> String {
+    format!("{}{}", subnets_prefix(prefix), key_name(subnets))
+}
+
+/// A lease key's part after `<prefix>/subnets/`, e.g. `10.5.8.0-24&fd10:0:0:8::-64`.
+pub fn key_name(subnets: Subnets) -> String {
+    let v4 = subnets.v4().unwrap_or(EMPTY_IPV4);
+    let v4 = format!("{}-{}", v4.network(), v4.prefix_len());
+    match subnets.v6() {
         None => v4,
         Some(v6) => format!("{v4}&{}-{}", v6.network(), v6.prefix_len()),
     }
 }
 
-/// Parses a lease key into its IPv4 subnet and, for a dual-stack key, its IPv6 subnet.
-/// flanneld writes an IPv6-only lease as `0.0.0.0-0&<v6>-<len>`; that parses, and the lease
-/// checks refuse its IPv4 part.
-pub fn parse_lease_key(prefix: &str, key: &str) -> Result<(Ipv4Net, Option<Ipv6Net>), KeyError> {
+/// flanneld's IPv4 part of an IPv6-only lease's key, `0.0.0.0-0`: no IPv4 subnet.
+const EMPTY_IPV4: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::UNSPECIFIED, 0);
+
+/// Parses a lease key into its subnets. flanneld writes an IPv6-only lease as
+/// `0.0.0.0-0&<v6>-<len>`: that is a lease with an IPv6 subnet only. `0.0.0.0-0` alone names
+/// no subnet at all, and is refused.
+pub fn parse_lease_key(prefix: &str, key: &str) -> Result<Subnets, KeyError> {
     let bad = |why| KeyError {
         key: key.to_string(),
         why,
@@ -54,14 +60,10 @@ pub fn parse_lease_key(prefix: &str, key: &str) -> Result<(Ipv4Net, Option<Ipv6N
         Some((v4, v6)) => (v4, Some(v6)),
         None => (name, None),
     };
-    let subnet = parse_ipv4(v4).map_err(bad)?;
-    let ipv6_subnet = v6.map(parse_ipv6).transpose().map_err(bad)?;
-    Ok((subnet, ipv6_subnet))
-}
-
-/// Parses a lease key into its IPv4 subnet, the lease's identity in twill.
-pub fn parse_subnet_key(prefix: &str, key: &str) -> Result<Ipv4Net, KeyError> {
-    parse_lease_key(prefix, key).map(|(subnet, _)| subnet)
+    let v4 = Some(parse_ipv4(v4).map_err(bad)?).filter(|&s| s != EMPTY_IPV4);
+    let v6 = v6.map(parse_ipv6).transpose().map_err(bad)?;
+    Subnets::from_parts(v4, v6)
+        .ok_or_else(|| bad("the empty IPv4 subnet 0.0.0.0-0 without an IPv6 subnet"))
 }
 
 fn parse_ipv4(text: &str) -> Result<Ipv4Net, &'static str> {
@@ -122,7 +124,10 @@ mod tests {
     fn key_format_and_parse() {
         let key = subnet_key(PREFIX, net("10.5.8.0/24"));
         assert_eq!(key, "/coreos.com/network/subnets/10.5.8.0-24");
-        assert_eq!(parse_subnet_key(PREFIX, &key).unwrap(), net("10.5.8.0/24"));
+        assert_eq!(
+            parse_lease_key(PREFIX, &key).unwrap(),
+            Subnets::V4(net("10.5.8.0/24"))
+        );
         assert_eq!(
             subnet_key("/p/", net("10.5.8.0/24")),
             "/p/subnets/10.5.8.0-24"
@@ -130,9 +135,19 @@ mod tests {
     }
 
     #[test]
-    fn dual_stack_key_yields_ipv4_part() {
-        let key = "/coreos.com/network/subnets/10.5.8.0-24&fc00::-64";
-        assert_eq!(parse_subnet_key(PREFIX, key).unwrap(), net("10.5.8.0/24"));
+    fn an_ipv6_only_key_is_a_lease_with_no_ipv4_subnet() {
+        let v6 = net6("fd10:0:0:9::/64");
+        let key = lease_key(PREFIX, Subnets::V6(v6));
+        assert_eq!(key, "/coreos.com/network/subnets/0.0.0.0-0&fd10:0:0:9::-64");
+        assert_eq!(parse_lease_key(PREFIX, &key).unwrap(), Subnets::V6(v6));
+        let err = parse_lease_key(PREFIX, "/coreos.com/network/subnets/0.0.0.0-0")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "not a subnet lease key: \"/coreos.com/network/subnets/0.0.0.0-0\" \
+             (the empty IPv4 subnet 0.0.0.0-0 without an IPv6 subnet)"
+        );
     }
 
     #[test]
@@ -149,22 +164,19 @@ mod tests {
                 "2001:db8:0:ab00::/56",
                 "10.5.0.64-26&2001:db8:0:ab00::-56",
             ),
-            ("0.0.0.0/0", "fd10:0:0:9::/64", "0.0.0.0-0&fd10:0:0:9::-64"),
         ];
         for (v4, v6, name) in cases {
-            let key = lease_key(PREFIX, net(v4), Some(net6(v6)));
+            let subnets = Subnets::Dual(net(v4), net6(v6));
+            let key = lease_key(PREFIX, subnets);
             assert_eq!(key, format!("{PREFIX}/subnets/{name}"));
-            assert_eq!(
-                parse_lease_key(PREFIX, &key).unwrap(),
-                (net(v4), Some(net6(v6)))
-            );
+            assert_eq!(parse_lease_key(PREFIX, &key).unwrap(), subnets);
         }
         // The long form flanneld would also read parses to the same subnet.
         let long = format!("{PREFIX}/subnets/10.5.1.0-24&fd10:0:0:1:0:0:0:0-64");
-        let (_, v6) = parse_lease_key(PREFIX, &long).unwrap();
-        assert_eq!(v6, Some(net6("fd10:0:0:1::/64")));
+        let subnets = parse_lease_key(PREFIX, &long).unwrap();
+        assert_eq!(subnets.v6(), Some(net6("fd10:0:0:1::/64")));
         assert_eq!(
-            lease_key(PREFIX, net("10.5.1.0/24"), None),
+            lease_key(PREFIX, Subnets::V4(net("10.5.1.0/24"))),
             subnet_key(PREFIX, net("10.5.1.0/24"))
         );
     }
@@ -221,7 +233,6 @@ mod tests {
                 err.starts_with(&format!("not a subnet lease key: {key:?} (")) && err.contains(why),
                 "{key}: got {err:?}, want {why:?}"
             );
-            assert!(parse_subnet_key(PREFIX, key).is_err(), "{key}");
         }
     }
 }

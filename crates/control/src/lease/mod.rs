@@ -7,18 +7,25 @@
 //!
 //! A dual-stack lease is one lease: its IPv6 subnet rides in the key beside the IPv4 one, its
 //! `PublicIPv6` and `BackendV6Data` in the JSON beside `PublicIP` and `BackendData`.
+//!
+//! A lease holds its subnets and public addresses per family ([`Subnets`], [`PublicAddrs`]):
+//! IPv4, IPv6 or both. flanneld's stand-ins for a missing IPv4 part (the key's `0.0.0.0-0`,
+//! `"PublicIP":"0.0.0.0"`) are read and written only by [`key`] and [`wire`].
 
 mod event;
+mod families;
 mod key;
 mod namer;
 mod wire;
 
 pub use event::LeaseEvent;
-pub use key::{lease_key, parse_lease_key, parse_subnet_key, subnet_key, subnets_prefix, KeyError};
+pub use families::{Families, PublicAddrs, Subnets};
+pub use key::{key_name, lease_key, parse_lease_key, subnet_key, subnets_prefix, KeyError};
 pub use namer::{node_key, LeaseNamer};
 
 use crate::backend_kind::BackendKind;
 use crate::shown;
+use anyhow::Context;
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -37,12 +44,10 @@ use twill_dataplane::engine::wireguard::PublicKey;
 /// nothing is no change), and a lease built from flags has none.
 #[derive(Debug, Clone, Eq)]
 pub struct Lease {
-    pub subnet: Ipv4Net,
-    /// A dual-stack lease's IPv6 subnet, from the key's part after `&`.
-    pub ipv6_subnet: Option<Ipv6Net>,
-    pub public_ip: Ipv4Addr,
-    /// `PublicIPv6`: the node's IPv6 underlay address, on a node that has one.
-    pub public_ipv6: Option<Ipv6Addr>,
+    /// Its IPv4 subnet, its IPv6 subnet (the key's part after `&`), or both.
+    pub subnets: Subnets,
+    /// `PublicIP`, `PublicIPv6` (the node's IPv6 underlay address), or both.
+    pub public_addrs: PublicAddrs,
     /// `None` for flannel's udp backend, which writes no BackendType.
     pub backend_type: Option<Arc<str>>,
     /// Backend-specific data (e.g. vxlan's `{"VNI":1,"VtepMAC":"…"}`).
@@ -55,20 +60,11 @@ pub struct Lease {
 
 impl PartialEq for Lease {
     fn eq(&self, other: &Lease) -> bool {
-        self.subnet == other.subnet
-            && self.ipv6_subnet == other.ipv6_subnet
-            && self.attrs() == other.attrs()
+        self.subnets == other.subnets && self.attrs() == other.attrs()
     }
 }
 
-/// A lease key's IPv4 part as a subnet: `None` for flanneld's empty one, `0.0.0.0/0`
-/// (`0.0.0.0-0`), which an IPv6-only lease has.
-pub fn ipv4_part(subnet: Ipv4Net) -> Option<Ipv4Net> {
-    Some(subnet).filter(|s| s.prefix_len() > 0)
-}
-
-/// What names a lease among the others: its IPv4 subnet, or, on an IPv6-only network (whose
-/// leases flanneld keys as `0.0.0.0-0&<v6>-<len>`, the same IPv4 part for every node), its IPv6
+/// What names a lease among the others: its IPv4 subnet, or, on an IPv6-only network, its IPv6
 /// subnet. Leases on one network are all of one kind, so the order is the subnets' order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SubnetId {
@@ -112,7 +108,7 @@ pub struct Created {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum LeaseOrigin {
     Node(Arc<str>),
-    Key(Ipv4Net, Option<Ipv6Net>),
+    Key(Subnets),
 }
 
 impl Created {
@@ -137,8 +133,7 @@ impl Created {
 /// subnet; the backend decides these.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseAttrs {
-    pub public_ip: Ipv4Addr,
-    pub public_ipv6: Option<Ipv6Addr>,
+    pub public_addrs: PublicAddrs,
     pub backend_type: Option<Arc<str>>,
     pub backend_data: Option<BackendData>,
     pub backend_v6_data: Option<BackendData>,
@@ -201,58 +196,61 @@ impl LeaseAttrs {
     }
 
     /// flannel's udp backend: no BackendType at all.
-    pub fn udp(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, None, None)
+    pub fn udp(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, None, None)
     }
 
     /// vxlan: BackendData carries the VNI and the MAC of the local `flannel.<VNI>` device.
-    pub fn vxlan(public_ip: Ipv4Addr, vni: u32, vtep_mac: &str) -> Self {
+    pub fn vxlan(public_addrs: impl Into<PublicAddrs>, vni: u32, vtep_mac: &str) -> Self {
         let data = serde_json::json!({"VNI": vni, "VtepMAC": vtep_mac});
         Self::typed(
-            public_ip,
+            public_addrs,
             BackendKind::Vxlan.lease_type(),
             Some(data.into()),
         )
     }
 
-    pub fn host_gw(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, BackendKind::HostGw.lease_type(), None)
+    pub fn host_gw(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, BackendKind::HostGw.lease_type(), None)
     }
 
-    pub fn ipip(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, BackendKind::Ipip.lease_type(), None)
+    pub fn ipip(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, BackendKind::Ipip.lease_type(), None)
     }
 
-    pub fn twill_batch(public_ip: Ipv4Addr) -> Self {
-        Self::typed(public_ip, BackendKind::TwillBatch.lease_type(), None)
+    pub fn twill_batch(public_addrs: impl Into<PublicAddrs>) -> Self {
+        Self::typed(public_addrs, BackendKind::TwillBatch.lease_type(), None)
     }
 
     /// wireguard: BackendData carries the node's public key and listen port
     /// ([`BackendData::wireguard`]).
-    pub fn wireguard(public_ip: Ipv4Addr, public_key: &str, port: u16) -> Self {
+    pub fn wireguard(public_addrs: impl Into<PublicAddrs>, public_key: &str, port: u16) -> Self {
         let data = BackendData::wireguard(public_key, port);
-        Self::typed(public_ip, BackendKind::Wireguard.lease_type(), Some(data))
+        Self::typed(
+            public_addrs,
+            BackendKind::Wireguard.lease_type(),
+            Some(data),
+        )
     }
 
     /// A lease of `backend_type` (`None`: flannel's udp) whose BackendData is `backend_data`.
     pub fn typed(
-        public_ip: Ipv4Addr,
+        public_addrs: impl Into<PublicAddrs>,
         backend_type: Option<&str>,
         backend_data: Option<BackendData>,
     ) -> Self {
         LeaseAttrs {
-            public_ip,
-            public_ipv6: None,
+            public_addrs: public_addrs.into(),
             backend_type: backend_type.map(Arc::from),
             backend_data,
             backend_v6_data: None,
         }
     }
 
-    /// The same attributes with a dual-stack node's IPv6 address and IPv6 backend data.
+    /// The same attributes with the node's IPv6 address and IPv6 backend data.
     pub fn with_ipv6(self, public_ipv6: Ipv6Addr, backend_v6_data: Option<BackendData>) -> Self {
         LeaseAttrs {
-            public_ipv6: Some(public_ipv6),
+            public_addrs: self.public_addrs.with_v6(public_ipv6),
             backend_v6_data,
             ..self
         }
@@ -265,12 +263,12 @@ impl Lease {
         BackendKind::of_lease(self.backend_type.as_deref())
     }
 
-    pub fn new(subnet: Ipv4Net, attrs: LeaseAttrs) -> Self {
+    /// A lease of `subnets`: an [`Ipv4Net`], an [`Ipv6Net`] (an IPv6-only network's lease), or
+    /// [`Subnets`].
+    pub fn new(subnets: impl Into<Subnets>, attrs: LeaseAttrs) -> Self {
         Lease {
-            subnet,
-            ipv6_subnet: None,
-            public_ip: attrs.public_ip,
-            public_ipv6: attrs.public_ipv6,
+            subnets: subnets.into(),
+            public_addrs: attrs.public_addrs,
             backend_type: attrs.backend_type,
             backend_data: attrs.backend_data,
             backend_v6_data: attrs.backend_v6_data,
@@ -278,29 +276,18 @@ impl Lease {
         }
     }
 
-    /// An IPv6-only network's lease: flanneld's empty IPv4 subnet, `0.0.0.0/0`, beside the IPv6
-    /// one.
-    pub fn ipv6_only(ipv6_subnet: Ipv6Net, attrs: LeaseAttrs) -> Self {
-        Lease::new(Ipv4Net::default(), attrs).with_ipv6_subnet(ipv6_subnet)
-    }
-
-    /// The lease's IPv4 subnet; `None` for an IPv6-only lease, whose key says `0.0.0.0-0`.
-    pub fn ipv4_subnet(&self) -> Option<Ipv4Net> {
-        ipv4_part(self.subnet)
-    }
-
     /// What names this lease among the others: see [`SubnetId`].
     pub fn id(&self) -> SubnetId {
-        match (self.ipv4_subnet(), self.ipv6_subnet) {
-            (None, Some(v6)) => SubnetId::V6(v6),
-            _ => SubnetId::V4(self.subnet),
+        match self.subnets {
+            Subnets::V4(v4) | Subnets::Dual(v4, _) => SubnetId::V4(v4),
+            Subnets::V6(v6) => SubnetId::V6(v6),
         }
     }
 
     /// Which entry of its registry this lease is: see [`LeaseOrigin`].
     pub fn origin(&self) -> LeaseOrigin {
         match self.created.name.is_empty() {
-            true => LeaseOrigin::Key(self.subnet, self.ipv6_subnet),
+            true => LeaseOrigin::Key(self.subnets),
             false => LeaseOrigin::Node(self.created.name.clone()),
         }
     }
@@ -308,16 +295,24 @@ impl Lease {
     /// The same lease with an IPv6 subnet: a dual-stack lease.
     pub fn with_ipv6_subnet(self, ipv6_subnet: Ipv6Net) -> Lease {
         Lease {
-            ipv6_subnet: Some(ipv6_subnet),
+            subnets: self.subnets.with_v6(ipv6_subnet),
             ..self
         }
+    }
+
+    /// The IPv4 side an IPv4 route to the lease's node needs: its IPv4 subnet and PublicIP.
+    /// An error for a lease without either (the lease gate lets none through on a network with
+    /// IPv4, so a backend that runs only there meets none).
+    pub fn ipv4_side(&self) -> anyhow::Result<(Ipv4Net, Ipv4Addr)> {
+        let side = self.subnets.v4().zip(self.public_addrs.v4());
+        side.with_context(|| format!("the lease of {} has no IPv4 subnet and PublicIP", self.id()))
     }
 
     /// A dual-stack lease's IPv6 side: its IPv6 subnet and the PublicIPv6 it is reached at.
     /// `None` for a lease that has either without the other (the lease gate refuses those on
     /// a dual-stack node).
     pub fn ipv6_side(&self) -> Option<(Ipv6Net, Ipv6Addr)> {
-        self.ipv6_subnet.zip(self.public_ipv6)
+        self.subnets.v6().zip(self.public_addrs.v6())
     }
 
     /// The same lease, created at `created`.
@@ -327,8 +322,7 @@ impl Lease {
 
     pub fn attrs(&self) -> LeaseAttrs {
         LeaseAttrs {
-            public_ip: self.public_ip,
-            public_ipv6: self.public_ipv6,
+            public_addrs: self.public_addrs,
             backend_type: self.backend_type.clone(),
             backend_data: self.backend_data.clone(),
             backend_v6_data: self.backend_v6_data.clone(),
@@ -338,7 +332,7 @@ impl Lease {
     /// The etcd key under `prefix` (e.g. `/coreos.com/network/subnets/10.5.8.0-24`, or
     /// `…/10.5.8.0-24&fd10:0:0:8::-64` for a dual-stack lease).
     pub fn key(&self, prefix: &str) -> String {
-        lease_key(prefix, self.subnet, self.ipv6_subnet)
+        lease_key(prefix, self.subnets)
     }
 
     /// The etcd value; see [`LeaseAttrs::to_json`].
@@ -364,11 +358,8 @@ impl Lease {
 
     /// Rebuilds a lease from an etcd key and value.
     pub fn from_kv(prefix: &str, key: &str, value: &str) -> Result<Self, LeaseError> {
-        let (subnet, ipv6_subnet) = parse_lease_key(prefix, key)?;
-        Ok(Lease {
-            ipv6_subnet,
-            ..Lease::new(subnet, LeaseAttrs::from_json(value)?)
-        })
+        let subnets = parse_lease_key(prefix, key)?;
+        Ok(Lease::new(subnets, LeaseAttrs::from_json(value)?))
     }
 }
 
@@ -407,6 +398,7 @@ fn wireguard_fields(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const PREFIX: &str = "/coreos.com/network";
 
@@ -416,7 +408,7 @@ mod tests {
 
     #[test]
     fn a_dual_stack_lease_is_one_key_and_round_trips() {
-        let attrs = LeaseAttrs::host_gw("10.200.0.1".parse().unwrap())
+        let attrs = LeaseAttrs::host_gw("10.200.0.1".parse::<Ipv4Addr>().unwrap())
             .with_ipv6("fd00:200::1".parse().unwrap(), None);
         let lease = Lease::new(net("10.5.1.0/24"), attrs)
             .with_ipv6_subnet("fd10:0:0:1::/64".parse().unwrap());
@@ -430,17 +422,57 @@ mod tests {
         assert_ne!(
             back,
             Lease {
-                ipv6_subnet: None,
+                subnets: Subnets::V4(net("10.5.1.0/24")),
                 ..lease.clone()
             }
         );
         assert_ne!(
             back,
             Lease {
-                public_ipv6: None,
+                public_addrs: PublicAddrs::V4("10.200.0.1".parse().unwrap()),
                 ..lease
             }
         );
+    }
+
+    #[test]
+    fn an_ipv6_only_lease_is_one_key_and_round_trips() {
+        let ip: Ipv6Addr = "fd00:200::9".parse().unwrap();
+        let v6: Ipv6Net = "fd10:0:0:9::/64".parse().unwrap();
+        let lease = Lease::new(v6, LeaseAttrs::host_gw(ip).with_ipv6(ip, None));
+        let key = lease.key(PREFIX);
+        assert_eq!(key, "/coreos.com/network/subnets/0.0.0.0-0&fd10:0:0:9::-64");
+        let json = lease.to_json();
+        assert_eq!(
+            json,
+            r#"{"PublicIP":"0.0.0.0","PublicIPv6":"fd00:200::9","BackendType":"host-gw"}"#
+        );
+        let back = Lease::from_kv(PREFIX, &key, &json).unwrap();
+        assert_eq!(back, lease);
+        assert_eq!((back.subnets.v4(), back.public_addrs.v4()), (None, None));
+        assert_eq!(back.id(), SubnetId::V6(v6));
+        assert_eq!(back.origin(), LeaseOrigin::Key(Subnets::V6(v6)));
+        assert_eq!(back.ipv6_side(), Some((v6, ip)));
+    }
+
+    #[test]
+    fn a_half_empty_lease_that_flanneld_does_not_write_is_refused() {
+        let cases = [
+            (
+                "/coreos.com/network/subnets/0.0.0.0-0",
+                r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#,
+                "the empty IPv4 subnet 0.0.0.0-0 without an IPv6 subnet",
+            ),
+            (
+                "/coreos.com/network/subnets/10.5.8.0-24",
+                r#"{"PublicIP":"0.0.0.0","PublicIPv6":null}"#,
+                "PublicIP 0.0.0.0 is not a host address, and there is no PublicIPv6",
+            ),
+        ];
+        for (key, value, why) in cases {
+            let err = Lease::from_kv(PREFIX, key, value).unwrap_err().to_string();
+            assert!(err.contains(why), "{key} {value}: {err}");
+        }
     }
 
     #[test]
@@ -452,7 +484,7 @@ mod tests {
             r#"{"PublicIP":"10.200.0.1","PublicIPv6":null}"#,
         )
         .unwrap();
-        assert_eq!((lease.ipv6_subnet, lease.public_ipv6), (None, None));
+        assert_eq!((lease.subnets.v6(), lease.public_addrs.v6()), (None, None));
         assert_eq!(lease.backend_v6_data, None);
         assert_eq!(lease.key(PREFIX), key);
         let err = Lease::from_kv(PREFIX, "/coreos.com/network/subnets/10.5.8.0-24&x-64", "{}")
@@ -461,11 +493,107 @@ mod tests {
         assert!(err.starts_with("not a subnet lease key: "), "{err}");
     }
 
+    /// `V4`, `V6` or `Dual` of the two strategies' values.
+    fn families<A, B>(
+        v4: impl Strategy<Value = A> + Clone,
+        v6: impl Strategy<Value = B> + Clone,
+    ) -> impl Strategy<Value = Families<A, B>>
+    where
+        A: Clone + std::fmt::Debug,
+        B: Clone + std::fmt::Debug,
+    {
+        prop_oneof![
+            v4.clone().prop_map(Families::V4),
+            v6.clone().prop_map(Families::V6),
+            (v4, v6).prop_map(|(a, b)| Families::Dual(a, b)),
+        ]
+    }
+
+    fn any_lease() -> impl Strategy<Value = Lease> {
+        let net4 = (any::<u32>(), 1u8..=32)
+            .prop_map(|(a, len)| Ipv4Net::new(a.into(), len).unwrap().trunc());
+        let net6 = (any::<u128>(), 0u8..=128)
+            .prop_map(|(a, len)| Ipv6Net::new(a.into(), len).unwrap().trunc());
+        let ip4 = (1..=u32::MAX).prop_map(Ipv4Addr::from);
+        let ip6 = any::<u128>().prop_map(Ipv6Addr::from);
+        let kind = prop_oneof![Just(None), Just(Some("vxlan")), Just(Some("host-gw"))];
+        (families(net4, net6), families(ip4, ip6), kind).prop_map(|(subnets, addrs, kind)| {
+            let attrs = LeaseAttrs::typed(addrs, kind, None);
+            Lease::new(subnets, attrs)
+        })
+    }
+
+    /// Key names shaped as flanneld's, of every family, empty IPv4 part and /0 included; some
+    /// with host bits set.
+    fn key_names() -> impl Strategy<Value = String> {
+        let v4 = (any::<u32>(), 0u8..=32, any::<bool>()).prop_map(|(a, len, trunc)| {
+            let net = Ipv4Net::new(Ipv4Addr::from(a), len).unwrap();
+            let net = if trunc { net.trunc() } else { net };
+            format!("{}-{len}", net.addr())
+        });
+        let v4 = prop_oneof![v4, Just("0.0.0.0-0".to_string())];
+        let v6 = (any::<u128>(), 0u8..=128)
+            .prop_map(|(a, len)| Ipv6Net::new(Ipv6Addr::from(a), len).unwrap().trunc())
+            .prop_map(|net| format!("{}-{}", net.network(), net.prefix_len()));
+        (v4, proptest::option::of(v6)).prop_map(|(v4, v6)| match v6 {
+            Some(v6) => format!("{v4}&{v6}"),
+            None => v4,
+        })
+    }
+
+    proptest::proptest! {
+        /// Every lease of any family is written as flanneld writes it (an IPv6-only one as the
+        /// key `0.0.0.0-0&<v6>` with PublicIP 0.0.0.0) and read back as itself.
+        #[test]
+        fn every_lease_round_trips_through_flanneld_bytes(lease in any_lease()) {
+            let (key, json) = (lease.key(PREFIX), lease.to_json());
+            let name = key.strip_prefix("/coreos.com/network/subnets/").unwrap();
+            let v4 = lease.subnets.v4().map_or("0.0.0.0-0".into(), |s| {
+                format!("{}-{}", s.network(), s.prefix_len())
+            });
+            prop_assert!(name.starts_with(&v4), "{name}");
+            prop_assert_eq!(name.contains('&'), lease.subnets.v6().is_some());
+            let public_ip = lease.public_addrs.v4().unwrap_or(Ipv4Addr::UNSPECIFIED);
+            let head = format!(r#"{{"PublicIP":"{public_ip}","PublicIPv6":"#);
+            prop_assert!(json.starts_with(&head), "{json}");
+            let back = Lease::from_kv(PREFIX, &key, &json).unwrap();
+            prop_assert_eq!(&back, &lease);
+            prop_assert_eq!(back.subnets, lease.subnets);
+        }
+
+        /// Whatever is written under `<prefix>/subnets/`, reading it never panics, and what
+        /// reads as a lease is written back as the same lease.
+        #[test]
+        fn any_key_and_value_read_without_panic(
+            name in prop_oneof![
+                "[0-9.]{0,16}-[0-9]{0,3}(&[0-9a-f:]{0,24}-[0-9]{0,3})?",
+                key_names(),
+            ],
+            public_ip in prop_oneof![
+                "[0-9.]{0,16}",
+                Just("0.0.0.0".to_string()),
+                any::<u32>().prop_map(|a| Ipv4Addr::from(a).to_string()),
+            ],
+            public_ipv6 in proptest::option::of(prop_oneof![
+                "[0-9a-f:.]{0,24}",
+                any::<u128>().prop_map(|a| Ipv6Addr::from(a).to_string()),
+            ]),
+        ) {
+            let key = format!("{PREFIX}/subnets/{name}");
+            let public_ipv6 = public_ipv6.map_or("null".into(), |ip| format!("{ip:?}"));
+            let value = format!(r#"{{"PublicIP":"{public_ip}","PublicIPv6":{public_ipv6}}}"#);
+            if let Ok(lease) = Lease::from_kv(PREFIX, &key, &value) {
+                let again = Lease::from_kv(PREFIX, &lease.key(PREFIX), &lease.to_json());
+                prop_assert_eq!(again.unwrap(), lease);
+            }
+        }
+    }
+
     #[test]
     fn lease_round_trips_through_key_and_value() {
         let lease = Lease::new(
             net("10.5.8.0/24"),
-            LeaseAttrs::host_gw("10.200.0.1".parse().unwrap()),
+            LeaseAttrs::host_gw("10.200.0.1".parse::<Ipv4Addr>().unwrap()),
         );
         let back = Lease::from_kv(PREFIX, &lease.key(PREFIX), &lease.to_json()).unwrap();
         assert_eq!(back, lease);
@@ -475,13 +603,13 @@ mod tests {
     fn equality_is_of_what_a_lease_says_not_of_when_it_was_made() {
         let lease = Lease::new(
             net("10.5.8.0/24"),
-            LeaseAttrs::host_gw("10.200.0.1".parse().unwrap()),
+            LeaseAttrs::host_gw("10.200.0.1".parse::<Ipv4Addr>().unwrap()),
         );
         let later = lease.clone().with_created(Created::at(42));
         assert_eq!(later, lease);
         assert_ne!(later.created, lease.created);
         let mut moved = later.clone();
-        moved.public_ip = "10.200.0.2".parse().unwrap();
+        moved.public_addrs = PublicAddrs::V4("10.200.0.2".parse().unwrap());
         assert_ne!(moved, later);
         let order = [
             Created::default(),

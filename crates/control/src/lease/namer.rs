@@ -1,7 +1,7 @@
 //! How a registry names a lease to the operator: in logs and under `rejected_leases` in
 //! `twill status`, a lease is named where the operator would look for it.
 
-use super::{Lease, LeaseOrigin};
+use super::{key_name, Lease, LeaseOrigin};
 
 /// Names a lease as the operator wrote it: its etcd key, the flag that gave it, or the
 /// Kubernetes Node it was read from.
@@ -21,13 +21,8 @@ impl LeaseNamer {
     pub fn name(&self, lease: &Lease) -> String {
         match (self, lease.origin()) {
             (_, LeaseOrigin::Node(node)) => node_key(&node),
-            (LeaseNamer::EtcdKey(prefix), LeaseOrigin::Key(v4, v6)) => {
-                // The key's own text: flanneld's IPv6-only key has the empty IPv4 part 0.0.0.0-0.
-                let v4 = format!("{prefix}{}-{}", v4.network(), v4.prefix_len());
-                match v6 {
-                    None => v4,
-                    Some(v6) => format!("{v4}&{}-{}", v6.network(), v6.prefix_len()),
-                }
+            (LeaseNamer::EtcdKey(prefix), LeaseOrigin::Key(subnets)) => {
+                format!("{prefix}{}", key_name(subnets))
             }
             (LeaseNamer::KubeNode, LeaseOrigin::Key(..)) => {
                 format!("node with podCIDR {}", lease.id())
@@ -58,8 +53,8 @@ mod tests {
 
     fn lease(subnet: &str) -> Lease {
         Lease::new(
-            subnet.parse().unwrap(),
-            LeaseAttrs::udp("10.200.0.2".parse().unwrap()),
+            subnet.parse::<ipnet::Ipv4Net>().unwrap(),
+            LeaseAttrs::udp("10.200.0.2".parse::<std::net::Ipv4Addr>().unwrap()),
         )
     }
 
@@ -74,9 +69,9 @@ mod tests {
             namer.name(&dual),
             "/coreos.com/network/subnets/10.5.2.0-25&fd10:0:0:2::-64"
         );
-        let ipv6_only = Lease::ipv6_only(
-            "fd10:0:0:2::/64".parse().unwrap(),
-            LeaseAttrs::udp(std::net::Ipv4Addr::UNSPECIFIED),
+        let ipv6_only = Lease::new(
+            "fd10:0:0:2::/64".parse::<ipnet::Ipv6Net>().unwrap(),
+            LeaseAttrs::udp("fd00::2".parse::<std::net::Ipv6Addr>().unwrap()),
         );
         assert_eq!(
             namer.name(&ipv6_only),

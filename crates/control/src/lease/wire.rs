@@ -1,6 +1,6 @@
 //! A lease's value in etcd: flannel's Go `LeaseAttrs` struct as `encoding/json` writes it.
 
-use super::{BackendData, LeaseAttrs, LeaseError};
+use super::{BackendData, LeaseAttrs, LeaseError, PublicAddrs};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::value::RawValue;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -54,11 +54,12 @@ fn data_of(raw: Option<Box<RawValue>>) -> Option<BackendData> {
 }
 
 impl LeaseAttrs {
-    /// The etcd value, exactly as flanneld would write it for the same attributes.
+    /// The etcd value, exactly as flanneld would write it for the same attributes: an
+    /// IPv6-only node's PublicIP is `0.0.0.0`.
     pub fn to_json(&self) -> String {
         let wire = Wire {
-            public_ip: self.public_ip,
-            public_ipv6: self.public_ipv6,
+            public_ip: self.public_addrs.v4().unwrap_or(Ipv4Addr::UNSPECIFIED),
+            public_ipv6: self.public_addrs.v6(),
             // Go's omitempty drops an empty string, so an empty type is no type.
             backend_type: self
                 .backend_type
@@ -71,12 +72,20 @@ impl LeaseAttrs {
         serde_json::to_string(&wire).expect("lease attributes always serialise")
     }
 
-    /// Reads an etcd value written by flanneld or twill; unknown fields are ignored.
+    /// Reads an etcd value written by flanneld or twill; unknown fields are ignored. A
+    /// PublicIP of `0.0.0.0` is no IPv4 address, as an IPv6-only flanneld writes it; a value
+    /// that names no address at all is refused.
     pub fn from_json(json: &str) -> Result<Self, LeaseError> {
         let wire: Wire = serde_json::from_str(json)?;
+        let public_ip = Some(wire.public_ip).filter(|ip| !ip.is_unspecified());
+        let public_addrs =
+            PublicAddrs::from_parts(public_ip, wire.public_ipv6).ok_or_else(|| {
+                <serde_json::Error as serde::de::Error>::custom(
+                    "PublicIP 0.0.0.0 is not a host address, and there is no PublicIPv6",
+                )
+            })?;
         Ok(LeaseAttrs {
-            public_ip: wire.public_ip,
-            public_ipv6: wire.public_ipv6,
+            public_addrs,
             backend_type: wire
                 .backend_type
                 .filter(|t| !t.is_empty())
@@ -90,6 +99,7 @@ impl LeaseAttrs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::str::FromStr;
 
     #[test]
     fn exact_json_per_backend() {
@@ -131,7 +141,7 @@ mod tests {
         let old = r#"{"PublicIP":"10.200.0.2"}"#;
         assert_eq!(
             LeaseAttrs::from_json(old).unwrap(),
-            LeaseAttrs::udp("10.200.0.2".parse().unwrap())
+            LeaseAttrs::udp("10.200.0.2".parse::<Ipv4Addr>().unwrap())
         );
         let dual = r#"{"PublicIP":"10.200.0.2","PublicIPv6":"fc00::2","BackendType":"vxlan",
             "BackendData":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:ff"},"BackendV6Data":{"VNI":1}}"#;
@@ -149,22 +159,29 @@ mod tests {
     #[test]
     fn a_dual_stack_lease_reads_and_writes_as_flanneld_does() {
         let attrs = LeaseAttrs::from_json(DUAL_VXLAN).unwrap();
-        assert_eq!(attrs.public_ipv6, Some("fd00:200::2".parse().unwrap()));
+        assert_eq!(
+            attrs.public_addrs.v6(),
+            Some("fd00:200::2".parse().unwrap())
+        );
         let v6 = attrs.backend_v6_data.as_ref().unwrap();
         assert_eq!(v6.get("VtepMAC").unwrap(), "aa:bb:cc:dd:ee:02");
         assert_eq!(attrs.to_json(), DUAL_VXLAN);
-        let built = LeaseAttrs::vxlan("10.200.0.2".parse().unwrap(), 1, "aa:bb:cc:dd:ee:01")
-            .with_ipv6(
-                "fd00:200::2".parse().unwrap(),
-                Some(serde_json::json!({"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:02"}).into()),
-            );
+        let built = LeaseAttrs::vxlan(
+            "10.200.0.2".parse::<Ipv4Addr>().unwrap(),
+            1,
+            "aa:bb:cc:dd:ee:01",
+        )
+        .with_ipv6(
+            "fd00:200::2".parse().unwrap(),
+            Some(serde_json::json!({"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:02"}).into()),
+        );
         assert_eq!(built, attrs);
         assert_eq!(built.to_json(), DUAL_VXLAN);
     }
 
     #[test]
     fn absent_and_null_ipv6_fields_as_flanneld_writes_them() {
-        let ip = "10.200.0.3".parse().unwrap();
+        let ip: Ipv4Addr = "10.200.0.3".parse().unwrap();
         // host-gw and udp write no BackendV6Data; an IPv6-only node writes PublicIP 0.0.0.0.
         let cases = [
             (
@@ -178,17 +195,31 @@ mod tests {
             (r#"{"PublicIP":"10.200.0.3"}"#, LeaseAttrs::udp(ip)),
             (
                 r#"{"PublicIP":"0.0.0.0","PublicIPv6":"fd00::3"}"#,
-                LeaseAttrs::udp("0.0.0.0".parse().unwrap())
-                    .with_ipv6("fd00::3".parse().unwrap(), None),
+                LeaseAttrs::udp(Ipv6Addr::from_str("fd00::3").unwrap()),
             ),
         ];
         for (json, want) in &cases {
             assert_eq!(&LeaseAttrs::from_json(json).unwrap(), want, "{json}");
         }
+        assert_eq!(cases[3].1.public_addrs.v4(), None);
         assert_eq!(
             cases[0].1.to_json(),
             r#"{"PublicIP":"10.200.0.3","PublicIPv6":"fd00::3","BackendType":"host-gw"}"#
         );
+    }
+
+    #[test]
+    fn an_ipv6_only_value_round_trips_as_flanneld_writes_it() {
+        let json = r#"{"PublicIP":"0.0.0.0","PublicIPv6":"fd00:200::4","BackendType":"vxlan","BackendV6Data":{"VNI":1,"VtepMAC":"aa:bb:cc:dd:ee:04"}}"#;
+        let attrs = LeaseAttrs::from_json(json).unwrap();
+        let ip: Ipv6Addr = "fd00:200::4".parse().unwrap();
+        assert_eq!(attrs.public_addrs, PublicAddrs::V6(ip));
+        assert_eq!(attrs.to_json(), json);
+        let built = LeaseAttrs::typed(ip, Some("vxlan"), None).with_ipv6(
+            ip,
+            Some(serde_json::json!({"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:04"}).into()),
+        );
+        assert_eq!(built, attrs);
     }
 
     #[test]
@@ -215,6 +246,14 @@ mod tests {
                 "invalid lease value",
             ),
             (r#"{"PublicIPv6":"fd00::3"}"#, "missing field `PublicIP`"),
+            (
+                r#"{"PublicIP":"0.0.0.0","PublicIPv6":null,"BackendType":"vxlan"}"#,
+                "PublicIP 0.0.0.0 is not a host address, and there is no PublicIPv6",
+            ),
+            (
+                r#"{"PublicIP":"0.0.0.0"}"#,
+                "PublicIP 0.0.0.0 is not a host address, and there is no PublicIPv6",
+            ),
         ];
         for (json, want) in cases {
             let err = LeaseAttrs::from_json(json).expect_err(json).to_string();

@@ -23,8 +23,6 @@ pub struct Ipv6Rules {
     /// The network's datagrams go over IPv6 (`Backend.Underlay`), or it is IPv6-only: a peer
     /// is reached only at its PublicIPv6, so a lease must name one.
     pub needs_public_ip: bool,
-    /// An IPv6-only network: a lease's IPv6 subnet is all it has.
-    pub needs_subnet: bool,
     /// On a wireguard node, how its Mode reads a lease: one it cannot read is no peer.
     pub wireguard: Option<LeaseReader>,
 }
@@ -34,20 +32,16 @@ impl Ipv6Rules {
         Ipv6Rules {
             network: v6.network,
             subnet_len: v6.subnet_len,
-            own_subnet: own.ipv6_subnet,
-            own_public_ip: own.public_ipv6,
+            own_subnet: own.subnets.v6(),
+            own_public_ip: own.public_addrs.v6(),
             needs_public_ip: config.backend.underlay == Underlay::Ipv6 || config.ipv4.is_none(),
-            needs_subnet: config.ipv4.is_none(),
             wireguard: LeaseReader::of_dual_stack_node(config, own),
         }
     }
 
     /// The checks of a lease's IPv6 subnet and PublicIPv6 on their own.
     pub(super) fn check(&self, lease: &Lease) -> Result<(), Rejection> {
-        if self.needs_subnet && lease.ipv6_subnet.is_none() {
-            return Err(Rejection::NoIpv6Subnet);
-        }
-        if let Some(subnet) = lease.ipv6_subnet {
+        if let Some(subnet) = lease.subnets.v6() {
             if subnet.prefix_len() != self.subnet_len {
                 return Err(Rejection::Ipv6PrefixLength {
                     got: subnet.prefix_len(),
@@ -61,7 +55,7 @@ impl Ipv6Rules {
                 return Err(Rejection::OverlapsOwnIpv6(own));
             }
         }
-        match lease.public_ipv6 {
+        match lease.public_addrs.v6() {
             Some(ip) if self.network.contains(&ip) => {
                 return Err(Rejection::PublicIpv6InNetwork {
                     ip,
@@ -136,11 +130,18 @@ mod tests {
 
     /// A host-gw lease at 10.5.<third>.0/24 with the IPv6 subnet and PublicIPv6 given.
     fn lease(third: u8, v6: &str, public_ipv6: Option<&str>) -> Lease {
-        let ip = format!("10.200.0.{third}").parse().unwrap();
+        let ip: std::net::Ipv4Addr = format!("10.200.0.{third}").parse().unwrap();
         let mut attrs = LeaseAttrs::host_gw(ip);
-        attrs.public_ipv6 = public_ipv6.map(|a| a.parse().unwrap());
-        Lease::new(format!("10.5.{third}.0/24").parse().unwrap(), attrs)
-            .with_ipv6_subnet(v6.parse().unwrap())
+        if let Some(public_ipv6) = public_ipv6 {
+            attrs = attrs.with_ipv6(public_ipv6.parse().unwrap(), None);
+        }
+        Lease::new(
+            format!("10.5.{third}.0/24")
+                .parse::<ipnet::Ipv4Net>()
+                .unwrap(),
+            attrs,
+        )
+        .with_ipv6_subnet(v6.parse().unwrap())
     }
 
     #[test]
@@ -160,8 +161,8 @@ mod tests {
         );
         assert_eq!(rules().check(&lease(2, "fd10:0:0:2::/64", None)), Ok(()));
         let v4_only = Lease::new(
-            "10.5.3.0/24".parse().unwrap(),
-            LeaseAttrs::host_gw("10.200.0.3".parse().unwrap()),
+            "10.5.3.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+            LeaseAttrs::host_gw("10.200.0.3".parse::<std::net::Ipv4Addr>().unwrap()),
         );
         assert_eq!(rules().check(&v4_only), Ok(()));
         assert_eq!(
@@ -249,13 +250,17 @@ mod tests {
             LeaseRules::new(&config, &own)
         };
         let peer = |v6_data: bool, public_ipv6: Option<&str>| {
-            let attrs = LeaseAttrs::wireguard("10.200.0.2".parse().unwrap(), KEY, 51820);
+            let ip: std::net::Ipv4Addr = "10.200.0.2".parse().unwrap();
+            let attrs = LeaseAttrs::wireguard(ip, KEY, 51820);
             let attrs = LeaseAttrs {
-                public_ipv6: public_ipv6.map(|ip| ip.parse().unwrap()),
+                public_addrs: match public_ipv6 {
+                    Some(v6) => attrs.public_addrs.with_v6(v6.parse().unwrap()),
+                    None => attrs.public_addrs,
+                },
                 backend_v6_data: v6_data.then(|| BackendData::wireguard(KEY, 51821)),
                 ..attrs
             };
-            Lease::new("10.5.2.0/24".parse().unwrap(), attrs)
+            Lease::new("10.5.2.0/24".parse::<ipnet::Ipv4Net>().unwrap(), attrs)
                 .with_ipv6_subnet("fd10:0:0:2::/64".parse().unwrap())
         };
         let separate = wireguard("separate");

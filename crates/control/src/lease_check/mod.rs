@@ -86,10 +86,13 @@ pub enum Rejection {
     },
     /// It names no PublicIPv6, and this network's datagrams go over IPv6 (`Backend.Underlay`).
     NoPublicIpv6,
-    /// It has an IPv4 subnet, and this network is IPv6-only (`EnableIPv4` false).
+    /// It has an IPv4 subnet, and this network is IPv6-only (`EnableIPv4` false). A lease
+    /// without one has an IPv6 subnet: [`Lease::subnets`] holds one family at least.
     Ipv4OnIpv6Only(Ipv4Net),
-    /// It has no IPv6 subnet, and this network is IPv6-only.
-    NoIpv6Subnet,
+    /// It has no IPv4 subnet (an IPv6-only lease), and this network has IPv4.
+    NoIpv4Subnet,
+    /// It names no PublicIP, and this network has IPv4.
+    NoPublicIp,
 }
 
 impl fmt::Display for Rejection {
@@ -148,9 +151,14 @@ impl fmt::Display for Rejection {
                 f,
                 "it has the IPv4 subnet {subnet}, and this network is IPv6-only (EnableIPv4 false)"
             ),
-            Rejection::NoIpv6Subnet => write!(
+            Rejection::NoIpv4Subnet => write!(
                 f,
-                "it has no IPv6 subnet, and this network is IPv6-only (EnableIPv4 false)"
+                "it has no IPv4 subnet (an IPv6-only lease), and this network has IPv4"
+            ),
+            Rejection::NoPublicIp => write!(
+                f,
+                "it names no PublicIP (its PublicIP 0.0.0.0 is not a host address), and this \
+                 network has IPv4"
             ),
             Rejection::NoPublicIpv6 => write!(
                 f,
@@ -187,7 +195,7 @@ pub struct Ipv4Rules {
 
 impl Ipv4Rules {
     fn check(&self, lease: &Lease) -> Result<(), Rejection> {
-        let subnet = lease.subnet;
+        let subnet = lease.subnets.v4().ok_or(Rejection::NoIpv4Subnet)?;
         if subnet.prefix_len() != self.subnet_len {
             return Err(Rejection::PrefixLength {
                 got: subnet.prefix_len(),
@@ -200,10 +208,11 @@ impl Ipv4Rules {
         if overlaps(subnet, self.own_subnet) {
             return Err(Rejection::OverlapsOwn(self.own_subnet));
         }
-        check_public_ip(lease.public_ip, self.own_public_ip)?;
-        if self.network.contains(&lease.public_ip) {
+        let public_ip = lease.public_addrs.v4().ok_or(Rejection::NoPublicIp)?;
+        check_public_ip(public_ip, self.own_public_ip)?;
+        if self.network.contains(&public_ip) {
             return Err(Rejection::PublicIpInNetwork {
-                ip: lease.public_ip,
+                ip: public_ip,
                 network: self.network,
             });
         }
@@ -214,15 +223,17 @@ impl Ipv4Rules {
 impl LeaseRules {
     pub fn new(config: &Config, own: &Lease) -> LeaseRules {
         LeaseRules {
-            ipv4: config.ipv4.as_ref().map(|v4| Ipv4Rules {
-                network: v4.network,
-                // Every lease has the prefix length of ours: the config's SubnetLen with etcd,
-                // the controller manager's node CIDR size in Kubernetes (net-conf.json need not
-                // name it).
-                subnet_len: own.subnet.prefix_len(),
-                own_subnet: own.subnet,
-                own_public_ip: own.public_ip,
-            }),
+            ipv4: config.ipv4.as_ref().zip(own.ipv4_side().ok()).map(
+                |(v4, (own_subnet, own_public_ip))| Ipv4Rules {
+                    network: v4.network,
+                    // Every lease has the prefix length of ours: the config's SubnetLen with
+                    // etcd, the controller manager's node CIDR size in Kubernetes
+                    // (net-conf.json need not name it).
+                    subnet_len: own_subnet.prefix_len(),
+                    own_subnet,
+                    own_public_ip,
+                },
+            ),
             own_key: wireguard_key(own),
             backend_type: own.backend_type.clone(),
             ipv6: config
@@ -241,10 +252,11 @@ impl LeaseRules {
     pub fn check_keyed(&self, lease: &Lease) -> Result<Option<PublicKey>, Rejection> {
         match &self.ipv4 {
             Some(v4) => v4.check(lease)?,
-            None if lease.ipv4_subnet().is_some() => {
-                return Err(Rejection::Ipv4OnIpv6Only(lease.subnet))
+            None => {
+                if let Some(subnet) = lease.subnets.v4() {
+                    return Err(Rejection::Ipv4OnIpv6Only(subnet));
+                }
             }
-            None => {}
         }
         if let Some(v6) = &self.ipv6 {
             v6.check(lease)?;
@@ -364,10 +376,10 @@ impl LeaseRules {
     /// peer may have on this node.
     pub fn claims(&self, lease: &Lease, key: Option<PublicKey>) -> Claims {
         let mut claims = Claims::new();
-        if let Some(subnet) = lease.ipv4_subnet().filter(|_| self.ipv4.is_some()) {
+        if let Some(subnet) = lease.subnets.v4().filter(|_| self.ipv4.is_some()) {
             claims.push(Claim::Subnet(subnet));
         }
-        if let Some(subnet) = lease.ipv6_subnet.filter(|_| self.ipv6.is_some()) {
+        if let Some(subnet) = lease.subnets.v6().filter(|_| self.ipv6.is_some()) {
             claims.push(Claim::Ipv6Subnet(subnet));
         }
         if let Some(endpoint) = self.endpoint(lease) {
@@ -392,8 +404,8 @@ impl LeaseRules {
         let over_ipv6 =
             self.ipv4.is_some() && self.ipv6.as_ref().is_some_and(|v6| v6.needs_public_ip);
         let ip = match over_ipv6 {
-            true => IpAddr::V6(lease.public_ipv6?),
-            false => IpAddr::V4(lease.public_ip),
+            true => IpAddr::V6(lease.public_addrs.v6()?),
+            false => IpAddr::V4(lease.public_addrs.v4()?),
         };
         Some(Claim::Endpoint { ip, port })
     }

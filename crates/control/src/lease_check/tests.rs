@@ -29,6 +29,20 @@ fn check(lease: &Lease) -> Result<(), Rejection> {
     rules.check(lease)
 }
 
+/// A network with IPv4 refuses a lease that has no IPv4 subnet, or no PublicIP (flanneld's
+/// IPv6-only lease, `0.0.0.0-0&…` with PublicIP 0.0.0.0), by name.
+#[test]
+fn a_lease_without_its_ipv4_side_is_refused_on_a_network_with_ipv4() {
+    let v6: ipnet::Ipv6Net = "fd10:0:0:2::/64".parse().unwrap();
+    let ip6: Ipv6Addr = "fd00:200::2".parse().unwrap();
+    let no_subnet = Lease::new(v6, LeaseAttrs::udp(ip6));
+    assert_eq!(rules().check(&no_subnet), Err(Rejection::NoIpv4Subnet));
+    let no_public_ip = Lease::new(net("10.5.2.0/24"), LeaseAttrs::udp(ip6));
+    let got = rules().check(&no_public_ip).unwrap_err();
+    assert_eq!(got, Rejection::NoPublicIp);
+    assert!(got.to_string().contains("not a host address"), "{got}");
+}
+
 #[test]
 fn a_lease_of_another_backend_type_is_refused_naming_both() {
     let vxlan = vxlan("10.5.2.0/24", json!("d6:60:f1:85:5a:fc"));
@@ -57,7 +71,10 @@ fn a_lease_of_another_backend_type_is_refused_naming_both() {
 }
 
 fn udp(subnet: &str, ip: &str) -> Lease {
-    Lease::new(net(subnet), LeaseAttrs::udp(ip.parse().unwrap()))
+    Lease::new(
+        net(subnet),
+        LeaseAttrs::udp(ip.parse::<std::net::Ipv4Addr>().unwrap()),
+    )
 }
 
 fn vxlan(subnet: &str, mac: serde_json::Value) -> Lease {
@@ -185,7 +202,7 @@ fn a_lease_claims_its_subnet_and_where_peers_are_known_by_address_its_endpoint()
     let batch_lease = Lease::new(
         net("10.5.3.0/24"),
         LeaseAttrs::typed(
-            "10.200.0.2".parse().unwrap(),
+            "10.200.0.2".parse::<std::net::Ipv4Addr>().unwrap(),
             BackendKind::TwillBatch.lease_type(),
             Some(json!({"Port": 8287, "Version": 1}).into()),
         ),

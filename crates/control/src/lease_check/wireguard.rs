@@ -57,20 +57,20 @@ impl LeaseReader {
     /// BackendData is all the reading needs).
     pub fn of_dual_stack_node(config: &Config, own: &Lease) -> Option<LeaseReader> {
         let runs = config.backend.kind() == Some(BackendKind::Wireguard);
-        let own_public_ipv6 = config.ipv6.as_ref().and(own.public_ipv6)?;
+        let own_public_ipv6 = config.ipv6.as_ref().and(own.public_addrs.v6())?;
         let wireguard = WireguardConfig::of_network(config).ok().filter(|_| runs)?;
         Some(LeaseReader::new(&wireguard, Some(own_public_ipv6)))
     }
 
     pub fn read(&self, lease: &Lease) -> Result<LeasePeers, String> {
         let (key, port) = lease.wireguard_data()?;
-        let subnet6 = self.own_public_ipv6.and(lease.ipv6_subnet);
+        let subnet6 = self.own_public_ipv6.and(lease.subnets.v6());
         let v6_port = match subnet6 {
             Some(_) => Some(v6_port(lease, &key)?),
             None => None,
         };
         let main = WgPeerSpec {
-            subnet: lease.subnet,
+            subnet: lease.subnets.v4().ok_or("it has no IPv4 subnet")?,
             subnet6,
             endpoint: SocketAddr::new(self.main_endpoint(lease)?, port.unwrap_or(self.listen_port)),
             public_key: key,
@@ -94,7 +94,9 @@ impl LeaseReader {
         };
         match mode {
             Mode::Ipv6 => public_ipv6(lease, "Mode ipv6"),
-            _ => Ok(IpAddr::V4(lease.public_ip)),
+            _ => lease.public_addrs.v4().map(IpAddr::V4).ok_or_else(|| {
+                "it has no PublicIP, and this node reaches peers over the IPv4 underlay".into()
+            }),
         }
     }
 }
@@ -119,7 +121,7 @@ fn v6_port(lease: &Lease, key: &PublicKey) -> Result<Option<u16>, String> {
 
 /// The lease's PublicIPv6, which `who` sends to.
 fn public_ipv6(lease: &Lease, who: &str) -> Result<IpAddr, String> {
-    let ip = lease.public_ipv6.ok_or_else(|| {
+    let ip = lease.public_addrs.v6().ok_or_else(|| {
         format!("it has no PublicIPv6, and {who} reaches peers over the IPv6 underlay")
     })?;
     Ok(IpAddr::V6(ip))
@@ -129,11 +131,11 @@ fn public_ipv6(lease: &Lease, who: &str) -> Result<IpAddr, String> {
 /// a PublicIPv6; IPv6 when both ends' IPv6 addresses are public (not unique-local) but the
 /// peer's IPv4 address is private; else IPv4.
 fn select(lease: &Lease, own_public_ipv6: Option<Ipv6Addr>) -> Mode {
-    let Some(theirs) = lease.public_ipv6 else {
+    let Some(theirs) = lease.public_addrs.v6() else {
         return Mode::Ipv4;
     };
     // RFC 1918, as flannel's `IP4.IsPrivate`.
-    if !lease.public_ip.is_private() {
+    if !lease.public_addrs.v4().is_some_and(|ip| ip.is_private()) {
         return Mode::Ipv4;
     }
     match own_public_ipv6 {

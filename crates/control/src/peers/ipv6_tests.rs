@@ -1,12 +1,14 @@
 use super::*;
 use crate::config::Config;
-use crate::lease::LeaseAttrs;
+use crate::lease::{LeaseAttrs, PublicAddrs, Subnets};
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// A dual-stack udp lease at 10.5.<third>.0/24 with the IPv6 subnet `v6`.
 fn lease(third: u8, v6: &str) -> Lease {
-    let ip = format!("10.200.0.{third}").parse().unwrap();
+    let ip: Ipv4Addr = format!("10.200.0.{third}").parse().unwrap();
     Lease::new(
-        format!("10.5.{third}.0/24").parse().unwrap(),
+        format!("10.5.{third}.0/24").parse::<Ipv4Net>().unwrap(),
         LeaseAttrs::udp(ip),
     )
     .with_ipv6_subnet(v6.parse().unwrap())
@@ -38,7 +40,7 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
     );
     // The holder renews with the same IPv6 subnet: still its own.
     let renewed = Lease {
-        public_ip: "10.200.0.22".parse().unwrap(),
+        public_addrs: PublicAddrs::V4("10.200.0.22".parse().unwrap()),
         ..first.clone()
     };
     assert!(peers.admit(LeaseEvent::Added(renewed.clone())).is_some());
@@ -56,13 +58,16 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
     );
 }
 
-/// An IPv6-only vxlan lease, as flanneld writes one: PublicIP 0.0.0.0, the key's IPv4 part
-/// `0.0.0.0-0`, the VtepMAC in BackendV6Data.
+/// An IPv6-only vxlan lease, as flanneld writes one: no IPv4 subnet or PublicIP, the
+/// VtepMAC in BackendV6Data.
 fn ipv6_only_lease(n: u8) -> Lease {
     let data = serde_json::json!({"VNI": 1, "VtepMAC": format!("0a:00:00:00:00:{n:02x}")});
-    let attrs = LeaseAttrs::typed(std::net::Ipv4Addr::UNSPECIFIED, Some("vxlan"), None)
-        .with_ipv6(format!("fd00:200::{n}").parse().unwrap(), Some(data.into()));
-    Lease::ipv6_only(format!("fd10:0:0:{n}::/64").parse().unwrap(), attrs)
+    let ip: Ipv6Addr = format!("fd00:200::{n}").parse().unwrap();
+    let attrs = LeaseAttrs::typed(ip, Some("vxlan"), None).with_ipv6(ip, Some(data.into()));
+    Lease::new(
+        format!("fd10:0:0:{n}::/64").parse::<Ipv6Net>().unwrap(),
+        attrs,
+    )
 }
 
 fn ipv6_only_peers() -> Peers {
@@ -72,8 +77,8 @@ fn ipv6_only_peers() -> Peers {
     Peers::new(rules, LeaseNamer::EtcdKey("/p/subnets/".into()))
 }
 
-/// Every lease of an IPv6-only network has the IPv4 part 0.0.0.0/0: each is still a peer of
-/// its own, named by its IPv6 subnet, and one goes without taking the others along.
+/// No lease of an IPv6-only network has an IPv4 subnet: each is still a peer of its own,
+/// named by its IPv6 subnet, and one goes without taking the others along.
 #[test]
 fn ipv6_only_leases_are_peers_of_their_own() {
     let mut peers = ipv6_only_peers();
@@ -87,10 +92,10 @@ fn ipv6_only_leases_are_peers_of_their_own() {
     assert_eq!(peers.refused().count(), 0);
     // Our own subnet, and one overlapping a peer's, are refused like any IPv6 subnet.
     let mut own = ipv6_only_lease(9);
-    own.ipv6_subnet = Some("fd10:0:0:1::/64".parse().unwrap());
+    own.subnets = Subnets::V6("fd10:0:0:1::/64".parse().unwrap());
     let mut wide = ipv6_only_lease(8);
-    wide.ipv6_subnet = Some("fd10:0:0:2::/63".parse().unwrap());
-    wide.public_ipv6 = Some("fd00:200::8".parse().unwrap());
+    wide.subnets = Subnets::V6("fd10:0:0:2::/63".parse().unwrap());
+    wide.public_addrs = PublicAddrs::V6("fd00:200::8".parse().unwrap());
     assert_eq!(peers.admit(LeaseEvent::Added(own)), None);
     let removed = peers.admit(LeaseEvent::Removed(two.clone()));
     assert_eq!(removed, Some(LeaseEvent::Removed(two)));
@@ -109,21 +114,26 @@ fn ipv6_only_leases_are_peers_of_their_own() {
     );
 }
 
-/// On an IPv6-only network, a lease with an IPv4 subnet, or without an IPv6 one, or without
-/// a PublicIPv6 or an IPv6 VtepMAC, is refused with the reason.
+/// On an IPv6-only network, a lease with an IPv4 subnet (with an IPv6 one or without), or
+/// without a PublicIPv6 or an IPv6 VtepMAC, is refused with the reason. (A key without
+/// either subnet, flanneld's `0.0.0.0-0` alone, is no lease: see `lease::key`.)
 #[test]
 fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
     let mut peers = ipv6_only_peers();
+    let with_ipv4 = ipv6_only_lease(4);
     let with_ipv4 = Lease {
-        subnet: "10.5.4.0/24".parse().unwrap(),
-        ..ipv6_only_lease(4)
+        subnets: Subnets::Dual(
+            "10.5.4.0/24".parse().unwrap(),
+            with_ipv4.subnets.v6().unwrap(),
+        ),
+        ..with_ipv4
     };
     let without_ipv6 = Lease {
-        ipv6_subnet: None,
+        subnets: Subnets::V4("10.5.5.0/24".parse().unwrap()),
         ..ipv6_only_lease(5)
     };
     let without_public_ipv6 = Lease {
-        public_ipv6: None,
+        public_addrs: PublicAddrs::V4("10.200.0.6".parse().unwrap()),
         ..ipv6_only_lease(6)
     };
     let without_mac = Lease {
@@ -145,10 +155,10 @@ fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
              reaches peers over IPv6 (its Backend.Underlay is ipv6, or it is IPv6-only): there \
              is no address to send its traffic to",
             "/p/subnets/0.0.0.0-0&fd10:0:0:7::-64: it has no BackendV6Data.VtepMAC",
-            "/p/subnets/0.0.0.0-0: it has no IPv6 subnet, and this network is IPv6-only \
-             (EnableIPv4 false)",
             "/p/subnets/10.5.4.0-24&fd10:0:0:4::-64: it has the IPv4 subnet 10.5.4.0/24, and \
              this network is IPv6-only (EnableIPv4 false)",
+            "/p/subnets/10.5.5.0-24: it has the IPv4 subnet 10.5.5.0/24, and this network is \
+             IPv6-only (EnableIPv4 false)",
         ]
     );
 }

@@ -1,13 +1,13 @@
 use super::*;
-use crate::lease::{Created, LeaseAttrs};
+use crate::lease::{Created, LeaseAttrs, PublicAddrs, Subnets};
 
 const KEY: &str = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
 const OTHER: &str = "KCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4/QEFCQ0RFRkc=";
 
 /// A wireguard lease at `10.5.<third>.0/24` with `key`, made at etcd revision `made`.
 fn wg(third: u8, key: &str, made: i64) -> Lease {
-    let subnet = format!("10.5.{third}.0/24").parse().unwrap();
-    let ip = format!("10.200.0.{third}").parse().unwrap();
+    let subnet: ipnet::Ipv4Net = format!("10.5.{third}.0/24").parse().unwrap();
+    let ip: std::net::Ipv4Addr = format!("10.200.0.{third}").parse().unwrap();
     Lease::new(subnet, LeaseAttrs::wireguard(ip, key, 51820)).with_created(Created::at(made))
 }
 
@@ -16,13 +16,20 @@ fn peers() -> Peers {
 }
 
 fn subnets<'a>(leases: impl Iterator<Item = &'a Lease>) -> Vec<String> {
-    leases.map(|l| l.subnet.to_string()).collect()
+    leases
+        .map(|l| l.subnets.v4().unwrap().to_string())
+        .collect()
 }
 
 fn refusal(peers: &Peers) -> Vec<(String, String)> {
     let refused = peers.refused();
     refused
-        .map(|r| (r.lease.subnet.to_string(), r.reason.to_string()))
+        .map(|r| {
+            (
+                r.lease.subnets.v4().unwrap().to_string(),
+                r.reason.to_string(),
+            )
+        })
         .collect()
 }
 
@@ -83,16 +90,16 @@ fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
     let real = wg(3, KEY, 5);
     peers.admit(LeaseEvent::Added(real.clone()));
     let mut moved = real.clone();
-    moved.public_ip = "10.200.0.33".parse().unwrap();
+    moved.public_addrs = PublicAddrs::V4("10.200.0.33".parse().unwrap());
     let event = peers.admit(LeaseEvent::Added(moved.clone()));
     assert_eq!(event, Some(LeaseEvent::Added(moved)));
     let udp = Lease::new(
-        "10.5.9.0/24".parse().unwrap(),
-        LeaseAttrs::udp("10.200.0.9".parse().unwrap()),
+        "10.5.9.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+        LeaseAttrs::udp("10.200.0.9".parse::<std::net::Ipv4Addr>().unwrap()),
     );
     let twin = Lease {
-        subnet: "10.5.8.0/24".parse().unwrap(),
-        public_ip: "10.200.0.8".parse().unwrap(),
+        subnets: Subnets::V4("10.5.8.0/24".parse().unwrap()),
+        public_addrs: PublicAddrs::V4("10.200.0.8".parse().unwrap()),
         ..udp.clone()
     };
     // On a udp node, two leases without keys never clash over one.
@@ -108,8 +115,8 @@ fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
     assert_eq!(udp_peers.accepted().count(), 2);
     // On this wireguard node, they are of another backend type.
     let refused = peers.admit(LeaseEvent::Added(Lease::new(
-        "10.5.7.0/24".parse().unwrap(),
-        LeaseAttrs::udp("10.200.0.7".parse().unwrap()),
+        "10.5.7.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+        LeaseAttrs::udp("10.200.0.7".parse::<std::net::Ipv4Addr>().unwrap()),
     )));
     assert_eq!(refused, None);
     assert!(matches!(

@@ -330,8 +330,8 @@ mod tests {
 
     fn lease(subnet: &str, ip: &str) -> Lease {
         Lease::new(
-            subnet.parse().unwrap(),
-            LeaseAttrs::udp(ip.parse().unwrap()),
+            subnet.parse::<ipnet::Ipv4Net>().unwrap(),
+            LeaseAttrs::udp(ip.parse::<std::net::Ipv4Addr>().unwrap()),
         )
     }
 

@@ -10,8 +10,8 @@ use proptest::prelude::*;
 /// A udp lease read from Node `node`, created at `at`.
 fn node(node: &str, at: i64, subnet: &str, ip: &str) -> Lease {
     let lease = Lease::new(
-        subnet.parse().unwrap(),
-        LeaseAttrs::udp(ip.parse().unwrap()),
+        subnet.parse::<ipnet::Ipv4Net>().unwrap(),
+        LeaseAttrs::udp(ip.parse::<std::net::Ipv4Addr>().unwrap()),
     );
     lease.with_created(Created::named(at, node))
 }
@@ -101,8 +101,11 @@ fn dual_stack_peers() -> Peers {
 
 /// The etcd key `10.5.<third>.0-24&<v6>` made at revision `at`.
 fn key_lease(third: u8, at: i64, v6: &str, ip: &str) -> Lease {
-    let subnet = format!("10.5.{third}.0/24").parse().unwrap();
-    let lease = Lease::new(subnet, LeaseAttrs::udp(ip.parse().unwrap()));
+    let subnet: ipnet::Ipv4Net = format!("10.5.{third}.0/24").parse().unwrap();
+    let lease = Lease::new(
+        subnet,
+        LeaseAttrs::udp(ip.parse::<std::net::Ipv4Addr>().unwrap()),
+    );
     let lease = lease.with_ipv6_subnet(v6.parse().unwrap());
     lease.with_created(Created::at(at))
 }
@@ -145,11 +148,15 @@ fn a_dual_stack_key_repeating_a_peers_half_is_another_lease_and_refused() {
 #[test]
 fn a_lease_at_a_peers_public_ip_is_refused_whatever_its_subnet() {
     let mut peers = super::tests::peers_on(None);
-    let attrs = LeaseAttrs::udp("10.200.0.2".parse().unwrap());
-    let real = Lease::new("10.5.2.0/24".parse().unwrap(), attrs).with_created(Created::at(5));
+    let attrs = LeaseAttrs::udp("10.200.0.2".parse::<std::net::Ipv4Addr>().unwrap());
+    let real = Lease::new("10.5.2.0/24".parse::<ipnet::Ipv4Net>().unwrap(), attrs)
+        .with_created(Created::at(5));
     // Below the real one: subnet order would put it first.
-    let copy =
-        Lease::new("10.5.0.0/24".parse().unwrap(), real.attrs()).with_created(Created::at(9));
+    let copy = Lease::new(
+        "10.5.0.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+        real.attrs(),
+    )
+    .with_created(Created::at(9));
     let snapshot = peers.admit(LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]));
     assert_eq!(snapshot, Some(LeaseEvent::Snapshot(vec![real.clone()])));
     assert_eq!(

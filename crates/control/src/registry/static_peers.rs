@@ -4,7 +4,7 @@
 use super::{Registry, EVENT_QUEUE};
 use crate::backend_kind::BackendKind;
 use crate::config::Config;
-use crate::lease::{Created, Lease, LeaseAttrs};
+use crate::lease::{Created, Lease, LeaseAttrs, PublicAddrs, Subnets};
 use crate::lease::{LeaseEvent, LeaseNamer};
 use crate::lease_check::LeaseRules;
 use crate::peers::Peers;
@@ -39,13 +39,14 @@ impl StaticRegistry {
         }
         let mut seen = vec![subnet];
         for peer in &peers {
+            let (peer_subnet, _) = peer.ipv4_side()?;
             if seen
                 .iter()
-                .any(|s| s.contains(&peer.subnet) || peer.subnet.contains(s))
+                .any(|s| s.contains(&peer_subnet) || peer_subnet.contains(s))
             {
-                bail!("peer subnet {} overlaps another subnet", peer.subnet);
+                bail!("peer subnet {peer_subnet} overlaps another subnet");
             }
-            seen.push(peer.subnet);
+            seen.push(peer_subnet);
         }
         if let Some(s) = seen.iter().find(|s| !network.contains(*s)) {
             bail!("subnet {s} is outside the network {network}");
@@ -81,8 +82,8 @@ impl Registry for StaticRegistry {
             let peer = &refused.lease;
             bail!(
                 "--peer {}={}: {}",
-                peer.subnet,
-                peer.public_ip,
+                peer.id(),
+                peer.public_addrs,
                 refused.reason
             );
         }
@@ -127,10 +128,8 @@ pub fn parse_peer(spec: &str, config: &Config) -> anyhow::Result<Lease> {
         backend_data.insert("Version".into(), batch::HIGHEST_VERSION.into());
     }
     Ok(Lease {
-        subnet,
-        ipv6_subnet: None,
-        public_ip,
-        public_ipv6: None,
+        subnets: Subnets::V4(subnet),
+        public_addrs: PublicAddrs::V4(public_ip),
         backend_type: config.backend.lease_type().map(Into::into),
         backend_data: (!backend_data.is_empty())
             .then(|| serde_json::Value::from(backend_data).into()),
@@ -150,8 +149,11 @@ mod tests {
     #[test]
     fn parses_peers() {
         let p = parse_peer("10.5.2.0/24=192.0.2.2", &config("udp")).unwrap();
-        assert_eq!(p.subnet, "10.5.2.0/24".parse().unwrap());
-        assert_eq!(p.public_ip, "192.0.2.2".parse::<Ipv4Addr>().unwrap());
+        assert_eq!(p.subnets.v4(), Some("10.5.2.0/24".parse().unwrap()));
+        assert_eq!(
+            p.public_addrs.v4(),
+            Some("192.0.2.2".parse::<Ipv4Addr>().unwrap())
+        );
         assert_eq!((p.backend_type, p.backend_data), (None, None));
         let p = parse_peer("10.5.3.0/24=192.0.2.3:9000", &config("twill-batch")).unwrap();
         assert_eq!(p.backend_type.as_deref(), Some("twill-batch"));
@@ -181,9 +183,12 @@ mod tests {
         let peer = parse_peer("10.5.2.0/24=192.0.2.2", &cfg).unwrap();
         let reg =
             StaticRegistry::new(cfg, "10.5.1.0/24".parse().unwrap(), vec![peer.clone()]).unwrap();
-        let attrs = LeaseAttrs::udp("192.0.2.1".parse().unwrap());
+        let attrs = LeaseAttrs::udp("192.0.2.1".parse::<Ipv4Addr>().unwrap());
         let (own, mut rx) = reg.start(attrs.clone()).await.unwrap();
-        assert_eq!(own, Lease::new("10.5.1.0/24".parse().unwrap(), attrs));
+        assert_eq!(
+            own,
+            Lease::new("10.5.1.0/24".parse::<Ipv4Net>().unwrap(), attrs)
+        );
         assert_eq!(rx.recv().await, Some(LeaseEvent::Snapshot(vec![peer])));
         let next = tokio::time::timeout(std::time::Duration::from_millis(100), rx.recv()).await;
         assert!(
@@ -198,7 +203,7 @@ mod tests {
         let peer = parse_peer("10.5.2.0/24=192.0.2.1", &cfg).unwrap();
         let reg = StaticRegistry::new(cfg, "10.5.1.0/24".parse().unwrap(), vec![peer]).unwrap();
         let err = reg
-            .start(LeaseAttrs::udp("192.0.2.1".parse().unwrap()))
+            .start(LeaseAttrs::udp("192.0.2.1".parse::<Ipv4Addr>().unwrap()))
             .await
             .unwrap_err()
             .to_string();

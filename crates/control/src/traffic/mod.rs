@@ -163,9 +163,9 @@ impl Rules {
             forward: options.forward_rules,
             fully_random: options.fully_random,
         };
-        let v4 = config.ipv4.as_ref().zip(lease.ipv4_subnet());
+        let v4 = config.ipv4.as_ref().zip(lease.subnets.v4());
         let v4 = v4.map(|(v4, subnet)| ruleset(v4.network.into(), subnet.into()));
-        let v6 = config.ipv6.as_ref().zip(lease.ipv6_subnet);
+        let v6 = config.ipv6.as_ref().zip(lease.subnets.v6());
         let v6 = v6.map(|(v6, subnet)| ruleset(v6.network.into(), subnet.into()));
         let rulesets: Vec<Ruleset> = v4.into_iter().chain(v6).collect();
         let (installed, keep) = match writer {

@@ -283,15 +283,15 @@ pub fn two_dual_stack_hosts(test: &str, mode: Mode) -> (Netns, Netns) {
 
 /// `lease` with an IPv6 side: its IPv6 subnet and PublicIPv6.
 pub fn dual_stack(lease: Lease, ipv6_subnet: &str, public_ipv6: &str) -> Lease {
-    Lease {
-        public_ipv6: Some(public_ipv6.parse().unwrap()),
-        ..lease.with_ipv6_subnet(ipv6_subnet.parse().unwrap())
-    }
+    let attrs = lease.attrs();
+    let attrs = attrs.with_ipv6(public_ipv6.parse().unwrap(), lease.backend_v6_data.clone());
+    Lease::new(lease.subnets.with_v6(ipv6_subnet.parse().unwrap()), attrs)
 }
 
 pub fn lease(subnet: &str, public_ip: &str, backend_type: Option<&str>) -> Lease {
-    let attrs = LeaseAttrs::typed(public_ip.parse().unwrap(), backend_type, None);
-    Lease::new(subnet.parse().unwrap(), attrs)
+    let public_ip: std::net::Ipv4Addr = public_ip.parse().unwrap();
+    let attrs = LeaseAttrs::typed(public_ip, backend_type, None);
+    Lease::new(subnet.parse::<ipnet::Ipv4Net>().unwrap(), attrs)
 }
 
 /// Sorted lines, for comparing with [`Netns::tunnel_state`] and [`Netns::network_routes`].

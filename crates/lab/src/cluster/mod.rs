@@ -17,7 +17,7 @@ pub use node::KubeNode;
 
 use crate::kube::KubeApiServer;
 use crate::proc::temp_prefix;
-use crate::{Etcd, Host, Lab, LabSpec, Netns};
+use crate::{Etcd, Host, Lab, Netns};
 use anyhow::{ensure, Context, Result};
 use control::ControlPlane;
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -100,11 +100,7 @@ impl Cluster {
             "a cluster has 1..={MAX_NODES} nodes, got {}",
             spec.nodes
         );
-        let mut lab = Lab::new(LabSpec {
-            hosts: spec.nodes + 1,
-            tag: spec.tag.clone(),
-            ..Default::default()
-        })?;
+        let mut lab = Lab::of(&spec.tag, spec.nodes + 1)?;
         if spec.dual_stack {
             lab = lab.with_ipv6_underlay()?;
         }

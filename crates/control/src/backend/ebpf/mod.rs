@@ -19,7 +19,7 @@ use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
 use crate::host;
 use crate::host::netlink::{Netlink, Route};
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 use crate::node::Node;
 use crate::status::EngineView;
 use anyhow::{anyhow, Context};
@@ -100,15 +100,16 @@ impl EbpfSetup {
 impl Setup for EbpfSetup {
     type Backend = Ebpf;
 
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        LeaseAttrs::udp(public_ip)
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        LeaseAttrs::udp(public_addrs)
     }
 
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
     /// to the device. A step that fails takes back what the steps before it made.
     async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
         let nl = Netlink::connect().context("opening rtnetlink")?;
-        let address = Ipv4Net::new(lease.subnet.network(), 32)?;
+        let (subnet, _) = lease.ipv4_side()?;
+        let address = Ipv4Net::new(subnet.network(), 32)?;
         let name = self.site.attachment.device.clone();
         let made = device::ensure(&nl, &name, u32::from(self.site.mtu), address).await?;
         let opened = twill_ebpf::Dataplane::open(&self.site.pin_dir, &self.site.attachment)
@@ -230,14 +231,14 @@ impl Ebpf {
 
     /// The programs send over IPv4 only: a dual-stack network, the only one with an IPv6
     /// underlay, never runs them.
-    fn endpoint(&self, lease: &Lease) -> SocketAddrV4 {
-        SocketAddrV4::new(lease.public_ip, self.port)
+    fn endpoint(&self, public_ip: Ipv4Addr) -> SocketAddrV4 {
+        SocketAddrV4::new(public_ip, self.port)
     }
 
-    fn spec(&self, lease: &Lease) -> PeerSpec {
+    fn spec(&self, (subnet, public_ip): (Ipv4Net, Ipv4Addr)) -> PeerSpec {
         PeerSpec {
-            subnet: lease.subnet,
-            endpoint: self.endpoint(lease).into(),
+            subnet,
+            endpoint: self.endpoint(public_ip).into(),
             version: 1,
             // The programs carry IPv4 only; a dual-stack network never runs them.
             subnet6: None,
@@ -284,15 +285,17 @@ impl Backend for Ebpf {
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
+        let side = lease.ipv4_side()?;
         self.table
-            .set_peer(self.spec(lease))
-            .with_context(|| format!("peer {} left out", lease.subnet))?;
-        self.set(lease.subnet, self.endpoint(lease))
+            .set_peer(self.spec(side))
+            .with_context(|| format!("peer {} left out", lease.id()))?;
+        self.set(side.0, self.endpoint(side.1))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        self.table.remove_peer(lease.subnet);
-        self.unset(lease.subnet)
+        let (subnet, _) = lease.ipv4_side()?;
+        self.table.remove_peer(subnet);
+        self.unset(subnet)
     }
 
     /// The maps end up holding exactly the leases' peers: a restart's adopted maps, or a change
@@ -301,7 +304,8 @@ impl Backend for Ebpf {
     async fn reconcile(&mut self, leases: &[Lease]) -> anyhow::Result<()> {
         self.unproven = Unproven::default();
         self.repair().await?;
-        let specs: Vec<PeerSpec> = leases.iter().map(|l| self.spec(l)).collect();
+        let sides = leases.iter().filter_map(|l| l.ipv4_side().ok());
+        let specs: Vec<PeerSpec> = sides.map(|side| self.spec(side)).collect();
         self.table.set_peers(&specs);
         let wanted: BTreeMap<Ipv4Net, SocketAddrV4> = self
             .table

@@ -17,13 +17,14 @@ mod peers;
 use super::userspace::{mtu_source, tun_mtu, Overhead};
 use super::{Backend, Setup};
 use crate::config::wireguard::{Mode, WireguardConfig};
-use crate::lease::{BackendData, Lease, LeaseAttrs};
+use crate::lease::{BackendData, Lease, LeaseAttrs, PublicAddrs};
 use crate::lease_check::wireguard::LeaseReader;
 use crate::node::Node;
+use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use path::{Chosen, Path};
 use peers::{Change, PeerBook};
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv6Addr;
 use twill_dataplane::engine::wireguard::{self, Device, Families, TunnelParams};
 use twill_dataplane::engine::Engine;
 
@@ -139,11 +140,11 @@ impl WireguardSetup {
             keepalive: config.keepalive,
         };
         let public_key = tunnel.private_key.public_key().to_string();
-        let devices = plan(&config, node.public_ipv6.is_some(), tunnel);
+        let devices = plan(&config, node.public_addrs.v6().is_some(), tunnel);
         let mtu = device_mtu(node, &config)?;
         let path = Chosen::new(node, devices, mtu).await?;
         Ok(WireguardSetup {
-            public_ipv6: node.public_ipv6,
+            public_ipv6: node.public_addrs.v6(),
             network: node.config.need_ipv4("the wireguard backend")?.network,
             network6: node.config.ipv6.as_ref().map(|v6| v6.network),
             config,
@@ -164,7 +165,7 @@ fn device_mtu(node: &Node, config: &WireguardConfig) -> anyhow::Result<u32> {
         Some(mtu) => (mtu, format!("Backend.MTU is {mtu}")),
         None => (node.iface.mtu, mtu_source(&node.iface)),
     };
-    let ip_header = match (node.public_ipv6, config.mode) {
+    let ip_header = match (node.public_addrs.v6(), config.mode) {
         (Some(_), Mode::Ipv4) | (None, _) => 20,
         (Some(_), _) => 40,
     };
@@ -178,13 +179,9 @@ fn device_mtu(node: &Node, config: &WireguardConfig) -> anyhow::Result<u32> {
 
 /// flanneld's lease: BackendData names our key and ListenPort; on a dual-stack network the
 /// lease also carries our PublicIPv6, and BackendV6Data names the key and ListenPortV6.
-fn lease_attrs(
-    (public_ip, public_ipv6): (Ipv4Addr, Option<Ipv6Addr>),
-    key: &str,
-    config: &WireguardConfig,
-) -> LeaseAttrs {
-    let attrs = LeaseAttrs::wireguard(public_ip, key, config.listen_port);
-    match public_ipv6 {
+fn lease_attrs(public_addrs: PublicAddrs, key: &str, config: &WireguardConfig) -> LeaseAttrs {
+    let attrs = LeaseAttrs::wireguard(public_addrs, key, config.listen_port);
+    match public_addrs.v6() {
         Some(ip) => attrs.with_ipv6(ip, Some(BackendData::wireguard(key, config.listen_port_v6))),
         None => attrs,
     }
@@ -193,17 +190,18 @@ fn lease_attrs(
 impl Setup for WireguardSetup {
     type Backend = Wireguard;
 
-    fn lease_attrs(&self, public_ip: Ipv4Addr) -> LeaseAttrs {
-        let ips = (public_ip, self.public_ipv6);
-        lease_attrs(ips, &self.public_key, &self.config)
+    fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
+        lease_attrs(public_addrs, &self.public_key, &self.config)
     }
 
     /// Each device gets the lease's addresses of its families and a route for each network.
     async fn attach(self, lease: &Lease) -> anyhow::Result<Wireguard> {
+        let subnet = lease.subnets.v4();
         let addressing = Addressing {
-            subnet: lease.subnet,
+            subnet: subnet
+                .context("the wireguard backend needs an IPv4 subnet; our lease has none")?,
             network: self.network,
-            ipv6: lease.ipv6_subnet.zip(self.network6),
+            ipv6: lease.subnets.v6().zip(self.network6),
         };
         let path = self.path.attach(&addressing).await?;
         let reader = LeaseReader::new(&self.config, self.public_ipv6);

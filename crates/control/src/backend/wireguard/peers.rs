@@ -4,9 +4,8 @@
 //! warning, repeated only when that lease changes. A lease of another backend type is
 //! skipped the same way.
 
-use crate::lease::Lease;
+use crate::lease::{Lease, SubnetId};
 use crate::lease_check::wireguard::{LeasePeers, LeaseReader};
-use ipnet::Ipv4Net;
 use std::collections::BTreeMap;
 use twill_dataplane::engine::wireguard::{Device, WgPeerSpec};
 
@@ -23,9 +22,9 @@ pub enum Change {
 
 pub struct PeerBook {
     reader: LeaseReader,
-    peers: BTreeMap<Ipv4Net, LeasePeers>,
+    peers: BTreeMap<SubnetId, LeasePeers>,
     /// Why a lease was skipped, so each reason is logged once.
-    skipped: BTreeMap<Ipv4Net, String>,
+    skipped: BTreeMap<SubnetId, String>,
 }
 
 impl PeerBook {
@@ -40,24 +39,24 @@ impl PeerBook {
     pub fn add(&mut self, lease: &Lease) -> Vec<(Device, Change)> {
         let new = self.read(lease);
         let old = match new {
-            Some(new) => self.peers.insert(lease.subnet, new),
-            None => self.peers.remove(&lease.subnet),
+            Some(new) => self.peers.insert(lease.id(), new),
+            None => self.peers.remove(&lease.id()),
         };
         changes(old.as_ref(), new.as_ref())
     }
 
     pub fn remove(&mut self, lease: &Lease) -> Vec<(Device, Change)> {
-        self.skipped.remove(&lease.subnet);
-        changes(self.peers.remove(&lease.subnet).as_ref(), None)
+        self.skipped.remove(&lease.id());
+        changes(self.peers.remove(&lease.id()).as_ref(), None)
     }
 
     /// Make the peers exactly those of `leases`; returns what that changed, peer by peer.
     pub fn reconcile(&mut self, leases: &[Lease]) -> Vec<(Device, Change)> {
         self.skipped
-            .retain(|s, _| leases.iter().any(|l| l.subnet == *s));
+            .retain(|s, _| leases.iter().any(|l| l.id() == *s));
         let now: BTreeMap<_, _> = leases
             .iter()
-            .filter_map(|l| Some((l.subnet, self.read(l)?)))
+            .filter_map(|l| Some((l.id(), self.read(l)?)))
             .collect();
         let before = std::mem::replace(&mut self.peers, now);
         let mut changed: Vec<(Device, Change)> = self
@@ -78,13 +77,13 @@ impl PeerBook {
     fn read(&mut self, lease: &Lease) -> Option<LeasePeers> {
         match self.reader.read(lease) {
             Ok(peers) => {
-                self.skipped.remove(&lease.subnet);
+                self.skipped.remove(&lease.id());
                 Some(peers)
             }
             Err(why) => {
-                if self.skipped.get(&lease.subnet) != Some(&why) {
-                    tracing::warn!(subnet = %lease.subnet, "skipping lease: {why}");
-                    self.skipped.insert(lease.subnet, why);
+                if self.skipped.get(&lease.id()) != Some(&why) {
+                    tracing::warn!(subnet = %lease.id(), "skipping lease: {why}");
+                    self.skipped.insert(lease.id(), why);
                 }
                 None
             }
@@ -138,14 +137,9 @@ mod tests {
     }
 
     fn lease(subnet: &str, data: Value) -> Lease {
-        let attrs = LeaseAttrs {
-            public_ip: "10.200.0.2".parse().unwrap(),
-            public_ipv6: None,
-            backend_type: Some("wireguard".into()),
-            backend_data: Some(data.into()),
-            backend_v6_data: None,
-        };
-        Lease::new(subnet.parse().unwrap(), attrs)
+        let ip: std::net::Ipv4Addr = "10.200.0.2".parse().unwrap();
+        let attrs = LeaseAttrs::typed(ip, Some("wireguard"), Some(data.into()));
+        Lease::new(subnet.parse::<ipnet::Ipv4Net>().unwrap(), attrs)
     }
 
     fn good(subnet: &str) -> Lease {
@@ -158,7 +152,8 @@ mod tests {
             "fd00:200::2".parse().unwrap(),
             Some(BackendData::wireguard(KEY, 51998)),
         );
-        Lease::new(subnet.parse().unwrap(), attrs).with_ipv6_subnet(subnet6.parse().unwrap())
+        Lease::new(subnet.parse::<ipnet::Ipv4Net>().unwrap(), attrs)
+            .with_ipv6_subnet(subnet6.parse().unwrap())
     }
 
     fn set(device: Device, change: &(Device, Change)) -> Option<WgPeerSpec> {
@@ -236,7 +231,7 @@ mod tests {
         assert!(changes.iter().all(|(_, c)| matches!(c, Change::Removed(_))));
         assert_eq!(changes.len(), 2);
         assert_eq!(
-            book.skipped[&bad.subnet],
+            book.skipped[&bad.id()],
             "its PublicKey \"short\" is not a WireGuard key: not base64"
         );
         let mut no_v6_data = dual("10.5.4.0/24", "fd10:0:0:4::/64");
@@ -267,7 +262,7 @@ mod tests {
         };
         assert_eq!(subnets(Device::Main), ["10.5.2.0/24"]);
         assert_eq!(subnets(Device::V6), ["10.5.2.0/24"]);
-        assert!(book.skipped.contains_key(&bad.subnet));
+        assert!(book.skipped.contains_key(&bad.id()));
         book.reconcile(&[]);
         assert!(book.skipped.is_empty() && book.specs(Device::Main).is_empty());
     }
@@ -291,9 +286,9 @@ mod tests {
 
         let (before, removed) = (book.specs(Device::Main)[1], book.specs(Device::Main)[2]);
         let removed6 = book.specs(Device::V6)[0];
-        assert_eq!(removed.subnet, gone.subnet);
+        assert_eq!(removed.subnet, gone.subnets.v4().unwrap());
         let mut moved_now = moved.clone();
-        moved_now.public_ip = "10.200.0.77".parse().unwrap();
+        moved_now.public_addrs = "10.200.0.77".parse::<std::net::Ipv4Addr>().unwrap().into();
         let changes = book.reconcile(&[kept, moved_now]);
         let after = book.specs(Device::Main)[1];
         assert_eq!(

@@ -96,16 +96,16 @@ fn a_device_gets_the_address_and_route_of_each_family_it_carries() {
 
 #[test]
 fn the_lease_is_flanneds_byte_for_byte() {
-    let public_ip = "10.200.0.1".parse().unwrap();
-    let v4 = lease_attrs((public_ip, None), KEY, &config(Mode::Separate));
+    let public_ip: std::net::Ipv4Addr = "10.200.0.1".parse().unwrap();
+    let v4 = lease_attrs(PublicAddrs::V4(public_ip), KEY, &config(Mode::Separate));
     assert_eq!(
         v4.to_json(),
         format!(
             r#"{{"PublicIP":"10.200.0.1","PublicIPv6":null,"BackendType":"wireguard","BackendData":{{"PublicKey":"{KEY}","Port":51820}}}}"#
         )
     );
-    let v6 = Some("fd00:200::1".parse().unwrap());
-    let dual = lease_attrs((public_ip, v6), KEY, &config(Mode::Ipv4));
+    let dual = PublicAddrs::Dual(public_ip, "fd00:200::1".parse().unwrap());
+    let dual = lease_attrs(dual, KEY, &config(Mode::Ipv4));
     // flanneld's newSubnetAttrs: BackendV6Data names ListenPortV6 in every mode.
     assert_eq!(
         dual.to_json(),

@@ -17,11 +17,12 @@ fn reader(mode: Mode) -> LeaseReader {
 /// A dual-stack lease as flanneld writes it, at 10.200.0.2 and `public_ipv6`, with the ports
 /// 51999 and 51998.
 fn dual(public_ip: &str, public_ipv6: &str) -> Lease {
-    let attrs = LeaseAttrs::wireguard(public_ip.parse().unwrap(), KEY, 51999).with_ipv6(
-        public_ipv6.parse().unwrap(),
-        Some(BackendData::wireguard(KEY, 51998)),
-    );
-    Lease::new("10.5.2.0/24".parse().unwrap(), attrs)
+    let attrs = LeaseAttrs::wireguard(public_ip.parse::<std::net::Ipv4Addr>().unwrap(), KEY, 51999)
+        .with_ipv6(
+            public_ipv6.parse().unwrap(),
+            Some(BackendData::wireguard(KEY, 51998)),
+        );
+    Lease::new("10.5.2.0/24".parse::<ipnet::Ipv4Net>().unwrap(), attrs)
         .with_ipv6_subnet("fd10:0:0:2::/64".parse().unwrap())
 }
 
@@ -53,8 +54,12 @@ fn separate_puts_each_family_on_its_own_device_and_underlay() {
     assert_eq!(v6.public_key.to_string(), KEY);
     // An IPv4-only peer of a dual-stack network: flannel-wg alone.
     let v4_only = Lease::new(
-        "10.5.3.0/24".parse().unwrap(),
-        LeaseAttrs::wireguard("10.200.0.3".parse().unwrap(), KEY, 51820),
+        "10.5.3.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+        LeaseAttrs::wireguard(
+            "10.200.0.3".parse::<std::net::Ipv4Addr>().unwrap(),
+            KEY,
+            51820,
+        ),
     );
     let peers = reader(Mode::Separate).read(&v4_only).unwrap();
     assert_eq!(endpoints(peers), ("10.200.0.3:51820".into(), None));
@@ -71,7 +76,7 @@ fn one_device_modes_carry_both_subnets_to_the_address_the_mode_names() {
     ] {
         let peers = reader(mode).read(&lease()).unwrap();
         assert_eq!(endpoints(peers), (want.into(), None), "{mode}");
-        assert_eq!(peers.main.subnet6, lease().ipv6_subnet, "{mode}");
+        assert_eq!(peers.main.subnet6, lease().subnets.v6(), "{mode}");
     }
 }
 
@@ -119,7 +124,7 @@ fn a_lease_without_ports_is_reached_at_ours() {
         backend_v6_data: Some(serde_json::json!({ "PublicKey": KEY }).into()),
         ..lease().attrs()
     };
-    let old = Lease::new(lease().subnet, attrs).with_ipv6_subnet(lease().ipv6_subnet.unwrap());
+    let old = Lease::new(lease().subnets, attrs);
     let peers = reader(Mode::Separate).read(&old).unwrap();
     assert_eq!(
         endpoints(peers),
@@ -158,15 +163,19 @@ fn a_lease_lacking_what_the_mode_needs_is_refused_with_the_reason() {
         ),
         (
             Mode::Separate,
-            without(|l| l.public_ipv6 = None),
+            without(|l| l.public_addrs = l.public_addrs.without_v6().unwrap()),
             "it has no PublicIPv6, and Mode separate's flannel-wg-v6 reaches peers over the IPv6 \
              underlay",
         ),
         (
             Mode::Ipv6,
             Lease::new(
-                "10.5.3.0/24".parse().unwrap(),
-                LeaseAttrs::wireguard("10.200.0.3".parse().unwrap(), KEY, 51820),
+                "10.5.3.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+                LeaseAttrs::wireguard(
+                    "10.200.0.3".parse::<std::net::Ipv4Addr>().unwrap(),
+                    KEY,
+                    51820,
+                ),
             ),
             "it has no PublicIPv6, and Mode ipv6 reaches peers over the IPv6 underlay",
         ),

@@ -2,12 +2,11 @@
 //! dual-stack included, except that a lost create race is retried instead of ending the daemon.
 
 use super::store::{Listing, Store};
-use super::subnets::Subnets;
 use super::taken::Taken;
 use crate::config::{Config, Ipv6Config};
-use crate::lease::{Lease, LeaseAttrs};
-use anyhow::{anyhow, bail};
-use ipnet::{Ipv4Net, Ipv6Net};
+use crate::lease::{Lease, LeaseAttrs, Subnets};
+use anyhow::{anyhow, bail, Context};
+use ipnet::Ipv6Net;
 use rand::Rng;
 use std::net::Ipv6Addr;
 use std::time::Duration;
@@ -33,7 +32,7 @@ pub(super) async fn acquire(
     preferred: Option<Subnets>,
     ttl: Duration,
 ) -> anyhow::Result<Lease> {
-    if let (Some(v6), None) = (&config.ipv6, attrs.public_ipv6) {
+    if let (Some(v6), None) = (&config.ipv6, attrs.public_addrs.v6()) {
         bail!(
             "the network config enables IPv6 (IPv6Network {}), but this node's lease has no \
              PublicIPv6: give --public-ipv6 or an IPv6 address on the interface",
@@ -62,10 +61,10 @@ async fn try_acquire(
         .iter()
         .find(|l| is_ours(config, &l.lease, attrs))
     {
-        let held = Subnets::of(&found.lease);
+        let held = found.lease.subnets;
         match misfit(config, held) {
             None => {
-                let lease = held.lease(attrs.clone());
+                let lease = Lease::new(held, attrs.clone());
                 let reused = store.replace(&lease, found.mod_revision, ttl).await?;
                 log_outcome(reused, "reusing the lease of our public IP", &lease);
                 return Ok(reused.then_some(lease));
@@ -73,35 +72,32 @@ async fn try_acquire(
             Some(why) => {
                 warn!(
                     "deleting lease {held} of our public IP {}: {why}",
-                    attrs.public_ip
+                    attrs.public_addrs
                 );
                 store.delete(held).await?;
             }
         }
     }
-    let lease = choose_subnets(config, &listing, preferred)?.lease(attrs.clone());
+    let lease = Lease::new(choose_subnets(config, &listing, preferred)?, attrs.clone());
     let created = store.create(&lease, ttl).await?;
     log_outcome(created, "acquired", &lease);
     Ok(created.then_some(lease))
 }
 
 /// Whether `lease` carries our public address: PublicIP, as flanneld matches, or on an
-/// IPv6-only network, where every lease's PublicIP is 0.0.0.0, PublicIPv6.
+/// IPv6-only network, where no lease has a PublicIP, PublicIPv6.
 fn is_ours(config: &Config, lease: &Lease, attrs: &LeaseAttrs) -> bool {
+    let (theirs, ours) = (lease.public_addrs, attrs.public_addrs);
     match config.ipv4 {
-        Some(_) => lease.public_ip == attrs.public_ip,
-        None => lease.public_ipv6.is_some() && lease.public_ipv6 == attrs.public_ipv6,
+        Some(_) => theirs.v4().is_some() && theirs.v4() == ours.v4(),
+        None => theirs.v6().is_some() && theirs.v6() == ours.v6(),
     }
 }
 
 fn log_outcome(won: bool, action: &str, lease: &Lease) {
-    let subnets = Subnets::of(lease);
+    let subnets = lease.subnets;
     if won {
-        let public_ip = lease.ipv4_subnet().map_or_else(
-            || lease.public_ipv6.map_or("none".into(), |ip| ip.to_string()),
-            |_| lease.public_ip.to_string(),
-        );
-        info!("{action} {subnets} for public IP {public_ip}");
+        info!("{action} {subnets} for public IP {}", lease.public_addrs);
     } else {
         info!("lost the race for {subnets} to another node; retrying");
     }
@@ -111,7 +107,7 @@ fn log_outcome(won: bool, action: &str, lease: &Lease) {
 /// `isSubnetConfigCompat` and `isIPv6SubnetConfigCompat`): each subnet present where the
 /// network has its family, leasable there, and absent otherwise.
 fn misfit(config: &Config, subnets: Subnets) -> Option<String> {
-    match (&config.ipv4, subnets.ipv4()) {
+    match (&config.ipv4, subnets.v4()) {
         (None, Some(v4)) => {
             return Some(format!(
                 "it has the IPv4 subnet {v4}, and the network config is IPv6-only"
@@ -126,7 +122,7 @@ fn misfit(config: &Config, subnets: Subnets) -> Option<String> {
         (Some(_), None) => return Some("it has no IPv4 subnet".into()),
         _ => {}
     }
-    match (&config.ipv6, subnets.v6) {
+    match (&config.ipv6, subnets.v6()) {
         (None, None) => None,
         (None, Some(v6)) => Some(format!(
             "it has the IPv6 subnet {v6}, and the network config does not enable IPv6"
@@ -165,11 +161,11 @@ fn choose_subnets(
     preferred: Option<Subnets>,
 ) -> anyhow::Result<Subnets> {
     let leases = || listing.leases.iter().map(|l| &l.lease);
-    let taken_v4 = Taken::v4(leases().filter_map(Lease::ipv4_subnet));
-    let taken_v6 = Taken::v6(leases().filter_map(|l| l.ipv6_subnet));
+    let taken_v4 = Taken::v4(leases().filter_map(|l| l.subnets.v4()));
+    let taken_v6 = Taken::v6(leases().filter_map(|l| l.subnets.v6()));
     if let Some(p) = preferred {
-        let free_v4 = p.ipv4().is_none_or(|v4| taken_v4.is_free_v4(v4));
-        let free = free_v4 && p.v6.is_none_or(|v6| taken_v6.is_free_v6(v6));
+        let free_v4 = p.v4().is_none_or(|v4| taken_v4.is_free_v4(v4));
+        let free = free_v4 && p.v6().is_none_or(|v6| taken_v6.is_free_v6(v6));
         match misfit(config, p) {
             None if free => return Ok(p),
             None => info!("previous subnet {p} is taken; picking another"),
@@ -179,30 +175,33 @@ fn choose_subnets(
         }
     }
     let v4 = match &config.ipv4 {
-        Some(c) => pick(c.subnets().filter(|s| taken_v4.is_free_v4(*s))).ok_or_else(|| {
-            anyhow!(
-                "no free subnet left between SubnetMin {} and SubnetMax {} of network {}",
-                c.subnet_min,
-                c.subnet_max,
-                c.network
-            )
-        })?,
-        // flanneld's key of an IPv6-only lease names the empty IPv4 subnet.
-        None => Ipv4Net::default(),
+        Some(c) => Some(
+            pick(c.subnets().filter(|s| taken_v4.is_free_v4(*s))).ok_or_else(|| {
+                anyhow!(
+                    "no free subnet left between SubnetMin {} and SubnetMax {} of network {}",
+                    c.subnet_min,
+                    c.subnet_max,
+                    c.network
+                )
+            })?,
+        ),
+        None => None,
     };
-    let Some(c) = &config.ipv6 else {
-        return Ok(Subnets { v4, v6: None });
+    let v6 = match &config.ipv6 {
+        Some(c) => Some(
+            pick(ipv6_subnets(c).filter(|s| taken_v6.is_free_v6(*s))).ok_or_else(|| {
+                anyhow!(
+                    "no free IPv6 subnet left between IPv6SubnetMin {} and IPv6SubnetMax {} \
+                     of IPv6Network {}",
+                    c.subnet_min,
+                    c.subnet_max,
+                    c.network
+                )
+            })?,
+        ),
+        None => None,
     };
-    let v6 = pick(ipv6_subnets(c).filter(|s| taken_v6.is_free_v6(*s))).ok_or_else(|| {
-        anyhow!(
-            "no free IPv6 subnet left between IPv6SubnetMin {} and IPv6SubnetMax {} of \
-             IPv6Network {}",
-            c.subnet_min,
-            c.subnet_max,
-            c.network
-        )
-    })?;
-    Ok(Subnets { v4, v6: Some(v6) })
+    Subnets::from_parts(v4, v6).context("the network config enables neither IPv4 nor IPv6")
 }
 
 /// One of the first [`CANDIDATES`] of `free`, at random; `None` if there is none.
@@ -221,10 +220,8 @@ mod tests {
     }
 
     fn subnets(v4: &str, v6: Option<&str>) -> Subnets {
-        Subnets {
-            v4: v4.parse().unwrap(),
-            v6: v6.map(|s| s.parse().unwrap()),
-        }
+        let v6 = v6.map(|s| s.parse().unwrap());
+        Subnets::from_parts(Some(v4.parse().unwrap()), v6).unwrap()
     }
 
     #[test]

@@ -5,11 +5,10 @@
 //! event about our key is handled after, never during, a renewal or re-acquisition.
 
 use super::store::{describe, key_text, Listing, Store};
-use super::subnets::Subnets;
 use super::Timing;
 use crate::config::Config;
 use crate::lease::LeaseEvent;
-use crate::lease::{Lease, LeaseAttrs};
+use crate::lease::{Lease, LeaseAttrs, Subnets};
 use crate::registry::Backoff;
 use crate::shown;
 use anyhow::{anyhow, Context};
@@ -151,7 +150,7 @@ impl Keeper {
             peers.len(),
             listing.revision
         );
-        self.peers = peers.into_iter().map(|l| (Subnets::of(&l), l)).collect();
+        self.peers = peers.into_iter().map(|l| (l.subnets, l)).collect();
         self.emit(LeaseEvent::Snapshot(self.peers.values().cloned().collect()))
             .await;
         if own.is_empty() && self.held {
@@ -166,10 +165,7 @@ impl Keeper {
 
     /// Our lease: at our key (both subnets) with our public IP.
     fn is_own(&self, lease: &Lease) -> bool {
-        // PublicIPv6 too: every lease of an IPv6-only network has PublicIP 0.0.0.0.
-        Subnets::of(lease) == Subnets::of(&self.own)
-            && lease.public_ip == self.attrs.public_ip
-            && lease.public_ipv6 == self.attrs.public_ipv6
+        lease.subnets == self.own.subnets && lease.public_addrs == self.attrs.public_addrs
     }
 
     async fn on_watch(&mut self, response: WatchResponse) -> anyhow::Result<()> {
@@ -255,10 +251,10 @@ impl Keeper {
         // our subnets (our IPv4 subnet with another IPv6 half, say) is another lease, which the
         // lease gate refuses for overlapping ours: stopping for it would let any writer of a
         // key stop this node.
-        if Subnets::of(&lease) == Subnets::of(&self.own) && !self.taken {
+        if lease.subnets == self.own.subnets && !self.taken {
             return self.taken_over(lease).await;
         }
-        let subnets = Subnets::of(&lease);
+        let subnets = lease.subnets;
         if self.peers.get(&subnets) != Some(&lease) {
             self.peers.insert(subnets, lease.clone());
             self.emit(LeaseEvent::Added(lease)).await;
@@ -269,8 +265,7 @@ impl Keeper {
     async fn taken_over(&mut self, by: Lease) {
         warn!(
             "our lease {} was taken over by the node at {}",
-            Subnets::of(&self.own),
-            by.public_ip
+            self.own.subnets, by.public_addrs
         );
         self.taken = true;
         self.held = false;
@@ -278,7 +273,7 @@ impl Keeper {
     }
 
     async fn on_delete(&mut self, subnets: Subnets) {
-        if subnets == Subnets::of(&self.own) && self.held {
+        if subnets == self.own.subnets && self.held {
             self.lost("was deleted or expired");
         } else if let Some(lease) = self.peers.remove(&subnets) {
             self.emit(LeaseEvent::Removed(lease)).await;
@@ -287,10 +282,7 @@ impl Keeper {
 
     /// Notes that our key is gone; the acquisition runs at once from the select loop.
     fn lost(&mut self, why: &str) {
-        warn!(
-            "our lease {} {why}; acquiring it again",
-            Subnets::of(&self.own)
-        );
+        warn!("our lease {} {why}; acquiring it again", self.own.subnets);
         self.held = false;
         self.maintain_at = Instant::now();
     }
@@ -309,7 +301,7 @@ impl Keeper {
             let retry = self.timing.retry_interval;
             warn!(
                 "keeping lease {} failed ({}); trying again in {retry:?}",
-                Subnets::of(&self.own),
+                self.own.subnets,
                 describe(&e)
             );
             self.maintain_at = Instant::now() + retry;
@@ -324,8 +316,7 @@ impl Keeper {
         }
         info!(
             "renewed lease {} for {:?}",
-            Subnets::of(&self.own),
-            self.timing.lease_ttl
+            self.own.subnets, self.timing.lease_ttl
         );
         self.maintain_at = Instant::now() + self.timing.renew_after();
         Ok(())
@@ -335,7 +326,7 @@ impl Keeper {
     /// on this host. If another node got it first, that node keeps it.
     async fn reacquire(&mut self) -> anyhow::Result<()> {
         let ttl = self.timing.lease_ttl;
-        let own = Subnets::of(&self.own);
+        let own = self.own.subnets;
         let claimed = match self.store.get(own).await? {
             None => self.store.create(&self.own, ttl).await?,
             // Our public IP's lease with other attributes (say, an older run's): ours to update.

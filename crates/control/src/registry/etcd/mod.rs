@@ -3,13 +3,12 @@
 mod acquire;
 mod keeper;
 mod store;
-mod subnets;
 mod taken;
 mod tls_probe;
 
 use super::{Backoff, Registry, EVENT_QUEUE};
 use crate::config::Config;
-use crate::lease::{subnets_prefix, Lease, LeaseAttrs};
+use crate::lease::{subnets_prefix, Lease, LeaseAttrs, Subnets};
 use crate::lease::{LeaseEvent, LeaseNamer};
 use crate::small_file;
 use anyhow::{anyhow, bail, Context};
@@ -19,7 +18,6 @@ use keeper::Keeper;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use store::{describe, is_unreachable, with_deadline, Store};
-use subnets::Subnets;
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -237,14 +235,8 @@ impl EtcdRegistry {
     async fn acquire(&self, attrs: &LeaseAttrs) -> anyhow::Result<Lease> {
         let timing = &self.opts.timing;
         let mut backoff = timing.backoff();
-        let previous = match (self.opts.previous_subnet, self.opts.previous_ipv6_subnet) {
-            (None, None) => None,
-            // An IPv6-only lease's IPv4 part is flanneld's empty 0.0.0.0/0.
-            (v4, v6) => Some(Subnets {
-                v4: v4.unwrap_or_default(),
-                v6,
-            }),
-        };
+        let previous =
+            Subnets::from_parts(self.opts.previous_subnet, self.opts.previous_ipv6_subnet);
         loop {
             match acquire::acquire(&self.store, &self.config, attrs, previous, timing.lease_ttl)
                 .await

@@ -3,8 +3,7 @@
 //! Every request has a deadline because a request to an unreachable etcd may otherwise wait
 //! for a connection forever, and the callers must get an error they can log and retry.
 
-use super::subnets::Subnets;
-use crate::lease::{parse_lease_key, subnets_prefix, Created, Lease};
+use crate::lease::{lease_key, parse_lease_key, subnets_prefix, Created, Lease, Subnets};
 use anyhow::Context;
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, KvClient, PutOptions, Txn, TxnOp,
@@ -170,7 +169,7 @@ impl Store {
     pub async fn get(&self, subnets: Subnets) -> anyhow::Result<Option<Listed>> {
         let mut c = self.kv.clone();
         let resp = self
-            .call("get lease", c.get(subnets.key(&self.prefix), None))
+            .call("get lease", c.get(lease_key(&self.prefix, subnets), None))
             .await?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
@@ -194,8 +193,7 @@ impl Store {
     /// The subnets a lease key names, the IPv6 one too for a dual-stack key.
     pub fn parse_key(&self, key: &[u8]) -> anyhow::Result<Subnets> {
         let key = std::str::from_utf8(key).context("key is not UTF-8")?;
-        let (v4, v6) = parse_lease_key(&self.prefix, key)?;
-        Ok(Subnets { v4, v6 })
+        Ok(parse_lease_key(&self.prefix, key)?)
     }
 
     /// Creates the lease's key only if it does not exist (flannel's `Version(key) == 0` txn).
@@ -266,8 +264,11 @@ impl Store {
 
     pub async fn delete(&self, subnets: Subnets) -> anyhow::Result<()> {
         let mut c = self.client.clone();
-        self.call("delete lease", c.delete(subnets.key(&self.prefix), None))
-            .await?;
+        self.call(
+            "delete lease",
+            c.delete(lease_key(&self.prefix, subnets), None),
+        )
+        .await?;
         Ok(())
     }
 

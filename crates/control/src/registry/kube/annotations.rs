@@ -12,8 +12,8 @@ use super::node_view::NodeView;
 use crate::lease::{BackendData, Created, Lease, LeaseAttrs};
 use crate::stack::Stack;
 use anyhow::bail;
+use ipnet::Ipv6Net;
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 
 /// flanneld's `--kube-annotation-prefix` default.
 pub const DEFAULT_PREFIX: &str = "flannel.alpha.coreos.com";
@@ -79,8 +79,19 @@ impl Annotations {
         }
         let read = NodeCidrs::of(node).and_then(|cidrs| match stack {
             Stack::Ipv4 => self.read_lease(node, cidrs),
-            Stack::Dual => self.read_ipv6_side(node, cidrs, self.read_lease(node, cidrs)?, stack),
-            Stack::Ipv6 => self.read_ipv6_side(node, cidrs, self.ipv6_only_base(node), stack),
+            Stack::Dual => {
+                let lease = self.read_lease(node, cidrs)?;
+                let (subnet, public_ipv6, data) = self.read_ipv6_side(node, cidrs, stack)?;
+                let attrs = lease.attrs().with_ipv6(public_ipv6, data);
+                Ok(Lease::new(lease.subnets.with_v6(subnet), attrs))
+            }
+            // flanneld's `nodeToLease` reads no IPv4 podCIDR, `public-ip` or `backend-data`
+            // on an IPv6-only network.
+            Stack::Ipv6 => {
+                let (subnet, public_ipv6, data) = self.read_ipv6_side(node, cidrs, stack)?;
+                let attrs = LeaseAttrs::typed(public_ipv6, self.backend_type(node), None);
+                Ok(Lease::new(subnet, attrs.with_ipv6(public_ipv6, data)))
+            }
         });
         match read {
             Ok(lease) => NodeLease::Lease(lease.with_created(created(node))),
@@ -101,39 +112,27 @@ impl Annotations {
                 crate::shown::quoted(ip_text)
             );
         };
-        let backend_type = node
-            .annotation(&self.backend_type)
-            .filter(|t| !t.is_empty());
-        let attrs = LeaseAttrs {
-            public_ip,
-            public_ipv6: None,
-            backend_type: backend_type.map(Arc::from),
-            backend_data: backend_data(node, &self.backend_data)?,
-            backend_v6_data: None,
-        };
+        let backend_data = backend_data(node, &self.backend_data)?;
+        let attrs = LeaseAttrs::typed(public_ip, self.backend_type(node), backend_data);
         Ok(Lease::new(subnet, attrs))
     }
 
-    /// An IPv6-only network's lease before its IPv6 side: flanneld's `nodeToLease` reads no
-    /// IPv4 podCIDR, `public-ip` or `backend-data` there.
-    fn ipv6_only_base(&self, node: &NodeView) -> Lease {
-        let backend_type = node
-            .annotation(&self.backend_type)
-            .filter(|t| !t.is_empty());
-        let attrs = LeaseAttrs::typed(Ipv4Addr::UNSPECIFIED, backend_type, None);
-        Lease::new(ipnet::Ipv4Net::default(), attrs)
+    /// The `backend-type` annotation; `None` (udp) when absent or empty.
+    fn backend_type<'a>(&self, node: &'a NodeView) -> Option<&'a str> {
+        node.annotation(&self.backend_type)
+            .filter(|t| !t.is_empty())
     }
 
-    /// The IPv6 side of `lease`, on a dual-stack or IPv6-only network. flanneld's `nodeToLease`
-    /// requires the IPv6 podCIDR and a `public-ipv6` there and ignores a Node without them,
-    /// so twill does not take such a Node for an IPv4-only peer either.
+    /// A lease's IPv6 side on a dual-stack or IPv6-only network: its subnet, `public-ipv6` and
+    /// `backend-v6-data`. flanneld's `nodeToLease` requires the IPv6 podCIDR and a
+    /// `public-ipv6` there and ignores a Node without them, so twill does not take such a Node
+    /// for an IPv4-only peer either.
     fn read_ipv6_side(
         &self,
         node: &NodeView,
         cidrs: NodeCidrs,
-        lease: Lease,
         stack: Stack,
-    ) -> anyhow::Result<Lease> {
+    ) -> anyhow::Result<(Ipv6Net, Ipv6Addr, Option<BackendData>)> {
         let Some(subnet) = cidrs.v6 else {
             bail!("it has no IPv6 podCIDR, and the network is {stack}");
         };
@@ -145,12 +144,8 @@ impl Annotations {
                 crate::shown::quoted(ip_text)
             );
         };
-        let lease = Lease {
-            public_ipv6: Some(public_ipv6),
-            backend_v6_data: backend_data(node, &self.backend_v6_data)?,
-            ..lease
-        };
-        Ok(lease.with_ipv6_subnet(subnet))
+        let data = backend_data(node, &self.backend_v6_data)?;
+        Ok((subnet, public_ipv6, data))
     }
 }
 
@@ -292,10 +287,17 @@ pub(super) mod tests {
     #[test]
     fn a_flannel_node_is_a_lease() {
         let n = node(&["10.244.3.0/24"], &[MANAGED, IP, VXLAN, DATA]);
-        let want = LeaseAttrs::vxlan("10.200.0.3".parse().unwrap(), 1, "aa:bb:cc:dd:ee:ff");
+        let want = LeaseAttrs::vxlan(
+            "10.200.0.3".parse::<Ipv4Addr>().unwrap(),
+            1,
+            "aa:bb:cc:dd:ee:ff",
+        );
         assert_eq!(
             read(&n, false),
-            NodeLease::Lease(Lease::new("10.244.3.0/24".parse().unwrap(), want))
+            NodeLease::Lease(Lease::new(
+                "10.244.3.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+                want
+            ))
         );
     }
 
@@ -303,13 +305,13 @@ pub(super) mod tests {
     fn a_dual_stack_flannel_node_is_a_dual_stack_lease() {
         let n = node(&DUAL, &[MANAGED, IP, VXLAN, DATA, IPV6, V6_DATA]);
         let got = lease(read(&n, true));
-        assert_eq!(got.ipv6_subnet, Some("fd10:0:0:3::/64".parse().unwrap()));
-        assert_eq!(got.public_ipv6, Some("fd00:200::3".parse().unwrap()));
+        assert_eq!(got.subnets.v6(), Some("fd10:0:0:3::/64".parse().unwrap()));
+        assert_eq!(got.public_addrs.v6(), Some("fd00:200::3".parse().unwrap()));
         let mac = got.backend_v6_data.as_ref().and_then(|d| d.get("VtepMAC"));
         assert_eq!(mac, Some("aa:bb:cc:dd:ee:66".into()));
         // An IPv4-only network reads the same Node as flanneld does: its IPv4 side alone.
         let v4 = lease(read(&n, false));
-        assert_eq!((v4.ipv6_subnet, v4.public_ipv6), (None, None));
+        assert_eq!((v4.subnets.v6(), v4.public_addrs.v6()), (None, None));
         assert_eq!(v4.backend_v6_data, None);
         // host-gw writes JSON null as its IPv6 data.
         let host_gw = [
@@ -323,17 +325,17 @@ pub(super) mod tests {
     }
 
     /// flanneld's IPv6-only vxlan Node has no public-ip or backend-data; its lease is the
-    /// IPv6 podCIDR, named by it, with PublicIP 0.0.0.0, whatever IPv4 podCIDR the Node has.
+    /// IPv6 podCIDR, named by it, with no IPv4 subnet or PublicIP, whatever IPv4 podCIDR the
+    /// Node has.
     #[test]
     fn an_ipv6_only_flannel_node_is_an_ipv6_only_lease() {
         let n = node(&DUAL, &[MANAGED, VXLAN, IPV6, V6_DATA]);
         let got = lease(read_as(&n, Stack::Ipv6));
         let subnet6 = "fd10:0:0:3::/64".parse().unwrap();
         assert_eq!(got.id(), crate::lease::SubnetId::V6(subnet6));
-        assert_eq!(got.ipv4_subnet(), None);
-        assert_eq!(got.public_ip, Ipv4Addr::UNSPECIFIED);
+        assert_eq!((got.subnets.v4(), got.public_addrs.v4()), (None, None));
         assert_eq!(
-            (got.backend_data.as_ref(), got.public_ipv6),
+            (got.backend_data.as_ref(), got.public_addrs.v6()),
             (None, Some("fd00:200::3".parse().unwrap()))
         );
         let mac = got.backend_v6_data.as_ref().and_then(|d| d.get("VtepMAC"));
@@ -398,9 +400,13 @@ pub(super) mod tests {
         )
         .unwrap();
         let own = Lease::new(
-            "10.244.1.0/24".parse().unwrap(),
-            LeaseAttrs::vxlan("10.200.0.1".parse().unwrap(), 1, "aa:bb:cc:dd:ee:01")
-                .with_ipv6("fd00:200::1".parse().unwrap(), None),
+            "10.244.1.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+            LeaseAttrs::vxlan(
+                "10.200.0.1".parse::<Ipv4Addr>().unwrap(),
+                1,
+                "aa:bb:cc:dd:ee:01",
+            )
+            .with_ipv6("fd00:200::1".parse().unwrap(), None),
         )
         .with_ipv6_subnet("fd10:0:0:1::/64".parse().unwrap());
         let rules = LeaseRules::new(&config, &own);

@@ -6,8 +6,8 @@ use super::node_cidrs::NodeCidrs;
 use super::node_view::NodeView;
 use super::{retry, KubeTiming};
 use crate::config::Config;
-use crate::lease::{Lease, LeaseAttrs};
-use anyhow::bail;
+use crate::lease::{Lease, LeaseAttrs, Subnets};
+use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
@@ -57,12 +57,9 @@ impl OwnNode {
         }
         let wanted = self.annotations.own(&self.attrs, &node);
         self.annotate(Annotations::missing(wanted, &node)).await?;
-        // An IPv6-only lease's IPv4 subnet is flanneld's empty one.
-        let lease = Lease::new(subnet.unwrap_or_default(), self.attrs.clone());
-        Ok(match subnet6 {
-            Some(subnet6) => lease.with_ipv6_subnet(subnet6),
-            None => lease,
-        })
+        let subnets = Subnets::from_parts(subnet, subnet6)
+            .context("the network config enables neither IPv4 nor IPv6")?;
+        Ok(Lease::new(subnets, self.attrs.clone()))
     }
 
     async fn wait_for_pod_cidrs(&self) -> anyhow::Result<(NodeView, NodeCidrs)> {
@@ -134,20 +131,20 @@ impl OwnNode {
             Err(e) => return Some(format!("Node {}: {e:#}", self.name)),
         };
         let v4 = cidrs.v4.filter(|_| self.config.ipv4.is_some());
-        if v4 != lease.ipv4_subnet() {
+        if v4 != lease.subnets.v4() {
             return Some(format!(
                 "Node {}'s podCIDR changed from {} to {}",
                 self.name,
-                shown(lease.ipv4_subnet()),
+                shown(lease.subnets.v4()),
                 shown(v4)
             ));
         }
         let v6 = cidrs.v6.filter(|_| self.config.ipv6.is_some());
-        (v6 != lease.ipv6_subnet).then(|| {
+        (v6 != lease.subnets.v6()).then(|| {
             format!(
                 "Node {}'s IPv6 podCIDR changed from {} to {}",
                 self.name,
-                shown(lease.ipv6_subnet),
+                shown(lease.subnets.v6()),
                 shown(v6)
             )
         })

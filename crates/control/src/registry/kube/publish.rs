@@ -10,7 +10,7 @@ use super::node_view::NodeView;
 use crate::backend_kind::BackendKind;
 use crate::lease::{BackendData, LeaseAttrs};
 use std::collections::BTreeMap;
-use std::net::Ipv6Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 impl Annotations {
     /// The annotations this node must carry for `attrs`, as flanneld writes them; an operator's
@@ -33,9 +33,11 @@ impl Annotations {
         let vxlan = attrs.kind() == Some(BackendKind::Vxlan);
         if !vxlan || attrs.backend_data.is_some() {
             own.insert(self.backend_data.clone(), json(attrs.backend_data.as_ref()));
+            // An IPv6-only host-gw node's public-ip is flanneld's 0.0.0.0.
+            let ours = attrs.public_addrs.v4().unwrap_or(Ipv4Addr::UNSPECIFIED);
             own.insert(
                 self.public_ip.clone(),
-                public_ip.unwrap_or(attrs.public_ip.to_string()),
+                public_ip.unwrap_or(ours.to_string()),
             );
         }
         if let Some((ip, data)) = ipv6_side(attrs) {
@@ -65,7 +67,7 @@ impl Annotations {
 /// runs IPv6: udp (flanneld's has no IPv6) and twill-batch with a PublicIPv6, since a peer on a
 /// dual-stack network is read only with its `public-ipv6`. Never ipip.
 fn ipv6_side(attrs: &LeaseAttrs) -> Option<(Ipv6Addr, String)> {
-    let public_ipv6 = attrs.public_ipv6?;
+    let public_ipv6 = attrs.public_addrs.v6()?;
     let data = attrs.backend_v6_data.as_ref();
     let publishes = match attrs.kind() {
         Some(BackendKind::Vxlan | BackendKind::Wireguard) => data.is_some(),
@@ -101,13 +103,17 @@ mod tests {
 
     fn vxlan_dual() -> LeaseAttrs {
         let v6_data = serde_json::json!({"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:66"});
-        LeaseAttrs::vxlan("10.200.0.1".parse().unwrap(), 1, "aa:bb:cc:dd:ee:ff")
-            .with_ipv6("fd00:200::1".parse().unwrap(), Some(v6_data.into()))
+        LeaseAttrs::vxlan(
+            "10.200.0.1".parse::<Ipv4Addr>().unwrap(),
+            1,
+            "aa:bb:cc:dd:ee:ff",
+        )
+        .with_ipv6("fd00:200::1".parse().unwrap(), Some(v6_data.into()))
     }
 
     #[test]
     fn udp_nodes_carry_an_empty_type_and_null_data() {
-        let attrs = LeaseAttrs::udp("10.200.0.1".parse().unwrap());
+        let attrs = LeaseAttrs::udp("10.200.0.1".parse::<Ipv4Addr>().unwrap());
         let own = own(&attrs, &[]);
         assert_eq!(own[&format!("{KEY}backend-type")], "");
         assert_eq!(own[&format!("{KEY}backend-data")], "null");
@@ -118,8 +124,8 @@ mod tests {
     #[test]
     fn an_ipv6_only_vxlan_node_publishes_its_ipv6_side_alone_as_flanneld() {
         let v6_data = serde_json::json!({"VNI": 1, "VtepMAC": "aa:bb:cc:dd:ee:66"});
-        let attrs = LeaseAttrs::typed(std::net::Ipv4Addr::UNSPECIFIED, Some("vxlan"), None)
-            .with_ipv6("fd00:200::1".parse().unwrap(), Some(v6_data.into()));
+        let ip: Ipv6Addr = "fd00:200::1".parse().unwrap();
+        let attrs = LeaseAttrs::typed(ip, Some("vxlan"), None).with_ipv6(ip, Some(v6_data.into()));
         let published = own(&attrs, &[]);
         assert_eq!(
             names(&published),
@@ -131,8 +137,7 @@ mod tests {
             ]
         );
         // host-gw writes its IPv4 keys as flanneld does: null data, PublicIP 0.0.0.0.
-        let host_gw = LeaseAttrs::host_gw(std::net::Ipv4Addr::UNSPECIFIED)
-            .with_ipv6("fd00:200::1".parse().unwrap(), None);
+        let host_gw = LeaseAttrs::host_gw(ip).with_ipv6(ip, None);
         let published = own(&host_gw, &[]);
         assert_eq!(published[&format!("{KEY}public-ip")], "0.0.0.0");
         assert_eq!(published[&format!("{KEY}backend-data")], "null");
@@ -161,7 +166,7 @@ mod tests {
 
     #[test]
     fn a_dual_stack_host_gw_node_publishes_null_ipv6_data() {
-        let attrs = LeaseAttrs::host_gw("10.200.0.1".parse().unwrap())
+        let attrs = LeaseAttrs::host_gw("10.200.0.1".parse::<Ipv4Addr>().unwrap())
             .with_ipv6("fd00:200::1".parse().unwrap(), None);
         let own = own(&attrs, &[]);
         assert_eq!(own[&format!("{KEY}backend-v6-data")], "null");
@@ -176,8 +181,8 @@ mod tests {
             "kube-subnet-manager",
             "public-ip",
         ];
-        let ip = "10.200.0.1".parse().unwrap();
-        let ipv6 = "fd00:200::1".parse().unwrap();
+        let ip: Ipv4Addr = "10.200.0.1".parse().unwrap();
+        let ipv6: Ipv6Addr = "fd00:200::1".parse().unwrap();
         let cases = [
             // IPv4-only networks: no PublicIPv6.
             LeaseAttrs::vxlan(ip, 1, "aa:bb:cc:dd:ee:ff"),
