@@ -166,6 +166,11 @@ struct RunArgs {
     /// (where its driver takes native XDP; else at TC anyway).
     #[arg(long)]
     no_bpf_xdp: bool,
+    /// The eBPF dataplane leaves a veth underlay's transmit offloads as they are: faster
+    /// between eBPF nodes, but a TUN or flanneld node across the veth then gets unsegmented,
+    /// half-checksummed datagrams.
+    #[arg(long)]
+    no_bpf_veth_wire: bool,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
     /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
     /// runs on them.
@@ -373,6 +378,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         bpf_dir: args.bpf_dir.clone(),
         bpf_attach: args.bpf_attach,
         bpf_xdp: !args.no_bpf_xdp,
+        bpf_veth_wire: !args.no_bpf_veth_wire,
         blackhole_route: args.ip_blackhole_route,
     }
 }

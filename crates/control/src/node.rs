@@ -61,6 +61,9 @@ pub struct NodeOptions {
     /// Not `--no-bpf-xdp`: the eBPF dataplane decapsulates at XDP on the underlay where its
     /// driver takes it.
     pub bpf_xdp: bool,
+    /// Not `--no-bpf-veth-wire`: the eBPF dataplane makes a veth underlay segment and checksum
+    /// at transmit.
+    pub bpf_veth_wire: bool,
     /// `--ip-blackhole-route`: a blackhole route for this node's subnets, so that traffic to an
     /// address of ours no container holds is dropped here rather than sent back out.
     pub blackhole_route: bool,
@@ -93,6 +96,7 @@ impl Default for NodeOptions {
             bpf_dir: DEFAULT_BPF_DIR.into(),
             bpf_attach: twill_ebpf::AttachMode::default(),
             bpf_xdp: true,
+            bpf_veth_wire: true,
             blackhole_route: false,
         }
     }

@@ -32,6 +32,8 @@ pub struct Attachment {
     pub attach: AttachMode,
     /// Decapsulate at XDP on the underlay where its driver takes it (else at TC).
     pub xdp: bool,
+    /// Make a veth underlay segment and checksum at transmit, as a NIC does (crate::wire).
+    pub veth_wire: bool,
 }
 
 impl Attachment {
@@ -279,7 +281,9 @@ fn load_and_attach(
         device_mac: device.mac,
         pad: [0; 2],
     })?;
-    crate::wire::like_a_wire(&at.underlay)?;
+    if at.veth_wire {
+        crate::wire::like_a_wire(&at.underlay)?;
+    }
     let mut adopted = true;
     let mut tc = Side::BOTH.map(|side| (side, 0));
     for (side, id) in &mut tc {

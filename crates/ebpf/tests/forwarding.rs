@@ -186,3 +186,24 @@ fn wait_for(what: &str, done: impl Fn() -> bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// On a veth underlay a node turns its transmit checksumming off, so that what it sends is
+/// segmented and checksummed as a NIC sends it; `veth_wire: false` (`--no-bpf-veth-wire`)
+/// leaves the veth as it was. Where the XDP program runs, GRO is on.
+#[test]
+fn a_veth_underlay_is_made_a_wire_unless_asked_not_to() -> Result<()> {
+    let (lab, mut nodes) = common::lab_pair("ebpfwire", AttachMode::Auto)?;
+    nodes[1].attachment.veth_wire = false;
+    let _dataplanes = common::open_pair(&lab, &nodes)?;
+    let features = |i: usize| {
+        let underlay = &nodes[i].attachment.underlay;
+        lab.host(i).ns.exec("ethtool", &["-k", underlay])
+    };
+    let (wire, as_is) = (features(0)?, features(1)?);
+    ensure!(wire.contains("tx-checksumming: off"), "host 0: {wire}");
+    ensure!(as_is.contains("tx-checksumming: on"), "host 1: {as_is}");
+    for shown in [&wire, &as_is] {
+        ensure!(shown.contains("generic-receive-offload: on"), "{shown}");
+    }
+    Ok(())
+}

@@ -35,6 +35,7 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         port: PORT,
         attach: AttachMode::Auto,
         xdp: true,
+        veth_wire: true,
     };
     let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
 

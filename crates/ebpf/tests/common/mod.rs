@@ -76,6 +76,7 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
                 port: PORT,
                 attach,
                 xdp: true,
+                veth_wire: true,
             },
             subnet,
         });

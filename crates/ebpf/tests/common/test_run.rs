@@ -46,6 +46,7 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
         port: PORT,
         attach: AttachMode::Auto,
         xdp: true,
+        veth_wire: true,
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);

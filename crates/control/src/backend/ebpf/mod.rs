@@ -89,6 +89,7 @@ impl EbpfSetup {
                 port,
                 attach: node.options.bpf_attach,
                 xdp: node.options.bpf_xdp,
+                veth_wire: node.options.bpf_veth_wire,
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
