@@ -150,12 +150,18 @@ struct RunArgs {
     no_nexthop_objects: bool,
     /// udp: the engine that carries flannel's wire: `tun` (twill's userspace engine), `ebpf`
     /// (TC programs in the kernel; fails with what the kernel lacks) or `auto` (ebpf where
-    /// the kernel runs it, said at start). The wire and the lease are the same.
-    #[arg(long, value_name = "tun|ebpf|auto", default_value_t = DataplaneChoice::Tun)]
+    /// the kernel runs it and twill may pin it, else tun; said at start). The wire and the
+    /// lease are the same.
+    #[arg(
+        long,
+        env = "TWILL_DATAPLANE",
+        value_name = "tun|ebpf|auto",
+        default_value_t = DataplaneChoice::Tun
+    )]
     dataplane: DataplaneChoice,
     /// Where the eBPF dataplane pins its programs, links and maps, so they outlive a restart
     /// (mounted as bpffs if it is not one).
-    #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
+    #[arg(long, env = "TWILL_BPF_DIR", value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
     bpf_dir: PathBuf,
     /// How the eBPF dataplane's programs attach: `tcx` (links, Linux 6.6+), `tc` (a clsact
     /// qdisc and a direct-action bpf filter, which `tc filter show` lists; any kernel from 5.10)

@@ -58,6 +58,7 @@ impl PathKind {
     /// `twill run` arguments of a twill path besides the common ones.
     pub(crate) fn twill_args(self) -> &'static [&'static str] {
         match self {
+            PathKind::TwillUdp => &["--dataplane", "tun"],
             PathKind::TwillEbpf => &["--dataplane", "ebpf"],
             PathKind::TwillEbpfTc => &["--dataplane", "ebpf", "--bpf-attach", "tc"],
             PathKind::TwillEbpfNoXdp => &["--dataplane", "ebpf", "--no-bpf-xdp"],

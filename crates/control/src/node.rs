@@ -219,7 +219,8 @@ pub enum DataplaneChoice {
     Tun,
     /// The eBPF programs, or a one-line error naming what the kernel lacks.
     Ebpf,
-    /// eBPF where the kernel runs it and the backend is udp, the TUN engine otherwise.
+    /// eBPF where the kernel runs it, this process may load and pin it, and the network is
+    /// udp on IPv4; the TUN engine otherwise, with one line at start saying why.
     Auto,
 }
 

@@ -45,5 +45,6 @@ pub use loaded::{TestOutput, Verdict};
 pub use maps::MAX_PEERS;
 pub use object::Side;
 pub use pinned::PinnedPeers;
+pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
 pub use xdp::Ingress;

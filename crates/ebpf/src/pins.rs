@@ -78,6 +78,21 @@ pub(crate) fn ensure_bpffs(dir: &Path) -> anyhow::Result<()> {
     mount_bpffs(dir)
 }
 
+/// Whether [`ensure_bpffs`] can put `dir` on a bpffs: the directory (or where it would be
+/// made) is on one already, or this process may mount one. A pod given CAP_BPF but neither the
+/// host's /sys/fs/bpf nor CAP_SYS_ADMIN can load the programs and still not pin them.
+pub fn can_pin(dir: &Path) -> Result<(), String> {
+    let existing = dir.ancestors().find(|d| d.is_dir());
+    if existing.is_some_and(|d| is_bpffs(d).unwrap_or(false)) || crate::probe::may_mount() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is not on a bpffs, and mounting one needs CAP_SYS_ADMIN: mount the host's \
+         /sys/fs/bpf there",
+        dir.display()
+    ))
+}
+
 fn mount_bpffs(dir: &Path) -> anyhow::Result<()> {
     mount(
         Some("bpffs"),
