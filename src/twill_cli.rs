@@ -150,18 +150,33 @@ struct RunArgs {
     no_nexthop_objects: bool,
     /// udp: the engine that carries flannel's wire: `tun` (twill's userspace engine), `ebpf`
     /// (TC programs in the kernel; fails with what the kernel lacks) or `auto` (ebpf where
-    /// the kernel runs it, said at start). The wire and the lease are the same.
-    #[arg(long, value_name = "tun|ebpf|auto", default_value_t = DataplaneChoice::Tun)]
+    /// the kernel runs it and twill may pin it, else tun; said at start). The wire and the
+    /// lease are the same.
+    #[arg(
+        long,
+        env = "TWILL_DATAPLANE",
+        value_name = "tun|ebpf|auto",
+        default_value_t = DataplaneChoice::Tun
+    )]
     dataplane: DataplaneChoice,
     /// Where the eBPF dataplane pins its programs, links and maps, so they outlive a restart
     /// (mounted as bpffs if it is not one).
-    #[arg(long, value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
+    #[arg(long, env = "TWILL_BPF_DIR", value_name = "DIR", default_value = ebpf::DEFAULT_BPF_DIR)]
     bpf_dir: PathBuf,
     /// How the eBPF dataplane's programs attach: `tcx` (links, Linux 6.6+), `tc` (a clsact
     /// qdisc and a direct-action bpf filter, which `tc filter show` lists; any kernel from 5.10)
     /// or `auto` (tcx where the kernel has it, else tc).
     #[arg(long, value_name = "tcx|tc|auto", default_value = "auto")]
     bpf_attach: ebpf::AttachMode,
+    /// The eBPF dataplane decapsulates at TC alone, not at XDP on the underlay before GRO
+    /// (where its driver takes native XDP; else at TC anyway).
+    #[arg(long)]
+    no_bpf_xdp: bool,
+    /// The eBPF dataplane leaves a veth underlay's transmit offloads as they are: faster
+    /// between eBPF nodes, but a TUN or flanneld node across the veth then gets unsegmented,
+    /// half-checksummed datagrams.
+    #[arg(long)]
+    no_bpf_veth_wire: bool,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
     /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
     /// runs on them.
@@ -368,6 +383,8 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         dataplane: args.dataplane,
         bpf_dir: args.bpf_dir.clone(),
         bpf_attach: args.bpf_attach,
+        bpf_xdp: !args.no_bpf_xdp,
+        bpf_veth_wire: !args.no_bpf_veth_wire,
         blackhole_route: args.ip_blackhole_route,
     }
 }

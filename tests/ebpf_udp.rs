@@ -38,24 +38,9 @@ fn counted_by_ebpf(pair: &Pair) -> Result<()> {
     Ok(())
 }
 
-/// The lab's underlay is a veth, which hands the receiving namespace what the sender's stack
-/// made: UDP GSO trains whole and checksums still to be filled in. A wire never does (the NIC,
-/// or the kernel for it, segments and checksums at transmit), and between an eBPF node and a
-/// userspace one that matters: the eBPF node's TCP super-packets would reach the TUN node's
-/// socket unsplit and half-checksummed, and the TUN node's GSO trains would reach the eBPF
-/// programs as one datagram. So the interop tests make both underlay ends segment and
-/// checksum at transmit, as a NIC does; two eBPF nodes need nothing of the sort.
-fn like_a_wire(pair: &Pair) -> Result<()> {
-    for host in 0..2 {
-        segment_at_transmit(&pair.host(host).ns)?;
-    }
-    Ok(())
-}
-
 #[test]
 fn an_ebpf_node_and_a_tun_node_share_flannels_wire() -> Result<()> {
     let pair = start_pair_with("ebpftun", [EBPF, TUN], None)?;
-    like_a_wire(&pair)?;
     carries_both_ways(&pair)?;
     counted_by_ebpf(&pair)?;
     let tun = status(&pair.host(1).ns)?;
@@ -142,7 +127,6 @@ fn keeps_flowing_across_a_restart(tag: &str, attach: &str) -> Result<()> {
     let mut pair = start_pair_with(tag, [&args, TUN], None)?;
     attached_through(&pair.host(0).ns, attach)?;
     shown_as(&pair.host(0).ns, attach)?;
-    like_a_wire(&pair)?;
     ping_both_ways_with_ttl_60(&pair)?;
     const COUNT: u32 = 4000;
     let gap = Duration::from_millis(1);
@@ -227,6 +211,8 @@ fn cleanup_removes_all(tag: &str, attach: &str) -> Result<()> {
     pair.nodes[0].stop()?;
     let ns = &pair.host(0).ns;
     attached_through(ns, attach)?;
+    let xdp = || -> Result<bool> { Ok(ns.ip(&["link", "show", "eth0"])?.contains("xdp")) };
+    ensure!(xdp()?, "no XDP program left running on eth0 after a stop");
     let pins = bpf.path.join("twill0");
     ensure!(
         pins.is_dir(),
@@ -252,6 +238,7 @@ fn cleanup_removes_all(tag: &str, attach: &str) -> Result<()> {
     );
     let filters = ns.exec("tc", &["filter", "show", "dev", "eth0", "ingress"])?;
     ensure!(filters.trim().is_empty(), "filter left on eth0: {filters}");
+    ensure!(!xdp()?, "XDP program left on eth0");
     // A second cleanup finds nothing and says nothing is wrong.
     ns.exec(TWILL, &["run", "--cleanup", "--bpf-dir", bpf.arg()])?;
     Ok(())
@@ -276,6 +263,8 @@ fn shown_as(ns: &twill_lab::Netns, attach: &str) -> Result<()> {
         s["dataplane"] == "ebpf" && s["dataplane_attach"] == attach,
         "status: {s}"
     );
+    // The lab's veth takes native XDP.
+    ensure!(s["dataplane_ingress"] == "xdp", "status: {s}");
     let metrics = http_get(ns, "127.0.0.1:9585", "/metrics")?;
     let line = format!("twill_dataplane_info{{dataplane=\"ebpf\",attach=\"{attach}\"}} 1");
     ensure!(metrics.contains(&line), "no {line} in /metrics: {metrics}");

@@ -46,10 +46,22 @@ fn flanneld_subnet_env(c: &Cluster, host: usize, mtu: u32) -> Result<String> {
     ))
 }
 
+/// The engines each node of a [`joins_with_flanneld_s_command_line`] runs, as `twill status`
+/// names them, and the `TWILL_DATAPLANE` node 0 is given (node 1 runs the default).
+struct Engines {
+    node0_dataplane: Option<&'static str>,
+    want: [Option<&'static str>; 2],
+}
+
 /// Node 0 from flanneld's argv in every spelling Go takes, node 1 from `FLANNELD_*` alone:
 /// both join the etcd network, write flanneld's subnet.env and carry traffic between their
 /// containers.
-fn joins_with_flanneld_s_command_line(tag: &str, config: &str, mtu: u32) -> Result<()> {
+fn joins_with_flanneld_s_command_line(
+    tag: &str,
+    config: &str,
+    mtu: u32,
+    engines: Engines,
+) -> Result<()> {
     let mut c = cluster(tag, 2, config)?;
     let endpoint = c.etcd.endpoint();
     let file0 = c.subnet_file(0);
@@ -65,7 +77,12 @@ fn joins_with_flanneld_s_command_line(tag: &str, config: &str, mtu: u32) -> Resu
         "--iptables-resync=7",
         "-v=2",
     ];
-    let _node0 = start_flanneld(&c, 0, &argv, &[])?;
+    let dataplane: Vec<_> = engines
+        .node0_dataplane
+        .map(|d| ("TWILL_DATAPLANE", d))
+        .into_iter()
+        .collect();
+    let _node0 = start_flanneld(&c, 0, &argv, &dataplane)?;
     let file1 = c.subnet_file(1);
     let env = [
         ("FLANNELD_ETCD_ENDPOINTS", endpoint.as_str()),
@@ -74,6 +91,13 @@ fn joins_with_flanneld_s_command_line(tag: &str, config: &str, mtu: u32) -> Resu
         ("FLANNELD_IP_MASQ", "true"),
     ];
     let mut node1 = start_flanneld(&c, 1, &[], &env)?;
+    for (host, want) in engines.want.into_iter().enumerate() {
+        let running = status(&c.lab.host(host).ns)?["dataplane"].clone();
+        ensure!(
+            running.as_str() == want,
+            "host {host} runs {running}, not {want:?}"
+        );
+    }
     for host in 0..2 {
         let written = std::fs::read_to_string(c.subnet_file(host))?;
         ensure!(
@@ -93,12 +117,24 @@ fn joins_with_flanneld_s_command_line(tag: &str, config: &str, mtu: u32) -> Resu
 
 #[test]
 fn flanneld_s_command_line_joins_a_vxlan_network() -> Result<()> {
-    joins_with_flanneld_s_command_line("facevx", VXLAN, 1450)
+    let kernel = Engines {
+        node0_dataplane: None,
+        want: [None, None],
+    };
+    joins_with_flanneld_s_command_line("facevx", VXLAN, 1450, kernel)
 }
 
+/// udp under flanneld's command line on the eBPF dataplane, chosen by `TWILL_DATAPLANE` in the
+/// environment (node 0), beside a node on the default TUN engine (node 1): the mixed pair a
+/// cluster has while its nodes change over, on a veth underlay with the offloads the kernel
+/// gives it (no ethtool).
 #[test]
-fn flanneld_s_command_line_joins_a_udp_network() -> Result<()> {
-    joins_with_flanneld_s_command_line("faceudp", UDP, 1472)
+fn flanneld_s_command_line_joins_a_udp_network_on_ebpf_beside_a_tun_node() -> Result<()> {
+    let mixed = Engines {
+        node0_dataplane: Some("ebpf"),
+        want: [Some("ebpf"), Some("tun")],
+    };
+    joins_with_flanneld_s_command_line("faceudp", UDP, 1472, mixed)
 }
 
 /// `flanneld` (or `twill` without a subcommand) with a flag flanneld lacks: refused in one

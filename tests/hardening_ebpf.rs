@@ -6,7 +6,7 @@
 mod common;
 
 use anyhow::{ensure, Context, Result};
-use common::bpffs::{segment_at_transmit, BpfFs, EBPF};
+use common::bpffs::{BpfFs, EBPF};
 use common::*;
 use std::time::Duration;
 use twill_lab::{Lab, LabSpec, Netns, Proc};
@@ -33,8 +33,6 @@ fn hosts(tag: &str) -> Result<Hosts> {
     })?;
     for (host, subnet) in SUBNETS[..2].iter().enumerate() {
         lab.host_mut(host).add_container(subnet.parse()?)?;
-        // Between an eBPF node and a TUN one the veth must act as a wire.
-        segment_at_transmit(&lab.host(host).ns)?;
     }
     let dir = scratch()?;
     let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;

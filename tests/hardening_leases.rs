@@ -9,7 +9,7 @@
 mod common;
 
 use anyhow::{ensure, Context, Result};
-use common::bpffs::{segment_at_transmit, BpfFs};
+use common::bpffs::BpfFs;
 use common::cluster::*;
 use common::kube::{kube_cluster, net_conf, KubeCluster};
 use common::*;
@@ -196,11 +196,6 @@ fn same_public_ip(tag: &str, ebpf: bool) -> Result<()> {
         true => vec!["--dataplane", "ebpf", "--bpf-dir", bpf.arg()],
         false => vec![],
     };
-    if ebpf {
-        for host in 0..2 {
-            segment_at_transmit(&c.lab.host(host).ns)?;
-        }
-    }
     // The nodes take the subnets their subnet files name, so the copy can lie below node 1's.
     for (host, subnet) in [(0, "10.5.100.1/24"), (1, "10.5.200.1/24")] {
         let env = format!("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET={subnet}\n");

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const SOURCE: &str = "bpf/udp.bpf.c";
-const HEADERS: [&str; 2] = ["bpf/maps.h", "bpf/packet.h"];
+const HEADERS: [&str; 3] = ["bpf/maps.h", "bpf/packet.h", "bpf/ingress.h"];
 
 fn main() {
     for path in std::iter::once(SOURCE).chain(HEADERS) {

@@ -4,8 +4,8 @@
 //! `FLANNELD_*` variables, and refuses in one line any flag flanneld does not have.
 //!
 //! flanneld's defaults are twill's here: etcd at `http://127.0.0.1:4001,http://127.0.0.1:2379`
-//! unless `-kube-subnet-mgr`; twill's own settings (the dataplane, the status address) keep
-//! their defaults, which `twill run` can change.
+//! unless `-kube-subnet-mgr`; twill's own settings keep their defaults (the dataplane: tun),
+//! which `TWILL_DATAPLANE` and `TWILL_BPF_DIR` change here and `twill run` changes by flag.
 
 mod flags;
 mod go_flag;
@@ -164,7 +164,25 @@ fn launch(values: &Values, env: Env) -> anyhow::Result<Launch> {
     };
     Ok(Launch {
         leases,
-        node: node_options(values)?,
+        node: twill_settings(node_options(values)?, env)?,
+    })
+}
+
+/// twill's own settings that flanneld has no flag for, from `TWILL_*` variables as `twill run`
+/// also reads them: `TWILL_DATAPLANE` (tun, the default, ebpf or auto) and `TWILL_BPF_DIR`.
+/// A manifest sets them in the container's env; the command line stays flanneld's.
+fn twill_settings(node: NodeOptions, env: Env) -> anyhow::Result<NodeOptions> {
+    let dataplane = match env("TWILL_DATAPLANE") {
+        Some(text) => text
+            .parse()
+            .map_err(|e| anyhow::anyhow!("TWILL_DATAPLANE: {e}"))?,
+        None => node.dataplane,
+    };
+    let bpf_dir = env("TWILL_BPF_DIR").map_or(node.bpf_dir, Into::into);
+    Ok(NodeOptions {
+        dataplane,
+        bpf_dir,
+        ..node
     })
 }
 
@@ -254,6 +272,7 @@ fn parsed<T: std::str::FromStr>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use twill_control::node::DataplaneChoice;
 
     fn values(line: &str) -> Values {
         let args: Vec<String> = line.split_whitespace().map(str::to_string).collect();
@@ -289,6 +308,26 @@ mod tests {
             .node
             .status_addrs
             .contains(&status::StatusAddr::Healthz(probes)));
+    }
+
+    #[test]
+    fn twill_s_dataplane_is_the_tun_unless_its_variables_say_otherwise() {
+        let default = launch(&values(""), &|_| None).unwrap().node;
+        assert_eq!(default.dataplane, DataplaneChoice::Tun);
+        let env = |name: &str| match name {
+            "TWILL_DATAPLANE" => Some("ebpf".to_string()),
+            "TWILL_BPF_DIR" => Some("/run/twill-bpf".to_string()),
+            _ => None,
+        };
+        let set = launch(&values(""), &env).unwrap().node;
+        assert_eq!(set.dataplane, DataplaneChoice::Ebpf);
+        assert_eq!(set.bpf_dir, std::path::Path::new("/run/twill-bpf"));
+        let wrong = |name: &str| (name == "TWILL_DATAPLANE").then(|| "xdp".to_string());
+        let err = launch(&values(""), &wrong).err().unwrap().to_string();
+        assert_eq!(
+            err,
+            r#"TWILL_DATAPLANE: "xdp" is not a dataplane; give tun, ebpf or auto"#
+        );
     }
 
     #[test]

@@ -64,15 +64,3 @@ impl Drop for BpfFs {
         let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
     }
 }
-
-/// Makes `ns`'s underlay segment and checksum at transmit, as a NIC does: the lab's veth would
-/// hand the other namespace UDP GSO trains whole and checksums unfilled, which an eBPF node
-/// and a userspace one cannot take from each other (docs/decisions.md, "A veth underlay is not
-/// a wire").
-pub fn segment_at_transmit(ns: &twill_lab::Netns) -> Result<()> {
-    ns.exec(
-        "ethtool",
-        &["-K", "eth0", "tx", "off", "tx-udp-segmentation", "off"],
-    )?;
-    Ok(())
-}

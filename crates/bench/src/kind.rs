@@ -17,6 +17,9 @@ pub enum PathKind {
     /// The same programs on classic TC filters (`--bpf-attach tc`), as kernels before 6.6 run
     /// them.
     TwillEbpfTc,
+    /// twill-ebpf decapsulating at TC alone (`--no-bpf-xdp`), as where the underlay's driver
+    /// has no native XDP: against twill-ebpf, what XDP ingress gives.
+    TwillEbpfNoXdp,
     TwillBatch,
     TwillWireguard,
     /// The reference for twill-wireguard: wireguard-go on both hosts.
@@ -27,7 +30,10 @@ impl PathKind {
     /// The `Backend.Type` a twill path runs.
     pub(crate) fn twill_backend(self) -> Option<&'static str> {
         match self {
-            PathKind::TwillUdp | PathKind::TwillEbpf | PathKind::TwillEbpfTc => Some("udp"),
+            PathKind::TwillUdp
+            | PathKind::TwillEbpf
+            | PathKind::TwillEbpfTc
+            | PathKind::TwillEbpfNoXdp => Some("udp"),
             PathKind::TwillBatch => Some("twill-batch"),
             PathKind::TwillWireguard => Some("wireguard"),
             _ => None,
@@ -39,7 +45,7 @@ impl PathKind {
     pub fn no_ipv6(self) -> Option<&'static str> {
         match self {
             PathKind::Ipip => Some("ipip carries IPv4 only (flannel's ipip backend has no IPv6)"),
-            PathKind::TwillEbpf | PathKind::TwillEbpfTc => {
+            PathKind::TwillEbpf | PathKind::TwillEbpfTc | PathKind::TwillEbpfNoXdp => {
                 Some("twill's eBPF programs carry IPv4 only (twill refuses them on a dual-stack network)")
             }
             PathKind::WireguardGo => Some(
@@ -52,13 +58,15 @@ impl PathKind {
     /// `twill run` arguments of a twill path besides the common ones.
     pub(crate) fn twill_args(self) -> &'static [&'static str] {
         match self {
+            PathKind::TwillUdp => &["--dataplane", "tun"],
             PathKind::TwillEbpf => &["--dataplane", "ebpf"],
             PathKind::TwillEbpfTc => &["--dataplane", "ebpf", "--bpf-attach", "tc"],
+            PathKind::TwillEbpfNoXdp => &["--dataplane", "ebpf", "--no-bpf-xdp"],
             _ => &[],
         }
     }
 
-    pub const ALL: [PathKind; 10] = [
+    pub const ALL: [PathKind; 11] = [
         PathKind::Native,
         PathKind::HostGw,
         PathKind::Vxlan,
@@ -66,6 +74,7 @@ impl PathKind {
         PathKind::TwillUdp,
         PathKind::TwillEbpf,
         PathKind::TwillEbpfTc,
+        PathKind::TwillEbpfNoXdp,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
         PathKind::WireguardGo,
@@ -80,6 +89,7 @@ impl PathKind {
             PathKind::TwillUdp => "twill-udp",
             PathKind::TwillEbpf => "twill-ebpf",
             PathKind::TwillEbpfTc => "twill-ebpf-tc",
+            PathKind::TwillEbpfNoXdp => "twill-ebpf-noxdp",
             PathKind::TwillBatch => "twill-batch",
             PathKind::TwillWireguard => "twill-wireguard",
             PathKind::WireguardGo => "wireguard-go",

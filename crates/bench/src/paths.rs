@@ -31,6 +31,15 @@ pub struct Twill {
 }
 
 impl Twill {
+    /// The same binary and arguments, and `more` after them.
+    pub fn with_args(&self, more: &[&str]) -> Twill {
+        let args = self.args.iter().cloned();
+        Twill {
+            binary: self.binary.clone(),
+            args: args.chain(more.iter().map(|a| a.to_string())).collect(),
+        }
+    }
+
     /// `twill run` on `host` against `etcd`, with its status server on [`TWILL_STATUS`], logs
     /// without colour, and `env` besides.
     pub fn spawn(
@@ -178,6 +187,7 @@ impl PathLab {
             PathKind::TwillUdp
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
+            | PathKind::TwillEbpfNoXdp
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {
                 let etcd = etcd.insert(etcd_for(&lab)?);

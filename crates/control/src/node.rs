@@ -58,6 +58,12 @@ pub struct NodeOptions {
     pub bpf_dir: PathBuf,
     /// `--bpf-attach`: the eBPF dataplane's programs on tcx links or classic TC filters.
     pub bpf_attach: twill_ebpf::AttachMode,
+    /// Not `--no-bpf-xdp`: the eBPF dataplane decapsulates at XDP on the underlay where its
+    /// driver takes it.
+    pub bpf_xdp: bool,
+    /// Not `--no-bpf-veth-wire`: the eBPF dataplane makes a veth underlay segment and checksum
+    /// at transmit.
+    pub bpf_veth_wire: bool,
     /// `--ip-blackhole-route`: a blackhole route for this node's subnets, so that traffic to an
     /// address of ours no container holds is dropped here rather than sent back out.
     pub blackhole_route: bool,
@@ -89,6 +95,8 @@ impl Default for NodeOptions {
             dataplane: DataplaneChoice::default(),
             bpf_dir: DEFAULT_BPF_DIR.into(),
             bpf_attach: twill_ebpf::AttachMode::default(),
+            bpf_xdp: true,
+            bpf_veth_wire: true,
             blackhole_route: false,
         }
     }
@@ -211,7 +219,8 @@ pub enum DataplaneChoice {
     Tun,
     /// The eBPF programs, or a one-line error naming what the kernel lacks.
     Ebpf,
-    /// eBPF where the kernel runs it and the backend is udp, the TUN engine otherwise.
+    /// eBPF where the kernel runs it, this process may load and pin it, and the network is
+    /// udp on IPv4; the TUN engine otherwise, with one line at start saying why.
     Auto,
 }
 

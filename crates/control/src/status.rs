@@ -68,6 +68,8 @@ pub struct EngineView {
     pub name: &'static str,
     /// How the eBPF programs attach (`tcx` or `tc`); `None` for the userspace engines.
     pub attach: Option<&'static str>,
+    /// Where the eBPF dataplane decapsulates (`xdp` or `tc`); `None` for the userspace engines.
+    pub ingress: Option<&'static str>,
     pub table: Arc<SharedTable>,
     pub stats: Arc<EngineStats>,
     pub refresh: Option<Arc<dyn Fn(Counted) + Send + Sync>>,
@@ -260,6 +262,7 @@ impl NodeStatus {
             "kernel_writes": self.kernel_writes.load(Relaxed),
             "dataplane": engine.as_ref().map(|e| e.name),
             "dataplane_attach": engine.as_ref().and_then(|e| e.attach),
+            "dataplane_ingress": engine.as_ref().and_then(|e| e.ingress),
             "counters": engine.as_ref().map(|e| counters_json(&e.table, &e.stats)),
             "rules": *self.rules.read().unwrap(),
         })

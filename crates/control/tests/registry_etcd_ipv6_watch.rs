@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    assert_reacquired_after_its_key_is_deleted, get, ip, next_event, snapshot, start_with, Etcd,
-    PREFIX, SECOND,
+    assert_reacquired_after_its_key_is_deleted, assert_renewed_under_its_key, ip, next_event,
+    snapshot, start_with, Etcd, PREFIX, SECOND,
 };
 use std::net::Ipv6Addr;
 use tokio::sync::mpsc::Receiver;
@@ -121,37 +121,7 @@ async fn dual_stack_peers_are_reported_with_their_ipv6_subnets() {
 async fn a_dual_stack_lease_is_renewed_under_its_key() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
-    let mut opts = etcd.options();
-    opts.timing.lease_ttl = 3 * SECOND;
-    opts.timing.renew_margin = 2 * SECOND;
-    let (a, _events) = start_with(opts, dual(1)).await.unwrap();
-    let (_, mut b_events) = start(&etcd, 2).await;
-    snapshot(next_event(&mut b_events, 5 * SECOND).await);
-    let mut client = etcd.client().await;
-    let (_, first) = get(&mut client, &a.key(PREFIX)).await.unwrap();
-
-    // Three TTLs: without renewal the key would be gone.
-    tokio::time::sleep(9 * SECOND).await;
-    let (value, now) = get(&mut client, &a.key(PREFIX))
-        .await
-        .expect("renewed key still there");
-    assert_eq!(value, a.to_json());
-    assert_ne!(now, first, "each renewal puts the key on a new etcd lease");
-    let opts = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_count_only();
-    let count = client
-        .get(format!("{PREFIX}/subnets/"), Some(opts))
-        .await
-        .unwrap()
-        .count();
-    assert_eq!(count, 2, "renewal wrote no second key");
-    while let Ok(event) = b_events.try_recv() {
-        assert!(
-            !matches!(event, LeaseEvent::Removed(_)),
-            "peer saw our lease vanish: {event:?}"
-        );
-    }
+    assert_renewed_under_its_key(&etcd, dual(1), dual(2)).await;
 }
 
 #[tokio::test]

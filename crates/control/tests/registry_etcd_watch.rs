@@ -4,8 +4,8 @@
 mod common;
 
 use common::{
-    assert_reacquired_after_its_key_is_deleted, get, ip, next_event, snapshot, start_with,
-    wait_for, Etcd, Logs, PREFIX, SECOND,
+    assert_reacquired_after_its_key_is_deleted, assert_renewed_under_its_key, get, ip, next_event,
+    snapshot, start_with, wait_for, Etcd, Logs, PREFIX, SECOND,
 };
 use etcd_client::{CompactionOptions, GetOptions};
 use futures::stream::{self, StreamExt};
@@ -154,28 +154,8 @@ async fn a_changed_config_is_reported_once_and_again_when_it_is_back() {
 async fn lease_is_renewed_with_a_new_etcd_lease_before_it_expires() {
     let etcd = Etcd::start();
     etcd.put_config(CONFIG).await;
-    let mut opts = etcd.options();
-    opts.timing.lease_ttl = 3 * SECOND;
-    opts.timing.renew_margin = 2 * SECOND;
-    let (a, _events) = start_with(opts, LeaseAttrs::udp(ip(1))).await.unwrap();
-    let (_, mut b_events) = start(&etcd, 2).await;
-    snapshot(next_event(&mut b_events, 5 * SECOND).await);
-    let mut client = etcd.client().await;
-    let (_, first) = get(&mut client, &a.key(PREFIX)).await.unwrap();
-
-    // Three TTLs: without renewal the key would be gone.
-    tokio::time::sleep(9 * SECOND).await;
-    let (value, now) = get(&mut client, &a.key(PREFIX))
-        .await
-        .expect("renewed key still there");
-    assert_eq!(value, a.to_json());
-    assert_ne!(now, first, "each renewal puts the key on a new etcd lease");
-    while let Ok(event) = b_events.try_recv() {
-        assert!(
-            !matches!(event, LeaseEvent::Removed(_)),
-            "peer saw our lease vanish: {event:?}"
-        );
-    }
+    let peer = LeaseAttrs::vxlan(ip(2), 1, "aa:aa:aa:aa:aa:02");
+    assert_renewed_under_its_key(&etcd, LeaseAttrs::udp(ip(1)), peer).await;
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-/* Helpers on IPv4 headers and on the counters, shared by both programs. */
+/* Helpers on IPv4 headers and on the counters, shared by the programs. */
 #pragma once
 
 #include <linux/bpf.h>
@@ -26,12 +26,17 @@ static __always_inline struct config *node_config(void)
 	return bpf_map_lookup_elem(&config, &zero);
 }
 
-static __always_inline int drop(enum drop_reason reason)
+static __always_inline void count_drop(__u32 reason)
 {
-	__u32 key = reason;
-	__u64 *count = bpf_map_lookup_elem(&drops, &key);
+	__u64 *count = bpf_map_lookup_elem(&drops, &reason);
 	if (count)
 		*count += 1;
+}
+
+/* A TC program's drop, counted. */
+static __always_inline int drop(enum drop_reason reason)
+{
+	count_drop(reason);
 	return TC_ACT_SHOT;
 }
 

@@ -4,11 +4,13 @@
  * is routed: it encapsulates and sends the packet to the peer that owns its destination.
  * twill_ingress runs at the underlay's ingress: it takes only UDP to this node's address and
  * port, checks the datagram as the userspace engine does, decapsulates it and hands the inner
- * packet to the stack as if it had arrived on the dummy device.
+ * packet to the stack as if it had arrived on the dummy device. twill_xdp_ingress, on the
+ * underlay where its driver takes native XDP, does the same to each wire frame before GRO and
+ * passes it up marked; twill_ingress then only moves it into the device.
  *
  * A packet is never dropped without a count under the reason the userspace engine uses. */
 
-#include "packet.h"
+#include "ingress.h"
 
 #define ENCAP_FLAGS \
 	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP)
@@ -78,98 +80,110 @@ int twill_egress(struct __sk_buff *skb)
 	return bpf_redirect_neigh(underlay, NULL, 0, 0);
 }
 
-/* The inner packet of a datagram that is ours, checked as twill_dataplane's accept_inbound
- * checks it; TC_ACT_REDIRECT into the device, or a counted drop. */
-static __always_inline int decap(struct __sk_buff *skb, struct config *cfg, struct peer *peer,
-				 __u32 len)
-{
-	if (len < sizeof(struct iphdr) ||
-	    linear(skb, ETH_HLEN + OVERHEAD + sizeof(struct iphdr)))
-		return drop(DROP_MALFORMED);
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct iphdr *inner = data + ETH_HLEN + OVERHEAD;
-	if ((void *)(inner + 1) > end)
-		return drop(DROP_MALFORMED);
-	if (inner->version != 4 || inner->ihl < 5 || bpf_ntohs(inner->tot_len) != len ||
-	    len < inner->ihl * 4U)
-		return drop(DROP_MALFORMED);
-	if ((inner->saddr & peer->mask) != peer->subnet)
-		return drop(DROP_SPOOFED_SOURCE);
-	/* A super-packet is larger by design; the stack checks its segments when it forwards. */
-	if (!skb->gso_size && len > cfg->mtu)
-		return drop(DROP_TOO_BIG);
-	if (inner->ttl <= 1)
-		return drop(DROP_TTL_EXCEEDED);
-	decrement_ttl(inner);
+/* What twill_xdp_ingress puts before a frame it decapsulated, for twill_ingress to find: only
+ * an XDP program writes there, so no sender can forge it. */
+#define DECAPSULATED 0x74774470 /* "twDp" */
 
-	__u32 slot = peer->slot;
+/* The frame enters the device: addressed to any other MAC the stack would take it for another
+ * host's and drop it. */
+static __always_inline int enter_device(struct __sk_buff *skb, struct config *cfg)
+{
 	__u32 device = cfg->device_ifindex;
-	__u64 packets = packets_in(skb);
-	/* The frame enters the device: addressed to any other MAC the stack would take it for
-	 * another host's and drop it. */
-	if (bpf_skb_adjust_room(skb, -(__s32)OVERHEAD, BPF_ADJ_ROOM_MAC, DECAP_FLAGS) ||
-	    bpf_skb_store_bytes(skb, 0, cfg->device_mac, ETH_ALEN, 0))
+	if (bpf_skb_store_bytes(skb, 0, cfg->device_mac, ETH_ALEN, 0))
 		return drop(DROP_IO_ERROR);
-	count_rx(slot, packets, len);
 	return bpf_redirect(device, BPF_F_INGRESS);
+}
+
+static __always_inline int decapsulated_at_xdp(struct __sk_buff *skb)
+{
+	void *meta = (void *)(long)skb->data_meta;
+	void *data = (void *)(long)skb->data;
+	return meta + sizeof(__u32) <= data && *(__u32 *)meta == DECAPSULATED;
 }
 
 SEC("classifier/ingress")
 int twill_ingress(struct __sk_buff *skb)
 {
-	/* Anything that is not UDP to this node's address and port is not ours: it goes on
-	 * untouched, whatever it is (the stack judges it as it always does). What is ours and not
-	 * carried is counted: nothing listens on the port, so the stack would drop it unsaid. */
-	if (skb->protocol != bpf_htons(ETH_P_IP) || linear(skb, ETH_HLEN + OVERHEAD))
+	struct config *cfg = node_config();
+	if (!cfg)
+		return TC_ACT_OK;
+	/* Checked and decapsulated before GRO, which has coalesced its TCP since. */
+	if (decapsulated_at_xdp(skb))
+		return enter_device(skb, cfg);
+	if (skb->protocol != bpf_htons(ETH_P_IP) || linear(skb, ETH_HLEN + sizeof(struct iphdr)))
 		return TC_ACT_OK;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct iphdr *outer = data + ETH_HLEN;
 	if ((void *)(outer + 1) > end)
 		return TC_ACT_OK;
-	struct config *cfg = node_config();
-	if (!cfg || outer->version != 4 || outer->protocol != IPPROTO_UDP ||
-	    outer->daddr != cfg->local_ip)
+	/* Only what may be ours is pulled into the linear part for the checks. */
+	if (outer->protocol != IPPROTO_UDP || outer->daddr != cfg->local_ip)
 		return TC_ACT_OK;
-	struct fragment_key fragment = { .saddr = outer->saddr, .id = outer->id };
-	/* A later fragment has no UDP header to tell whose it is: ours if its first was. */
-	if (outer->frag_off & bpf_htons(IP_OFFSET)) {
-		if (bpf_map_lookup_elem(&our_fragments, &fragment))
-			return drop(DROP_MALFORMED);
-		return TC_ACT_OK;
-	}
-	/* IP options come before the UDP header; its port says whether the datagram is ours. */
-	__u32 header = (outer->ihl & 0x0f) * 4;
-	if (header < sizeof(struct iphdr) ||
-	    linear(skb, ETH_HLEN + header + sizeof(struct udphdr)))
-		return TC_ACT_OK;
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
-	outer = data + ETH_HLEN;
-	struct udphdr *udp = data + ETH_HLEN + header;
-	if ((void *)(outer + 1) > end || (void *)(udp + 1) > end)
-		return TC_ACT_OK;
-	if (udp->dest != cfg->port)
+	__u32 checked = skb->len < CHECKED_BYTES ? skb->len : CHECKED_BYTES;
+	if (linear(skb, checked))
 		return TC_ACT_OK;
 
-	/* Ours. flannel's peers send no IP options, and with DF: a first fragment is a datagram
-	 * this node cannot check whole, and its later fragments go with it. */
-	if (header != sizeof(struct iphdr))
-		return drop(DROP_MALFORMED);
-	if (outer->frag_off & bpf_htons(IP_MF)) {
-		__u8 seen = 1;
-		bpf_map_update_elem(&our_fragments, &fragment, &seen, BPF_ANY);
-		return drop(DROP_MALFORMED);
+	struct datagram d;
+	data = (void *)(long)skb->data;
+	end = (void *)(long)skb->data_end;
+	int found = check_datagram(data, end, skb->len, skb->gso_size != 0, cfg, &d);
+	if (found == NOT_OURS)
+		return TC_ACT_OK;
+	if (found != CARRY)
+		return drop(found);
+	decrement_ttl(d.inner);
+	__u32 slot = d.peer->slot;
+	__u64 packets = packets_in(skb);
+	if (bpf_skb_adjust_room(skb, -(__s32)OVERHEAD, BPF_ADJ_ROOM_MAC, DECAP_FLAGS))
+		return drop(DROP_IO_ERROR);
+	count_rx(slot, packets, d.len);
+	return enter_device(skb, cfg);
+}
+
+/* The same checks on the wire frame, before GRO: the inner packet goes up the underlay's
+ * receive path with a mark, where GRO coalesces its TCP as it does any other, and
+ * twill_ingress moves it into the device. */
+SEC("xdp")
+int twill_xdp_ingress(struct xdp_md *ctx)
+{
+	struct config *cfg = node_config();
+	if (!cfg)
+		return XDP_PASS;
+	void *data = (void *)(long)ctx->data;
+	void *end = (void *)(long)ctx->data_end;
+	struct datagram d;
+	int found = check_datagram(data, end, end - data, 0, cfg, &d);
+	if (found == NOT_OURS)
+		return XDP_PASS;
+	if (found != CARRY) {
+		count_drop(found);
+		return XDP_DROP;
 	}
-	struct peer *peer = bpf_map_lookup_elem(&peers, &outer->saddr);
-	if (!peer || peer->port != udp->source)
-		return drop(DROP_UNKNOWN_PEER);
-	__u32 outer_len = bpf_ntohs(outer->tot_len);
-	if (outer_len < OVERHEAD || outer_len > skb->len - ETH_HLEN ||
-	    bpf_ntohs(udp->len) != outer_len - sizeof(struct iphdr))
-		return drop(DROP_MALFORMED);
-	return decap(skb, cfg, peer, outer_len - OVERHEAD);
+	__u32 slot = d.peer->slot;
+	__u32 len = d.len;
+	/* The outer Ethernet header, as it was, moves up to the inner packet. */
+	struct ethhdr eth = *(struct ethhdr *)data;
+	/* No room for the mark: twill_ingress checks the frame as it is, at TC. */
+	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u32)))
+		return XDP_PASS;
+	if (bpf_xdp_adjust_head(ctx, OVERHEAD)) {
+		count_drop(DROP_IO_ERROR);
+		return XDP_DROP;
+	}
+	void *meta = (void *)(long)ctx->data_meta;
+	data = (void *)(long)ctx->data;
+	end = (void *)(long)ctx->data_end;
+	struct iphdr *inner = data + ETH_HLEN;
+	if (meta + sizeof(__u32) > data || (void *)(inner + 1) > end) {
+		count_drop(DROP_IO_ERROR);
+		return XDP_DROP;
+	}
+	*(__u32 *)meta = DECAPSULATED;
+	*(struct ethhdr *)data = eth;
+	decrement_ttl(inner);
+	count_rx(slot, 1, len);
+	return XDP_PASS;
 }
 
 char LICENSE[] SEC("license") = "GPL";

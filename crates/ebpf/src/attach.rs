@@ -115,7 +115,7 @@ pub(crate) fn attach(
         Hook::Tc => remove_link_pin(pin_dir, side)?,
     }
     if attached != Attached::Kept {
-        pin_program(program, &program_pin(pin_dir, side))?;
+        replace_pin(&program_pin(pin_dir, side), |path| program.pin(path))?;
     }
     Ok(attached)
 }
@@ -155,9 +155,7 @@ fn adopt(
     link: FdLink,
     running: u32,
 ) -> anyhow::Result<Attached> {
-    let new_tag = program.info()?.tag();
-    let pinned = ProgramInfo::from_pin(program_pin(pin_dir, side)).ok();
-    if pinned.is_some_and(|p| p.id() == running && p.tag() == new_tag) {
+    if already_runs(&program.info()?, &program_pin(pin_dir, side), running) {
         return Ok(Attached::Kept);
     }
     let id = program.attach_to_link(SchedClassifierLink::try_from(link)?)?;
@@ -166,19 +164,13 @@ fn adopt(
     Ok(Attached::Replaced)
 }
 
-/// Whether `program` runs at `device`'s hook for `side` through `hook`: no longer once its
+/// Whether the program `id` runs at `device`'s hook for `side` through `hook`: no longer once its
 /// device was deleted, its link unpinned or its filter deleted. A device that is gone is not
 /// an error here.
-pub(crate) fn runs(
-    program: &SchedClassifier,
-    side: Side,
-    device: &str,
-    hook: Hook,
-) -> anyhow::Result<bool> {
+pub(crate) fn runs(id: u32, side: Side, device: &str, hook: Hook) -> anyhow::Result<bool> {
     let Ok(ifindex) = nix::net::if_::if_nametoindex(device) else {
         return Ok(false);
     };
-    let id = program.info()?.id();
     match hook {
         Hook::Tcx => tcx_runs(device, side, id),
         Hook::Tc => Ok(filters::program_at(ifindex, side.attach_type())? == Some(id)),
@@ -241,24 +233,34 @@ fn detach_filter(side: Side, device: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Whether the program pinned at `pin` is the one running (`running`, a link's) and is
+/// `new`: then the running one is kept as it is.
+pub(crate) fn already_runs(new: &ProgramInfo, pin: &Path, running: u32) -> bool {
+    let pinned = ProgramInfo::from_pin(pin).ok();
+    pinned.is_some_and(|p| p.id() == running && p.tag() == new.tag())
+}
+
 fn remove_link_pin(pin_dir: &Path, side: Side) -> anyhow::Result<()> {
-    let pin = link_pin(pin_dir, side);
-    match std::fs::remove_file(&pin) {
+    unpin(&link_pin(pin_dir, side))
+}
+
+/// Removes the pin at `path`; one that is not there is fine.
+pub(crate) fn unpin(path: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(path) {
         Err(e) if e.kind() != ErrorKind::NotFound => {
-            Err(e).with_context(|| format!("cannot unpin {}", pin.display()))
+            Err(e).with_context(|| format!("cannot unpin {}", path.display()))
         }
         _ => Ok(()),
     }
 }
 
-fn pin_program(program: &mut SchedClassifier, path: &Path) -> anyhow::Result<()> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != ErrorKind::NotFound => return Err(e.into()),
-        _ => {}
-    }
-    program
-        .pin(path)
-        .with_context(|| format!("pinning {}", path.display()))
+/// Pins with `pin` at `path`, in place of what was pinned there.
+pub(crate) fn replace_pin<E: std::error::Error + Send + Sync + 'static>(
+    path: &Path,
+    pin: impl FnOnce(&Path) -> Result<(), E>,
+) -> anyhow::Result<()> {
+    unpin(path)?;
+    pin(path).with_context(|| format!("pinning {}", path.display()))
 }
 
 /// Delete the classic TC filters of the devices named in `pin_dir`'s config map (tcx links go

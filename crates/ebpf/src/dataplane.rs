@@ -8,7 +8,9 @@ use crate::loaded::{Loaded, TestOutput};
 use crate::maps::{wire_addr, wire_port, Config};
 use crate::object::{self, Side};
 use crate::pins;
-use anyhow::ensure;
+use crate::xdp::{self, Ingress};
+use anyhow::{ensure, Context};
+use aya::programs::ProgramInfo;
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -28,6 +30,10 @@ pub struct Attachment {
     pub port: u16,
     /// tcx links or classic TC filters (`--bpf-attach`).
     pub attach: AttachMode,
+    /// Decapsulate at XDP on the underlay where its driver takes it (else at TC).
+    pub xdp: bool,
+    /// Make a veth underlay segment and checksum at transmit, as a NIC does (crate::wire).
+    pub veth_wire: bool,
 }
 
 impl Attachment {
@@ -59,6 +65,7 @@ pub struct Dataplane {
     pin_dir: PathBuf,
     at: Attachment,
     hook: Hook,
+    running: Mutex<Running>,
     /// The twill device's ifindex when the programs were attached: a device made again has
     /// another, and none of the attachments of the old one.
     device_ifindex: AtomicU32,
@@ -79,6 +86,7 @@ impl Dataplane {
             pin_dir: pin_dir.to_path_buf(),
             at: at.clone(),
             hook,
+            running: Mutex::new(ready.running),
             device_ifindex: AtomicU32::new(ready.device_ifindex),
         };
         Ok((dataplane, ready.opened))
@@ -93,6 +101,7 @@ impl Dataplane {
         drop(claim.take());
         let (ready, new_claim) = attach_at(&self.pin_dir, &self.at, self.hook)?;
         *self.lock() = ready.loaded;
+        *self.running() = ready.running;
         *claim = Some(new_claim);
         self.device_ifindex
             .store(ready.device_ifindex, Ordering::Relaxed);
@@ -104,7 +113,16 @@ impl Dataplane {
         self.hook
     }
 
-    /// Whether both programs still run where they were attached: false once the device was
+    /// Where the underlay's datagrams are decapsulated, and if not at XDP, why.
+    pub fn ingress(&self) -> Ingress {
+        self.running().ingress.clone()
+    }
+
+    fn running(&self) -> MutexGuard<'_, Running> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the programs still run where they were attached: false once the device was
     /// deleted (and made again), the pins (and with them the links) removed, or a filter
     /// deleted.
     pub fn intact(&self) -> anyhow::Result<bool> {
@@ -112,14 +130,16 @@ impl Dataplane {
         if now != Some(self.device_ifindex.load(Ordering::Relaxed)) {
             return Ok(false);
         }
-        let mut loaded = self.lock();
-        for side in Side::BOTH {
-            let program = object::program(&mut loaded.ebpf, side)?;
-            if !attach::runs(program, side, self.at.device_of(side), self.hook)? {
+        let running = self.running().clone();
+        for (side, id) in running.tc {
+            if !attach::runs(id, side, self.at.device_of(side), self.hook)? {
                 return Ok(false);
             }
         }
-        Ok(true)
+        match running.xdp {
+            Some(id) => xdp::runs(id, &self.at.underlay),
+            None => Ok(true),
+        }
     }
 
     /// Detach and unpin everything, for a start that failed after this dataplane was opened
@@ -173,6 +193,12 @@ impl Dataplane {
         self.lock().test_run(side, frame)
     }
 
+    /// [`Dataplane::test_run`] for the XDP ingress program (loaded whether it is attached or
+    /// not).
+    pub fn test_run_xdp(&self, frame: &[u8]) -> anyhow::Result<TestOutput> {
+        self.lock().test_run_xdp(frame)
+    }
+
     fn lock(&self) -> MutexGuard<'_, Loaded> {
         // A panic while holding the lock left no half-made change that matters more than
         // the maps themselves, which stay the truth.
@@ -186,10 +212,26 @@ impl std::fmt::Debug for Dataplane {
     }
 }
 
+/// What runs where after an attach: the ids of the programs in the hooks (an adopted one is an
+/// earlier run's, not the one loaded now), and where the underlay's datagrams are decapsulated.
+#[derive(Debug, Clone)]
+struct Running {
+    tc: [(Side, u32); 2],
+    xdp: Option<u32>,
+    ingress: Ingress,
+}
+
+/// The id of the program pinned at `pin`: the one that runs in its hook.
+fn pinned_id(pin: &Path) -> anyhow::Result<u32> {
+    let info = ProgramInfo::from_pin(pin).with_context(|| format!("reading {}", pin.display()))?;
+    Ok(info.id())
+}
+
 /// What [`attach_at`] made or found.
 struct Ready {
     loaded: Loaded,
     opened: Opened,
+    running: Running,
     device_ifindex: u32,
 }
 
@@ -239,12 +281,39 @@ fn load_and_attach(
         device_mac: device.mac,
         pad: [0; 2],
     })?;
-    let mut adopted = true;
-    for side in Side::BOTH {
-        let program = object::program(&mut loaded.ebpf, side)?;
-        let attached = attach::attach(program, side, at.device_of(side), pin_dir, hook)?;
-        adopted &= attached != Attached::New;
+    if at.veth_wire {
+        crate::wire::like_a_wire(&at.underlay)?;
     }
+    let mut adopted = true;
+    let mut tc = Side::BOTH.map(|side| (side, 0));
+    for (side, id) in &mut tc {
+        let program = object::program(&mut loaded.ebpf, *side)?;
+        let attached = attach::attach(program, *side, at.device_of(*side), pin_dir, hook)?;
+        adopted &= attached != Attached::New;
+        *id = pinned_id(&pins::program_pin(pin_dir, *side))?;
+    }
+    // After twill_ingress, which moves what this program decapsulated into the device.
+    let (xdp, ingress) = match at.xdp {
+        true => match xdp::attach(
+            object::xdp_program(&mut loaded.ebpf)?,
+            &at.underlay,
+            pin_dir,
+        )? {
+            Ok(attached) => {
+                adopted &= attached != Attached::New;
+                (
+                    Some(pinned_id(&pins::xdp_program_pin(pin_dir))?),
+                    Ingress::Xdp,
+                )
+            }
+            Err(why) => (None, Ingress::Tc { why }),
+        },
+        false => {
+            xdp::detach(pin_dir)?;
+            let why = "XDP was not asked for".to_string();
+            (None, Ingress::Tc { why })
+        }
+    };
     let opened = match adopted {
         true => Opened::Adopted {
             peers: loaded.peers.len(),
@@ -254,6 +323,7 @@ fn load_and_attach(
     Ok(Ready {
         loaded,
         opened,
+        running: Running { tc, xdp, ingress },
         device_ifindex: device.ifindex,
     })
 }

@@ -4,12 +4,9 @@
 
 use anyhow::{bail, Context};
 use aya::programs::TcAttachType;
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use netlink_packet_core::NLM_F_DUMP;
 use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcMessage, TcOption};
 use netlink_packet_route::RouteNetlinkMessage;
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 /// Where twill's filter sits on a hook: fixed, so a restart finds and replaces it.
 pub(crate) const PRIORITY: u16 = 1;
@@ -46,44 +43,20 @@ fn dump(ifindex: u32, hook: TcAttachType) -> anyhow::Result<Vec<TcMessage>> {
             _ => TcHandle::MIN_INGRESS,
         },
     };
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut message = NetlinkMessage::new(
-        header,
-        NetlinkPayload::from(RouteNetlinkMessage::GetTrafficFilter(request)),
-    );
-    message.finalize();
-    let mut bytes = vec![0u8; message.buffer_len()];
-    message.serialize(&mut bytes);
-
-    let mut socket = Socket::new(NETLINK_ROUTE).context("opening rtnetlink")?;
-    socket.bind_auto().context("binding rtnetlink")?;
-    socket.connect(&SocketAddr::new(0, 0))?;
-    socket
-        .send(&bytes, 0)
-        .context("asking for the tc filters")?;
-    let mut filters = Vec::new();
-    let mut buffer = vec![0u8; 1 << 16];
-    loop {
-        let read = socket.recv(&mut &mut buffer[..], 0)?;
-        let mut at = 0;
-        while at < read {
-            let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buffer[at..read])
-                .context("reading a tc filter")?;
-            at += reply.header.length as usize;
-            match reply.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewTrafficFilter(f)) => {
-                    filters.push(f)
-                }
-                NetlinkPayload::Done(_) => return Ok(filters),
-                // No clsact qdisc on the device: no filter either.
-                NetlinkPayload::Error(e) if e.raw_code() == -libc::EINVAL => return Ok(filters),
-                NetlinkPayload::Error(e) => bail!("listing tc filters: {e}"),
-                _ => {}
-            }
-            if reply.header.length == 0 {
-                break;
-            }
-        }
+    let request = RouteNetlinkMessage::GetTrafficFilter(request);
+    match crate::netlink::ask(request, NLM_F_DUMP).context("listing tc filters")? {
+        Ok(answers) => Ok(answers
+            .into_iter()
+            .filter_map(|a| match a {
+                RouteNetlinkMessage::NewTrafficFilter(f) => Some(f),
+                _ => None,
+            })
+            .collect()),
+        // No clsact qdisc on the device: no filter either.
+        Err(code) if code == -libc::EINVAL => Ok(Vec::new()),
+        Err(code) => bail!(
+            "listing tc filters: {}",
+            std::io::Error::from_raw_os_error(-code)
+        ),
     }
 }

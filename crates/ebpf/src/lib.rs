@@ -1,6 +1,7 @@
 //! twill's in-kernel dataplane for flannel's udp wire (UDP port 8285 by default, the payload
-//! the bare inner IPv4 packet): two TC eBPF programs, written in C (bpf/udp.bpf.c) and built
-//! by build.rs on every build, with the same rules as the userspace udp engine.
+//! the bare inner IPv4 packet): two TC eBPF programs and an XDP one, written in C
+//! (bpf/udp.bpf.c) and built by build.rs on every build, with the same rules as the userspace
+//! udp engine.
 //!
 //! - `twill_egress`, at the egress of twill's dummy device (the flannel network is routed to
 //!   it): finds the destination's peer in an LPM map, decrements the TTL, encapsulates and
@@ -8,6 +9,10 @@
 //! - `twill_ingress`, at the underlay's ingress: takes only UDP to the node's address and
 //!   port, checks the sender is a peer, the inner packet well-formed and from inside that
 //!   peer's subnet, decapsulates it and hands it to the stack as if it came in on the dummy.
+//!
+//! - `twill_xdp_ingress`, on the underlay in the driver's native XDP mode where it takes one:
+//!   the same checks on each wire frame before GRO, so the inner TCP is coalesced; it passes
+//!   the decapsulated frame up with a mark, and `twill_ingress` moves it into the device.
 //!
 //! They attach by tcx links (Linux 6.6+) or classic TC filters, a clsact qdisc and a
 //! direct-action bpf filter ([`AttachMode`], `--bpf-attach`). Programs, links and maps are
@@ -23,11 +28,14 @@ mod device;
 mod filters;
 mod loaded;
 mod maps;
+mod netlink;
 mod object;
 mod peers;
 mod pinned;
 mod pins;
 mod probe;
+mod wire;
+mod xdp;
 
 pub use attach::{AttachMode, Hook};
 pub use cleanup::{remove, remove_anyway};
@@ -37,4 +45,6 @@ pub use loaded::{TestOutput, Verdict};
 pub use maps::MAX_PEERS;
 pub use object::Side;
 pub use pinned::PinnedPeers;
+pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
+pub use xdp::Ingress;

@@ -6,7 +6,7 @@ use crate::counters::{self, Counters};
 use crate::maps::Maps;
 use crate::object::{self, Side};
 use crate::peers::PeerSet;
-use aya::programs::{ProgramError, TestRun as _, TestRunOptions};
+use aya::programs::{ProgramError, TestRun as _, TestRunOptions, TestRunResult};
 use aya::Ebpf;
 use std::path::Path;
 
@@ -66,28 +66,51 @@ impl Loaded {
         counters::read_totals(&self.maps)
     }
 
-    /// Run one program on `frame` (an Ethernet frame) with BPF_PROG_TEST_RUN: its counters and
-    /// maps are the real ones, its redirects are only reported.
+    /// Run one TC program on `frame` (an Ethernet frame) with BPF_PROG_TEST_RUN: its counters
+    /// and maps are the real ones, its redirects are only reported.
     pub fn test_run(&mut self, side: Side, frame: &[u8]) -> anyhow::Result<TestOutput> {
         let program = object::program(&mut self.ebpf, side)?;
-        let mut out = vec![0u8; frame.len() + GROWTH];
-        let result = program
-            .test_run(TestRunOptions {
-                data_in: Some(frame),
-                data_out: Some(&mut out),
-                ..TestRunOptions::default()
-            })
-            .map_err(|e| {
-                let why = match &e {
-                    ProgramError::SyscallError(s) => s.io_error.to_string(),
-                    other => other.to_string(),
-                };
-                anyhow::anyhow!("BPF_PROG_TEST_RUN of {}: {why}", side.program_name())
-            })?;
-        out.truncate(result.data_size_out as usize);
+        let (action, frame) = run(side.program_name(), frame, |o| program.test_run(o))?;
         Ok(TestOutput {
-            verdict: Verdict::of(result.return_value),
-            frame: out,
+            verdict: Verdict::of(action),
+            frame,
         })
     }
+
+    /// [`Loaded::test_run`] for the XDP program; its verdicts read as the TC ones: XDP_PASS is
+    /// [`Verdict::Pass`] (the frame, decapsulated or not, goes up the stack).
+    pub fn test_run_xdp(&mut self, frame: &[u8]) -> anyhow::Result<TestOutput> {
+        let program = object::xdp_program(&mut self.ebpf)?;
+        let (action, frame) = run(object::XDP_INGRESS, frame, |o| program.test_run(o))?;
+        let verdict = match action {
+            1 => Verdict::Drop,
+            2 => Verdict::Pass,
+            other => Verdict::Other(other),
+        };
+        Ok(TestOutput { verdict, frame })
+    }
+}
+
+/// One BPF_PROG_TEST_RUN of the program `name` on `frame`: its return value and the frame it
+/// left.
+fn run(
+    name: &str,
+    frame: &[u8],
+    test_run: impl FnOnce(TestRunOptions<'_>) -> Result<TestRunResult, ProgramError>,
+) -> anyhow::Result<(u32, Vec<u8>)> {
+    let mut out = vec![0u8; frame.len() + GROWTH];
+    let result = test_run(TestRunOptions {
+        data_in: Some(frame),
+        data_out: Some(&mut out),
+        ..TestRunOptions::default()
+    })
+    .map_err(|e| {
+        let why = match &e {
+            ProgramError::SyscallError(s) => s.io_error.to_string(),
+            other => other.to_string(),
+        };
+        anyhow::anyhow!("BPF_PROG_TEST_RUN of {name}: {why}")
+    })?;
+    out.truncate(result.data_size_out as usize);
+    Ok((result.return_value, out))
 }

@@ -4,7 +4,7 @@
 
 use crate::maps::MAP_NAMES;
 use anyhow::Context;
-use aya::programs::{SchedClassifier, TcAttachType};
+use aya::programs::{SchedClassifier, TcAttachType, Xdp};
 use aya::{Ebpf, EbpfLoader};
 use std::path::Path;
 
@@ -39,7 +39,11 @@ impl Side {
     }
 }
 
-/// Parse the object, create (or, with `pins`, open) its maps and load both programs.
+/// The XDP program that decapsulates on the underlay before GRO (twill_ingress at TC moves what
+/// it decapsulated into the device, and does the whole job where it is not attached).
+pub(crate) const XDP_INGRESS: &str = "twill_xdp_ingress";
+
+/// Parse the object, create (or, with `pins`, open) its maps and load its three programs.
 pub(crate) fn load(pins: Option<&Path>) -> anyhow::Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     if let Some(dir) = pins {
@@ -54,6 +58,9 @@ pub(crate) fn load(pins: Option<&Path>) -> anyhow::Result<Ebpf> {
             .load()
             .with_context(|| format!("the verifier refused {}", side.program_name()))?;
     }
+    xdp_program(&mut ebpf)?
+        .load()
+        .with_context(|| format!("the verifier refused {XDP_INGRESS}"))?;
     Ok(ebpf)
 }
 
@@ -63,5 +70,13 @@ pub(crate) fn program(ebpf: &mut Ebpf, side: Side) -> anyhow::Result<&mut SchedC
     let program = ebpf
         .program_mut(name)
         .with_context(|| format!("the eBPF object has no program {name}"))?;
+    Ok(program.try_into()?)
+}
+
+/// The object's XDP program.
+pub(crate) fn xdp_program(ebpf: &mut Ebpf) -> anyhow::Result<&mut Xdp> {
+    let program = ebpf
+        .program_mut(XDP_INGRESS)
+        .with_context(|| format!("the eBPF object has no program {XDP_INGRESS}"))?;
     Ok(program.try_into()?)
 }

@@ -44,6 +44,15 @@ pub(crate) fn link_pin(dir: &Path, side: Side) -> PathBuf {
     dir.join(format!("link_{}", side_name(side)))
 }
 
+/// The pins of the XDP program and its link.
+pub(crate) fn xdp_program_pin(dir: &Path) -> PathBuf {
+    dir.join("prog_xdp_ingress")
+}
+
+pub(crate) fn xdp_link_pin(dir: &Path) -> PathBuf {
+    dir.join("link_xdp_ingress")
+}
+
 fn side_name(side: Side) -> &'static str {
     match side {
         Side::Egress => "egress",
@@ -67,6 +76,21 @@ pub(crate) fn ensure_bpffs(dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     mount_bpffs(dir)
+}
+
+/// Whether [`ensure_bpffs`] can put `dir` on a bpffs: the directory (or where it would be
+/// made) is on one already, or this process may mount one. A pod given CAP_BPF but neither the
+/// host's /sys/fs/bpf nor CAP_SYS_ADMIN can load the programs and still not pin them.
+pub fn can_pin(dir: &Path) -> Result<(), String> {
+    let existing = dir.ancestors().find(|d| d.is_dir());
+    if existing.is_some_and(|d| is_bpffs(d).unwrap_or(false)) || crate::probe::may_mount() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} is not on a bpffs, and mounting one needs CAP_SYS_ADMIN: mount the host's \
+         /sys/fs/bpf there",
+        dir.display()
+    ))
 }
 
 fn mount_bpffs(dir: &Path) -> anyhow::Result<()> {
@@ -126,7 +150,8 @@ fn pinned_paths(dir: &Path) -> Vec<PathBuf> {
     let sides = Side::BOTH.into_iter();
     let programs = sides
         .clone()
-        .flat_map(|s| [link_pin(dir, s), program_pin(dir, s)]);
+        .flat_map(|s| [link_pin(dir, s), program_pin(dir, s)])
+        .chain([xdp_link_pin(dir), xdp_program_pin(dir)]);
     programs
         .chain(MAP_NAMES.iter().map(|m| dir.join(m)))
         .collect()

@@ -130,21 +130,33 @@ fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, protocol: u8, total_len: usize) -> [u8; 20
     header
 }
 
+const NET_ADMIN: u32 = 12;
+const SYS_ADMIN: u32 = 21;
+const BPF: u32 = 39;
+
 /// CAP_NET_ADMIN, and CAP_BPF or CAP_SYS_ADMIN, in the effective set.
 fn privileged() -> bool {
-    const NET_ADMIN: u32 = 12;
-    const SYS_ADMIN: u32 = 21;
-    const BPF: u32 = 39;
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    let effective = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .unwrap_or(0);
-    let has = |cap: u32| effective & (1u64 << cap) != 0;
+    let has = effective_capabilities();
     has(NET_ADMIN) && (has(BPF) || has(SYS_ADMIN))
+}
+
+/// Whether this process may mount a bpffs (CAP_SYS_ADMIN, effective).
+pub(crate) fn may_mount() -> bool {
+    effective_capabilities()(SYS_ADMIN)
+}
+
+/// The process's effective capabilities, as a test of one; none if they cannot be read.
+fn effective_capabilities() -> impl Fn(u32) -> bool {
+    let effective = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        })
+        .unwrap_or(0);
+    move |cap: u32| effective & (1u64 << cap) != 0
 }
 
 fn from_syscall(what: &str, error: std::io::Error) -> Unsupported {

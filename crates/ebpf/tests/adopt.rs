@@ -121,20 +121,14 @@ fn a_deleted_classic_filter_is_noticed_and_put_back() -> Result<()> {
     let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
     let host = lab.host(1);
     assert!(host.ns.enter(|| dataplanes[1].intact())?);
-    host.ns.exec(
-        "tc",
-        &[
-            "filter",
-            "del",
-            "dev",
-            &nodes[1].attachment.underlay,
-            "ingress",
-        ],
-    )?;
+    // The egress filter: b's replies stop. (Without the ingress filter the XDP program's
+    // checked and decapsulated packets would still come in, over the underlay device.)
+    host.ns
+        .exec("tc", &["filter", "del", "dev", common::DEVICE, "egress"])?;
     assert!(!host.ns.enter(|| dataplanes[1].intact())?, "filter deleted");
     let out =
         a.ns.exec("ping", &["-n", "-c", "1", "-W", "1", &b.ip.to_string()]);
-    ensure!(out.is_err(), "ping answered without b's ingress: {out:?}");
+    ensure!(out.is_err(), "ping answered without b's egress: {out:?}");
     host.ns.enter(|| dataplanes[1].reopen())?;
     assert!(host.ns.enter(|| dataplanes[1].intact())?, "put back");
     attached_as(host, &nodes[1], AttachMode::Tc)?;

@@ -1,16 +1,17 @@
-//! Both programs on crafted frames through BPF_PROG_TEST_RUN, with their real maps: each frame
+//! The programs on crafted frames through BPF_PROG_TEST_RUN, with their real maps: each frame
 //! gets the verdict expected, and the counters move by exactly what it should count (a drop
-//! under its reason, or a packet to or from the peer).
+//! under its reason, or a packet to or from the peer). Every ingress frame goes through the
+//! TC program and through the XDP one.
 
 mod common;
 
 use anyhow::Result;
 use common::frames::{datagram, ethernet, hex, udp, Ip, ETH_IP};
-use common::test_run::{peer_subnet, test_bench, HERE, LOCAL, PEER, THERE, UDP};
+use common::test_run::{peer_subnet, test_bench, TestBench, HERE, LOCAL, PEER, THERE, UDP};
 use common::{DEVICE_MTU, PORT};
 use std::net::Ipv4Addr;
 use twill_dataplane::stats::DropReason;
-use twill_ebpf::{Counters, Side, Verdict};
+use twill_ebpf::{Counters, Side, TestOutput, Verdict};
 
 const STRANGER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 66);
 
@@ -276,7 +277,28 @@ fn ingress_cases() -> Vec<Case> {
 }
 
 /// The frame a carried packet should leave as.
-fn carried(case: &Case, device_mac: [u8; 6]) -> Vec<u8> {
+fn carried(case: &Case, via: Via, device_mac: [u8; 6]) -> Vec<u8> {
+    let inner = forwarded_inner(case);
+    match (case.side, via) {
+        (Side::Egress, _) => {
+            let mut outer = Ip::new(LOCAL, PEER, UDP);
+            outer.flags_fragment = 0x4000;
+            datagram(&outer, (PORT, PORT), &inner)
+        }
+        (Side::Ingress, Via::Tc) => {
+            let mut frame = ethernet(ETH_IP, &inner);
+            frame[..6].copy_from_slice(&device_mac);
+            frame
+        }
+        // The mark for twill_ingress in the metadata (which BPF_PROG_TEST_RUN hands back
+        // before the frame), then the outer Ethernet header as it came (twill_ingress
+        // readdresses it at TC).
+        (Side::Ingress, Via::Xdp) => [&XDP_MARK[..], &case.frame[..14], &inner[..]].concat(),
+    }
+}
+
+/// The inner packet of a carried frame, its TTL decremented.
+fn forwarded_inner(case: &Case) -> Vec<u8> {
     let mut inner = case.frame[14..].to_vec();
     if case.side == Side::Ingress {
         inner.drain(..28);
@@ -286,31 +308,46 @@ fn carried(case: &Case, device_mac: [u8; 6]) -> Vec<u8> {
     inner[10..12].fill(0);
     let sum = common::frames::checksum(&inner[..header_len]);
     inner[10..12].copy_from_slice(&sum.to_be_bytes());
-    match case.side {
-        Side::Egress => {
-            let mut outer = Ip::new(LOCAL, PEER, UDP);
-            outer.flags_fragment = 0x4000;
-            datagram(&outer, (PORT, PORT), &inner)
-        }
-        Side::Ingress => {
-            let mut frame = ethernet(ETH_IP, &inner);
-            frame[..6].copy_from_slice(&device_mac);
-            frame
-        }
-    }
+    inner
+}
+
+/// What twill_xdp_ingress puts in the metadata of a frame it decapsulated (a u32, "twDp").
+const XDP_MARK: [u8; 4] = 0x7477_4470u32.to_ne_bytes();
+
+/// Which program an ingress frame goes through: the TC one, or the XDP one before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Tc,
+    Xdp,
 }
 
 #[test]
 fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
-    let bench = test_bench("ebpf-table")?;
     let cases: Vec<Case> = egress_cases().into_iter().chain(ingress_cases()).collect();
+    run_cases(&test_bench("ebpf-table")?, &cases, Via::Tc)
+}
+
+/// The XDP program makes every check the TC ingress program makes, under the same reasons.
+/// (Maps of its own: the fragments the TC run remembered would change the verdicts.)
+#[test]
+fn the_xdp_program_gives_every_ingress_frame_the_tc_programs_verdict() -> Result<()> {
+    run_cases(&test_bench("ebpf-tablex")?, &ingress_cases(), Via::Xdp)
+}
+
+fn run_cases(bench: &TestBench, cases: &[Case], via: Via) -> Result<()> {
     let mut failures = Vec::new();
-    for case in &cases {
+    for case in cases {
         let before = bench.dataplane.counters()?;
-        let output = match (
-            bench.dataplane.test_run(case.side, &case.frame),
-            case.expect,
-        ) {
+        let run = match via {
+            Via::Tc => bench.dataplane.test_run(case.side, &case.frame),
+            Via::Xdp => bench.dataplane.test_run_xdp(&case.frame),
+        };
+        // XDP needs no skb: a frame too short for one is looked at, and is not ours.
+        let expect = match (via, case.expect) {
+            (Via::Xdp, Expect::Refused) => Expect::Untouched,
+            (_, expect) => expect,
+        };
+        let output = match (run, expect) {
             (Err(_), Expect::Refused) => continue,
             (Ok(output), _) => output,
             (Err(e), _) => {
@@ -319,20 +356,17 @@ fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
             }
         };
         let after = bench.dataplane.counters()?;
-        if let Err(why) = check(
-            case,
-            &output.verdict,
-            &output.frame,
-            &before,
-            &after,
-            bench.device_mac,
-        ) {
+        let moved = Moved {
+            before: &before,
+            after: &after,
+        };
+        if let Err(why) = check(case, expect, via, &output, moved, bench.device_mac) {
             failures.push(format!("{:?} {}: {why}", case.side, case.name));
         }
     }
     assert!(
         failures.is_empty(),
-        "{} of {} cases failed:\n{}",
+        "{via:?}: {} of {} cases failed:\n{}",
         failures.len(),
         cases.len(),
         failures.join("\n")
@@ -340,25 +374,37 @@ fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
     Ok(())
 }
 
+/// The counters before and after a case.
+struct Moved<'a> {
+    before: &'a Counters,
+    after: &'a Counters,
+}
+
 fn check(
     case: &Case,
-    verdict: &Verdict,
-    frame: &[u8],
-    before: &Counters,
-    after: &Counters,
+    expect: Expect,
+    via: Via,
+    output: &TestOutput,
+    Moved { before, after }: Moved<'_>,
     device_mac: [u8; 6],
 ) -> Result<(), String> {
-    let (want_verdict, want_frame) = match case.expect {
+    let (verdict, frame) = (&output.verdict, &output.frame);
+    let carried_verdict = match via {
+        Via::Tc => Verdict::Redirect,
+        // Up the underlay's stack, where GRO and then twill_ingress take it.
+        Via::Xdp => Verdict::Pass,
+    };
+    let (want_verdict, want_frame) = match expect {
         Expect::Untouched => (Verdict::Pass, Some(case.frame.clone())),
         Expect::Dropped(_) => (Verdict::Drop, None),
         Expect::Refused => return Err("BPF_PROG_TEST_RUN ran it".into()),
-        Expect::Carried(_) => (Verdict::Redirect, Some(carried(case, device_mac))),
+        Expect::Carried(_) => (carried_verdict, Some(carried(case, via, device_mac))),
     };
     if *verdict != want_verdict {
         return Err(format!("verdict {verdict:?}, expected {want_verdict:?}"));
     }
     if let Some(want) = want_frame {
-        if frame != want {
+        if *frame != want {
             return Err(format!(
                 "frame\n  got  {}\n  want {}",
                 hex(frame),
@@ -368,7 +414,7 @@ fn check(
     }
     for reason in DropReason::ALL {
         let moved = after.drop_count(reason) - before.drop_count(reason);
-        let want = u64::from(case.expect == Expect::Dropped(reason));
+        let want = u64::from(expect == Expect::Dropped(reason));
         if moved != want {
             return Err(format!(
                 "{} moved by {moved}, expected {want}",
@@ -381,7 +427,7 @@ fn check(
         Side::Egress => ((before.tx, after.tx), peer(before).tx, peer(after).tx),
         Side::Ingress => ((before.rx, after.rx), peer(before).rx, peer(after).rx),
     };
-    let want = match case.expect {
+    let want = match expect {
         Expect::Carried(bytes) => (1, bytes),
         _ => (0, 0),
     };

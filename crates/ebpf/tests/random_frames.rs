@@ -1,4 +1,4 @@
-//! Both programs decode network input, so, as every decoder of twill's, they are run on input
+//! The programs decode network input, so, as every decoder of twill's, they are run on input
 //! no one crafted: random bytes, and flannel datagrams and inner packets mutated at random
 //! (truncated, bytes flipped, lengths, versions, IHL and fragment bits changed, bytes added),
 //! through BPF_PROG_TEST_RUN with their real maps. The seed is fixed, so every run (and CI)
@@ -7,7 +7,8 @@
 //! Whatever the frame, the program gives a verdict; the kernel refuses only frames too short
 //! for it to build an skb of (EINVAL). The counters move by at most one thing: a passed frame
 //! counts nothing and comes back byte for byte, a dropped one counts one drop, a carried one
-//! one packet of its direction. And a frame is carried only if the userspace engine's own
+//! one packet of its direction (the XDP program passes what it carries up, decapsulated and
+//! marked for the TC program). And a frame is carried only if the userspace engine's own
 //! checks (twill_dataplane) would carry it, and leaves as they would have it leave: from the
 //! underlay only a datagram from the peer whose inner packet decodes and comes from inside
 //! the peer's subnet.
@@ -45,11 +46,34 @@ impl std::fmt::Debug for Frame {
     }
 }
 
+/// Which program a frame goes through: a TC one, or the XDP one on the underlay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Program {
+    Tc(Side),
+    Xdp,
+}
+
+impl Program {
+    const ALL: [Program; 3] = [
+        Program::Tc(Side::Egress),
+        Program::Tc(Side::Ingress),
+        Program::Xdp,
+    ];
+
+    /// The direction it carries in.
+    fn side(self) -> Side {
+        match self {
+            Program::Tc(side) => side,
+            Program::Xdp => Side::Ingress,
+        }
+    }
+}
+
 #[test]
 fn random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
     let bench = test_bench("ebpf-randbytes")?;
-    for side in Side::BOTH {
-        run(&bench, side, random_frames(), 1)?;
+    for program in Program::ALL {
+        run(&bench, program, random_frames(), 1)?;
     }
     Ok(())
 }
@@ -57,16 +81,16 @@ fn random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
 #[test]
 fn mutated_flannel_frames_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
     let bench = test_bench("ebpf-mutated")?;
-    for side in Side::BOTH {
-        run(&bench, side, mutated_frames(side), 2)?;
+    for program in Program::ALL {
+        run(&bench, program, mutated_frames(program.side()), 2)?;
     }
     Ok(())
 }
 
-/// `CASES` frames of `frames` through `side`'s program, from a seed of its own.
+/// `CASES` frames of `frames` through `program`, from a seed of its own.
 fn run(
     bench: &TestBench,
-    side: Side,
+    program: Program,
     frames: impl Strategy<Value = Frame>,
     seed: u8,
 ) -> anyhow::Result<()> {
@@ -79,9 +103,9 @@ fn run(
     let mut runner = TestRunner::new_with_rng(config, rng);
     runner
         .run(&frames, |frame| {
-            check(bench, side, &frame.0).map_err(TestCaseError::fail)
+            check(bench, program, &frame.0).map_err(TestCaseError::fail)
         })
-        .map_err(|e| anyhow!("{side:?}: {e}"))
+        .map_err(|e| anyhow!("{program:?}: {e}"))
 }
 
 /// (a) Random bytes: a whole frame, behind IPv4's ethertype, or inside a datagram from the peer.
@@ -246,19 +270,46 @@ fn set(frame: &mut [u8], field: Field, new: impl Fn(u16) -> u16) {
 }
 
 /// One frame through one program, and what its verdict allows.
-fn check(bench: &TestBench, side: Side, frame: &[u8]) -> Result<(), String> {
+fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String> {
     let counters = || bench.dataplane.counters().map_err(|e| format!("{e:#}"));
+    let side = program.side();
     let before = counters()?;
-    let output = bench.dataplane.test_run(side, frame);
+    let output = match program {
+        Program::Tc(side) => bench.dataplane.test_run(side, frame),
+        Program::Xdp => bench.dataplane.test_run_xdp(frame),
+    };
     let moved = Moved::between(&before, &counters()?, side);
     let output = match output {
         Ok(output) => output,
-        Err(e) if refused_by_the_kernel(frame) && format!("{e:#}").ends_with("(os error 22)") => {
+        Err(e)
+            if refused_by_the_kernel(program, frame)
+                && format!("{e:#}").ends_with("(os error 22)") =>
+        {
             return moved.expect(Moved::default(), "a frame the kernel refused");
         }
         Err(e) => return Err(format!("{e:#}")),
     };
+    // The XDP program passes up what it decapsulated, with the mark for twill_ingress.
+    let carried = output.frame != frame && program == Program::Xdp;
     match output.verdict {
+        Verdict::Pass if carried => {
+            let carried = carried_by_userspace(side, frame, bench.device_mac)
+                .ok_or("carried, but twill's userspace checks would not carry it")?;
+            let at_xdp = [
+                &XDP_MARK[..],
+                &frame[..FIRST_IP],
+                &carried.frame[FIRST_IP..],
+            ]
+            .concat();
+            if output.frame != at_xdp {
+                return Err(format!(
+                    "carried as\n  {}\nnot as\n  {}",
+                    hex(&output.frame),
+                    hex(&at_xdp)
+                ));
+            }
+            moved.expect(Moved::one_packet(carried.bytes), "a carried frame")
+        }
         Verdict::Pass if output.frame != frame => {
             Err(format!("passed, but changed to {}", hex(&output.frame)))
         }
@@ -276,17 +327,23 @@ fn check(bench: &TestBench, side: Side, frame: &[u8]) -> Result<(), String> {
             }
             moved.expect(Moved::one_packet(carried.bytes), "a carried frame")
         }
-        Verdict::Other(action) => Err(format!("TC action {action}, not a verdict")),
+        Verdict::Other(action) => Err(format!("action {action}, not a verdict")),
     }
 }
 
 /// The kernel builds no skb of a frame shorter than an Ethernet header, nor of an IPv4 frame
-/// shorter than an IPv4 header: BPF_PROG_TEST_RUN refuses them with EINVAL and no program
-/// ever sees one (nor does the stack send one through a device).
-fn refused_by_the_kernel(frame: &[u8]) -> bool {
+/// shorter than an IPv4 header: BPF_PROG_TEST_RUN refuses them with EINVAL and no TC program
+/// ever sees one (nor does the stack send one through a device). XDP needs no skb: it is
+/// refused only a frame shorter than an Ethernet header.
+fn refused_by_the_kernel(program: Program, frame: &[u8]) -> bool {
     let ipv4 = frame.get(12..14) == Some(&ETH_IP.to_be_bytes()[..]);
-    frame.len() < FIRST_IP || (ipv4 && frame.len() < FIRST_IP + IPV4_HEADER)
+    let short_ipv4 = ipv4 && frame.len() < FIRST_IP + IPV4_HEADER;
+    frame.len() < FIRST_IP || (program != Program::Xdp && short_ipv4)
 }
+
+/// What twill_xdp_ingress puts in the metadata of a frame it decapsulated (a u32, "twDp"),
+/// which BPF_PROG_TEST_RUN hands back before the frame.
+const XDP_MARK: [u8; 4] = 0x7477_4470u32.to_ne_bytes();
 
 /// How a run moved the counters: drops of every reason, and (packets, bytes) in the program's
 /// own direction and the other, in the totals and the peer's.

@@ -34,6 +34,8 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         local_ip: Ipv4Addr::new(172, 31, 0, 1),
         port: PORT,
         attach: AttachMode::Auto,
+        xdp: true,
+        veth_wire: true,
     };
     let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
 

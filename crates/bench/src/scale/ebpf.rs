@@ -28,12 +28,7 @@ pub fn twill(twill: &Twill) -> Twill {
         "--tun-name",
         DEVICE,
     ];
-    let mut args = twill.args.clone();
-    args.extend(ours.map(String::from));
-    Twill {
-        binary: twill.binary.clone(),
-        args,
-    }
+    twill.with_args(&ours)
 }
 
 /// `twill run --cleanup`: the device and its route go (the pins went with the daemon's mount

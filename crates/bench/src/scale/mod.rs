@@ -325,10 +325,12 @@ impl Run<'_> {
         Ok(result)
     }
 
-    /// `twill run` as this backend runs it.
+    /// `twill run` as this backend runs it: `udp` is the userspace engine, named, since the
+    /// default (auto) would pick eBPF where it runs.
     fn backend_twill(&self) -> Twill {
         match self.backend {
             ScaleBackend::Ebpf => ebpf::twill(self.twill),
+            ScaleBackend::Udp => self.twill.with_args(&["--dataplane", "tun"]),
             _ => self.twill.clone(),
         }
     }

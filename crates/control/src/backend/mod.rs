@@ -41,6 +41,7 @@ pub trait Backend {
         self.engine().map(|engine| EngineView {
             name: "tun",
             attach: None,
+            ingress: None,
             table: engine.table().clone(),
             stats: engine.stats().clone(),
             refresh: None,

@@ -162,6 +162,7 @@ mod tests {
         status.set_engine(crate::status::EngineView {
             name: "tun",
             attach: None,
+            ingress: None,
             table,
             stats: Arc::new(EngineStats::default()),
             refresh: None,

@@ -149,6 +149,43 @@ pub async fn assert_reacquired_after_its_key_is_deleted(
     assert_eq!(value, own.to_json());
 }
 
+/// Starts a node publishing `own` on a 3 s TTL beside a peer publishing `peer`: after three
+/// TTLs its key must still hold its lease, on a new etcd lease, with no second key written,
+/// and the peer must never have seen it go.
+pub async fn assert_renewed_under_its_key(etcd: &Etcd, own: LeaseAttrs, peer: LeaseAttrs) {
+    let mut opts = etcd.options();
+    opts.timing.lease_ttl = 3 * SECOND;
+    opts.timing.renew_margin = 2 * SECOND;
+    let (a, _events) = start_with(opts, own).await.unwrap();
+    let (_, mut peer_events) = start_with(etcd.options(), peer).await.unwrap();
+    snapshot(next_event(&mut peer_events, 5 * SECOND).await);
+    let mut client = etcd.client().await;
+    let (_, first) = get(&mut client, &a.key(PREFIX)).await.unwrap();
+
+    // Three TTLs: without renewal the key would be gone.
+    tokio::time::sleep(9 * SECOND).await;
+    let (value, now) = get(&mut client, &a.key(PREFIX))
+        .await
+        .expect("renewed key still there");
+    assert_eq!(value, a.to_json());
+    assert_ne!(now, first, "each renewal puts the key on a new etcd lease");
+    let opts = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_count_only();
+    let count = client
+        .get(format!("{PREFIX}/subnets/"), Some(opts))
+        .await
+        .unwrap()
+        .count();
+    assert_eq!(count, 2, "renewal wrote no second key");
+    while let Ok(event) = peer_events.try_recv() {
+        assert!(
+            !matches!(event, LeaseEvent::Removed(_)),
+            "peer saw our lease vanish: {event:?}"
+        );
+    }
+}
+
 /// The next event, failing the test if none comes within `within`.
 pub async fn next_event(rx: &mut mpsc::Receiver<LeaseEvent>, within: Duration) -> LeaseEvent {
     tokio::time::timeout(within, rx.recv())

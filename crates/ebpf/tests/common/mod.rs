@@ -75,6 +75,8 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
                 local_ip: host.underlay_ip,
                 port: PORT,
                 attach,
+                xdp: true,
+                veth_wire: true,
             },
             subnet,
         });

@@ -45,6 +45,8 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
         local_ip: LOCAL,
         port: PORT,
         attach: AttachMode::Auto,
+        xdp: true,
+        veth_wire: true,
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);

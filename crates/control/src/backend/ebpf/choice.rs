@@ -22,7 +22,12 @@ pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
         backend: &node.config.backend.backend_type,
         dual_stack: node.config.ipv6.is_some(),
     };
-    decide(node.options.dataplane, network, twill_ebpf::probe)
+    let bpf_dir = &node.options.bpf_dir;
+    let runs = || {
+        twill_ebpf::probe().map_err(|missing| missing.to_string())?;
+        twill_ebpf::can_pin(bpf_dir)
+    };
+    decide(node.options.dataplane, network, runs)
 }
 
 /// What of the network decides whether the eBPF programs can carry it.
@@ -42,7 +47,6 @@ fn decide<E: fmt::Display>(
         dual_stack,
     } = network;
     let on_ebpf = BackendKind::parse(backend).is_some_and(BackendKind::runs_on_ebpf);
-    let udp = on_ebpf && !dual_stack;
     match wanted {
         DataplaneChoice::Tun => Ok(Dataplane::Tun),
         DataplaneChoice::Ebpf if !on_ebpf => bail!(
@@ -57,7 +61,14 @@ fn decide<E: fmt::Display>(
             Ok(()) => Ok(Dataplane::Ebpf),
             Err(missing) => bail!("--dataplane ebpf cannot run here: {missing}"),
         },
-        DataplaneChoice::Auto if !udp => Ok(Dataplane::Tun),
+        DataplaneChoice::Auto if !on_ebpf => Ok(Dataplane::Tun),
+        DataplaneChoice::Auto if dual_stack => {
+            tracing::info!(
+                "dataplane: tun (--dataplane auto; the eBPF dataplane carries IPv4 only, and \
+                 this network enables IPv6)"
+            );
+            Ok(Dataplane::Tun)
+        }
         DataplaneChoice::Auto => match probe() {
             Ok(()) => {
                 tracing::info!("dataplane: ebpf (--dataplane auto; this kernel runs it)");

@@ -18,6 +18,7 @@ pub fn view(
     EngineView {
         name: "ebpf",
         attach: Some(dataplane.hook().name()),
+        ingress: Some(dataplane.ingress().name()),
         table: table.clone(),
         stats: stats.clone(),
         refresh: Some(Arc::new(move |counted| {

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_dataplane::wire::flannel;
-use twill_ebpf::{Attachment, Opened};
+use twill_ebpf::{Attachment, Ingress, Opened};
 use unproven::{undo, Unproven};
 
 pub use crate::node::DEFAULT_BPF_DIR;
@@ -89,6 +89,8 @@ impl EbpfSetup {
                 local_ip: iface.ipv4()?,
                 port,
                 attach: node.options.bpf_attach,
+                xdp: node.options.bpf_xdp,
+                veth_wire: node.options.bpf_veth_wire,
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
@@ -125,6 +127,20 @@ impl Setup for EbpfSetup {
                 return Err(undo(&nl, made, fresh, e).await);
             }
         };
+        match dataplane.ingress() {
+            Ingress::Xdp => tracing::info!(
+                underlay = %self.site.attachment.underlay,
+                "eBPF dataplane decapsulates at XDP, before GRO"
+            ),
+            Ingress::Tc { why } if self.site.attachment.xdp => tracing::warn!(
+                underlay = %self.site.attachment.underlay,
+                "eBPF dataplane decapsulates at TC, after GRO (slower for TCP): {why}"
+            ),
+            Ingress::Tc { why } => tracing::info!(
+                underlay = %self.site.attachment.underlay,
+                "eBPF dataplane decapsulates at TC: {why}"
+            ),
+        }
         match opened {
             Opened::Fresh => tracing::info!(
                 device = %name,

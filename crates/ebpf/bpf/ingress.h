@@ -1,0 +1,90 @@
+/* Which underlay frames are flannel datagrams for this node, and whether to carry them: the
+ * checks both ingress programs make (twill_xdp_ingress on the wire frame, twill_ingress at TC
+ * when XDP is not there), on the frame's bytes, as twill_dataplane's accept_inbound checks.
+ * Parsing only: what to do with the verdict is each program's. */
+#pragma once
+
+#include "packet.h"
+
+/* The frame is not a datagram to this node's address and port: it goes on untouched. */
+#define NOT_OURS (-1)
+/* Ours, from a peer, the inner packet checked: decapsulate it. */
+#define CARRY (-2)
+
+/* The bytes the checks read at most: Ethernet, an outer IPv4 header with the most options and
+ * a UDP header (the inner IPv4 header is read only after an optionless outer one, within). */
+#define CHECKED_BYTES (ETH_HLEN + 60 + sizeof(struct udphdr))
+
+/* A datagram to be carried. */
+struct datagram {
+	struct peer *peer;
+	struct iphdr *inner;
+	__u32 len; /* the inner packet's */
+};
+
+/* NOT_OURS, CARRY (with `d` filled in), or the drop reason. `frame_len` is the whole frame's
+ * length, of which [data, end) is the part the program can read; `super` says the frame is a
+ * GSO super-packet (TC only), larger than the MTU by design. */
+static __always_inline int check_datagram(void *data, void *end, __u32 frame_len, int super,
+					  struct config *cfg, struct datagram *d)
+{
+	/* Anything that is not UDP to this node's address and port is not ours, whatever it is
+	 * (the stack judges it as it always does). What is ours and not carried is counted:
+	 * nothing listens on the port, so the stack would drop it unsaid. */
+	struct ethhdr *eth = data;
+	struct iphdr *outer = data + ETH_HLEN;
+	if ((void *)(outer + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return NOT_OURS;
+	if (outer->version != 4 || outer->protocol != IPPROTO_UDP || outer->daddr != cfg->local_ip)
+		return NOT_OURS;
+	struct fragment_key fragment = { .saddr = outer->saddr, .id = outer->id };
+	/* A later fragment has no UDP header to tell whose it is: ours if its first was. */
+	if (outer->frag_off & bpf_htons(IP_OFFSET)) {
+		if (bpf_map_lookup_elem(&our_fragments, &fragment))
+			return DROP_MALFORMED;
+		return NOT_OURS;
+	}
+	/* IP options come before the UDP header; its port says whether the datagram is ours. */
+	__u32 header = (outer->ihl & 0x0f) * 4;
+	if (header < sizeof(struct iphdr))
+		return NOT_OURS;
+	struct udphdr *udp = data + ETH_HLEN + header;
+	if ((void *)(udp + 1) > end || udp->dest != cfg->port)
+		return NOT_OURS;
+
+	/* Ours. flannel's peers send no IP options, and with DF: a first fragment is a datagram
+	 * this node cannot check whole, and its later fragments go with it. */
+	if (header != sizeof(struct iphdr))
+		return DROP_MALFORMED;
+	if (outer->frag_off & bpf_htons(IP_MF)) {
+		__u8 seen = 1;
+		bpf_map_update_elem(&our_fragments, &fragment, &seen, BPF_ANY);
+		return DROP_MALFORMED;
+	}
+	struct peer *peer = bpf_map_lookup_elem(&peers, &outer->saddr);
+	if (!peer || peer->port != udp->source)
+		return DROP_UNKNOWN_PEER;
+	__u32 outer_len = bpf_ntohs(outer->tot_len);
+	if (outer_len < OVERHEAD + sizeof(struct iphdr) || outer_len > frame_len - ETH_HLEN ||
+	    bpf_ntohs(udp->len) != outer_len - sizeof(struct iphdr))
+		return DROP_MALFORMED;
+
+	__u32 len = outer_len - OVERHEAD;
+	struct iphdr *inner = data + ETH_HLEN + OVERHEAD;
+	if ((void *)(inner + 1) > end)
+		return DROP_MALFORMED;
+	if (inner->version != 4 || inner->ihl < 5 || bpf_ntohs(inner->tot_len) != len ||
+	    len < inner->ihl * 4U)
+		return DROP_MALFORMED;
+	if ((inner->saddr & peer->mask) != peer->subnet)
+		return DROP_SPOOFED_SOURCE;
+	/* A super-packet is larger by design; the stack checks its segments when it forwards. */
+	if (!super && len > cfg->mtu)
+		return DROP_TOO_BIG;
+	if (inner->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	d->peer = peer;
+	d->inner = inner;
+	d->len = len;
+	return CARRY;
+}
