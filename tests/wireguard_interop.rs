@@ -15,9 +15,6 @@ use std::time::Duration;
 use twill_lab::wireguard_go::generate_key;
 use twill_lab::{Ipv4Net, Netns, WireguardGo};
 
-/// wireguard-go's lease: a subnet no twill node takes first (leases start at 10.5.1.0).
-const GO_SUBNET: &str = "10.5.77.0/24";
-
 #[test]
 fn twill_and_wireguard_go_carry_traffic_both_ways_keep_alive_and_roam() -> Result<()> {
     let mut c = cluster(
@@ -26,15 +23,16 @@ fn twill_and_wireguard_go_carry_traffic_both_ways_keep_alive_and_roam() -> Resul
         &wg::config(PSK, r#","PersistentKeepaliveInterval":1"#),
     )?;
     let node = wg::start(&c, 0)?;
-    let go_subnet: Ipv4Net = GO_SUBNET.parse()?;
+    // wireguard-go's lease: a subnet twill's node did not draw (it draws at random).
+    let go_subnet = c.unheld_subnet()?;
     c.add_container(0)?;
     c.lab.host_mut(1).add_container(go_subnet)?;
     let go = GoNode::start(&c.lab.host(1).ns)?;
-    let go_key = go.configure(&c)?;
+    let go_key = go.configure(&c, go_subnet)?;
     let lease = wg::lease_value(c.lab.host(1).underlay_ip, &go_key, wg::PORT);
     c.etcd.etcdctl(&["put", &c.lease_key(go_subnet), &lease])?;
     eventually("twill follows wireguard-go's lease", || {
-        Ok(c.peer_subnets(0)? == [GO_SUBNET])
+        Ok(c.peer_subnets(0)? == [go_subnet.to_string()])
     })?;
 
     let (twill_side, go_side) = (c.container(0), c.container(1));
@@ -81,10 +79,11 @@ impl<'a> GoNode<'a> {
         })
     }
 
-    /// As flannel configures a node: a key, the listen port, twill's node as peer (its lease's
-    /// key, the network's PSK, its PublicIP:Port, its subnet), the lease network's address as
-    /// /32, up, and the whole network routed into the device. Returns the public key.
-    fn configure(&self, c: &Cluster) -> Result<String> {
+    /// As flannel configures a node leasing `subnet`: a key, the listen port, twill's node as
+    /// peer (its lease's key, the network's PSK, its PublicIP:Port, its subnet), the lease
+    /// network's address as /32, up, and the whole network routed into the device. Returns the
+    /// public key.
+    fn configure(&self, c: &Cluster, subnet: Ipv4Net) -> Result<String> {
         let key = self.files.path().join("private");
         let public = generate_key(self.ns, &key)?;
         let psk = self.files.path().join("psk");
@@ -104,7 +103,7 @@ impl<'a> GoNode<'a> {
         ])?;
         self.set(&["peer", &peer_key, "allowed-ips", &allowed])?;
         let name = self.go.name();
-        let address = format!("{}/32", GO_SUBNET.parse::<Ipv4Net>()?.network());
+        let address = format!("{}/32", subnet.network());
         self.ns.ip(&["addr", "add", &address, "dev", name])?;
         self.ns.ip(&["link", "set", name, "up"])?;
         self.ns.ip(&["route", "add", "10.5.0.0/16", "dev", name])?;
