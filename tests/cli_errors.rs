@@ -300,3 +300,22 @@ fn an_unusable_public_ipv6_names_the_flag_and_what_it_is() -> Result<()> {
     }
     Ok(())
 }
+
+/// A mistyped `TWILL_DATAPLANE` stops `twill run` and flanneld's command line alike, naming
+/// the value and the three it may be, before anything is changed on the host.
+#[test]
+fn a_mistyped_twill_dataplane_is_named_by_both_faces() -> Result<()> {
+    for args in [&["run"][..], &["-etcd-endpoints=http://127.0.0.1:1"][..]] {
+        let out = Command::new(TWILL)
+            .args(args)
+            .env("TWILL_DATAPLANE", "xdp")
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "twill {args:?} ran: {stderr}");
+        assert!(
+            stderr.contains(r#""xdp" is not a dataplane; give tun, ebpf or auto"#),
+            "twill {args:?}: {stderr}"
+        );
+    }
+    Ok(())
+}
