@@ -8,7 +8,7 @@ mod common;
 
 use anyhow::Result;
 use common::cluster::*;
-use common::hostile6::{self, fake_dual_stack_peer, malformed6, Fake6, Underlay, FAKE_SUBNET6};
+use common::hostile6::{self, fake_dual_stack_peer, ipv6_attack, Underlay};
 use common::*;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -186,24 +186,6 @@ fn hostile_datagrams_on_the_batch_port_are_counted_and_change_nothing() -> Resul
     })
 }
 
-/// IPv6 datagrams on a dual-stack network, each from the fake dual-stack peer or a stranger:
-/// a source outside the fake's IPv6 subnet (another node's, or outside the network) is
-/// spoofed, a packet that is not one well-formed IPv6 packet is malformed, a good one from a
-/// stranger's port is an unknown peer's; only the good one from the fake peer is delivered.
-fn ipv6_attack(fake: &Fake6) -> Result<[Vec<u8>; 6]> {
-    let own = FAKE_SUBNET6.parse::<ipnet::Ipv6Net>()?.network();
-    let good = fake.packet_from(std::net::Ipv6Addr::from(u128::from(own) | 9));
-    let [truncated, too_long, trailing] = malformed6(&good);
-    Ok([
-        fake.packet_from(fake.host1_address()?),
-        fake.packet_from("2001:db8::9".parse()?),
-        truncated,
-        too_long,
-        trailing,
-        good,
-    ])
-}
-
 #[test]
 fn hostile_ipv6_datagrams_on_the_udp_port_are_counted_and_never_delivered() -> Result<()> {
     udp_port_ipv6_attack("h6udp", Underlay::Ipv4)
@@ -225,12 +207,7 @@ fn over_the_ipv6_underlay_hostile_batch_records_are_counted_and_never_delivered(
 }
 
 fn udp_port_ipv6_attack(tag: &str, underlay: Underlay) -> Result<()> {
-    let fake = fake_dual_stack_peer(tag, "udp", "", underlay)?;
-    let packets = ipv6_attack(&fake)?;
-    let mut datagrams: Vec<(Vec<u8>, bool)> = packets.iter().map(|p| (p.clone(), true)).collect();
-    datagrams.push((packets[5].clone(), false));
-    let expected = BTreeMap::from([("spoofed_source", 2), ("malformed", 3), ("unknown_peer", 1)]);
-    fake.attack(8285, &datagrams, &expected, 1)
+    fake_dual_stack_peer(tag, "udp", "", underlay)?.attack_udp_port()
 }
 
 fn batch_port_ipv6_attack(tag: &str, underlay: Underlay) -> Result<()> {

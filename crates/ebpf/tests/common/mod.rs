@@ -117,7 +117,7 @@ pub fn open_pair(lab: &Lab, nodes: &[Node; 2]) -> Result<[Dataplane; 2]> {
         assert_eq!(opened, Opened::Fresh, "host {i} had nothing pinned");
         let other = &nodes[1 - i];
         let endpoint = SocketAddrV4::new(other.attachment.local_ip, PORT);
-        dataplane.set_peer(other.subnet, endpoint)?;
+        dataplane.set_peer(other.subnet, None, endpoint)?;
         dataplanes.push(dataplane);
     }
     Ok(dataplanes

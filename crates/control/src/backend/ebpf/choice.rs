@@ -3,6 +3,7 @@
 //! so the choice is per node and peers never see it.
 
 use crate::backend_kind::BackendKind;
+use crate::config::Underlay;
 use crate::node::{DataplaneChoice, Node};
 use anyhow::bail;
 use std::fmt;
@@ -20,7 +21,7 @@ pub enum Dataplane {
 pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
     let network = Network {
         backend: &node.config.backend.backend_type,
-        dual_stack: node.config.ipv6.is_some(),
+        underlay: node.config.backend.underlay,
     };
     let bpf_dir = &node.options.bpf_dir;
     let runs = || {
@@ -30,11 +31,13 @@ pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
     decide(node.options.dataplane, network, runs)
 }
 
-/// What of the network decides whether the eBPF programs can carry it.
+/// What of the network decides whether the eBPF programs can carry it. Both families are
+/// carried (an IPv6-only network is refused before, as on the TUN: the udp backend needs an
+/// IPv4 subnet), over the IPv4 underlay only.
 #[derive(Debug, Clone, Copy)]
 struct Network<'a> {
     backend: &'a str,
-    dual_stack: bool,
+    underlay: Underlay,
 }
 
 fn decide<E: fmt::Display>(
@@ -42,10 +45,8 @@ fn decide<E: fmt::Display>(
     network: Network,
     probe: impl FnOnce() -> Result<(), E>,
 ) -> anyhow::Result<Dataplane> {
-    let Network {
-        backend,
-        dual_stack,
-    } = network;
+    let Network { backend, underlay } = network;
+    let ipv6_underlay = underlay == Underlay::Ipv6;
     let on_ebpf = BackendKind::parse(backend).is_some_and(BackendKind::runs_on_ebpf);
     match wanted {
         DataplaneChoice::Tun => Ok(Dataplane::Tun),
@@ -53,19 +54,19 @@ fn decide<E: fmt::Display>(
             "--dataplane ebpf carries flannel's udp wire only, and this network's backend is \
              {backend}: leave --dataplane out, or give tun"
         ),
-        DataplaneChoice::Ebpf if dual_stack => bail!(
-            "--dataplane ebpf carries IPv4 only, and this network enables IPv6: leave \
-             --dataplane out, or give tun"
+        DataplaneChoice::Ebpf if ipv6_underlay => bail!(
+            "--dataplane ebpf sends over the IPv4 underlay only, and this network's \
+             Backend.Underlay is ipv6: leave --dataplane out, or give tun"
         ),
         DataplaneChoice::Ebpf => match probe() {
             Ok(()) => Ok(Dataplane::Ebpf),
             Err(missing) => bail!("--dataplane ebpf cannot run here: {missing}"),
         },
         DataplaneChoice::Auto if !on_ebpf => Ok(Dataplane::Tun),
-        DataplaneChoice::Auto if dual_stack => {
+        DataplaneChoice::Auto if ipv6_underlay => {
             tracing::info!(
-                "dataplane: tun (--dataplane auto; the eBPF dataplane carries IPv4 only, and \
-                 this network enables IPv6)"
+                "dataplane: tun (--dataplane auto; the eBPF dataplane sends over the IPv4 \
+                 underlay only, and this network's Backend.Underlay is ipv6)"
             );
             Ok(Dataplane::Tun)
         }
@@ -103,16 +104,13 @@ mod tests {
         assert_eq!(err, r#""epbf" is not a dataplane; give tun, ebpf or auto"#);
     }
 
-    fn net(backend: &str, dual_stack: bool) -> Network<'_> {
-        Network {
-            backend,
-            dual_stack,
-        }
+    fn net(backend: &str, underlay: Underlay) -> Network<'_> {
+        Network { backend, underlay }
     }
 
     #[test]
     fn ebpf_is_an_error_where_it_cannot_run_and_auto_falls_back() {
-        let udp = net("udp", false);
+        let udp = net("udp", Underlay::Ipv4);
         assert_eq!(
             decide(DataplaneChoice::Ebpf, udp, runs).unwrap(),
             Dataplane::Ebpf
@@ -139,8 +137,8 @@ mod tests {
     }
 
     #[test]
-    fn ebpf_with_another_backend_or_ipv6_is_refused_and_auto_keeps_the_tun() {
-        let vxlan = net("vxlan", false);
+    fn ebpf_with_another_backend_or_the_ipv6_underlay_is_refused_and_auto_keeps_the_tun() {
+        let vxlan = net("vxlan", Underlay::Ipv4);
         let err = decide(DataplaneChoice::Ebpf, vxlan, runs)
             .unwrap_err()
             .to_string();
@@ -149,16 +147,16 @@ mod tests {
             decide(DataplaneChoice::Auto, vxlan, runs).unwrap(),
             Dataplane::Tun
         );
-        let dual = net("udp", true);
-        let err = decide(DataplaneChoice::Ebpf, dual, runs)
+        let over_ipv6 = net("udp", Underlay::Ipv6);
+        let err = decide(DataplaneChoice::Ebpf, over_ipv6, runs)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("carries IPv4 only, and this network enables IPv6"),
+            err.contains("IPv4 underlay only, and this network's Backend.Underlay is ipv6"),
             "{err}"
         );
         assert_eq!(
-            decide(DataplaneChoice::Auto, dual, runs).unwrap(),
+            decide(DataplaneChoice::Auto, over_ipv6, runs).unwrap(),
             Dataplane::Tun
         );
     }
