@@ -42,16 +42,17 @@ static __always_inline int check_inner4(struct iphdr *inner, void *end, __u32 le
 	return CARRY;
 }
 
-/* The same of an inner IPv6 packet: from inside the IPv6 subnet of the peer at `sender` (a peer
- * without one sends no IPv6 of its own), with hop limit left. */
+/* The same of an inner IPv6 packet: from inside the IPv6 subnet of `peer` (a peer without one
+ * sends no IPv6 of its own), with hop limit left. */
 static __always_inline int check_inner6(struct ipv6hdr *inner, void *end, __u32 len,
-					__be32 sender, int super, const struct config *cfg)
+					const struct peer *peer, int super, const struct config *cfg)
 {
 	if ((void *)(inner + 1) > end)
 		return DROP_MALFORMED;
 	if (jumbogram(inner) || bpf_ntohs(inner->payload_len) + sizeof(struct ipv6hdr) != len)
 		return DROP_MALFORMED;
-	struct subnet6 *subnet = bpf_map_lookup_elem(&peer_subnets6, &sender);
+	__u32 slot = peer->slot;
+	struct subnet6 *subnet = bpf_map_lookup_elem(&peer_subnets6, &slot);
 	if (!subnet || !in_subnet6(&inner->saddr, subnet))
 		return DROP_SPOOFED_SOURCE;
 	if (!super && len > cfg->mtu)
@@ -119,7 +120,7 @@ static __always_inline int check_datagram(void *data, void *end, __u32 frame_len
 		verdict = check_inner4(inner, end, len, peer, super, cfg);
 		break;
 	case 6:
-		verdict = check_inner6(inner, end, len, outer->saddr, super, cfg);
+		verdict = check_inner6(inner, end, len, peer, super, cfg);
 		break;
 	default:
 		return DROP_MALFORMED;

@@ -97,10 +97,11 @@ struct {
 	__type(value, struct peer);
 } peers SEC(".maps");
 
-/* On a dual-stack network: the IPv6 subnets and the IPv6 subnet of each peer, by the same
- * underlay address as peers. Maps of their own rather than wider entries in routes and peers,
- * so that the maps an IPv4-only build pinned are adopted as they are. A peer without an IPv6
- * subnet has no entry: any IPv6 packet from it is spoofed, as the userspace engine has it. */
+/* On a dual-stack network: the IPv6 subnets, and the IPv6 subnet of each peer by its slot
+ * (whatever the underlay address it is found by). Maps of their own rather than wider entries
+ * in routes and peers, so that the maps an IPv4-only build pinned are adopted as they are. A
+ * peer without an IPv6 subnet has no entry: any IPv6 packet from it is spoofed, as the
+ * userspace engine has it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, MAX_PEERS);
@@ -113,7 +114,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MAX_PEERS);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, __be32);
+	__type(key, __u32);
 	__type(value, struct subnet6);
 } peer_subnets6 SEC(".maps");
 

@@ -126,7 +126,7 @@ pub(crate) struct Maps {
     pub routes: LpmTrie<MapData, u32, Route>,
     pub peers: HashMap<MapData, u32, Peer>,
     pub routes6: LpmTrie<MapData, [u8; 16], Route>,
-    /// By the peer's underlay address, as `peers`.
+    /// By the peer's slot.
     pub peer_subnets6: HashMap<MapData, u32, Subnet6>,
     pub peer_traffic: PerCpuArray<MapData, RawTraffic>,
     pub totals: PerCpuArray<MapData, RawTraffic>,

@@ -75,6 +75,21 @@ impl PeerSet {
             .iter()
             .map(|(s, e)| (*e.endpoint.ip(), *s))
             .collect();
+        // The same for a slot's IPv6 subnet without its route: the slot's next peer must not
+        // inherit it.
+        let with6: std::collections::HashSet<u32> = by_subnet
+            .values()
+            .filter(|e| e.subnet6.is_some())
+            .map(|e| e.slot)
+            .collect();
+        let slots6: Result<Vec<u32>, _> = maps.peer_subnets6.keys().collect();
+        for slot in slots6.context("reading the peer_subnets6 map")? {
+            if !with6.contains(&slot) {
+                maps.peer_subnets6
+                    .remove(&slot)
+                    .with_context(|| format!("removing the stray IPv6 subnet of slot {slot}"))?;
+            }
+        }
         let by_subnet6 = by_subnet
             .iter()
             .filter_map(|(s, e)| Some((e.subnet6?, *s)))
@@ -184,10 +199,8 @@ impl PeerSet {
             remove_route6(maps, old6)?;
             self.by_subnet6.remove(&old6);
         }
-        let address6_gone = new.subnet6.is_none() && old.subnet6.is_some();
-        if moved || address6_gone {
-            let at = if moved { old.endpoint } else { new.endpoint };
-            remove_subnet6_of(maps, at, old.subnet6.is_some())?;
+        if new.subnet6.is_none() {
+            remove_subnet6_of(maps, old)?;
         }
         Ok(())
     }
@@ -209,7 +222,7 @@ impl PeerSet {
         maps.peers
             .remove(&wire_addr(*entry.endpoint.ip()))
             .with_context(|| format!("removing the peer {}", entry.endpoint))?;
-        remove_subnet6_of(maps, entry.endpoint, entry.subnet6.is_some())?;
+        remove_subnet6_of(maps, entry)?;
         self.by_subnet.remove(&subnet);
         self.by_address.remove(entry.endpoint.ip());
         zero_counters(maps, entry.slot)?;
@@ -251,7 +264,7 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> 
         .with_context(|| format!("adding the peer of {subnet} to the peers map"))?;
     if let Some(subnet6) = subnet6 {
         maps.peer_subnets6
-            .insert(address, Subnet6::of(subnet6), 0)
+            .insert(slot, Subnet6::of(subnet6), 0)
             .with_context(|| format!("adding {subnet6} to the peer_subnets6 map"))?;
     }
     maps.routes
@@ -271,14 +284,14 @@ fn remove_route6(maps: &mut Maps, subnet6: Ipv6Net) -> anyhow::Result<()> {
         .with_context(|| format!("removing the route to {subnet6}"))
 }
 
-/// Removes the IPv6 subnet of the peer at `endpoint`, which it has when `had` says so.
-fn remove_subnet6_of(maps: &mut Maps, endpoint: SocketAddrV4, had: bool) -> anyhow::Result<()> {
-    if !had {
+/// Removes the IPv6 subnet of the peer `entry`, if it has one.
+fn remove_subnet6_of(maps: &mut Maps, entry: Entry) -> anyhow::Result<()> {
+    if entry.subnet6.is_none() {
         return Ok(());
     }
     maps.peer_subnets6
-        .remove(&wire_addr(*endpoint.ip()))
-        .with_context(|| format!("removing the IPv6 subnet of the peer {endpoint}"))
+        .remove(&entry.slot)
+        .with_context(|| format!("removing the IPv6 subnet of the peer {}", entry.endpoint))
 }
 
 fn zero_counters(maps: &mut Maps, slot: u32) -> anyhow::Result<()> {

@@ -8,10 +8,10 @@ mod common;
 use anyhow::Result;
 use common::frames::{datagram, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
 use common::test_run::{
-    peer_subnet, test_bench, TestBench, HERE, HERE6, LOCAL, PEER, THERE, THERE6, UDP,
+    peer_subnet, peer_subnet6, test_bench, TestBench, HERE, HERE6, LOCAL, PEER, THERE, THERE6, UDP,
 };
 use common::{DEVICE_MTU, PORT};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use twill_dataplane::stats::DropReason;
 use twill_ebpf::{Counters, Side, TestOutput, Verdict};
 
@@ -616,4 +616,30 @@ fn check(
         ));
     }
     Ok(())
+}
+
+/// A peer whose IPv6 subnet is taken away (its lease lost it, or it never had one) sends no IPv6
+/// of its own, and nothing is routed to its former IPv6 subnet; given back, both work again.
+#[test]
+fn a_peer_without_an_ipv6_subnet_gets_no_ipv6_either_way() -> Result<()> {
+    let bench = test_bench("ebpf-no6")?;
+    let endpoint = SocketAddrV4::new(PEER, PORT);
+    let valid = |name| {
+        let mut cases: Vec<Case> = egress6_cases().into_iter().take(1).collect();
+        cases.extend(ingress6_cases().into_iter().take(1));
+        cases.iter_mut().for_each(|c| c.name = name);
+        cases
+    };
+    bench.dataplane.set_peer(peer_subnet(), None, endpoint)?;
+    let mut refused = valid("IPv6 once the peer has no IPv6 subnet");
+    refused[0].expect = Expect::Dropped(DropReason::NoRoute);
+    refused[1].expect = Expect::Dropped(DropReason::SpoofedSource);
+    run_cases(&bench, &refused, Via::Tc)?;
+    run_cases(&bench, &refused[1..], Via::Xdp)?;
+    bench
+        .dataplane
+        .set_peer(peer_subnet(), Some(peer_subnet6()), endpoint)?;
+    let carried = valid("IPv6 once the peer has its IPv6 subnet again");
+    run_cases(&bench, &carried, Via::Tc)?;
+    run_cases(&bench, &carried[1..], Via::Xdp)
 }
