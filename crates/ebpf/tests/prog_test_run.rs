@@ -40,6 +40,22 @@ struct Case {
     expect: Expect,
 }
 
+/// `side`'s cases from (name, frame, expectation).
+fn cases_of(
+    side: Side,
+    cases: impl IntoIterator<Item = (&'static str, Vec<u8>, Expect)>,
+) -> Vec<Case> {
+    cases
+        .into_iter()
+        .map(|(name, frame, expect)| Case {
+            name,
+            side,
+            frame,
+            expect,
+        })
+        .collect()
+}
+
 /// The inner packet HERE -> THERE (or back, for `from_peer`) with a small UDP payload.
 fn inner(from_peer: bool) -> Ip {
     match from_peer {
@@ -117,15 +133,7 @@ fn egress_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::Malformed),
         ),
     ];
-    cases
-        .into_iter()
-        .map(|(name, frame, expect)| Case {
-            name,
-            side: Side::Egress,
-            frame,
-            expect,
-        })
-        .collect()
+    cases_of(Side::Egress, cases)
 }
 
 /// The inner IPv6 packet HERE6 -> THERE6 (or back, for `from_peer`).
@@ -190,15 +198,7 @@ fn egress6_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::Malformed),
         ),
     ];
-    cases
-        .into_iter()
-        .map(|(name, frame, expect)| Case {
-            name,
-            side: Side::Egress,
-            frame,
-            expect,
-        })
-        .collect()
+    cases_of(Side::Egress, cases)
 }
 
 fn ingress6_cases() -> Vec<Case> {
@@ -264,15 +264,7 @@ fn ingress6_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::Malformed),
         ),
     ];
-    cases
-        .into_iter()
-        .map(|(name, frame, expect)| Case {
-            name,
-            side: Side::Ingress,
-            frame,
-            expect,
-        })
-        .collect()
+    cases_of(Side::Ingress, cases)
 }
 
 fn ingress_cases() -> Vec<Case> {
@@ -413,15 +405,7 @@ fn ingress_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::TooBig),
         ),
     ];
-    cases
-        .into_iter()
-        .map(|(name, frame, expect)| Case {
-            name,
-            side: Side::Ingress,
-            frame,
-            expect,
-        })
-        .collect()
+    cases_of(Side::Ingress, cases)
 }
 
 /// The frame a carried packet should leave as.

@@ -15,7 +15,7 @@ mod unproven;
 
 pub use choice::{choose, Dataplane};
 
-use super::userspace::{mtu_source, tun_mtu, Overhead};
+use super::userspace::{dual_stack_side, mtu_source, tun_mtu, with_ipv6_side, Overhead};
 use super::{each, Backend, Setup};
 use crate::host;
 use crate::host::netlink::{Netlink, Route};
@@ -62,8 +62,8 @@ struct Site {
     pin_dir: PathBuf,
     mtu: u16,
     network: Ipv4Net,
-    /// A dual-stack network's IPv6Network, and this node's PublicIPv6: every dual-stack lease
-    /// names one, as flanneld's do, though the programs send over the IPv4 underlay.
+    /// A dual-stack network's IPv6Network, and this node's PublicIPv6 (the programs send over
+    /// the IPv4 underlay).
     ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
@@ -97,12 +97,7 @@ impl EbpfSetup {
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
-            ipv6: node
-                .config
-                .ipv6
-                .as_ref()
-                .map(|v6| v6.network)
-                .zip(node.public_addrs.v6()),
+            ipv6: dual_stack_side(node),
         };
         Ok(EbpfSetup { site, owner })
     }
@@ -112,11 +107,7 @@ impl Setup for EbpfSetup {
     type Backend = Ebpf;
 
     fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
-        let attrs = LeaseAttrs::udp(public_addrs);
-        match self.site.ipv6 {
-            Some((_, public_ipv6)) => attrs.with_ipv6(public_ipv6, None),
-            None => attrs,
-        }
+        with_ipv6_side(LeaseAttrs::udp(public_addrs), self.site.ipv6)
     }
 
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
