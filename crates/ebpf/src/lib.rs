@@ -47,4 +47,5 @@ pub use object::Side;
 pub use pinned::PinnedPeers;
 pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
+pub use wire::is_veth;
 pub use xdp::Ingress;
