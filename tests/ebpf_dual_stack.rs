@@ -1,8 +1,9 @@
 //! The eBPF dataplane on a dual-stack network, on real etcd in a lab with an IPv4 and an IPv6
 //! underlay: IPv4 and IPv6 inner packets over the IPv4 underlay, between two eBPF nodes (over
 //! tcx links and over classic TC) and between an eBPF node and a TUN node, with the underlay's
-//! offloads left as the kernel sets them; traffic checked by sha256 both ways. And hostile IPv6
-//! datagrams counted under the userspace engine's reasons.
+//! offloads left as the kernel sets them; traffic checked by sha256 both ways. Hostile IPv6
+//! datagrams counted under the userspace engine's reasons, and the device's IPv6 address and
+//! route repaired as the TUN's are.
 
 mod common;
 
@@ -120,4 +121,29 @@ fn hostile_ipv6_datagrams_are_counted_by_the_ebpf_programs_and_never_delivered()
     let s = status(&fake.cluster.lab.host(0).ns)?;
     ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
     fake.attack_udp_port()
+}
+
+/// What the TUN's upkeep gives a dual-stack TUN, the eBPF device gets too: its IPv6 network
+/// route and its IPv6 address, deleted, come back, and IPv6 flows again.
+#[test]
+fn the_ebpf_devices_ipv6_route_and_address_come_back_when_deleted() -> Result<()> {
+    let mut c = dual_stack_cluster("eds6up", 2, CONFIG)?;
+    let args = ebpf("auto");
+    let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &args, &[])?];
+    eventually("peers known", || {
+        Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
+    })?;
+    c.add_dual_stack_container(0)?;
+    c.add_dual_stack_container(1)?;
+    let ns = &c.lab.host(0).ns;
+    deleted_route_comes_back(ns, "fd10::/56", DEVICE)?;
+    let own6 = format!("{}/128", c.subnet6(0)?.network());
+    ns.ip(&["-6", "addr", "del", &own6, "dev", DEVICE])?;
+    eventually("the address back", || {
+        Ok(ns
+            .ip(&["-6", "addr", "show", "dev", DEVICE])?
+            .contains(&own6))
+    })?;
+    tcp_transfer6_intact(c.container(0), c.container(1), 1 << 20)?;
+    tcp_transfer6_intact(c.container(1), c.container(0), 1 << 20)
 }
