@@ -1,7 +1,8 @@
 //! The peers in the maps: a destination subnet's route (and its IPv6 subnet's, on a dual-stack
-//! network), the peer found by its underlay address, and its slot in the per-peer counters. The same rules as the userspace engine's
-//! table (twill_dataplane::table): one peer per subnet and per endpoint address, counters kept
-//! while a peer stays as it is and started afresh when it changes.
+//! network), the peer found by its underlay address, and its slot in the per-peer counters.
+//! The same rules as the userspace engine's table (twill_dataplane::table): one peer per subnet,
+//! per IPv6 subnet and per endpoint address, counters kept while a peer stays as it is and
+//! started afresh when it changes.
 
 use crate::maps::{
     addr_of, port_of, possible_cpus, wire_addr, wire_port, Maps, Peer, RawTraffic, Route, RouteKey,

@@ -1,7 +1,7 @@
 //! One node's programs opened for BPF_PROG_TEST_RUN, with their real maps: a namespace with
 //! twill's device and a stand-in underlay (both ifb, see add_device), the peer of 10.5.2.0/24
-//! and fd10:0:0:2::/64 at PEER, and frames between a container here and one behind the peer. No frame of these
-//! tests leaves the namespace: BPF_PROG_TEST_RUN only reports redirects.
+//! and fd10:0:0:2::/64 at PEER, and frames between a container here and one behind the peer.
+//! No frame of these tests leaves the namespace: BPF_PROG_TEST_RUN only reports redirects.
 
 use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
