@@ -218,9 +218,9 @@ pub enum DataplaneChoice {
     Tun,
     /// The eBPF programs, or a one-line error naming what the kernel lacks.
     Ebpf,
-    /// eBPF where the kernel runs it, this process may load and pin it, the network is udp on
-    /// IPv4 and the underlay is not a veth; the TUN engine otherwise, with one line at start
-    /// saying why.
+    /// eBPF where the kernel runs it, this process may load and pin it, the network is udp
+    /// over the IPv4 underlay and the underlay is not a veth; the TUN engine otherwise, with
+    /// one line at start saying why.
     #[default]
     Auto,
 }

@@ -40,7 +40,7 @@ enum Underlay {
     Wire,
     /// A veth: the eBPF node's sends must be segmented and checksummed in software for a TUN
     /// or flanneld peer to read them, which makes the eBPF path slower than the TUN engine
-    /// there (docs/decisions.md, "auto by default").
+    /// there (docs/decisions.md, "`--dataplane auto` is the default").
     Veth(String),
     /// Its driver could not be read: `auto` keeps the engine that runs on any device.
     Unknown(String),
