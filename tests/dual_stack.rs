@@ -8,6 +8,8 @@ mod common;
 use anyhow::{ensure, Context, Result};
 use common::cluster::*;
 use common::*;
+use nix::libc;
+use nix::{setsockopt_impl, sockopt_impl};
 use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
@@ -472,5 +474,54 @@ fn tcp_over_dual_stack_paths_ipv4_vs_ipv6() -> Result<()> {
             rates[0], rates[1]
         );
     }
+    Ok(())
+}
+
+nix::sockopt_impl!(
+    /// UDP_NO_CHECK6_TX: the socket sends its IPv6 datagrams with a zero UDP checksum, as an
+    /// eBPF node does over the IPv6 underlay.
+    UdpNoCheck6Tx,
+    SetOnly,
+    libc::IPPROTO_UDP,
+    libc::UDP_NO_CHECK6_TX,
+    bool
+);
+
+/// Over the IPv6 underlay a userspace node takes a datagram whose UDP checksum is zero (RFC
+/// 6935/6936, what an eBPF node sends there), from a known peer, and delivers its inner packet,
+/// whose own checksum is whole. The kernel drops such a datagram at any socket that did not ask
+/// for it (UDP_NO_CHECK6_RX), counting a checksum error.
+#[test]
+fn over_the_ipv6_underlay_udp_takes_a_datagram_with_a_zero_checksum() -> Result<()> {
+    use common::hostile6::{fake_dual_stack_peer, udp6, Underlay, FAKE_IPV6, FAKE_SUBNET6};
+    let fake = fake_dual_stack_peer("dszero6", "udp", "", Underlay::Ipv6)?;
+    let (host0, host1) = (fake.cluster.lab.host(0), fake.cluster.lab.host(1));
+    let to = SocketAddr::new(host0.underlay_ipv6.context("IPv6 underlay")?.into(), 8285);
+    let own = FAKE_SUBNET6.parse::<ipnet::Ipv6Net>()?.network();
+    let src = Ipv6Addr::from(u128::from(own) | 9);
+    let payload = b"zero outer checksum";
+    let packet = udp6(src, fake.target, 5002, payload);
+    let container = fake.cluster.container(0);
+    let receiver = container
+        .ns
+        .enter(|| UdpSocket::bind((fake.target, 5002)))?;
+    receiver.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let sender = host1.ns.enter(|| -> Result<UdpSocket> {
+        let socket = UdpSocket::bind((FAKE_IPV6.parse::<Ipv6Addr>()?, 8285))?;
+        nix::sys::socket::setsockopt(&socket, UdpNoCheck6Tx, &true)?;
+        Ok(socket)
+    })?;
+    let mut buf = [0u8; 256];
+    let mut arrived = None;
+    for _ in 0..10 {
+        sender.send_to(&packet, to)?;
+        if let Ok((n, from)) = receiver.recv_from(&mut buf) {
+            arrived = Some((buf[..n].to_vec(), from));
+            break;
+        }
+    }
+    let (got, from) = arrived.context("no zero-checksum datagram was delivered in 10 tries")?;
+    ensure!(got == payload, "delivered {got:?}, sent {payload:?}");
+    ensure!(from.ip() == src, "delivered from {from}, sent from {src}");
     Ok(())
 }

@@ -9,6 +9,7 @@
 
 use super::wait;
 use arrayvec::ArrayVec;
+use nix::{getsockopt_impl, setsockopt_impl, sockopt_impl};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState, BATCH_SIZE};
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{self, IoSliceMut};
@@ -43,10 +44,15 @@ pub struct UdpIo {
 impl UdpIo {
     /// Bind on `addr` (flanneld binds iface_ip:port) with `buffer` bytes of send and of
     /// receive buffer. An IPv6 address makes an IPv6-only socket: the underlay is one family.
+    /// It takes datagrams whose UDP checksum is zero, which an eBPF node sends over IPv6 as the
+    /// kernel's VXLAN does with udp6zerocsumtx (RFC 6935/6936 allow it for tunnels; the inner
+    /// packet keeps its own checksum, and the peer is checked by its address as ever).
     pub fn bind(addr: SocketAddr, buffer: usize) -> anyhow::Result<UdpIo> {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         if addr.is_ipv6() {
             socket.set_only_v6(true)?;
+            nix::sys::socket::setsockopt(&socket, UdpNoCheck6Rx, &true)
+                .map_err(|e| anyhow::anyhow!("cannot set UDP_NO_CHECK6_RX on {addr}: {e}"))?;
         }
         set_buffers(&socket, buffer);
         socket.bind(&addr.into()).map_err(|e| {
@@ -217,6 +223,15 @@ impl std::fmt::Display for SendError {
         write!(f, "{} ({} datagrams lost)", self.error, self.lost())
     }
 }
+
+nix::sockopt_impl!(
+    /// UDP_NO_CHECK6_RX: an IPv6 datagram with a zero UDP checksum is taken, not dropped.
+    UdpNoCheck6Rx,
+    Both,
+    libc::IPPROTO_UDP,
+    libc::UDP_NO_CHECK6_RX,
+    bool
+);
 
 /// Force the buffers past rmem_max/wmem_max when root; otherwise take what the limits allow.
 fn set_buffers(socket: &Socket, bytes: usize) {
