@@ -11,10 +11,10 @@
 /* Ours, from a peer, the inner packet checked: decapsulate it. */
 #define CARRY (-2)
 
-/* The bytes the checks read at most: Ethernet, an outer IPv4 header with the most options and
- * a UDP header (the inner IPv4 or IPv6 header is read only after an optionless outer one,
- * within: 14 + 20 + 8 + 40 bytes). */
-#define CHECKED_BYTES (ETH_HLEN + 60 + sizeof(struct udphdr))
+/* The bytes the checks read at most: Ethernet, the outer IPv6 and UDP headers and an inner IPv6
+ * header (14 + 48 + 40; an outer IPv4 header with the most options and its UDP header are fewer,
+ * and the inner header is read only after an optionless one). */
+#define CHECKED_BYTES (ETH_HLEN + OVERHEAD6 + sizeof(struct ipv6hdr))
 
 /* A datagram to be carried. */
 struct datagram {
@@ -22,6 +22,7 @@ struct datagram {
 	void *inner;   /* its IPv4 or IPv6 header */
 	__u32 len;     /* the inner packet's */
 	__u8 family;   /* 4 or 6 */
+	__u32 overhead; /* the outer headers' bytes */
 };
 
 /* The checks of an inner IPv4 packet of `len` bytes from `peer`. */
@@ -62,18 +63,20 @@ static __always_inline int check_inner6(struct ipv6hdr *inner, void *end, __u32 
 	return CARRY;
 }
 
-/* NOT_OURS, CARRY (with `d` filled in), or the drop reason. `frame_len` is the whole frame's
- * length, of which [data, end) is the part the program can read; `super` says the frame is a
- * GSO super-packet (TC only), larger than the MTU by design. */
-static __always_inline int check_datagram(void *data, void *end, __u32 frame_len, int super,
-					  struct config *cfg, struct datagram *d)
+/* What the outer headers say of a datagram that is ours: its peer, and its inner packet. */
+struct outer {
+	struct peer *peer;
+	void *inner;
+	__u32 len;
+	__u32 overhead; /* the outer headers' bytes: OVERHEAD or OVERHEAD6 */
+};
+
+/* The outer IPv4 and UDP headers: NOT_OURS, CARRY (with `o` filled in) or the drop reason. */
+static __always_inline int check_outer4(void *data, void *end, __u32 frame_len,
+					struct config *cfg, struct outer *o)
 {
-	/* Anything that is not UDP to this node's address and port is not ours, whatever it is
-	 * (the stack judges it as it always does). What is ours and not carried is counted:
-	 * nothing listens on the port, so the stack would drop it unsaid. */
-	struct ethhdr *eth = data;
 	struct iphdr *outer = data + ETH_HLEN;
-	if ((void *)(outer + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+	if ((void *)(outer + 1) > end)
 		return NOT_OURS;
 	if (outer->version != 4 || outer->protocol != IPPROTO_UDP || outer->daddr != cfg->local_ip)
 		return NOT_OURS;
@@ -108,19 +111,74 @@ static __always_inline int check_datagram(void *data, void *end, __u32 frame_len
 	if (outer_len < OVERHEAD + sizeof(struct iphdr) || outer_len > frame_len - ETH_HLEN ||
 	    bpf_ntohs(udp->len) != outer_len - sizeof(struct iphdr))
 		return DROP_MALFORMED;
+	o->peer = peer;
+	o->inner = data + ETH_HLEN + OVERHEAD;
+	o->len = outer_len - OVERHEAD;
+	o->overhead = OVERHEAD;
+	return CARRY;
+}
 
-	__u32 len = outer_len - OVERHEAD;
-	void *inner = data + ETH_HLEN + OVERHEAD;
-	__u8 *version = inner;
+/* The outer IPv6 and UDP headers, over the IPv6 underlay: the same. The UDP checksum is not
+ * read, and may be zero (RFC 6935/6936): the inner packet has its own. A header chain
+ * (extension headers, a fragment header) is not flannel's wire; the stack judges it. */
+static __always_inline int check_outer6(void *data, void *end, __u32 frame_len,
+					struct config *cfg, struct outer *o)
+{
+	struct ipv6hdr *outer = data + ETH_HLEN;
+	struct udphdr *udp = (void *)(outer + 1);
+	if ((void *)(udp + 1) > end)
+		return NOT_OURS;
+	struct addr6 *local = node_config6();
+	if (!local || outer->version != 6 || outer->nexthdr != IPPROTO_UDP ||
+	    !same_addr6(&outer->daddr, local) || udp->dest != cfg->port)
+		return NOT_OURS;
+	struct peer *peer = bpf_map_lookup_elem(&peers6, &outer->saddr);
+	if (!peer || peer->port != udp->source)
+		return DROP_UNKNOWN_PEER;
+	__u32 payload = bpf_ntohs(outer->payload_len);
+	if (payload < sizeof(struct udphdr) + sizeof(struct iphdr) ||
+	    payload > frame_len - ETH_HLEN - sizeof(struct ipv6hdr) || bpf_ntohs(udp->len) != payload)
+		return DROP_MALFORMED;
+	o->peer = peer;
+	o->inner = udp + 1;
+	o->len = payload - sizeof(struct udphdr);
+	o->overhead = OVERHEAD6;
+	return CARRY;
+}
+
+/* NOT_OURS, CARRY (with `d` filled in), or the drop reason. `frame_len` is the whole frame's
+ * length, of which [data, end) is the part the program can read; `super` says the frame is a
+ * GSO super-packet (TC only), larger than the MTU by design. */
+static __always_inline int check_datagram(void *data, void *end, __u32 frame_len, int super,
+					  struct config *cfg, struct datagram *d)
+{
+	/* Anything that is not UDP to this node's address and port is not ours, whatever it is
+	 * (the stack judges it as it always does). What is ours and not carried is counted:
+	 * nothing listens on the port, so the stack would drop it unsaid. */
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end)
+		return NOT_OURS;
+	struct outer o;
+	int found;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		found = check_outer4(data, end, frame_len, cfg, &o);
+	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		found = check_outer6(data, end, frame_len, cfg, &o);
+	else
+		return NOT_OURS;
+	if (found != CARRY)
+		return found;
+
+	__u8 *version = o.inner;
 	if ((void *)(version + 1) > end)
 		return DROP_MALFORMED;
 	int verdict;
 	switch (*version >> 4) {
 	case 4:
-		verdict = check_inner4(inner, end, len, peer, super, cfg);
+		verdict = check_inner4(o.inner, end, o.len, o.peer, super, cfg);
 		break;
 	case 6:
-		verdict = check_inner6(inner, end, len, peer, super, cfg);
+		verdict = check_inner6(o.inner, end, o.len, o.peer, super, cfg);
 		break;
 	default:
 		return DROP_MALFORMED;
@@ -128,8 +186,9 @@ static __always_inline int check_datagram(void *data, void *end, __u32 frame_len
 	if (verdict != CARRY)
 		return verdict;
 	d->family = *version >> 4;
-	d->peer = peer;
-	d->inner = inner;
-	d->len = len;
+	d->peer = o.peer;
+	d->inner = o.inner;
+	d->len = o.len;
+	d->overhead = o.overhead;
 	return CARRY;
 }

@@ -118,6 +118,40 @@ struct {
 	__type(value, struct subnet6);
 } peer_subnets6 SEC(".maps");
 
+/* An IPv6 address, as it sits in packets. */
+struct addr6 {
+	__u8 addr[16];
+};
+
+/* Over the IPv6 underlay (Backend.Underlay "ipv6"): the node's IPv6 underlay address in slot
+ * 0, the outer source and the ingress filter; all zero over the IPv4 underlay. Then peers6
+ * finds a peer by the outer IPv6 source (the same struct peer as peers), and endpoints6 holds
+ * each peer's IPv6 underlay address by its slot, where egress sends what routes and routes6
+ * give that slot. Maps of their own, so that the maps an IPv4-underlay build pinned are
+ * adopted as they are. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct addr6);
+} config6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PEERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct addr6);
+	__type(value, struct peer);
+} peers6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PEERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct addr6);
+} endpoints6 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MAX_PEERS);

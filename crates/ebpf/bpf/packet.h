@@ -13,12 +13,14 @@
 
 #include "maps.h"
 
-/* flannel's udp wire: an outer IPv4 and a UDP header, then the bare inner packet. */
+/* flannel's udp wire: an outer IPv4 and a UDP header, then the bare inner packet; over the
+ * IPv6 underlay an outer IPv6 header in place of the IPv4 one. */
 #define OVERHEAD (sizeof(struct iphdr) + sizeof(struct udphdr))
+#define OVERHEAD6 (sizeof(struct ipv6hdr) + sizeof(struct udphdr))
 #define IP_DF 0x4000
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
-/* The outer TTL a Linux UDP socket (flanneld's) sends with. */
+/* The outer TTL (and IPv6 hop limit) a Linux UDP socket (flanneld's) sends with. */
 #define OUTER_TTL 64
 
 static __always_inline struct config *node_config(void)
@@ -117,6 +119,29 @@ static __always_inline int in_subnet6(const struct in6_addr *addr, const struct 
 	const __u32 *m = (const __u32 *)net->mask;
 	return ((a[0] & m[0]) == n[0]) & ((a[1] & m[1]) == n[1]) & ((a[2] & m[2]) == n[2]) &
 	       ((a[3] & m[3]) == n[3]);
+}
+
+/* The node's IPv6 underlay address, or NULL over the IPv4 underlay (config6 all zero). */
+static __always_inline struct addr6 *node_config6(void)
+{
+	__u32 zero = 0;
+	struct addr6 *local = bpf_map_lookup_elem(&config6, &zero);
+	if (!local)
+		return NULL;
+	const __u32 *a = (const __u32 *)local->addr;
+	if (!(a[0] | a[1] | a[2] | a[3]))
+		return NULL;
+	/* Kept a pointer: a select the compiler might make of the branch is a scalar to the
+	 * verifier. */
+	asm volatile("" : "+r"(local));
+	return local;
+}
+
+static __always_inline int same_addr6(const struct in6_addr *addr, const struct addr6 *other)
+{
+	const __u32 *a = (const __u32 *)addr->in6_u.u6_addr8;
+	const __u32 *b = (const __u32 *)other->addr;
+	return ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0;
 }
 
 /* An IPv6 header's length field is 0 only in a jumbogram (with a hop-by-hop option), which

@@ -1,5 +1,5 @@
 /* flannel's udp wire in the kernel: the UDP payload is the bare inner IPv4 or IPv6 packet,
- * over the IPv4 underlay.
+ * over the IPv4 underlay or (config6 set: Backend.Underlay "ipv6") the IPv6 one.
  *
  * twill_egress runs at the egress of twill's dummy device, to which the whole flannel network
  * is routed: it encapsulates and sends the packet to the peer that owns its destination.
@@ -15,6 +15,8 @@
 
 #define ENCAP_FLAGS \
 	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP)
+#define ENCAP6_FLAGS \
+	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV6 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP)
 /* FIXED_GSO both ways: the device MTU already leaves room for the outer headers, so a
  * super-packet's segment size stays the sender's. No BPF_F_ADJ_ROOM_DECAP_L3_* flag (Linux
  * 6.3+): an IPv4 inner packet has the outer one's protocol, an IPv6 one gets its own from the
@@ -84,6 +86,76 @@ static __always_inline int route6(struct __sk_buff *skb, struct routed *r)
 	return 0;
 }
 
+/* The outer IPv4 and UDP headers before the routed packet, as flanneld's socket sends them:
+ * DF set, TTL 64, source and destination port the network's port. Bytes after the inner
+ * packet's total length (none from the stack) ride along as padding the receiver ignores. The
+ * UDP checksum is 0, which IPv4 allows. 0 or the drop reason. */
+static __always_inline int encapsulate4(struct __sk_buff *skb, struct routed *r,
+					struct config *cfg)
+{
+	__u32 len = r->len;
+	struct iphdr outer = {
+		.version = 4,
+		.ihl = 5,
+		.tot_len = bpf_htons(len + OVERHEAD),
+		.frag_off = bpf_htons(IP_DF),
+		.ttl = OUTER_TTL,
+		.protocol = IPPROTO_UDP,
+		.saddr = cfg->local_ip,
+		.daddr = r->route->endpoint,
+	};
+	outer.check = header_checksum(&outer);
+	struct udphdr udp = {
+		.source = cfg->port,
+		.dest = r->route->port,
+		.len = bpf_htons(len + sizeof(struct udphdr)),
+	};
+	/* An IPv6 inner packet leaves in an IPv4 frame (bpf_skb_adjust_room sets the skb's
+	 * protocol to the outer family). */
+	__be16 ethertype = bpf_htons(ETH_P_IP);
+	if (bpf_skb_adjust_room(skb, OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS) ||
+	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &udp, sizeof(udp), 0))
+		return DROP_IO_ERROR;
+	return 0;
+}
+
+/* The same over the IPv6 underlay, from `local` to the peer's IPv6 underlay address (by its
+ * slot; a peer without one has no route here), hop limit 64. The UDP checksum is 0, as the
+ * kernel's VXLAN sends with udp6zerocsumtx (RFC 6935/6936): the egress hook sees TCP
+ * super-packets and inner checksums still to be filled in, and nothing a BPF program can set
+ * makes segmentation fill the outer one; every twill node takes it (UDP_NO_CHECK6_RX). */
+static __always_inline int encapsulate6(struct __sk_buff *skb, struct routed *r,
+					struct config *cfg, struct addr6 *local)
+{
+	__u32 slot = r->route->slot;
+	struct addr6 *endpoint = bpf_map_lookup_elem(&endpoints6, &slot);
+	if (!endpoint)
+		return DROP_NO_ROUTE;
+	__u32 len = r->len;
+	struct ipv6hdr outer = {
+		.version = 6,
+		.payload_len = bpf_htons(len + sizeof(struct udphdr)),
+		.nexthdr = IPPROTO_UDP,
+		.hop_limit = OUTER_TTL,
+	};
+	__builtin_memcpy(&outer.saddr, local->addr, sizeof(outer.saddr));
+	__builtin_memcpy(&outer.daddr, endpoint->addr, sizeof(outer.daddr));
+	struct udphdr udp = {
+		.source = cfg->port,
+		.dest = r->route->port,
+		.len = bpf_htons(len + sizeof(struct udphdr)),
+	};
+	__be16 ethertype = bpf_htons(ETH_P_IPV6);
+	if (bpf_skb_adjust_room(skb, OVERHEAD6, BPF_ADJ_ROOM_MAC, ENCAP6_FLAGS) ||
+	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &udp, sizeof(udp), 0))
+		return DROP_IO_ERROR;
+	return 0;
+}
+
 SEC("classifier/egress")
 int twill_egress(struct __sk_buff *skb)
 {
@@ -101,39 +173,14 @@ int twill_egress(struct __sk_buff *skb)
 	if (dropped || !r.route || !cfg)
 		return drop(dropped);
 
-	/* As flanneld's socket sends: DF set, TTL 64, source and destination port the network's
-	 * port. Bytes after the inner packet's total length (none from the stack) ride along as
-	 * padding the receiver ignores. The UDP checksum is 0, which IPv4 allows. */
-	__u32 len = r.len;
-	struct iphdr outer = {
-		.version = 4,
-		.ihl = 5,
-		.tot_len = bpf_htons(len + OVERHEAD),
-		.frag_off = bpf_htons(IP_DF),
-		.ttl = OUTER_TTL,
-		.protocol = IPPROTO_UDP,
-		.saddr = cfg->local_ip,
-		.daddr = r.route->endpoint,
-	};
-	outer.check = header_checksum(&outer);
-	struct udphdr udp = {
-		.source = cfg->port,
-		.dest = r.route->port,
-		.len = bpf_htons(len + sizeof(struct udphdr)),
-	};
 	__u32 slot = r.route->slot;
 	__u32 underlay = cfg->underlay_ifindex;
 	__u64 packets = packets_in(skb);
-	/* An IPv6 inner packet leaves in an IPv4 frame (bpf_skb_adjust_room sets the skb's
-	 * protocol to the outer family). */
-	__be16 ethertype = bpf_htons(ETH_P_IP);
-
-	if (bpf_skb_adjust_room(skb, OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS) ||
-	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &udp, sizeof(udp), 0))
-		return drop(DROP_IO_ERROR);
-	count_tx(slot, packets, len);
+	struct addr6 *local6 = node_config6();
+	int sent = local6 ? encapsulate6(skb, &r, cfg, local6) : encapsulate4(skb, &r, cfg);
+	if (sent)
+		return drop(sent);
+	count_tx(slot, packets, r.len);
 	return bpf_redirect_neigh(underlay, NULL, 0, 0);
 }
 
@@ -184,6 +231,43 @@ static __always_inline int decapsulated_at_xdp(struct __sk_buff *skb)
 	return meta + sizeof(__u32) <= data && *(__u32 *)meta == DECAPSULATED;
 }
 
+/* Takes the outer headers off. An IPv4 inner packet under an outer IPv6 header: the skb turns
+ * IPv4 first (bpf_skb_change_proto takes 20 of the outer header's bytes), since
+ * bpf_skb_adjust_room leaves no less than a header of the skb's family, and an IPv4 packet may
+ * be shorter than an IPv6 header. */
+static __always_inline int decapsulate(struct __sk_buff *skb, struct datagram *d)
+{
+	__u32 overhead = d->overhead;
+	if (overhead == OVERHEAD6 && d->family == 4) {
+		if (bpf_skb_change_proto(skb, bpf_htons(ETH_P_IP), 0))
+			return -1;
+		overhead = OVERHEAD;
+	}
+	return bpf_skb_adjust_room(skb, -(__s32)overhead, BPF_ADJ_ROOM_MAC, DECAP_FLAGS);
+}
+
+/* Whether the frame is UDP to this node's underlay address (IPv4, or IPv6 over the IPv6
+ * underlay), read from its first bytes. */
+static __always_inline int may_be_ours(struct __sk_buff *skb, struct config *cfg)
+{
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		if (linear(skb, ETH_HLEN + sizeof(struct iphdr)))
+			return 0;
+		struct iphdr *outer = (void *)(long)skb->data + ETH_HLEN;
+		if ((void *)(outer + 1) > (void *)(long)skb->data_end)
+			return 0;
+		return outer->protocol == IPPROTO_UDP && outer->daddr == cfg->local_ip;
+	}
+	struct addr6 *local = node_config6();
+	if (skb->protocol != bpf_htons(ETH_P_IPV6) || !local ||
+	    linear(skb, ETH_HLEN + sizeof(struct ipv6hdr)))
+		return 0;
+	struct ipv6hdr *outer = (void *)(long)skb->data + ETH_HLEN;
+	if ((void *)(outer + 1) > (void *)(long)skb->data_end)
+		return 0;
+	return outer->nexthdr == IPPROTO_UDP && same_addr6(&outer->daddr, local);
+}
+
 SEC("classifier/ingress")
 int twill_ingress(struct __sk_buff *skb)
 {
@@ -193,23 +277,16 @@ int twill_ingress(struct __sk_buff *skb)
 	/* Checked and decapsulated before GRO, which has coalesced its TCP since. */
 	if (decapsulated_at_xdp(skb))
 		return enter_device(skb, cfg);
-	if (skb->protocol != bpf_htons(ETH_P_IP) || linear(skb, ETH_HLEN + sizeof(struct iphdr)))
-		return TC_ACT_OK;
-	void *data = (void *)(long)skb->data;
-	void *end = (void *)(long)skb->data_end;
-	struct iphdr *outer = data + ETH_HLEN;
-	if ((void *)(outer + 1) > end)
-		return TC_ACT_OK;
 	/* Only what may be ours is pulled into the linear part for the checks. */
-	if (outer->protocol != IPPROTO_UDP || outer->daddr != cfg->local_ip)
+	if (!may_be_ours(skb, cfg))
 		return TC_ACT_OK;
 	__u32 checked = skb->len < CHECKED_BYTES ? skb->len : CHECKED_BYTES;
 	if (linear(skb, checked))
 		return TC_ACT_OK;
 
 	struct datagram d;
-	data = (void *)(long)skb->data;
-	end = (void *)(long)skb->data_end;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
 	int found = check_datagram(data, end, skb->len, skb->gso_size != 0, cfg, &d);
 	if (found == NOT_OURS)
 		return TC_ACT_OK;
@@ -220,7 +297,7 @@ int twill_ingress(struct __sk_buff *skb)
 	__u32 slot = d.peer->slot;
 	__u64 packets = packets_in(skb);
 	__be16 ethertype = ethertype_of(d.family);
-	if (bpf_skb_adjust_room(skb, -(__s32)OVERHEAD, BPF_ADJ_ROOM_MAC, DECAP_FLAGS) ||
+	if (decapsulate(skb, &d) ||
 	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0))
 		return drop(DROP_IO_ERROR);
 	count_rx(slot, packets, d.len);
@@ -249,13 +326,14 @@ int twill_xdp_ingress(struct xdp_md *ctx)
 	__u32 slot = d.peer->slot;
 	__u32 len = d.len;
 	__u8 family = d.family;
+	__u32 overhead = d.overhead;
 	/* The outer Ethernet header, as it was, moves up to the inner packet (of its family). */
 	struct ethhdr eth = *(struct ethhdr *)data;
 	eth.h_proto = ethertype_of(family);
 	/* No room for the mark: twill_ingress checks the frame as it is, at TC. */
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u32)))
 		return XDP_PASS;
-	if (bpf_xdp_adjust_head(ctx, OVERHEAD)) {
+	if (bpf_xdp_adjust_head(ctx, overhead)) {
 		count_drop(DROP_IO_ERROR);
 		return XDP_DROP;
 	}

@@ -13,7 +13,7 @@ use anyhow::{ensure, Context};
 use aya::programs::ProgramInfo;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -27,6 +27,9 @@ pub struct Attachment {
     pub underlay: String,
     /// The node's underlay address: the outer source, and the address datagrams must be for.
     pub local_ip: Ipv4Addr,
+    /// Over the IPv6 underlay (`Backend.Underlay` "ipv6"), the node's IPv6 underlay address,
+    /// which then takes `local_ip`'s place; peers are set with IPv6 endpoints.
+    pub local_ip6: Option<Ipv6Addr>,
     /// flannel's udp port (`Backend.Port`, 8285 by default): outer source and destination.
     pub port: u16,
     /// tcx links or classic TC filters (`--bpf-attach`).
@@ -166,11 +169,11 @@ impl Dataplane {
         &self,
         subnet: Ipv4Net,
         subnet6: Option<Ipv6Net>,
-        endpoint: SocketAddrV4,
+        endpoint: impl Into<SocketAddr>,
     ) -> anyhow::Result<()> {
         let mut loaded = self.lock();
         let Loaded { maps, peers, .. } = &mut *loaded;
-        peers.set(maps, subnet, subnet6, endpoint)
+        peers.set(maps, subnet, subnet6, endpoint.into())
     }
 
     /// Forget the peer of `subnet` (none is fine).
@@ -181,7 +184,7 @@ impl Dataplane {
     }
 
     /// The peers in the maps, by subnet.
-    pub fn peers(&self) -> anyhow::Result<Vec<(Ipv4Net, SocketAddrV4)>> {
+    pub fn peers(&self) -> anyhow::Result<Vec<(Ipv4Net, SocketAddr)>> {
         Ok(self.lock().peers.list())
     }
 
@@ -294,6 +297,7 @@ fn load_and_attach(
         device_mac: device.mac,
         pad: [0; 2],
     })?;
+    loaded.maps.write_config6(at.local_ip6)?;
     if at.veth_wire {
         crate::wire::like_a_wire(&at.underlay)?;
     }

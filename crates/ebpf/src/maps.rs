@@ -7,15 +7,18 @@ use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray};
 use aya::Ebpf;
 use ipnet::Ipv6Net;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd;
 use std::path::Path;
 
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 9] = [
+pub(crate) const MAP_NAMES: [&str; 12] = [
     "config",
+    "config6",
+    "peers6",
+    "endpoints6",
     "routes",
     "peers",
     "routes6",
@@ -128,6 +131,12 @@ pub(crate) struct Maps {
     pub routes6: LpmTrie<MapData, [u8; 16], Route>,
     /// By the peer's slot.
     pub peer_subnets6: HashMap<MapData, u32, Subnet6>,
+    /// The node's IPv6 underlay address over the IPv6 underlay, else zero.
+    pub config6: Array<MapData, [u8; 16]>,
+    /// Peers by their IPv6 underlay address, over the IPv6 underlay.
+    pub peers6: HashMap<MapData, [u8; 16], Peer>,
+    /// Each peer's IPv6 underlay address by its slot, over the IPv6 underlay.
+    pub endpoints6: HashMap<MapData, u32, [u8; 16]>,
     pub peer_traffic: PerCpuArray<MapData, RawTraffic>,
     pub totals: PerCpuArray<MapData, RawTraffic>,
     pub drops: PerCpuArray<MapData, u64>,
@@ -145,6 +154,9 @@ impl Maps {
             peers: take("peers")?.try_into()?,
             routes6: take("routes6")?.try_into()?,
             peer_subnets6: take("peer_subnets6")?.try_into()?,
+            config6: take("config6")?.try_into()?,
+            peers6: take("peers6")?.try_into()?,
+            endpoints6: take("endpoints6")?.try_into()?,
             peer_traffic: take("peer_traffic")?.try_into()?,
             totals: take("totals")?.try_into()?,
             drops: take("drops")?.try_into()?,
@@ -155,6 +167,14 @@ impl Maps {
         self.config
             .set(0, config, 0)
             .context("writing the config map")
+    }
+
+    /// The node's IPv6 underlay address (None: the IPv4 underlay, all zero in the map).
+    pub fn write_config6(&mut self, local: Option<Ipv6Addr>) -> anyhow::Result<()> {
+        let octets = local.map_or([0; 16], |a| a.octets());
+        self.config6
+            .set(0, octets, 0)
+            .context("writing the config6 map")
     }
 
     /// Every CPU's counters of the slots `0..slots`, slot by slot, read in a few batch

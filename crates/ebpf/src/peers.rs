@@ -12,11 +12,12 @@ use anyhow::{bail, Context};
 use aya::maps::PerCpuValues;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, HashMap};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
-    endpoint: SocketAddrV4,
+    /// An IPv4 address over the IPv4 underlay, an IPv6 one over the IPv6 underlay.
+    endpoint: SocketAddr,
     subnet6: Option<Ipv6Net>,
     slot: u32,
 }
@@ -25,7 +26,7 @@ struct Entry {
 pub(crate) struct PeerSet {
     by_subnet: BTreeMap<Ipv4Net, Entry>,
     /// Which subnet each endpoint address belongs to (the ingress program's key).
-    by_address: HashMap<Ipv4Addr, Ipv4Net>,
+    by_address: HashMap<IpAddr, Ipv4Net>,
     /// Which peer (by its IPv4 subnet) each IPv6 subnet belongs to.
     by_subnet6: HashMap<Ipv6Net, Ipv4Net>,
     /// Counter slots no peer holds; their counters are zero.
@@ -36,10 +37,17 @@ impl PeerSet {
     /// The peers the maps hold now (none when they were just created).
     pub fn read(maps: &mut Maps) -> anyhow::Result<PeerSet> {
         let mut by_subnet = BTreeMap::new();
+        let endpoints6: Result<HashMap<u32, [u8; 16]>, _> = maps.endpoints6.iter().collect();
+        let endpoints6 = endpoints6.context("reading the endpoints6 map")?;
         for item in maps.routes.iter() {
             let (key, route) = item.context("reading the routes map")?;
             let subnet = Ipv4Net::new(addr_of(key.data()), key.prefix_len() as u8)?;
-            let endpoint = SocketAddrV4::new(addr_of(route.endpoint), port_of(route.port));
+            // An IPv6-underlay peer's route has no IPv4 endpoint.
+            let address = match (route.endpoint, endpoints6.get(&route.slot)) {
+                (0, Some(octets)) => IpAddr::V6(Ipv6Addr::from(*octets)),
+                _ => IpAddr::V4(addr_of(route.endpoint)),
+            };
+            let endpoint = SocketAddr::new(address, port_of(route.port));
             by_subnet.insert(
                 subnet,
                 Entry {
@@ -74,7 +82,7 @@ impl PeerSet {
             .collect();
         let by_address = by_subnet
             .iter()
-            .map(|(s, e)| (*e.endpoint.ip(), *s))
+            .map(|(s, e)| (e.endpoint.ip(), *s))
             .collect();
         // The same for a slot's IPv6 subnet without its route: the slot's next peer must not
         // inherit it.
@@ -107,7 +115,7 @@ impl PeerSet {
         self.by_subnet.len()
     }
 
-    pub fn list(&self) -> Vec<(Ipv4Net, SocketAddrV4)> {
+    pub fn list(&self) -> Vec<(Ipv4Net, SocketAddr)> {
         self.by_subnet
             .iter()
             .map(|(s, e)| (*s, e.endpoint))
@@ -135,10 +143,10 @@ impl PeerSet {
         maps: &mut Maps,
         subnet: Ipv4Net,
         subnet6: Option<Ipv6Net>,
-        endpoint: SocketAddrV4,
+        endpoint: SocketAddr,
     ) -> anyhow::Result<()> {
         let (subnet, subnet6) = (subnet.trunc(), subnet6.map(|s| s.trunc()));
-        let holder = self.by_address.get(endpoint.ip()).copied();
+        let holder = self.by_address.get(&endpoint.ip()).copied();
         if let Some(holder) = holder.filter(|h| *h != subnet) {
             bail!(
                 "peer {subnet} left out: its endpoint {endpoint} belongs to the peer of {holder}"
@@ -179,7 +187,7 @@ impl PeerSet {
             self.forget_changed(maps, old, new(slot))?;
         }
         self.by_subnet.insert(subnet, new(slot));
-        self.by_address.insert(*endpoint.ip(), subnet);
+        self.by_address.insert(endpoint.ip(), subnet);
         if let Some(subnet6) = subnet6 {
             self.by_subnet6.insert(subnet6, subnet);
         }
@@ -191,10 +199,8 @@ impl PeerSet {
     fn forget_changed(&mut self, maps: &mut Maps, old: Entry, new: Entry) -> anyhow::Result<()> {
         let moved = old.endpoint.ip() != new.endpoint.ip();
         if moved {
-            maps.peers
-                .remove(&wire_addr(*old.endpoint.ip()))
-                .with_context(|| format!("removing the peer {}", old.endpoint))?;
-            self.by_address.remove(old.endpoint.ip());
+            remove_endpoint(maps, old, new.endpoint.is_ipv6())?;
+            self.by_address.remove(&old.endpoint.ip());
         }
         if let Some(old6) = old.subnet6.filter(|s| Some(*s) != new.subnet6) {
             remove_route6(maps, old6)?;
@@ -220,12 +226,10 @@ impl PeerSet {
             remove_route6(maps, subnet6)?;
             self.by_subnet6.remove(&subnet6);
         }
-        maps.peers
-            .remove(&wire_addr(*entry.endpoint.ip()))
-            .with_context(|| format!("removing the peer {}", entry.endpoint))?;
+        remove_endpoint(maps, entry, false)?;
         remove_subnet6_of(maps, entry)?;
         self.by_subnet.remove(&subnet);
-        self.by_address.remove(entry.endpoint.ip());
+        self.by_address.remove(&entry.endpoint.ip());
         zero_counters(maps, entry.slot)?;
         self.free.push(entry.slot);
         Ok(())
@@ -246,7 +250,6 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> 
         subnet6,
         slot,
     } = entry;
-    let address = wire_addr(*endpoint.ip());
     let peer = Peer {
         subnet: wire_addr(subnet.network()),
         mask: wire_addr(subnet.netmask()),
@@ -254,15 +257,31 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> 
         pad: 0,
         slot,
     };
+    // Over the IPv6 underlay the route's IPv4 endpoint is unused (0): endpoints6 has the
+    // peer's address by its slot.
+    let address = match endpoint.ip() {
+        IpAddr::V4(address) => {
+            maps.peers
+                .insert(wire_addr(address), peer, 0)
+                .with_context(|| format!("adding the peer of {subnet} to the peers map"))?;
+            wire_addr(address)
+        }
+        IpAddr::V6(address) => {
+            maps.peers6
+                .insert(address.octets(), peer, 0)
+                .with_context(|| format!("adding the peer of {subnet} to the peers6 map"))?;
+            maps.endpoints6
+                .insert(slot, address.octets(), 0)
+                .with_context(|| format!("adding the endpoint of {subnet} to endpoints6"))?;
+            0
+        }
+    };
     let route = Route {
         endpoint: address,
         port: wire_port(endpoint.port()),
         pad: 0,
         slot,
     };
-    maps.peers
-        .insert(address, peer, 0)
-        .with_context(|| format!("adding the peer of {subnet} to the peers map"))?;
     if let Some(subnet6) = subnet6 {
         maps.peer_subnets6
             .insert(slot, Subnet6::of(subnet6), 0)
@@ -277,6 +296,22 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> 
             .with_context(|| format!("adding the route to {subnet6}"))?;
     }
     Ok(())
+}
+
+/// Removes the peer `entry` from the map that finds it by its underlay address; and, unless the
+/// peer stays on the IPv6 underlay (`keeps_endpoint6`: the new address took the slot's place in
+/// endpoints6 already), its slot's IPv6 endpoint.
+fn remove_endpoint(maps: &mut Maps, entry: Entry, keeps_endpoint6: bool) -> anyhow::Result<()> {
+    let removed = match entry.endpoint.ip() {
+        IpAddr::V4(address) => maps.peers.remove(&wire_addr(address)),
+        IpAddr::V6(address) => maps.peers6.remove(&address.octets()).and_then(|()| {
+            if keeps_endpoint6 {
+                return Ok(());
+            }
+            maps.endpoints6.remove(&entry.slot)
+        }),
+    };
+    removed.with_context(|| format!("removing the peer {}", entry.endpoint))
 }
 
 fn remove_route6(maps: &mut Maps, subnet6: Ipv6Net) -> anyhow::Result<()> {

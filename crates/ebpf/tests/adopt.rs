@@ -55,7 +55,7 @@ fn reopen_adopts_without_a_gap(tag: &str, mode: AttachMode) -> Result<()> {
     let (again, opened) = common::open(lab.host(0), &nodes[0])?;
     assert_eq!(opened, Opened::Adopted { peers: 1 });
     let endpoint = SocketAddrV4::new(nodes[1].attachment.local_ip, common::PORT);
-    assert_eq!(again.peers()?, vec![(nodes[1].subnet, endpoint)]);
+    assert_eq!(again.peers()?, vec![(nodes[1].subnet, endpoint.into())]);
     let kept = again.counters()?.tx;
     ensure!(
         kept.packets >= sent.packets && kept.bytes >= sent.bytes,
@@ -105,7 +105,7 @@ fn a_restart_with_the_other_attachment_swaps_them_and_keeps_the_peers() -> Resul
         let (again, _) = common::open(lab.host(0), &nodes[0])?;
         assert_eq!(
             again.peers()?,
-            vec![(nodes[1].subnet, endpoint)],
+            vec![(nodes[1].subnet, endpoint.into())],
             "{mode:?}"
         );
         attached_as(lab.host(0), &nodes[0], mode)?;

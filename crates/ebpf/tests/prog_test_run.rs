@@ -1,17 +1,19 @@
 //! The programs on crafted frames through BPF_PROG_TEST_RUN, with their real maps: each frame
 //! gets the verdict expected, and the counters move by exactly what it should count (a drop
 //! under its reason, or a packet to or from the peer). Every ingress frame goes through the
-//! TC program and through the XDP one. Inner packets are IPv4 and IPv6, over the IPv4 underlay.
+//! TC program and through the XDP one. Inner packets are IPv4 and IPv6, over the IPv4 underlay
+//! and over the IPv6 one.
 
 mod common;
 
 use anyhow::Result;
-use common::frames::{datagram, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
+use common::frames::{datagram, datagram6, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
 use common::test_run::{
-    peer_subnet, peer_subnet6, test_bench, TestBench, HERE, HERE6, LOCAL, PEER, THERE, THERE6, UDP,
+    peer_subnet, peer_subnet6, test_bench, test_bench6, TestBench, HERE, HERE6, LOCAL, LOCAL6,
+    PEER, PEER6, THERE, THERE6, UDP,
 };
 use common::{DEVICE_MTU, PORT};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use twill_dataplane::stats::DropReason;
 use twill_ebpf::{Counters, Side, TestOutput, Verdict};
 
@@ -267,6 +269,151 @@ fn ingress6_cases() -> Vec<Case> {
     cases_of(Side::Ingress, cases)
 }
 
+/// A datagram from the peer to this node over the IPv6 underlay around `inner`.
+fn from_peer6(inner: &[u8]) -> Vec<u8> {
+    datagram6(&Ip6::new(PEER6, LOCAL6, UDP), (PORT, PORT), inner)
+}
+
+/// Over the IPv6 underlay: the inner checks of both families, as over the IPv4 one, and the
+/// outer IPv6 header's own.
+fn ingress_over6_cases() -> Vec<Case> {
+    let packet = inner(true).packet(&payload());
+    let packet6 = inner6(true).packet(&payload());
+    let (len, len6) = (packet.len() as u64, packet6.len() as u64);
+    let outer_with = |f: fn(&mut Ip6)| {
+        let mut outer = Ip6::new(PEER6, LOCAL6, UDP);
+        f(&mut outer);
+        datagram6(&outer, (PORT, PORT), &packet)
+    };
+    let whole = from_peer6(&packet);
+    let mut checksummed = whole.clone();
+    checksummed[14 + 46..14 + 48].copy_from_slice(&[0x12, 0x34]);
+    let mut udp_len_short = whole.clone();
+    udp_len_short[14 + 44..14 + 46].copy_from_slice(&(8 + len as u16 - 1).to_be_bytes());
+    let mut payload_len_past = whole.clone();
+    payload_len_past[14 + 4..14 + 6].copy_from_slice(&(8 + len as u16 + 10).to_be_bytes());
+    let with = |f: fn(&mut Ip)| {
+        let mut ip = inner(true);
+        f(&mut ip);
+        from_peer6(&ip.packet(&payload()))
+    };
+    let with6 = |f: fn(&mut Ip6)| {
+        let mut ip = inner6(true);
+        f(&mut ip);
+        from_peer6(&ip.packet(&payload()))
+    };
+    let big = inner(true).packet(&vec![0u8; usize::from(DEVICE_MTU)]);
+    let short = inner(true).packet(&[]);
+    let cases = [
+        (
+            "valid datagram, UDP checksum 0",
+            whole.clone(),
+            Expect::Carried(len),
+        ),
+        (
+            "valid datagram, a UDP checksum",
+            checksummed,
+            Expect::Carried(len),
+        ),
+        (
+            "valid IPv6 in IPv6",
+            from_peer6(&packet6),
+            Expect::Carried(len6),
+        ),
+        (
+            "the shortest IPv4 inner packet, shorter than an IPv6 header",
+            from_peer6(&short),
+            Expect::Carried(short.len() as u64),
+        ),
+        (
+            "spoofed inner source",
+            with(|ip| ip.src = Ipv4Addr::new(10, 5, 3, 4)),
+            Expect::Dropped(DropReason::SpoofedSource),
+        ),
+        (
+            "IPv6 inner source outside the peer's IPv6 subnet",
+            with6(|ip| ip.src = "fd10:0:0:3::4".parse().unwrap()),
+            Expect::Dropped(DropReason::SpoofedSource),
+        ),
+        (
+            "inner TTL 1",
+            with(|ip| ip.ttl = 1),
+            Expect::Dropped(DropReason::TtlExceeded),
+        ),
+        (
+            "IPv6 hop limit 1",
+            with6(|ip| ip.hop_limit = 1),
+            Expect::Dropped(DropReason::TtlExceeded),
+        ),
+        (
+            "larger than the device MTU",
+            from_peer6(&big),
+            Expect::Dropped(DropReason::TooBig),
+        ),
+        (
+            "truncated inner packet",
+            from_peer6(&packet[..packet.len() - 1]),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "zero length",
+            from_peer6(&[]),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "UDP length not the payload's",
+            udp_len_short,
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "payload length past the frame",
+            payload_len_past,
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "unknown IPv6 peer",
+            outer_with(|ip| ip.src = Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, 0x66)),
+            Expect::Dropped(DropReason::UnknownPeer),
+        ),
+        (
+            "peer's IPv6 address, other port",
+            datagram6(&Ip6::new(PEER6, LOCAL6, UDP), (PORT + 1, PORT), &packet),
+            Expect::Dropped(DropReason::UnknownPeer),
+        ),
+        (
+            "from the peer's IPv4 address: known by its IPv6 one only",
+            from_peer(&packet),
+            Expect::Dropped(DropReason::UnknownPeer),
+        ),
+        (
+            "not our port",
+            datagram6(&Ip6::new(PEER6, LOCAL6, UDP), (PORT, 9999), &packet),
+            Expect::Untouched,
+        ),
+        (
+            "not our IPv6 address",
+            outer_with(|ip| ip.dst = "fd00:200::9".parse().unwrap()),
+            Expect::Untouched,
+        ),
+        (
+            "an extension header first",
+            outer_with(|ip| ip.next_header = 0),
+            Expect::Untouched,
+        ),
+        (
+            "TCP to us",
+            outer_with(|ip| ip.next_header = 6),
+            Expect::Untouched,
+        ),
+        (
+            "truncated outer headers",
+            whole[..14 + 44].to_vec(),
+            Expect::Untouched,
+        ),
+    ];
+    cases_of(Side::Ingress, cases)
+}
+
 fn ingress_cases() -> Vec<Case> {
     let packet = inner(true).packet(&payload());
     let len = packet.len() as u64;
@@ -409,9 +556,13 @@ fn ingress_cases() -> Vec<Case> {
 }
 
 /// The frame a carried packet should leave as.
-fn carried(case: &Case, via: Via, device_mac: [u8; 6]) -> Vec<u8> {
+fn carried(case: &Case, via: Via, bench: &TestBench) -> Vec<u8> {
     let inner = forwarded_inner(case);
+    let device_mac = bench.device_mac;
     match (case.side, via) {
+        (Side::Egress, _) if bench.over_ipv6 => {
+            datagram6(&Ip6::new(LOCAL6, PEER6, UDP), (PORT, PORT), &inner)
+        }
         (Side::Egress, _) => {
             let mut outer = Ip::new(LOCAL, PEER, UDP);
             outer.flags_fragment = 0x4000;
@@ -443,7 +594,8 @@ fn ethertype_of(packet: &[u8]) -> u16 {
 fn forwarded_inner(case: &Case) -> Vec<u8> {
     let mut inner = case.frame[14..].to_vec();
     if case.side == Side::Ingress {
-        inner.drain(..28);
+        let outer6 = u16::from_be_bytes([case.frame[12], case.frame[13]]) == ETH_IPV6;
+        inner.drain(..if outer6 { 48 } else { 28 });
     }
     if inner[0] >> 4 == 6 {
         inner[7] -= 1;
@@ -515,7 +667,7 @@ fn run_cases(bench: &TestBench, cases: &[Case], via: Via) -> Result<()> {
             before: &before,
             after: &after,
         };
-        if let Err(why) = check(case, expect, via, &output, moved, bench.device_mac) {
+        if let Err(why) = check(case, expect, via, &output, moved, bench) {
             failures.push(format!("{:?} {}: {why}", case.side, case.name));
         }
     }
@@ -541,7 +693,7 @@ fn check(
     via: Via,
     output: &TestOutput,
     Moved { before, after }: Moved<'_>,
-    device_mac: [u8; 6],
+    bench: &TestBench,
 ) -> Result<(), String> {
     let (verdict, frame) = (&output.verdict, &output.frame);
     let carried_verdict = match via {
@@ -553,7 +705,7 @@ fn check(
         Expect::Untouched => (Verdict::Pass, Some(case.frame.clone())),
         Expect::Dropped(_) => (Verdict::Drop, None),
         Expect::Refused => return Err("BPF_PROG_TEST_RUN ran it".into()),
-        Expect::Carried(_) => (carried_verdict, Some(carried(case, via, device_mac))),
+        Expect::Carried(_) => (carried_verdict, Some(carried(case, via, bench))),
     };
     if *verdict != want_verdict {
         return Err(format!("verdict {verdict:?}, expected {want_verdict:?}"));
@@ -600,6 +752,24 @@ fn check(
         ));
     }
     Ok(())
+}
+
+/// Over the IPv6 underlay, egress sends both families in outer IPv6 to the peer's IPv6 address
+/// (UDP checksum 0), and ingress takes only datagrams from the peer's IPv6 address, under the
+/// same checks and counters; at TC and at XDP.
+#[test]
+fn over_the_ipv6_underlay_every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
+    let cases: Vec<Case> = egress_cases()
+        .into_iter()
+        .chain(egress6_cases())
+        .chain(ingress_over6_cases())
+        .collect();
+    run_cases(&test_bench6("ebpf-table6")?, &cases, Via::Tc)?;
+    run_cases(
+        &test_bench6("ebpf-table6x")?,
+        &ingress_over6_cases(),
+        Via::Xdp,
+    )
 }
 
 /// A peer whose IPv6 subnet is taken away (its lease lost it, or it never had one) sends no IPv6

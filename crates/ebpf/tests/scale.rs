@@ -37,6 +37,7 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         device: DEVICE.into(),
         underlay: "eth0".into(),
         local_ip: Ipv4Addr::new(172, 31, 0, 1),
+        local_ip6: None,
         port: PORT,
         attach: AttachMode::Auto,
         xdp: true,
@@ -114,7 +115,10 @@ fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
     );
     dataplane.set_peer(first, Some(subnet6(3)), moved)?;
     dataplane.set_peer(second, Some(subnet6(1)), endpoint)?;
-    assert_eq!(dataplane.peers()?, vec![(first, moved), (second, endpoint)]);
+    assert_eq!(
+        dataplane.peers()?,
+        vec![(first, moved.into()), (second, endpoint.into())]
+    );
     let subnets6 = dataplane.peer_subnets6();
     assert_eq!(subnets6.get(&first), Some(&subnet6(3)));
     assert_eq!(subnets6.get(&second), Some(&subnet6(1)));

@@ -119,6 +119,12 @@ pub fn datagram(outer: &Ip, ports: (u16, u16), inner: &[u8]) -> Vec<u8> {
     ethernet(ETH_IP, &outer.packet(&udp(ports.0, ports.1, inner)))
 }
 
+/// The same over the IPv6 underlay: `outer` an IPv6 header (the UDP checksum still 0, as the
+/// eBPF node sends there).
+pub fn datagram6(outer: &Ip6, ports: (u16, u16), inner: &[u8]) -> Vec<u8> {
+    ethernet(ETH_IPV6, &outer.packet(&udp(ports.0, ports.1, inner)))
+}
+
 /// Bytes as hex, for messages.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

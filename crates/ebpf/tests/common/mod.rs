@@ -73,6 +73,7 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
                 device: DEVICE.into(),
                 underlay: host.iface.clone(),
                 local_ip: host.underlay_ip,
+                local_ip6: None,
                 port: PORT,
                 attach,
                 xdp: true,

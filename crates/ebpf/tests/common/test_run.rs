@@ -6,13 +6,16 @@
 use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
 use ipnet::{Ipv4Net, Ipv6Net};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened};
 use twill_lab::Netns;
 
 /// This node's underlay address and its peer's.
 pub const LOCAL: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
 pub const PEER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
+/// The same over the IPv6 underlay.
+pub const LOCAL6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, 1);
+pub const PEER6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x200, 0, 0, 0, 0, 0, 2);
 /// A container here and one behind the peer.
 pub const HERE: Ipv4Addr = Ipv4Addr::new(10, 5, 1, 2);
 pub const THERE: Ipv4Addr = Ipv4Addr::new(10, 5, 2, 7);
@@ -36,11 +39,22 @@ pub struct TestBench {
     _pins: Pins,
     /// twill's device's MAC: a decapsulated frame is addressed to it.
     pub device_mac: [u8; 6],
+    /// Whether the node is on the IPv6 underlay (LOCAL6, its peer at PEER6).
+    pub over_ipv6: bool,
     _ns: Netns,
 }
 
 /// The programs in a namespace of their own (named after `tag`), knowing one peer.
 pub fn test_bench(tag: &str) -> Result<TestBench> {
+    bench_on(tag, None)
+}
+
+/// The same on the IPv6 underlay: the node at LOCAL6, its peer at PEER6.
+pub fn test_bench6(tag: &str) -> Result<TestBench> {
+    bench_on(tag, Some(LOCAL6))
+}
+
+fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
     let ns = Netns::new(tag)?;
     let mtu = DEVICE_MTU.to_string();
     ns.ip(&["link", "add", DEVICE, "mtu", &mtu, "type", "ifb"])?;
@@ -50,6 +64,7 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
         device: DEVICE.into(),
         underlay: "eth0".into(),
         local_ip: LOCAL,
+        local_ip6,
         port: PORT,
         attach: AttachMode::Auto,
         xdp: true,
@@ -57,16 +72,17 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);
-    dataplane.set_peer(
-        peer_subnet(),
-        Some(peer_subnet6()),
-        SocketAddrV4::new(PEER, PORT),
-    )?;
+    let endpoint = match local_ip6 {
+        Some(_) => SocketAddr::new(PEER6.into(), PORT),
+        None => SocketAddr::new(PEER.into(), PORT),
+    };
+    dataplane.set_peer(peer_subnet(), Some(peer_subnet6()), endpoint)?;
     let device_mac = mac_of(&ns, DEVICE)?;
     Ok(TestBench {
         dataplane,
         _pins: pins,
         device_mac,
+        over_ipv6: local_ip6.is_some(),
         _ns: ns,
     })
 }

@@ -90,6 +90,8 @@ impl EbpfSetup {
                 device,
                 underlay: iface.name.clone(),
                 local_ip: iface.ipv4()?,
+                // The IPv6 underlay is refused before this (choice.rs).
+                local_ip6: None,
                 port,
                 attach: node.options.bpf_attach,
                 xdp: node.options.bpf_xdp,
@@ -237,11 +239,7 @@ impl Ebpf {
         }
     }
 
-    fn set(
-        &mut self,
-        subnet: Ipv4Net,
-        peer: (SocketAddrV4, Option<Ipv6Net>),
-    ) -> anyhow::Result<()> {
+    fn set(&mut self, subnet: Ipv4Net, peer: (SocketAddr, Option<Ipv6Net>)) -> anyhow::Result<()> {
         self.writes += 1;
         let (endpoint, subnet6) = peer;
         self.dataplane.set_peer(subnet, subnet6, endpoint)
@@ -254,8 +252,8 @@ impl Ebpf {
 
     /// The programs send over the IPv4 underlay only: a network with `Backend.Underlay`
     /// ipv6 never runs them (choice.rs).
-    fn endpoint(&self, public_ip: Ipv4Addr) -> SocketAddrV4 {
-        SocketAddrV4::new(public_ip, self.port)
+    fn endpoint(&self, public_ip: Ipv4Addr) -> SocketAddr {
+        SocketAddrV4::new(public_ip, self.port).into()
     }
 
     /// The lease's IPv6 subnet, on a dual-stack network.
@@ -267,7 +265,7 @@ impl Ebpf {
         let (subnet, public_ip) = lease.ipv4_side()?;
         Ok(PeerSpec {
             subnet,
-            endpoint: self.endpoint(public_ip).into(),
+            endpoint: self.endpoint(public_ip),
             version: 1,
             subnet6: self.subnet6(lease),
         })
@@ -334,17 +332,13 @@ impl Backend for Ebpf {
         self.repair().await?;
         let specs: Vec<PeerSpec> = each(leases).filter_map(|l| self.spec(l).ok()).collect();
         self.table.set_peers(&specs);
-        type Wanted = BTreeMap<Ipv4Net, (SocketAddrV4, Option<Ipv6Net>)>;
+        type Wanted = BTreeMap<Ipv4Net, (SocketAddr, Option<Ipv6Net>)>;
         let wanted: Wanted = self
             .table
             .load()
             .peers()
             .iter()
-            .filter_map(|p| match p.spec.endpoint {
-                SocketAddr::V4(endpoint) => Some((p.spec.subnet, (endpoint, p.spec.subnet6))),
-                // None: every endpoint this backend writes is IPv4 ([`Ebpf::endpoint`]).
-                SocketAddr::V6(_) => None,
-            })
+            .map(|p| (p.spec.subnet, (p.spec.endpoint, p.spec.subnet6)))
             .collect();
         let subnets6 = self.dataplane.peer_subnets6();
         let present: Wanted = self
