@@ -1,7 +1,8 @@
 //! The eBPF dataplane on a dual-stack network, on real etcd in a lab with an IPv4 and an IPv6
-//! underlay: IPv4 and IPv6 inner packets over the IPv4 underlay, between two eBPF nodes (over
-//! tcx links and over classic TC) and between an eBPF node and a TUN node, with the underlay's
-//! offloads left as the kernel sets them; traffic checked by sha256 both ways. Hostile IPv6
+//! underlay: IPv4 and IPv6 inner packets over the IPv4 underlay and over the IPv6 one
+//! (`Backend.Underlay` "ipv6"), between two eBPF nodes (over tcx links and over classic TC) and
+//! between an eBPF node and a TUN node, with the underlay's offloads left as the kernel sets
+//! them; traffic checked by sha256 both ways. Hostile IPv6
 //! datagrams counted under the userspace engine's reasons, and the device's IPv6 address and
 //! route repaired as the TUN's are.
 
@@ -14,6 +15,9 @@ use common::*;
 
 /// A dual-stack udp network, datagrams over the IPv4 underlay (flannel's udp default).
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{"Type":"udp"}}"#;
+
+/// The same over the IPv6 underlay.
+const CONFIG_OVER_IPV6: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{"Type":"udp","Underlay":"ipv6"}}"#;
 
 /// twill's device, as the tests name it (`--tun-name`).
 const DEVICE: &str = "twill0";
@@ -94,6 +98,143 @@ fn over_tcx_two_ebpf_nodes_carry_both_families_over_the_ipv4_underlay() -> Resul
 #[test]
 fn over_classic_tc_two_ebpf_nodes_carry_both_families_over_the_ipv4_underlay() -> Result<()> {
     two_ebpf_nodes("eds4c", "tc")
+}
+
+/// Two eBPF nodes attached by `attach` over the IPv6 underlay: both families both ways, every
+/// datagram on host 0's underlay an IPv6 one, and host 0's (the eBPF node's) with a UDP
+/// checksum of zero.
+fn two_ebpf_nodes_over_ipv6(tag: &str, attach: &'static str) -> Result<()> {
+    let mut c = dual_stack_cluster(tag, 2, CONFIG_OVER_IPV6)?;
+    let args = ebpf(attach);
+    let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &args, &[])?];
+    transfers(&mut c)?;
+    for host in 0..2 {
+        ebpf_carried_both_families(&c, host)?;
+        peers_reached_over_ipv6(&c, host)?;
+        // The underlay's 1500 less an outer IPv6 and UDP header, as the TUN engine's.
+        let link = c.lab.host(host).ns.ip(&["link", "show", DEVICE])?;
+        ensure!(link.contains("mtu 1452 "), "{link}");
+    }
+    only_ipv6_datagrams(&c, [true, true])?;
+    c.nothing_dropped_but_the_kernels_own()
+}
+
+/// Host `host`'s peer is reached at its PublicIPv6.
+fn peers_reached_over_ipv6(c: &Cluster, host: usize) -> Result<()> {
+    let s = status(&c.lab.host(host).ns)?;
+    let endpoint = s["counters"]["peers"][0]["endpoint"]
+        .as_str()
+        .unwrap_or_default();
+    let other = c
+        .lab
+        .host(1 - host)
+        .underlay_ipv6
+        .context("IPv6 underlay")?;
+    ensure!(
+        endpoint == format!("[{other}]:8285"),
+        "host {host}'s peer at {endpoint}: {s}"
+    );
+    Ok(())
+}
+
+/// While the containers ping each other in both families, each host sends flannel's datagrams
+/// over IPv6 only, with a UDP checksum of zero from an eBPF node (`ebpf[host]`), as the TUN
+/// engine's socket never sends. Each host's capture counts what it sends: what it receives an
+/// XDP program takes before any capture sees it.
+fn only_ipv6_datagrams(c: &Cluster, ebpf: [bool; 2]) -> Result<()> {
+    let mut captures = Vec::new();
+    for host in 0..2 {
+        let pcap = c.dir.path().join(format!("underlay{host}.pcap"));
+        let path = pcap.to_str().context("path")?;
+        let args = ["-i", "eth0", "-n", "-U", "-w", path, "udp port 8285"];
+        let tcpdump = c.lab.host(host).ns.spawn("tcpdump", &args)?;
+        eventually("tcpdump capturing", || Ok(pcap.exists()))?;
+        captures.push((pcap, tcpdump));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (a, b) = (c.container(0), c.container(1));
+    for (from, to) in [(a, b), (b, a)] {
+        ensure!(ping(from, to.ip, 3)?.contains("3 received"), "IPv4 ping");
+        let to6 = to.ipv6.context("dual-stack container")?;
+        ensure!(ping(from, to6, 3)?.contains("3 received"), "IPv6 ping");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for (host, (pcap, mut tcpdump)) in captures.into_iter().enumerate() {
+        tcpdump.stop()?;
+        let own = c
+            .lab
+            .host(host)
+            .underlay_ipv6
+            .context("IPv6 underlay")?
+            .octets();
+        let mut sent = 0;
+        for frame in pcap_frames(&std::fs::read(&pcap)?)? {
+            let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
+            ensure!(
+                ethertype == 0x86dd,
+                "host {host}: a datagram not over IPv6, ethertype {ethertype:#06x}"
+            );
+            let ip = frame.get(14..14 + 48).context("IPv6 datagram cut short")?;
+            if ip[8..24] != own {
+                continue;
+            }
+            sent += 1;
+            let checksum = u16::from_be_bytes([ip[46], ip[47]]);
+            ensure!(
+                (checksum == 0) == ebpf[host],
+                "host {host} sent a UDP checksum of {checksum:#06x}"
+            );
+        }
+        // 12 pings out or back; tcpdump may miss the first under load, never most.
+        ensure!(sent >= 6, "host {host} sent {sent} datagrams over IPv6");
+    }
+    Ok(())
+}
+
+/// The frames of a pcap file (Ethernet, as tcpdump writes a veth's).
+fn pcap_frames(file: &[u8]) -> Result<Vec<&[u8]>> {
+    ensure!(file.len() >= 24, "pcap too short");
+    let (mut at, mut frames) = (24, Vec::new());
+    while at + 16 <= file.len() {
+        let len = u32::from_le_bytes(file[at + 8..at + 12].try_into()?) as usize;
+        let frame = file
+            .get(at + 16..at + 16 + len)
+            .context("frame cut short")?;
+        ensure!(
+            frame.len() >= 14,
+            "a frame shorter than its Ethernet header"
+        );
+        frames.push(frame);
+        at += 16 + len;
+    }
+    Ok(frames)
+}
+
+#[test]
+fn over_tcx_two_ebpf_nodes_carry_both_families_over_the_ipv6_underlay() -> Result<()> {
+    two_ebpf_nodes_over_ipv6("eds6x", "tcx")
+}
+
+#[test]
+fn over_classic_tc_two_ebpf_nodes_carry_both_families_over_the_ipv6_underlay() -> Result<()> {
+    two_ebpf_nodes_over_ipv6("eds6c", "tc")
+}
+
+/// Over the IPv6 underlay an eBPF node's datagrams (UDP checksum zero) reach a TUN node, whose
+/// socket takes them (UDP_NO_CHECK6_RX), and the TUN node's reach the eBPF node.
+#[test]
+fn an_ebpf_node_and_a_tun_node_carry_both_families_over_the_ipv6_underlay() -> Result<()> {
+    let mut c = dual_stack_cluster("eds6tun", 2, CONFIG_OVER_IPV6)?;
+    let args = ebpf("auto");
+    let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &TUN, &[])?];
+    transfers(&mut c)?;
+    ebpf_carried_both_families(&c, 0)?;
+    peers_reached_over_ipv6(&c, 0)?;
+    peers_reached_over_ipv6(&c, 1)?;
+    let tun = status(&c.lab.host(1).ns)?;
+    ensure!(tun["dataplane"] == "tun", "{tun}");
+    only_ipv6_datagrams(&c, [true, false])?;
+    c.nothing_dropped_but_the_kernels_own()
 }
 
 /// flannel's wire is the same whichever dataplane carries it: an eBPF node and a TUN node

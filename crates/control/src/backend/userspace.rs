@@ -113,7 +113,7 @@ pub(crate) fn with_ipv6_side(attrs: LeaseAttrs, ipv6: Option<(Ipv6Net, Ipv6Addr)
 /// Where the engine's socket binds: the interface's address of the underlay's family, as
 /// flanneld binds its udp socket to the interface's IPv4 address. An interface without a
 /// usable IPv6 address leaves the PublicIPv6 (`--public-ipv6`), which must then be local.
-fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
+pub(crate) fn bind_address(node: &Node, underlay: Underlay) -> anyhow::Result<IpAddr> {
     match underlay {
         Underlay::Ipv4 => Ok(node.iface.ipv4()?.into()),
         Underlay::Ipv6 => match node.iface.ipv6.or(node.public_addrs.v6()) {

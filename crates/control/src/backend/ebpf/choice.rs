@@ -3,7 +3,6 @@
 //! so the choice is per node and peers never see it.
 
 use crate::backend_kind::BackendKind;
-use crate::config;
 use crate::node::{DataplaneChoice, Node};
 use anyhow::bail;
 use std::fmt;
@@ -19,17 +18,14 @@ pub enum Dataplane {
 /// `--dataplane ebpf` on a kernel that cannot run it, or with a backend other than udp, is an
 /// error; `auto` (the default) says at start which engine it picked and why.
 pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
-    let network = Network {
-        backend: &node.config.backend.backend_type,
-        family: node.config.backend.underlay,
-    };
+    let backend = &node.config.backend.backend_type;
     let bpf_dir = &node.options.bpf_dir;
     let runs = || {
         twill_ebpf::probe().map_err(|missing| missing.to_string())?;
         twill_ebpf::can_pin(bpf_dir)
     };
     let underlay = || Underlay::of(&node.iface.name);
-    decide(node.options.dataplane, network, runs, underlay)
+    decide(node.options.dataplane, backend, runs, underlay)
 }
 
 /// What `auto` asks of the underlay once the kernel runs the programs.
@@ -56,24 +52,15 @@ impl Underlay {
     }
 }
 
-/// What of the network decides whether the eBPF programs can carry it. Both families are
+/// The network's `backend` decides whether the eBPF programs can carry it: both families are
 /// carried (an IPv6-only network is refused before, as on the TUN: the udp backend needs an
-/// IPv4 subnet), over the IPv4 underlay only.
-#[derive(Debug, Clone, Copy)]
-struct Network<'a> {
-    backend: &'a str,
-    /// The family datagrams go over (`Backend.Underlay`).
-    family: config::Underlay,
-}
-
+/// IPv4 subnet), over either underlay (`Backend.Underlay`).
 fn decide<E: fmt::Display>(
     wanted: DataplaneChoice,
-    network: Network,
+    backend: &str,
     probe: impl FnOnce() -> Result<(), E>,
     underlay: impl FnOnce() -> Underlay,
 ) -> anyhow::Result<Dataplane> {
-    let Network { backend, family } = network;
-    let ipv6_underlay = family == config::Underlay::Ipv6;
     let on_ebpf = BackendKind::parse(backend).is_some_and(BackendKind::runs_on_ebpf);
     match wanted {
         DataplaneChoice::Tun => Ok(Dataplane::Tun),
@@ -81,22 +68,11 @@ fn decide<E: fmt::Display>(
             "--dataplane ebpf carries flannel's udp wire only, and this network's backend is \
              {backend}: leave --dataplane out, or give tun"
         ),
-        DataplaneChoice::Ebpf if ipv6_underlay => bail!(
-            "--dataplane ebpf sends over the IPv4 underlay only, and this network's \
-             Backend.Underlay is ipv6: leave --dataplane out, or give tun"
-        ),
         DataplaneChoice::Ebpf => match probe() {
             Ok(()) => Ok(Dataplane::Ebpf),
             Err(missing) => bail!("--dataplane ebpf cannot run here: {missing}"),
         },
         DataplaneChoice::Auto if !on_ebpf => Ok(Dataplane::Tun),
-        DataplaneChoice::Auto if ipv6_underlay => {
-            tracing::info!(
-                "dataplane: tun (--dataplane auto; the eBPF dataplane sends over the IPv4 \
-                 underlay only, and this network's Backend.Underlay is ipv6)"
-            );
-            Ok(Dataplane::Tun)
-        }
         DataplaneChoice::Auto => {
             if let Err(missing) = probe() {
                 tracing::info!("dataplane: tun (--dataplane auto; eBPF cannot run: {missing})");
@@ -151,13 +127,9 @@ mod tests {
         assert_eq!(err, r#""epbf" is not a dataplane; give tun, ebpf or auto"#);
     }
 
-    fn net(backend: &str, family: config::Underlay) -> Network<'_> {
-        Network { backend, family }
-    }
-
     #[test]
     fn ebpf_is_an_error_where_it_cannot_run_and_auto_falls_back() {
-        let udp = net("udp", config::Underlay::Ipv4);
+        let udp = "udp";
         assert_eq!(
             decide(DataplaneChoice::Ebpf, udp, runs, wire).unwrap(),
             Dataplane::Ebpf
@@ -184,8 +156,8 @@ mod tests {
     }
 
     #[test]
-    fn ebpf_with_another_backend_or_the_ipv6_underlay_is_refused_and_auto_keeps_the_tun() {
-        let vxlan = net("vxlan", config::Underlay::Ipv4);
+    fn ebpf_with_another_backend_is_refused_and_auto_keeps_the_tun() {
+        let vxlan = "vxlan";
         let err = decide(DataplaneChoice::Ebpf, vxlan, runs, wire)
             .unwrap_err()
             .to_string();
@@ -194,23 +166,11 @@ mod tests {
             decide(DataplaneChoice::Auto, vxlan, runs, wire).unwrap(),
             Dataplane::Tun
         );
-        let over_ipv6 = net("udp", config::Underlay::Ipv6);
-        let err = decide(DataplaneChoice::Ebpf, over_ipv6, runs, wire)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("IPv4 underlay only, and this network's Backend.Underlay is ipv6"),
-            "{err}"
-        );
-        assert_eq!(
-            decide(DataplaneChoice::Auto, over_ipv6, runs, wire).unwrap(),
-            Dataplane::Tun
-        );
     }
 
     #[test]
     fn auto_keeps_the_tun_on_a_veth_or_an_unknown_underlay_and_ebpf_runs_there_anyway() {
-        let udp = net("udp", config::Underlay::Ipv4);
+        let udp = "udp";
         let veth = || Underlay::Veth("eth0".into());
         let unknown = || Underlay::Unknown("reading the driver's name: No such device".into());
         assert_eq!(

@@ -15,7 +15,9 @@ mod unproven;
 
 pub use choice::{choose, Dataplane};
 
-use super::userspace::{dual_stack_side, mtu_source, tun_mtu, with_ipv6_side, Overhead};
+use super::userspace::{
+    bind_address, dual_stack_side, mtu_source, tun_mtu, with_ipv6_side, Overhead,
+};
 use super::{each, Backend, Setup};
 use crate::host;
 use crate::host::netlink::{Netlink, Route};
@@ -27,9 +29,10 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use owner::Owner;
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use twill_dataplane::engine::EngineKind;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_dataplane::wire::flannel;
@@ -38,9 +41,6 @@ use unproven::{undo, Unproven};
 
 pub use crate::node::DEFAULT_BPF_DIR;
 pub use twill_ebpf::AttachMode;
-
-/// flannel's udp encapsulation: an outer IPv4 and UDP header (the inner packet IPv4 or IPv6).
-const OVERHEAD: usize = 28;
 
 /// Where a node's programs, links and maps are pinned: one directory per device, so nodes
 /// with different `--tun-name`s on one host keep apart.
@@ -62,8 +62,8 @@ struct Site {
     pin_dir: PathBuf,
     mtu: u16,
     network: Ipv4Net,
-    /// A dual-stack network's IPv6Network, and this node's PublicIPv6 (the programs send over
-    /// the IPv4 underlay).
+    /// A dual-stack network's IPv6Network, and this node's PublicIPv6 (every dual-stack lease
+    /// names one, whichever underlay the programs send over).
     ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
@@ -71,11 +71,15 @@ impl EbpfSetup {
     pub fn new(node: &Node) -> anyhow::Result<EbpfSetup> {
         let port = node.config.backend.port.unwrap_or(flannel::DEFAULT_PORT);
         let iface = &node.iface;
+        // The programs send from the address the TUN engine's socket binds, and the device
+        // leaves room for the same outer headers: 28 bytes over IPv4, 48 over IPv6.
+        let local = bind_address(node, node.config.backend.underlay)?;
+        let overhead = EngineKind::FlannelUdp.overhead(local);
         let mtu = tun_mtu(
             node.options.mtu,
             iface.mtu,
             &mtu_source(iface),
-            Overhead::same(OVERHEAD),
+            Overhead::same(overhead),
         )?;
         let device = node.options.tun_name.clone();
         let owner = Owner::claim(&device)?.map_err(|held| {
@@ -90,8 +94,10 @@ impl EbpfSetup {
                 device,
                 underlay: iface.name.clone(),
                 local_ip: iface.ipv4()?,
-                // The IPv6 underlay is refused before this (choice.rs).
-                local_ip6: None,
+                local_ip6: match local {
+                    IpAddr::V6(local) => Some(local),
+                    IpAddr::V4(_) => None,
+                },
                 port,
                 attach: node.options.bpf_attach,
                 xdp: node.options.bpf_xdp,
@@ -250,10 +256,19 @@ impl Ebpf {
         self.dataplane.remove_peer(subnet)
     }
 
-    /// The programs send over the IPv4 underlay only: a network with `Backend.Underlay`
-    /// ipv6 never runs them (choice.rs).
-    fn endpoint(&self, public_ip: Ipv4Addr) -> SocketAddr {
-        SocketAddrV4::new(public_ip, self.port).into()
+    /// Where the programs send to the lease's node: its PublicIP, or its PublicIPv6 over the
+    /// IPv6 underlay (a lease without one is refused by the lease gate before this).
+    fn endpoint(&self, lease: &Lease, public_ip: Ipv4Addr) -> anyhow::Result<SocketAddr> {
+        if self.site.attachment.local_ip6.is_none() {
+            return Ok(SocketAddrV4::new(public_ip, self.port).into());
+        }
+        let public_ipv6 = lease.public_addrs.v6().with_context(|| {
+            format!(
+                "the lease of {} has no PublicIPv6 for the IPv6 underlay",
+                lease.id()
+            )
+        })?;
+        Ok(SocketAddr::new(public_ipv6.into(), self.port))
     }
 
     /// The lease's IPv6 subnet, on a dual-stack network.
@@ -265,7 +280,7 @@ impl Ebpf {
         let (subnet, public_ip) = lease.ipv4_side()?;
         Ok(PeerSpec {
             subnet,
-            endpoint: self.endpoint(public_ip),
+            endpoint: self.endpoint(lease, public_ip)?,
             version: 1,
             subnet6: self.subnet6(lease),
         })
@@ -311,11 +326,11 @@ impl Backend for Ebpf {
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        let (subnet, public_ip) = lease.ipv4_side()?;
+        let spec = self.spec(lease)?;
         self.table
-            .set_peer(self.spec(lease)?)
+            .set_peer(spec)
             .with_context(|| format!("peer {} left out", lease.id()))?;
-        self.set(subnet, (self.endpoint(public_ip), self.subnet6(lease)))
+        self.set(spec.subnet, (spec.endpoint, spec.subnet6))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
