@@ -142,23 +142,34 @@ impl Snapshot {
         Ok(snap)
     }
 
-    /// Checks what `peers` want off what the kernel holds, leaving what no peer wants, without
-    /// a second set of everything wanted. What the kernel holds in another form than a peer
-    /// wants was just replaced in place and stays: a route through the same nexthop id (its
-    /// nexthop moved), a neighbour of the same IP (its MAC changed).
-    pub fn check_off<'a>(&mut self, peers: impl Iterator<Item = &'a PeerState> + Clone) {
-        for p in peers.clone() {
-            self.routes.remove(&p.route);
-            if let Some(neighbour) = &p.neighbour {
-                self.neighbours.remove(neighbour);
-            }
-            if let Some(fdb) = &p.fdb {
-                self.fdb.remove(fdb);
-            }
-            if let Some(nexthop) = &p.nexthop {
-                self.nexthops.remove(&nexthop.id);
-            }
+    /// Checks what `peer` wants off what the kernel holds. Checked off peer by peer as each is
+    /// planned, what is left at the end is what no peer wants, without a set of everything
+    /// wanted beside it.
+    pub fn check_off(&mut self, peer: &PeerState) {
+        self.routes.remove(&peer.route);
+        if let Some(neighbour) = &peer.neighbour {
+            self.neighbours.remove(neighbour);
         }
+        if let Some(fdb) = &peer.fdb {
+            self.fdb.remove(fdb);
+        }
+        if let Some(nexthop) = &peer.nexthop {
+            self.nexthops.remove(&nexthop.id);
+        }
+    }
+
+    /// Whether what is left after checking off may hold something a peer wants in another
+    /// form ([`Snapshot::keep_replaced`]): usually nothing is left, and the peers need not be
+    /// planned a second time.
+    pub fn may_hold_replaced(&self) -> bool {
+        self.routes.iter().any(|r| through(r).is_some()) || !self.neighbours.is_empty()
+    }
+
+    /// Keeps, of what is left after checking off all `peers`, what a peer wants in another form
+    /// and was just replaced in place: a route through the same nexthop id (its nexthop
+    /// moved), a neighbour of the same IP (its MAC changed). Deleting those would delete the
+    /// replacement.
+    pub fn keep_replaced(&mut self, peers: impl Iterator<Item = PeerState>) {
         // What is left is usually nothing, so these sets are small.
         let left_through: HashSet<(u32, IpNet)> = self.routes.iter().filter_map(through).collect();
         let left_ips: HashSet<IpAddr> = self.neighbours.iter().map(|n| n.ip).collect();
@@ -311,11 +322,22 @@ pub(crate) mod tests {
         held
     }
 
+    /// What a reconcile does with what the kernel holds: checks off each peer, then keeps
+    /// what was replaced in place.
+    fn settle(held: &mut Snapshot, peers: Vec<PeerState>) {
+        for peer in &peers {
+            held.check_off(peer);
+        }
+        if held.may_hold_replaced() {
+            held.keep_replaced(peers.into_iter());
+        }
+    }
+
     #[test]
     fn checking_off_the_wanted_peers_leaves_only_what_no_peer_wants() {
         let (kept, gone) = (vxlan_peer(3), vxlan_peer(4));
         let mut held = holding(&[kept.clone(), gone.clone()]);
-        held.check_off([kept].iter());
+        settle(&mut held, vec![kept]);
         assert_eq!(held.routes, HashSet::from([gone.route]));
         assert_eq!(held.neighbours, HashSet::from([gone.neighbour.unwrap()]));
         assert_eq!(held.fdb, HashSet::from([gone.fdb.unwrap()]));
@@ -336,7 +358,7 @@ pub(crate) mod tests {
         now.fdb.as_mut().unwrap().mac = mac(9);
         now.route.gateway = Some(Ipv4Addr::new(10, 5, 9, 0).into());
         let mut held = holding(std::slice::from_ref(&before));
-        held.check_off([now].iter());
+        settle(&mut held, vec![now]);
         assert!(held.routes.is_empty(), "{:?}", held.routes);
         assert!(held.neighbours.is_empty(), "{:?}", held.neighbours);
         assert!(held.nexthops.is_empty());
