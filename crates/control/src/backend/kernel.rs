@@ -275,14 +275,14 @@ impl<P: PeerPlan> KernelBackend<P> {
     /// installing, so a route that moved (same subnet, new gateway or device) was already
     /// replaced in place: no gap in traffic.
     async fn remove_unwanted(&self, unwanted: &Snapshot) -> anyhow::Result<()> {
-        let routes = unwanted.routes.iter();
+        let routes = unwanted.routes.left();
         let mut writes: Vec<Write> = routes.map(|r| Write::DeleteRoute(*r)).collect();
         let nexthops = unwanted.nexthops.keys();
         writes.extend(nexthops.map(|id| Write::DeleteNexthop(*id)));
         let l2 = self.owned.l2;
-        let fdb = unwanted.fdb.iter();
+        let fdb = unwanted.fdb.left();
         writes.extend(fdb.filter_map(|f| Some(Write::DeleteFdb(l2.for_ip(f.dst)?, *f))));
-        let neighbours = unwanted.neighbours.iter();
+        let neighbours = unwanted.neighbours.left();
         writes.extend(
             neighbours.filter_map(|n| Some(Write::DeleteNeighbour(l2.for_ip(n.ip)?, n.ip))),
         );
