@@ -150,13 +150,13 @@ struct RunArgs {
     no_nexthop_objects: bool,
     /// udp: the engine that carries flannel's wire: `tun` (twill's userspace engine), `ebpf`
     /// (TC programs in the kernel; fails with what the kernel lacks) or `auto` (ebpf where
-    /// the kernel runs it and twill may pin it, else tun; said at start). The wire and the
-    /// lease are the same.
+    /// the kernel runs it, twill may pin it and the underlay is not a veth, else tun; said at
+    /// start). The wire and the lease are the same.
     #[arg(
         long,
         env = "TWILL_DATAPLANE",
         value_name = "tun|ebpf|auto",
-        default_value_t = DataplaneChoice::Tun
+        default_value_t = DataplaneChoice::Auto
     )]
     dataplane: DataplaneChoice,
     /// Where the eBPF dataplane pins its programs, links and maps, so they outlive a restart

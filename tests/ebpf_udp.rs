@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use twill_lab::Container;
 
+/// A udp node on the default dataplane, `auto`: the TUN engine on the lab's veth underlay.
 const TUN: &[&str] = &["--backend", "udp"];
 
 /// Ping both ways with flanneld's TTL, and 8 MiB each way over TCP checked by sha256.
@@ -38,6 +39,8 @@ fn counted_by_ebpf(pair: &Pair) -> Result<()> {
     Ok(())
 }
 
+/// Node 1 runs the default dataplane as root: `auto` keeps the TUN engine on a veth underlay
+/// and says why.
 #[test]
 fn an_ebpf_node_and_a_tun_node_share_flannels_wire() -> Result<()> {
     let pair = start_pair_with("ebpftun", [EBPF, TUN], None)?;
@@ -45,6 +48,11 @@ fn an_ebpf_node_and_a_tun_node_share_flannels_wire() -> Result<()> {
     counted_by_ebpf(&pair)?;
     let tun = status(&pair.host(1).ns)?;
     ensure!(tun["dataplane"] == "tun", "{tun}");
+    let said = pair.nodes[1].stderr();
+    ensure!(
+        said.contains("dataplane: tun (--dataplane auto; the underlay eth0 is a veth"),
+        "{said}"
+    );
     Ok(())
 }
 

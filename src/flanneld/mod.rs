@@ -169,7 +169,7 @@ fn launch(values: &Values, env: Env) -> anyhow::Result<Launch> {
 }
 
 /// twill's own settings that flanneld has no flag for, from `TWILL_*` variables as `twill run`
-/// also reads them: `TWILL_DATAPLANE` (tun, the default, ebpf or auto) and `TWILL_BPF_DIR`.
+/// also reads them: `TWILL_DATAPLANE` (auto, the default, tun or ebpf) and `TWILL_BPF_DIR`.
 /// A manifest sets them in the container's env; the command line stays flanneld's.
 fn twill_settings(node: NodeOptions, env: Env) -> anyhow::Result<NodeOptions> {
     let dataplane = match env("TWILL_DATAPLANE") {
@@ -313,7 +313,7 @@ mod tests {
     #[test]
     fn twill_s_dataplane_is_the_tun_unless_its_variables_say_otherwise() {
         let default = launch(&values(""), &|_| None).unwrap().node;
-        assert_eq!(default.dataplane, DataplaneChoice::Tun);
+        assert_eq!(default.dataplane, DataplaneChoice::Auto);
         let env = |name: &str| match name {
             "TWILL_DATAPLANE" => Some("ebpf".to_string()),
             "TWILL_BPF_DIR" => Some("/run/twill-bpf".to_string()),

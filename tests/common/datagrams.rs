@@ -97,6 +97,8 @@ fn collect_numbered(
     while arrived < lens.len() {
         let len = match socket.recv(&mut buf) {
             Ok(len) => len,
+            // A stop signal ends a receive with a timeout early (EINTR): not the end of the stream.
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
             Err(e) => return Err(e.into()),
         };

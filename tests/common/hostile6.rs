@@ -51,6 +51,17 @@ pub fn fake_dual_stack_peer(
     lease_fields: &str,
     underlay: Underlay,
 ) -> Result<Fake6> {
+    fake_dual_stack_peer_with(tag, backend, lease_fields, underlay, &[])
+}
+
+/// [`fake_dual_stack_peer`] with `args` for both nodes (`--dataplane ebpf`).
+pub fn fake_dual_stack_peer_with(
+    tag: &str,
+    backend: &str,
+    lease_fields: &str,
+    underlay: Underlay,
+    args: &[&str],
+) -> Result<Fake6> {
     let family = match underlay {
         Underlay::Ipv4 => "ipv4",
         Underlay::Ipv6 => "ipv6",
@@ -59,7 +70,7 @@ pub fn fake_dual_stack_peer(
         r#"{{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{{"Type":"{backend}","Underlay":"{family}"}}}}"#
     );
     let mut c = dual_stack_cluster(tag, 2, &config)?;
-    let nodes = [c.start(0)?, c.start(1)?];
+    let nodes = [c.start_with(0, args, &[])?, c.start_with(1, args, &[])?];
     eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
     let subnet = c.unheld_subnet()?;
     let key = format!(
@@ -136,6 +147,19 @@ impl Fake6 {
         tcp_transfer6_intact(b, a, 8 << 20)
     }
 
+    /// [`ipv6_attack`]'s datagrams on flannel's udp port, each from the fake peer, and the good
+    /// one again from a stranger's port: two spoofed, three malformed, one from an unknown
+    /// peer, and one delivered.
+    pub fn attack_udp_port(&self) -> Result<()> {
+        let packets = ipv6_attack(self)?;
+        let mut datagrams: Vec<(Vec<u8>, bool)> =
+            packets.iter().map(|p| (p.clone(), true)).collect();
+        datagrams.push((packets[5].clone(), false));
+        let expected =
+            BTreeMap::from([("spoofed_source", 2), ("malformed", 3), ("unknown_peer", 1)]);
+        self.attack(8285, &datagrams, &expected, 1)
+    }
+
     /// An address in host 1's real IPv6 subnet: a source the fake peer must not use.
     pub fn host1_address(&self) -> Result<Ipv6Addr> {
         let subnet6 = self.cluster.subnet6(1)?;
@@ -160,6 +184,24 @@ fn count_arrivals(target: Ipv6Addr) -> Result<usize> {
         ensure!(arrived < 100, "a flood arrived");
     }
     Ok(arrived)
+}
+
+/// IPv6 datagrams on a dual-stack network, each from the fake dual-stack peer or a stranger:
+/// a source outside the fake's IPv6 subnet (another node's, or outside the network) is
+/// spoofed, a packet that is not one well-formed IPv6 packet is malformed, a good one from a
+/// stranger's port is an unknown peer's; only the good one from the fake peer is delivered.
+pub fn ipv6_attack(fake: &Fake6) -> Result<[Vec<u8>; 6]> {
+    let own = FAKE_SUBNET6.parse::<ipnet::Ipv6Net>()?.network();
+    let good = fake.packet_from(std::net::Ipv6Addr::from(u128::from(own) | 9));
+    let [truncated, too_long, trailing] = malformed6(&good);
+    Ok([
+        fake.packet_from(fake.host1_address()?),
+        fake.packet_from("2001:db8::9".parse()?),
+        truncated,
+        too_long,
+        trailing,
+        good,
+    ])
 }
 
 /// An IPv6 UDP packet `src` -> `dst`:`port` carrying `payload`, checksums valid.

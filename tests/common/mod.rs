@@ -29,10 +29,10 @@ pub const NET_ADMIN_ONLY: [&str; 3] = [
     "--no-new-privs",
 ];
 
-/// How long a started twill may take to write its subnet file and answer `twill status`.
+/// How long a started twill may take to write its subnet file and say it is ready.
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
-/// Start `twill run ARGS` on a host and wait until its status endpoint answers.
+/// Start `twill run ARGS` on a host and wait until `twill status` says it is ready.
 pub fn start_twill(host: &Host, args: &[&str], subnet_file: &Path) -> Result<Proc> {
     start_twill_with_env(host, args, &[], subnet_file)
 }
@@ -62,7 +62,9 @@ pub fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()>
         if !proc.is_running() {
             bail!("twill exited early:\n{}", proc.stderr());
         }
-        if subnet_file.exists() && status(ns).is_ok() {
+        // Ready, not merely answering: a restarted node finds its last run's subnet file in
+        // place before it has written anything.
+        if subnet_file.exists() && status(ns).is_ok_and(|s| s["ready"] == true) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -434,6 +436,8 @@ fn count_arrivals(
                 last = Instant::now();
                 first.get_or_insert(last);
             }
+            // A stop signal ends a receive with a timeout early (EINTR): not the end of the stream.
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 if done.load(std::sync::atomic::Ordering::Relaxed) {
                     break;

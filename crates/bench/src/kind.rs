@@ -45,12 +45,9 @@ impl PathKind {
     pub fn no_ipv6(self) -> Option<&'static str> {
         match self {
             PathKind::Ipip => Some("ipip carries IPv4 only (flannel's ipip backend has no IPv6)"),
-            PathKind::TwillEbpf | PathKind::TwillEbpfTc | PathKind::TwillEbpfNoXdp => {
-                Some("twill's eBPF programs carry IPv4 only (twill refuses them on a dual-stack network)")
+            PathKind::WireguardGo => {
+                Some("the reference for twill-wireguard's IPv4 number, set up for IPv4 only")
             }
-            PathKind::WireguardGo => Some(
-                "the reference for twill-wireguard's IPv4 number, set up for IPv4 only",
-            ),
             _ => None,
         }
     }

@@ -214,13 +214,14 @@ fn public_ipv6(
 /// decision, with the kernel's say, is `backend::ebpf::choose`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DataplaneChoice {
-    /// The userspace engine on a TUN (twill's udp as it has always run).
-    #[default]
+    /// The userspace engine on a TUN (twill's udp as it ran before eBPF).
     Tun,
     /// The eBPF programs, or a one-line error naming what the kernel lacks.
     Ebpf,
-    /// eBPF where the kernel runs it, this process may load and pin it, and the network is
-    /// udp on IPv4; the TUN engine otherwise, with one line at start saying why.
+    /// eBPF where the kernel runs it, this process may load and pin it, the network is udp
+    /// over the IPv4 underlay and the underlay is not a veth; the TUN engine otherwise, with
+    /// one line at start saying why.
+    #[default]
     Auto,
 }
 

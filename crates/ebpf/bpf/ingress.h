@@ -12,15 +12,55 @@
 #define CARRY (-2)
 
 /* The bytes the checks read at most: Ethernet, an outer IPv4 header with the most options and
- * a UDP header (the inner IPv4 header is read only after an optionless outer one, within). */
+ * a UDP header (the inner IPv4 or IPv6 header is read only after an optionless outer one,
+ * within: 14 + 20 + 8 + 40 bytes). */
 #define CHECKED_BYTES (ETH_HLEN + 60 + sizeof(struct udphdr))
 
 /* A datagram to be carried. */
 struct datagram {
 	struct peer *peer;
-	struct iphdr *inner;
-	__u32 len; /* the inner packet's */
+	void *inner;   /* its IPv4 or IPv6 header */
+	__u32 len;     /* the inner packet's */
+	__u8 family;   /* 4 or 6 */
 };
+
+/* The checks of an inner IPv4 packet of `len` bytes from `peer`. */
+static __always_inline int check_inner4(struct iphdr *inner, void *end, __u32 len,
+					const struct peer *peer, int super, const struct config *cfg)
+{
+	if ((void *)(inner + 1) > end)
+		return DROP_MALFORMED;
+	if (inner->ihl < 5 || bpf_ntohs(inner->tot_len) != len || len < inner->ihl * 4U)
+		return DROP_MALFORMED;
+	if ((inner->saddr & peer->mask) != peer->subnet)
+		return DROP_SPOOFED_SOURCE;
+	/* A super-packet is larger by design; the stack checks its segments when it forwards. */
+	if (!super && len > cfg->mtu)
+		return DROP_TOO_BIG;
+	if (inner->ttl <= 1)
+		return DROP_TTL_EXCEEDED;
+	return CARRY;
+}
+
+/* The same of an inner IPv6 packet: from inside the IPv6 subnet of `peer` (a peer without one
+ * sends no IPv6 of its own), with hop limit left. */
+static __always_inline int check_inner6(struct ipv6hdr *inner, void *end, __u32 len,
+					const struct peer *peer, int super, const struct config *cfg)
+{
+	if ((void *)(inner + 1) > end)
+		return DROP_MALFORMED;
+	if (jumbogram(inner) || bpf_ntohs(inner->payload_len) + sizeof(struct ipv6hdr) != len)
+		return DROP_MALFORMED;
+	__u32 slot = peer->slot;
+	struct subnet6 *subnet = bpf_map_lookup_elem(&peer_subnets6, &slot);
+	if (!subnet || !in_subnet6(&inner->saddr, subnet))
+		return DROP_SPOOFED_SOURCE;
+	if (!super && len > cfg->mtu)
+		return DROP_TOO_BIG;
+	if (inner->hop_limit <= 1)
+		return DROP_TTL_EXCEEDED;
+	return CARRY;
+}
 
 /* NOT_OURS, CARRY (with `d` filled in), or the drop reason. `frame_len` is the whole frame's
  * length, of which [data, end) is the part the program can read; `super` says the frame is a
@@ -70,19 +110,24 @@ static __always_inline int check_datagram(void *data, void *end, __u32 frame_len
 		return DROP_MALFORMED;
 
 	__u32 len = outer_len - OVERHEAD;
-	struct iphdr *inner = data + ETH_HLEN + OVERHEAD;
-	if ((void *)(inner + 1) > end)
+	void *inner = data + ETH_HLEN + OVERHEAD;
+	__u8 *version = inner;
+	if ((void *)(version + 1) > end)
 		return DROP_MALFORMED;
-	if (inner->version != 4 || inner->ihl < 5 || bpf_ntohs(inner->tot_len) != len ||
-	    len < inner->ihl * 4U)
+	int verdict;
+	switch (*version >> 4) {
+	case 4:
+		verdict = check_inner4(inner, end, len, peer, super, cfg);
+		break;
+	case 6:
+		verdict = check_inner6(inner, end, len, peer, super, cfg);
+		break;
+	default:
 		return DROP_MALFORMED;
-	if ((inner->saddr & peer->mask) != peer->subnet)
-		return DROP_SPOOFED_SOURCE;
-	/* A super-packet is larger by design; the stack checks its segments when it forwards. */
-	if (!super && len > cfg->mtu)
-		return DROP_TOO_BIG;
-	if (inner->ttl <= 1)
-		return DROP_TTL_EXCEEDED;
+	}
+	if (verdict != CARRY)
+		return verdict;
+	d->family = *version >> 4;
 	d->peer = peer;
 	d->inner = inner;
 	d->len = len;

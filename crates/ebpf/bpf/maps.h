@@ -39,7 +39,12 @@ struct route_key {
 	__be32 addr;
 };
 
-/* A destination subnet's peer. */
+struct route_key6 {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* A destination subnet's peer (routes6 holds the same, by IPv6 subnet). */
 struct route {
 	__be32 endpoint;        /* the peer's underlay address */
 	__be16 port;
@@ -54,6 +59,13 @@ struct peer {
 	__be16 port;
 	__u16 pad;
 	__u32 slot;
+};
+
+/* A peer's IPv6 subnet, host bits zero, and its mask: an IPv6 inner packet from the peer must
+ * come from inside it. */
+struct subnet6 {
+	__u8 addr[16];
+	__u8 mask[16];
 };
 
 struct traffic {
@@ -84,6 +96,27 @@ struct {
 	__type(key, __be32);
 	__type(value, struct peer);
 } peers SEC(".maps");
+
+/* On a dual-stack network: the IPv6 subnets, and the IPv6 subnet of each peer by its slot
+ * (whatever the underlay address it is found by). Maps of their own rather than wider entries
+ * in routes and peers, so that the maps an IPv4-only build pinned are adopted as they are. A
+ * peer without an IPv6 subnet has no entry: any IPv6 packet from it is spoofed, as the
+ * userspace engine has it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_PEERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct route_key6);
+	__type(value, struct route);
+} routes6 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PEERS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct subnet6);
+} peer_subnets6 SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -1,10 +1,11 @@
-/* Helpers on IPv4 headers and on the counters, shared by the programs. */
+/* Helpers on IPv4 and IPv6 headers and on the counters, shared by the programs. */
 #pragma once
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
 #include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/pkt_cls.h>
 #include <linux/udp.h>
 #include <bpf/bpf_endian.h>
@@ -106,6 +107,23 @@ static __always_inline void decrement_ttl(struct iphdr *ip)
 	sum += (__u16)~old;
 	sum += *word;
 	ip->check = (__u16)~fold(sum);
+}
+
+/* Whether `addr` lies in `net` (its host bits zero). */
+static __always_inline int in_subnet6(const struct in6_addr *addr, const struct subnet6 *net)
+{
+	const __u32 *a = (const __u32 *)addr->in6_u.u6_addr8;
+	const __u32 *n = (const __u32 *)net->addr;
+	const __u32 *m = (const __u32 *)net->mask;
+	return ((a[0] & m[0]) == n[0]) & ((a[1] & m[1]) == n[1]) & ((a[2] & m[2]) == n[2]) &
+	       ((a[3] & m[3]) == n[3]);
+}
+
+/* An IPv6 header's length field is 0 only in a jumbogram (with a hop-by-hop option), which
+ * the userspace engine refuses as malformed, as must the programs. */
+static __always_inline int jumbogram(const struct ipv6hdr *ip)
+{
+	return ip->payload_len == 0 && ip->nexthdr == 0;
 }
 
 /* The first `len` bytes in the skb's linear part, pulled in if they are not. */

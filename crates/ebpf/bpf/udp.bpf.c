@@ -1,4 +1,5 @@
-/* flannel's udp wire in the kernel: the UDP payload is the bare inner IPv4 packet.
+/* flannel's udp wire in the kernel: the UDP payload is the bare inner IPv4 or IPv6 packet,
+ * over the IPv4 underlay.
  *
  * twill_egress runs at the egress of twill's dummy device, to which the whole flannel network
  * is routed: it encapsulates and sends the packet to the peer that owns its destination.
@@ -16,42 +17,94 @@
 	(BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 | BPF_F_ADJ_ROOM_ENCAP_L4_UDP)
 /* FIXED_GSO both ways: the device MTU already leaves room for the outer headers, so a
  * super-packet's segment size stays the sender's. No BPF_F_ADJ_ROOM_DECAP_L3_* flag (Linux
- * 6.3+): the inner packet is IPv4 like the outer one, so the skb's protocol stays right, and
- * kernels from 5.10 take the shrink as it is. */
+ * 6.3+): an IPv4 inner packet has the outer one's protocol, an IPv6 one gets its own from the
+ * ethertype written (ethertype_of), and kernels from 5.10 take the shrink as it is. */
 #define DECAP_FLAGS BPF_F_ADJ_ROOM_FIXED_GSO
 
-SEC("classifier/egress")
-int twill_egress(struct __sk_buff *skb)
+/* The inner packet's length and its peer's route, found by route4 or route6. */
+struct routed {
+	struct route *route;
+	__u32 len;
+};
+
+/* An IPv4 packet from the stack: checked, routed, its TTL decremented. 0 or the drop reason. */
+static __always_inline int route4(struct __sk_buff *skb, struct routed *r)
 {
-	if (skb->protocol != bpf_htons(ETH_P_IP))
-		return drop(DROP_NOT_IPV4);
 	if (linear(skb, ETH_HLEN + sizeof(struct iphdr)))
-		return drop(DROP_MALFORMED);
+		return DROP_MALFORMED;
 	void *data = (void *)(long)skb->data;
 	void *end = (void *)(long)skb->data_end;
 	struct iphdr *ip = data + ETH_HLEN;
 	if ((void *)(ip + 1) > end)
-		return drop(DROP_MALFORMED);
+		return DROP_MALFORMED;
 	if (ip->version != 4)
-		return drop(DROP_NOT_IPV4);
+		return DROP_NOT_IPV4;
 	__u32 len = bpf_ntohs(ip->tot_len);
 	if (ip->ihl < 5 || len < ip->ihl * 4U || len > skb->len - ETH_HLEN)
-		return drop(DROP_MALFORMED);
+		return DROP_MALFORMED;
 	if (len > 0xffff - OVERHEAD)
-		return drop(DROP_TOO_BIG);
-
-	struct config *cfg = node_config();
+		return DROP_TOO_BIG;
 	struct route_key key = { .prefixlen = 32, .addr = ip->daddr };
-	struct route *route = bpf_map_lookup_elem(&routes, &key);
-	if (!cfg || !route)
-		return drop(DROP_NO_ROUTE);
+	r->route = bpf_map_lookup_elem(&routes, &key);
+	if (!r->route)
+		return DROP_NO_ROUTE;
 	if (ip->ttl <= 1)
-		return drop(DROP_TTL_EXCEEDED);
+		return DROP_TTL_EXCEEDED;
 	decrement_ttl(ip);
+	r->len = len;
+	return 0;
+}
+
+/* The same of an IPv6 packet, by its hop limit, which has no checksum to patch. */
+static __always_inline int route6(struct __sk_buff *skb, struct routed *r)
+{
+	if (linear(skb, ETH_HLEN + sizeof(struct ipv6hdr)))
+		return DROP_MALFORMED;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > end)
+		return DROP_MALFORMED;
+	if (ip->version != 6)
+		return DROP_NOT_IPV4;
+	__u32 len = bpf_ntohs(ip->payload_len) + sizeof(struct ipv6hdr);
+	if (jumbogram(ip) || len > skb->len - ETH_HLEN)
+		return DROP_MALFORMED;
+	if (len > 0xffff - OVERHEAD)
+		return DROP_TOO_BIG;
+	struct route_key6 key = { .prefixlen = 128 };
+	__builtin_memcpy(key.addr, &ip->daddr, sizeof(key.addr));
+	r->route = bpf_map_lookup_elem(&routes6, &key);
+	if (!r->route)
+		return DROP_NO_ROUTE;
+	if (ip->hop_limit <= 1)
+		return DROP_TTL_EXCEEDED;
+	ip->hop_limit--;
+	r->len = len;
+	return 0;
+}
+
+SEC("classifier/egress")
+int twill_egress(struct __sk_buff *skb)
+{
+	struct routed r = {};
+	int dropped;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		dropped = route4(skb, &r);
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		dropped = route6(skb, &r);
+	else
+		dropped = DROP_NOT_IPV4;
+	struct config *cfg = node_config();
+	if (!dropped && !cfg)
+		dropped = DROP_NO_ROUTE;
+	if (dropped || !r.route || !cfg)
+		return drop(dropped);
 
 	/* As flanneld's socket sends: DF set, TTL 64, source and destination port the network's
 	 * port. Bytes after the inner packet's total length (none from the stack) ride along as
 	 * padding the receiver ignores. The UDP checksum is 0, which IPv4 allows. */
+	__u32 len = r.len;
 	struct iphdr outer = {
 		.version = 4,
 		.ihl = 5,
@@ -60,19 +113,23 @@ int twill_egress(struct __sk_buff *skb)
 		.ttl = OUTER_TTL,
 		.protocol = IPPROTO_UDP,
 		.saddr = cfg->local_ip,
-		.daddr = route->endpoint,
+		.daddr = r.route->endpoint,
 	};
 	outer.check = header_checksum(&outer);
 	struct udphdr udp = {
 		.source = cfg->port,
-		.dest = route->port,
+		.dest = r.route->port,
 		.len = bpf_htons(len + sizeof(struct udphdr)),
 	};
-	__u32 slot = route->slot;
+	__u32 slot = r.route->slot;
 	__u32 underlay = cfg->underlay_ifindex;
 	__u64 packets = packets_in(skb);
+	/* An IPv6 inner packet leaves in an IPv4 frame (bpf_skb_adjust_room sets the skb's
+	 * protocol to the outer family). */
+	__be16 ethertype = bpf_htons(ETH_P_IP);
 
 	if (bpf_skb_adjust_room(skb, OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS) ||
+	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &udp, sizeof(udp), 0))
 		return drop(DROP_IO_ERROR);
@@ -92,6 +149,32 @@ static __always_inline int enter_device(struct __sk_buff *skb, struct config *cf
 	if (bpf_skb_store_bytes(skb, 0, cfg->device_mac, ETH_ALEN, 0))
 		return drop(DROP_IO_ERROR);
 	return bpf_redirect(device, BPF_F_INGRESS);
+}
+
+/* The inner packet's ethertype, in place of the outer one. Entering the device, the frame's
+ * protocol is taken from it (eth_type_trans), which is how an IPv6 packet decapsulated from
+ * IPv4 gets its own: BPF_F_ADJ_ROOM_DECAP_L3_IPV6 would say so too, but only from Linux 6.3. */
+static __always_inline __be16 ethertype_of(__u8 family)
+{
+	return bpf_htons(family == 6 ? ETH_P_IPV6 : ETH_P_IP);
+}
+
+/* The TTL or hop limit of the inner packet of `family` at `inner`, decremented as a router
+ * does (the checks made sure there is one left); -1 when its header is not within `end`. */
+static __always_inline int decrement_hops(void *inner, void *end, __u8 family)
+{
+	if (family == 6) {
+		struct ipv6hdr *ip = inner;
+		if ((void *)(ip + 1) > end)
+			return -1;
+		ip->hop_limit--;
+		return 0;
+	}
+	struct iphdr *ip = inner;
+	if ((void *)(ip + 1) > end)
+		return -1;
+	decrement_ttl(ip);
+	return 0;
 }
 
 static __always_inline int decapsulated_at_xdp(struct __sk_buff *skb)
@@ -132,10 +215,13 @@ int twill_ingress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	if (found != CARRY)
 		return drop(found);
-	decrement_ttl(d.inner);
+	if (decrement_hops(d.inner, end, d.family))
+		return drop(DROP_MALFORMED);
 	__u32 slot = d.peer->slot;
 	__u64 packets = packets_in(skb);
-	if (bpf_skb_adjust_room(skb, -(__s32)OVERHEAD, BPF_ADJ_ROOM_MAC, DECAP_FLAGS))
+	__be16 ethertype = ethertype_of(d.family);
+	if (bpf_skb_adjust_room(skb, -(__s32)OVERHEAD, BPF_ADJ_ROOM_MAC, DECAP_FLAGS) ||
+	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0))
 		return drop(DROP_IO_ERROR);
 	count_rx(slot, packets, d.len);
 	return enter_device(skb, cfg);
@@ -162,8 +248,10 @@ int twill_xdp_ingress(struct xdp_md *ctx)
 	}
 	__u32 slot = d.peer->slot;
 	__u32 len = d.len;
-	/* The outer Ethernet header, as it was, moves up to the inner packet. */
+	__u8 family = d.family;
+	/* The outer Ethernet header, as it was, moves up to the inner packet (of its family). */
 	struct ethhdr eth = *(struct ethhdr *)data;
+	eth.h_proto = ethertype_of(family);
 	/* No room for the mark: twill_ingress checks the frame as it is, at TC. */
 	if (bpf_xdp_adjust_meta(ctx, -(int)sizeof(__u32)))
 		return XDP_PASS;
@@ -174,14 +262,13 @@ int twill_xdp_ingress(struct xdp_md *ctx)
 	void *meta = (void *)(long)ctx->data_meta;
 	data = (void *)(long)ctx->data;
 	end = (void *)(long)ctx->data_end;
-	struct iphdr *inner = data + ETH_HLEN;
-	if (meta + sizeof(__u32) > data || (void *)(inner + 1) > end) {
+	if (meta + sizeof(__u32) > data || data + ETH_HLEN > end ||
+	    decrement_hops(data + ETH_HLEN, end, family)) {
 		count_drop(DROP_IO_ERROR);
 		return XDP_DROP;
 	}
 	*(__u32 *)meta = DECAPSULATED;
 	*(struct ethhdr *)data = eth;
-	decrement_ttl(inner);
 	count_rx(slot, 1, len);
 	return XDP_PASS;
 }

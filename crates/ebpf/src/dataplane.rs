@@ -11,7 +11,8 @@ use crate::pins;
 use crate::xdp::{self, Ingress};
 use anyhow::{ensure, Context};
 use aya::programs::ProgramInfo;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -157,12 +158,19 @@ impl Dataplane {
         removed
     }
 
-    /// Route `subnet` to the peer at `endpoint` and accept its datagrams; changes the peer of
-    /// `subnet` if it has another endpoint. Refused when another subnet's peer has that address.
-    pub fn set_peer(&self, subnet: Ipv4Net, endpoint: SocketAddrV4) -> anyhow::Result<()> {
+    /// Route `subnet` (and `subnet6`, the peer's IPv6 subnet on a dual-stack network) to the
+    /// peer at `endpoint` and accept its datagrams; changes the peer of `subnet` if it has
+    /// another endpoint or IPv6 subnet. Refused when another subnet's peer has that address or
+    /// that IPv6 subnet.
+    pub fn set_peer(
+        &self,
+        subnet: Ipv4Net,
+        subnet6: Option<Ipv6Net>,
+        endpoint: SocketAddrV4,
+    ) -> anyhow::Result<()> {
         let mut loaded = self.lock();
         let Loaded { maps, peers, .. } = &mut *loaded;
-        peers.set(maps, subnet, endpoint)
+        peers.set(maps, subnet, subnet6, endpoint)
     }
 
     /// Forget the peer of `subnet` (none is fine).
@@ -175,6 +183,11 @@ impl Dataplane {
     /// The peers in the maps, by subnet.
     pub fn peers(&self) -> anyhow::Result<Vec<(Ipv4Net, SocketAddrV4)>> {
         Ok(self.lock().peers.list())
+    }
+
+    /// The IPv6 subnets of the peers that have one, by the peer's IPv4 subnet.
+    pub fn peer_subnets6(&self) -> BTreeMap<Ipv4Net, Ipv6Net> {
+        self.lock().peers.subnets6()
     }
 
     pub fn counters(&self) -> anyhow::Result<Counters> {

@@ -1,14 +1,15 @@
 //! twill's in-kernel dataplane for flannel's udp wire (UDP port 8285 by default, the payload
-//! the bare inner IPv4 packet): two TC eBPF programs and an XDP one, written in C
-//! (bpf/udp.bpf.c) and built by build.rs on every build, with the same rules as the userspace
-//! udp engine.
+//! the bare inner IPv4 or IPv6 packet, over the IPv4 underlay): two TC eBPF programs and an XDP
+//! one, written in C (bpf/udp.bpf.c) and built by build.rs on every build, with the same rules
+//! as the userspace udp engine.
 //!
 //! - `twill_egress`, at the egress of twill's dummy device (the flannel network is routed to
-//!   it): finds the destination's peer in an LPM map, decrements the TTL, encapsulates and
-//!   sends the datagram out of the underlay (`bpf_redirect_neigh`).
+//!   it): finds the destination's peer in an LPM map of its family, decrements the TTL or hop
+//!   limit, encapsulates and sends the datagram out of the underlay (`bpf_redirect_neigh`).
 //! - `twill_ingress`, at the underlay's ingress: takes only UDP to the node's address and
 //!   port, checks the sender is a peer, the inner packet well-formed and from inside that
-//!   peer's subnet, decapsulates it and hands it to the stack as if it came in on the dummy.
+//!   peer's subnet of its family, decapsulates it and hands it to the stack as if it came in on
+//!   the dummy.
 //!
 //! - `twill_xdp_ingress`, on the underlay in the driver's native XDP mode where it takes one:
 //!   the same checks on each wire frame before GRO, so the inner TCP is coalesced; it passes
@@ -47,4 +48,5 @@ pub use object::Side;
 pub use pinned::PinnedPeers;
 pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
+pub use wire::is_veth;
 pub use xdp::Ingress;

@@ -6,6 +6,7 @@ use anyhow::Context;
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, PerCpuArray};
 use aya::Ebpf;
+use ipnet::Ipv6Net;
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -13,10 +14,12 @@ use std::path::Path;
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 7] = [
+pub(crate) const MAP_NAMES: [&str; 9] = [
     "config",
     "routes",
     "peers",
+    "routes6",
+    "peer_subnets6",
     "peer_traffic",
     "totals",
     "drops",
@@ -57,6 +60,23 @@ pub(crate) struct Peer {
     pub slot: u32,
 }
 
+/// `struct subnet6`: a peer's IPv6 subnet (host bits zero) and its mask.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Subnet6 {
+    pub addr: [u8; 16],
+    pub mask: [u8; 16],
+}
+
+impl Subnet6 {
+    pub fn of(subnet: Ipv6Net) -> Subnet6 {
+        Subnet6 {
+            addr: subnet.network().octets(),
+            mask: subnet.netmask().octets(),
+        }
+    }
+}
+
 /// `struct traffic`: one CPU's packets and bytes each way.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -71,6 +91,7 @@ pub(crate) struct RawTraffic {
 unsafe impl aya::Pod for Config {}
 unsafe impl aya::Pod for Route {}
 unsafe impl aya::Pod for Peer {}
+unsafe impl aya::Pod for Subnet6 {}
 unsafe impl aya::Pod for RawTraffic {}
 
 /// An address as the programs compare it: its octets in wire order.
@@ -91,6 +112,8 @@ pub(crate) fn port_of(wire: u16) -> u16 {
 }
 
 pub(crate) type RouteKey = Key<u32>;
+/// `struct route_key6`: an IPv6 subnet, its address in wire order.
+pub(crate) type RouteKey6 = Key<[u8; 16]>;
 
 /// The CPUs a per-CPU map holds a value for.
 pub(crate) fn possible_cpus() -> anyhow::Result<usize> {
@@ -102,6 +125,9 @@ pub(crate) struct Maps {
     pub config: Array<MapData, Config>,
     pub routes: LpmTrie<MapData, u32, Route>,
     pub peers: HashMap<MapData, u32, Peer>,
+    pub routes6: LpmTrie<MapData, [u8; 16], Route>,
+    /// By the peer's slot.
+    pub peer_subnets6: HashMap<MapData, u32, Subnet6>,
     pub peer_traffic: PerCpuArray<MapData, RawTraffic>,
     pub totals: PerCpuArray<MapData, RawTraffic>,
     pub drops: PerCpuArray<MapData, u64>,
@@ -117,6 +143,8 @@ impl Maps {
             config: take("config")?.try_into()?,
             routes: take("routes")?.try_into()?,
             peers: take("peers")?.try_into()?,
+            routes6: take("routes6")?.try_into()?,
+            peer_subnets6: take("peer_subnets6")?.try_into()?,
             peer_traffic: take("peer_traffic")?.try_into()?,
             totals: take("totals")?.try_into()?,
             drops: take("drops")?.try_into()?,

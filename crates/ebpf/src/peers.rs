@@ -1,21 +1,23 @@
-//! The peers in the maps: a destination subnet's route, the peer found by its underlay
-//! address, and its slot in the per-peer counters. The same rules as the userspace engine's
-//! table (twill_dataplane::table): one peer per subnet and per endpoint address, counters kept
-//! while a peer stays as it is and started afresh when it changes.
+//! The peers in the maps: a destination subnet's route (and its IPv6 subnet's, on a dual-stack
+//! network), the peer found by its underlay address, and its slot in the per-peer counters.
+//! The same rules as the userspace engine's table (twill_dataplane::table): one peer per subnet,
+//! per IPv6 subnet and per endpoint address, counters kept while a peer stays as it is and
+//! started afresh when it changes.
 
 use crate::maps::{
     addr_of, port_of, possible_cpus, wire_addr, wire_port, Maps, Peer, RawTraffic, Route, RouteKey,
-    MAX_PEERS,
+    RouteKey6, Subnet6, MAX_PEERS,
 };
 use anyhow::{bail, Context};
 use aya::maps::PerCpuValues;
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     endpoint: SocketAddrV4,
+    subnet6: Option<Ipv6Net>,
     slot: u32,
 }
 
@@ -24,6 +26,8 @@ pub(crate) struct PeerSet {
     by_subnet: BTreeMap<Ipv4Net, Entry>,
     /// Which subnet each endpoint address belongs to (the ingress program's key).
     by_address: HashMap<Ipv4Addr, Ipv4Net>,
+    /// Which peer (by its IPv4 subnet) each IPv6 subnet belongs to.
+    by_subnet6: HashMap<Ipv6Net, Ipv4Net>,
     /// Counter slots no peer holds; their counters are zero.
     free: Vec<u32>,
 }
@@ -40,9 +44,25 @@ impl PeerSet {
                 subnet,
                 Entry {
                     endpoint,
+                    subnet6: None,
                     slot: route.slot,
                 },
             );
+        }
+        let by_slot: HashMap<u32, Ipv4Net> = by_subnet.iter().map(|(s, e)| (e.slot, *s)).collect();
+        let routes6: Result<Vec<_>, _> = maps.routes6.iter().collect();
+        for (key, route) in routes6.context("reading the routes6 map")? {
+            let subnet6 = Ipv6Net::new(key.data().into(), key.prefix_len() as u8)?;
+            let entry = by_slot.get(&route.slot).and_then(|s| by_subnet.get_mut(s));
+            match entry {
+                Some(entry) => entry.subnet6 = Some(subnet6),
+                // Left by a run that stopped half-way through a change: the reconcile that
+                // follows a load puts every lease's in again.
+                None => maps
+                    .routes6
+                    .remove(&route_key6(subnet6))
+                    .with_context(|| format!("removing the stray route to {subnet6}"))?,
+            }
         }
         let mut used = vec![false; MAX_PEERS as usize];
         for entry in by_subnet.values() {
@@ -56,9 +76,29 @@ impl PeerSet {
             .iter()
             .map(|(s, e)| (*e.endpoint.ip(), *s))
             .collect();
+        // The same for a slot's IPv6 subnet without its route: the slot's next peer must not
+        // inherit it.
+        let with6: std::collections::HashSet<u32> = by_subnet
+            .values()
+            .filter(|e| e.subnet6.is_some())
+            .map(|e| e.slot)
+            .collect();
+        let slots6: Result<Vec<u32>, _> = maps.peer_subnets6.keys().collect();
+        for slot in slots6.context("reading the peer_subnets6 map")? {
+            if !with6.contains(&slot) {
+                maps.peer_subnets6
+                    .remove(&slot)
+                    .with_context(|| format!("removing the stray IPv6 subnet of slot {slot}"))?;
+            }
+        }
+        let by_subnet6 = by_subnet
+            .iter()
+            .filter_map(|(s, e)| Some((e.subnet6?, *s)))
+            .collect();
         Ok(PeerSet {
             by_subnet,
             by_address,
+            by_subnet6,
             free,
         })
     }
@@ -74,28 +114,49 @@ impl PeerSet {
             .collect()
     }
 
+    /// The IPv6 subnet of each peer that has one, by its IPv4 subnet.
+    pub fn subnets6(&self) -> BTreeMap<Ipv4Net, Ipv6Net> {
+        self.by_subnet
+            .iter()
+            .filter_map(|(s, e)| Some((*s, e.subnet6?)))
+            .collect()
+    }
+
     /// The subnet whose counters sit in each held slot.
     pub fn slots(&self) -> impl Iterator<Item = (Ipv4Net, u32)> + '_ {
         self.by_subnet.iter().map(|(s, e)| (*s, e.slot))
     }
 
-    /// Add the peer of `subnet`, or point it at a new endpoint. The peer entry goes in before
-    /// the route, so a packet routed to the peer can already be answered.
+    /// Add the peer of `subnet` (with `subnet6`, its IPv6 subnet on a dual-stack network), or
+    /// change its endpoint or IPv6 subnet. The peer entries go in before the routes, so a
+    /// packet routed to the peer can already be answered.
     pub fn set(
         &mut self,
         maps: &mut Maps,
         subnet: Ipv4Net,
+        subnet6: Option<Ipv6Net>,
         endpoint: SocketAddrV4,
     ) -> anyhow::Result<()> {
-        let subnet = subnet.trunc();
+        let (subnet, subnet6) = (subnet.trunc(), subnet6.map(|s| s.trunc()));
         let holder = self.by_address.get(endpoint.ip()).copied();
         if let Some(holder) = holder.filter(|h| *h != subnet) {
             bail!(
                 "peer {subnet} left out: its endpoint {endpoint} belongs to the peer of {holder}"
             );
         }
+        let holder6 = subnet6.and_then(|s6| Some((s6, *self.by_subnet6.get(&s6)?)));
+        if let Some((subnet6, holder)) = holder6.filter(|(_, h)| *h != subnet) {
+            bail!(
+                "peer {subnet} left out: its IPv6 subnet {subnet6} belongs to the peer of {holder}"
+            );
+        }
         let old = self.by_subnet.get(&subnet).copied();
-        if old.is_some_and(|e| e.endpoint == endpoint) {
+        let new = |slot| Entry {
+            endpoint,
+            subnet6,
+            slot,
+        };
+        if old.is_some_and(|e| e == new(e.slot)) {
             return Ok(());
         }
         let slot = match old {
@@ -107,34 +168,41 @@ impl PeerSet {
                 format!("peer {subnet} left out: the maps hold {MAX_PEERS} peers")
             })?,
         };
-        let peer = Peer {
-            subnet: wire_addr(subnet.network()),
-            mask: wire_addr(subnet.netmask()),
-            port: wire_port(endpoint.port()),
-            pad: 0,
-            slot,
-        };
-        let route = Route {
-            endpoint: wire_addr(*endpoint.ip()),
-            port: wire_port(endpoint.port()),
-            pad: 0,
-            slot,
-        };
-        let inserted = insert(maps, subnet, peer, route);
+        let inserted = insert(maps, subnet, new(slot));
         if let Err(e) = inserted {
             if old.is_none() {
                 self.free.push(slot);
             }
             return Err(e);
         }
-        if let Some(old) = old.filter(|o| o.endpoint.ip() != endpoint.ip()) {
+        if let Some(old) = old {
+            self.forget_changed(maps, old, new(slot))?;
+        }
+        self.by_subnet.insert(subnet, new(slot));
+        self.by_address.insert(*endpoint.ip(), subnet);
+        if let Some(subnet6) = subnet6 {
+            self.by_subnet6.insert(subnet6, subnet);
+        }
+        Ok(())
+    }
+
+    /// Takes out of the maps what of `old` the peer's `new` entry no longer has: its former
+    /// endpoint address, its former IPv6 subnet.
+    fn forget_changed(&mut self, maps: &mut Maps, old: Entry, new: Entry) -> anyhow::Result<()> {
+        let moved = old.endpoint.ip() != new.endpoint.ip();
+        if moved {
             maps.peers
                 .remove(&wire_addr(*old.endpoint.ip()))
                 .with_context(|| format!("removing the peer {}", old.endpoint))?;
             self.by_address.remove(old.endpoint.ip());
         }
-        self.by_subnet.insert(subnet, Entry { endpoint, slot });
-        self.by_address.insert(*endpoint.ip(), subnet);
+        if let Some(old6) = old.subnet6.filter(|s| Some(*s) != new.subnet6) {
+            remove_route6(maps, old6)?;
+            self.by_subnet6.remove(&old6);
+        }
+        if new.subnet6.is_none() {
+            remove_subnet6_of(maps, old)?;
+        }
         Ok(())
     }
 
@@ -148,9 +216,14 @@ impl PeerSet {
         maps.routes
             .remove(&route_key(subnet))
             .with_context(|| format!("removing the route to {subnet}"))?;
+        if let Some(subnet6) = entry.subnet6 {
+            remove_route6(maps, subnet6)?;
+            self.by_subnet6.remove(&subnet6);
+        }
         maps.peers
             .remove(&wire_addr(*entry.endpoint.ip()))
             .with_context(|| format!("removing the peer {}", entry.endpoint))?;
+        remove_subnet6_of(maps, entry)?;
         self.by_subnet.remove(&subnet);
         self.by_address.remove(entry.endpoint.ip());
         zero_counters(maps, entry.slot)?;
@@ -163,14 +236,63 @@ pub(crate) fn route_key(subnet: Ipv4Net) -> RouteKey {
     RouteKey::new(u32::from(subnet.prefix_len()), wire_addr(subnet.network()))
 }
 
-fn insert(maps: &mut Maps, subnet: Ipv4Net, peer: Peer, route: Route) -> anyhow::Result<()> {
+pub(crate) fn route_key6(subnet: Ipv6Net) -> RouteKey6 {
+    RouteKey6::new(u32::from(subnet.prefix_len()), subnet.network().octets())
+}
+
+fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> {
+    let Entry {
+        endpoint,
+        subnet6,
+        slot,
+    } = entry;
+    let address = wire_addr(*endpoint.ip());
+    let peer = Peer {
+        subnet: wire_addr(subnet.network()),
+        mask: wire_addr(subnet.netmask()),
+        port: wire_port(endpoint.port()),
+        pad: 0,
+        slot,
+    };
+    let route = Route {
+        endpoint: address,
+        port: wire_port(endpoint.port()),
+        pad: 0,
+        slot,
+    };
     maps.peers
-        .insert(route.endpoint, peer, 0)
+        .insert(address, peer, 0)
         .with_context(|| format!("adding the peer of {subnet} to the peers map"))?;
+    if let Some(subnet6) = subnet6 {
+        maps.peer_subnets6
+            .insert(slot, Subnet6::of(subnet6), 0)
+            .with_context(|| format!("adding {subnet6} to the peer_subnets6 map"))?;
+    }
     maps.routes
         .insert(&route_key(subnet), route, 0)
         .with_context(|| format!("adding the route to {subnet}"))?;
+    if let Some(subnet6) = subnet6 {
+        maps.routes6
+            .insert(&route_key6(subnet6), route, 0)
+            .with_context(|| format!("adding the route to {subnet6}"))?;
+    }
     Ok(())
+}
+
+fn remove_route6(maps: &mut Maps, subnet6: Ipv6Net) -> anyhow::Result<()> {
+    maps.routes6
+        .remove(&route_key6(subnet6))
+        .with_context(|| format!("removing the route to {subnet6}"))
+}
+
+/// Removes the IPv6 subnet of the peer `entry`, if it has one.
+fn remove_subnet6_of(maps: &mut Maps, entry: Entry) -> anyhow::Result<()> {
+    if entry.subnet6.is_none() {
+        return Ok(());
+    }
+    maps.peer_subnets6
+        .remove(&entry.slot)
+        .with_context(|| format!("removing the IPv6 subnet of the peer {}", entry.endpoint))
 }
 
 fn zero_counters(maps: &mut Maps, slot: u32) -> anyhow::Result<()> {

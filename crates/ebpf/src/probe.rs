@@ -73,7 +73,7 @@ fn decapsulates(loaded: &mut Loaded) -> Result<(), Probed> {
         .map_err(refused)?;
     let Loaded { maps, peers, .. } = loaded;
     peers
-        .set(maps, subnet, SocketAddrV4::new(peer, PORT))
+        .set(maps, subnet, None, SocketAddrV4::new(peer, PORT))
         .map_err(refused)?;
     let frame = datagram(peer, local, Ipv4Addr::new(10, 0, 2, 5));
     let output = loaded.test_run(Side::Ingress, &frame).map_err(refused)?;

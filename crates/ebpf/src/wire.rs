@@ -9,10 +9,15 @@
 use crate::device;
 use anyhow::Context;
 
+/// Whether `underlay`'s driver is veth (`ethtool -i`), the underlay this module is about.
+pub fn is_veth(underlay: &str) -> anyhow::Result<bool> {
+    let driver = device::driver(underlay).with_context(|| format!("on {underlay}"))?;
+    Ok(driver == "veth")
+}
+
 /// Make `underlay` segment and checksum at transmit if it is a veth.
 pub(crate) fn like_a_wire(underlay: &str) -> anyhow::Result<()> {
-    let driver = device::driver(underlay).with_context(|| format!("on {underlay}"))?;
-    if driver != "veth" {
+    if !is_veth(underlay)? {
         return Ok(());
     }
     if device::checksum_in_software(underlay).with_context(|| format!("on {underlay}"))? {

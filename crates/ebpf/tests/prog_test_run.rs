@@ -1,15 +1,17 @@
 //! The programs on crafted frames through BPF_PROG_TEST_RUN, with their real maps: each frame
 //! gets the verdict expected, and the counters move by exactly what it should count (a drop
 //! under its reason, or a packet to or from the peer). Every ingress frame goes through the
-//! TC program and through the XDP one.
+//! TC program and through the XDP one. Inner packets are IPv4 and IPv6, over the IPv4 underlay.
 
 mod common;
 
 use anyhow::Result;
-use common::frames::{datagram, ethernet, hex, udp, Ip, ETH_IP};
-use common::test_run::{peer_subnet, test_bench, TestBench, HERE, LOCAL, PEER, THERE, UDP};
+use common::frames::{datagram, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
+use common::test_run::{
+    peer_subnet, peer_subnet6, test_bench, TestBench, HERE, HERE6, LOCAL, PEER, THERE, THERE6, UDP,
+};
 use common::{DEVICE_MTU, PORT};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use twill_dataplane::stats::DropReason;
 use twill_ebpf::{Counters, Side, TestOutput, Verdict};
 
@@ -36,6 +38,22 @@ struct Case {
     side: Side,
     frame: Vec<u8>,
     expect: Expect,
+}
+
+/// `side`'s cases from (name, frame, expectation).
+fn cases_of(
+    side: Side,
+    cases: impl IntoIterator<Item = (&'static str, Vec<u8>, Expect)>,
+) -> Vec<Case> {
+    cases
+        .into_iter()
+        .map(|(name, frame, expect)| Case {
+            name,
+            side,
+            frame,
+            expect,
+        })
+        .collect()
 }
 
 /// The inner packet HERE -> THERE (or back, for `from_peer`) with a small UDP payload.
@@ -67,7 +85,6 @@ fn egress_cases() -> Vec<Case> {
     wrong_version[0] = 0x65;
     let mut too_long = packet.clone();
     too_long[2..4].copy_from_slice(&(len as u16 + 10).to_be_bytes());
-    let ipv6 = [0x60u8; 40];
     let cases = [
         (
             "valid packet",
@@ -95,8 +112,8 @@ fn egress_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::TtlExceeded),
         ),
         (
-            "IPv6 frame",
-            ethernet(0x86dd, &ipv6),
+            "neither IPv4 nor IPv6",
+            ethernet(0x0806, &[0; 28]),
             Expect::Dropped(DropReason::NotIpv4),
         ),
         (
@@ -116,15 +133,138 @@ fn egress_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::Malformed),
         ),
     ];
-    cases
-        .into_iter()
-        .map(|(name, frame, expect)| Case {
-            name,
-            side: Side::Egress,
-            frame,
-            expect,
-        })
-        .collect()
+    cases_of(Side::Egress, cases)
+}
+
+/// The inner IPv6 packet HERE6 -> THERE6 (or back, for `from_peer`).
+fn inner6(from_peer: bool) -> Ip6 {
+    match from_peer {
+        false => Ip6::new(HERE6, THERE6, UDP),
+        true => Ip6::new(THERE6, HERE6, UDP),
+    }
+}
+
+fn egress6_cases() -> Vec<Case> {
+    let packet = inner6(false).packet(&payload());
+    let len = packet.len() as u64;
+    let with = |f: fn(&mut Ip6)| {
+        let mut ip = inner6(false);
+        f(&mut ip);
+        ethernet(ETH_IPV6, &ip.packet(&payload()))
+    };
+    let mut wrong_version = packet.clone();
+    wrong_version[0] = 0x45;
+    let mut too_long = packet.clone();
+    too_long[4..6].copy_from_slice(&(len as u16).to_be_bytes());
+    let cases = [
+        (
+            "valid IPv6 packet",
+            ethernet(ETH_IPV6, &packet),
+            Expect::Carried(len),
+        ),
+        (
+            "IPv6 no route",
+            with(|ip| ip.dst = "fd10:0:0:9::9".parse().unwrap()),
+            Expect::Dropped(DropReason::NoRoute),
+        ),
+        (
+            "IPv6 to another host of the peer's IPv6 subnet",
+            with(|ip| ip.dst = "fd10:0:0:2:1::7".parse().unwrap()),
+            Expect::Carried(len),
+        ),
+        (
+            "hop limit 1",
+            with(|ip| ip.hop_limit = 1),
+            Expect::Dropped(DropReason::TtlExceeded),
+        ),
+        (
+            "hop limit 0",
+            with(|ip| ip.hop_limit = 0),
+            Expect::Dropped(DropReason::TtlExceeded),
+        ),
+        (
+            "a jumbogram",
+            ethernet(ETH_IPV6, &Ip6::new(HERE6, THERE6, 0).packet(&[])),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "version 4 in an IPv6 frame",
+            ethernet(ETH_IPV6, &wrong_version),
+            Expect::Dropped(DropReason::NotIpv4),
+        ),
+        (
+            "payload length past the frame",
+            ethernet(ETH_IPV6, &too_long),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+    ];
+    cases_of(Side::Egress, cases)
+}
+
+fn ingress6_cases() -> Vec<Case> {
+    let packet = inner6(true).packet(&payload());
+    let len = packet.len() as u64;
+    let with = |f: fn(&mut Ip6)| {
+        let mut ip = inner6(true);
+        f(&mut ip);
+        from_peer(&ip.packet(&payload()))
+    };
+    let mut trailing = packet.clone();
+    trailing.extend_from_slice(&[0; 4]);
+    let big = inner6(true).packet(&vec![0u8; usize::from(DEVICE_MTU) - 39]);
+    let cases = [
+        (
+            "valid IPv6 datagram",
+            from_peer(&packet),
+            Expect::Carried(len),
+        ),
+        (
+            "IPv6 inner source outside the peer's IPv6 subnet",
+            with(|ip| ip.src = "fd10:0:0:3::4".parse().unwrap()),
+            Expect::Dropped(DropReason::SpoofedSource),
+        ),
+        (
+            "IPv6 inner source another host of the peer's IPv6 subnet",
+            with(|ip| ip.src = "fd10:0:0:2:1::4".parse().unwrap()),
+            Expect::Carried(len),
+        ),
+        (
+            "IPv6 inner source this node's",
+            with(|ip| ip.src = HERE6),
+            Expect::Dropped(DropReason::SpoofedSource),
+        ),
+        (
+            "IPv6 hop limit 1",
+            with(|ip| ip.hop_limit = 1),
+            Expect::Dropped(DropReason::TtlExceeded),
+        ),
+        (
+            "IPv6 larger than the device MTU",
+            from_peer(&big),
+            Expect::Dropped(DropReason::TooBig),
+        ),
+        (
+            "truncated IPv6 packet",
+            from_peer(&packet[..packet.len() - 1]),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "IPv6 header cut short",
+            from_peer(&packet[..30]),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "bytes after the IPv6 packet",
+            from_peer(&trailing),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "inner jumbogram",
+            from_peer(&Ip6::new(THERE6, HERE6, 0).packet(&[])),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+    ];
+    cases_of(Side::Ingress, cases)
 }
 
 fn ingress_cases() -> Vec<Case> {
@@ -265,15 +405,7 @@ fn ingress_cases() -> Vec<Case> {
             Expect::Dropped(DropReason::TooBig),
         ),
     ];
-    cases
-        .into_iter()
-        .map(|(name, frame, expect)| Case {
-            name,
-            side: Side::Ingress,
-            frame,
-            expect,
-        })
-        .collect()
+    cases_of(Side::Ingress, cases)
 }
 
 /// The frame a carried packet should leave as.
@@ -286,22 +418,36 @@ fn carried(case: &Case, via: Via, device_mac: [u8; 6]) -> Vec<u8> {
             datagram(&outer, (PORT, PORT), &inner)
         }
         (Side::Ingress, Via::Tc) => {
-            let mut frame = ethernet(ETH_IP, &inner);
+            let mut frame = ethernet(ethertype_of(&inner), &inner);
             frame[..6].copy_from_slice(&device_mac);
             frame
         }
         // The mark for twill_ingress in the metadata (which BPF_PROG_TEST_RUN hands back
         // before the frame), then the outer Ethernet header as it came (twill_ingress
-        // readdresses it at TC).
-        (Side::Ingress, Via::Xdp) => [&XDP_MARK[..], &case.frame[..14], &inner[..]].concat(),
+        // readdresses it at TC) but for the inner packet's ethertype.
+        (Side::Ingress, Via::Xdp) => {
+            let ethertype = ethertype_of(&inner).to_be_bytes();
+            [&XDP_MARK[..], &case.frame[..12], &ethertype, &inner[..]].concat()
+        }
     }
 }
 
-/// The inner packet of a carried frame, its TTL decremented.
+fn ethertype_of(packet: &[u8]) -> u16 {
+    match packet[0] >> 4 {
+        6 => ETH_IPV6,
+        _ => ETH_IP,
+    }
+}
+
+/// The inner packet of a carried frame, its TTL or hop limit decremented.
 fn forwarded_inner(case: &Case) -> Vec<u8> {
     let mut inner = case.frame[14..].to_vec();
     if case.side == Side::Ingress {
         inner.drain(..28);
+    }
+    if inner[0] >> 4 == 6 {
+        inner[7] -= 1;
+        return inner;
     }
     let header_len = usize::from(inner[0] & 0x0f) * 4;
     inner[8] -= 1;
@@ -323,7 +469,12 @@ enum Via {
 
 #[test]
 fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
-    let cases: Vec<Case> = egress_cases().into_iter().chain(ingress_cases()).collect();
+    let cases: Vec<Case> = egress_cases()
+        .into_iter()
+        .chain(egress6_cases())
+        .chain(ingress_cases())
+        .chain(ingress6_cases())
+        .collect();
     run_cases(&test_bench("ebpf-table")?, &cases, Via::Tc)
 }
 
@@ -331,7 +482,11 @@ fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
 /// (Maps of its own: the fragments the TC run remembered would change the verdicts.)
 #[test]
 fn the_xdp_program_gives_every_ingress_frame_the_tc_programs_verdict() -> Result<()> {
-    run_cases(&test_bench("ebpf-tablex")?, &ingress_cases(), Via::Xdp)
+    let cases: Vec<Case> = ingress_cases()
+        .into_iter()
+        .chain(ingress6_cases())
+        .collect();
+    run_cases(&test_bench("ebpf-tablex")?, &cases, Via::Xdp)
 }
 
 fn run_cases(bench: &TestBench, cases: &[Case], via: Via) -> Result<()> {
@@ -445,4 +600,30 @@ fn check(
         ));
     }
     Ok(())
+}
+
+/// A peer whose IPv6 subnet is taken away (its lease lost it, or it never had one) sends no IPv6
+/// of its own, and nothing is routed to its former IPv6 subnet; given back, both work again.
+#[test]
+fn a_peer_without_an_ipv6_subnet_gets_no_ipv6_either_way() -> Result<()> {
+    let bench = test_bench("ebpf-no6")?;
+    let endpoint = SocketAddrV4::new(PEER, PORT);
+    let valid = |name| {
+        let mut cases: Vec<Case> = egress6_cases().into_iter().take(1).collect();
+        cases.extend(ingress6_cases().into_iter().take(1));
+        cases.iter_mut().for_each(|c| c.name = name);
+        cases
+    };
+    bench.dataplane.set_peer(peer_subnet(), None, endpoint)?;
+    let mut refused = valid("IPv6 once the peer has no IPv6 subnet");
+    refused[0].expect = Expect::Dropped(DropReason::NoRoute);
+    refused[1].expect = Expect::Dropped(DropReason::SpoofedSource);
+    run_cases(&bench, &refused, Via::Tc)?;
+    run_cases(&bench, &refused[1..], Via::Xdp)?;
+    bench
+        .dataplane
+        .set_peer(peer_subnet(), Some(peer_subnet6()), endpoint)?;
+    let carried = valid("IPv6 once the peer has its IPv6 subnet again");
+    run_cases(&bench, &carried, Via::Tc)?;
+    run_cases(&bench, &carried[1..], Via::Xdp)
 }

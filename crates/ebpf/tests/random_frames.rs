@@ -11,21 +11,24 @@
 //! marked for the TC program). And a frame is carried only if the userspace engine's own
 //! checks (twill_dataplane) would carry it, and leaves as they would have it leave: from the
 //! underlay only a datagram from the peer whose inner packet decodes and comes from inside
-//! the peer's subnet.
+//! the peer's subnet of its family. Inner packets are IPv4 and IPv6.
 
 mod common;
 
 use anyhow::anyhow;
-use common::frames::{datagram, ethernet, hex, Ip, ETH_IP};
-use common::test_run::{peer_subnet, test_bench, TestBench, HERE, LOCAL, PEER, UDP};
+use common::frames::{datagram, ethernet, hex, Ip, Ip6, ETH_IP, ETH_IPV6};
+use common::test_run::{
+    peer_subnet, peer_subnet6, test_bench, TestBench, HERE, HERE6, LOCAL, PEER, UDP,
+};
 use common::{DEVICE_MTU, PORT};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use twill_dataplane::engine::accept_inbound;
 use twill_dataplane::table::{PeerSpec, PeerTable};
 use twill_dataplane::wire::ipv4::Ipv4Packet;
+use twill_dataplane::wire::ipv6::Ipv6Packet;
 use twill_ebpf::{Counters, PeerTraffic, Side, Traffic, Verdict};
 
 /// Frames per program and per kind of input.
@@ -34,6 +37,7 @@ const CASES: u32 = 2_000;
 /// BPF_PROG_TEST_RUN's frame must fit in.
 const MAX_FRAME: usize = 1_600;
 const IPV4_HEADER: usize = 20;
+const IPV6_HEADER: usize = 40;
 const UDP_HEADER: usize = 8;
 
 /// A frame as a test input, shown as hex when a case fails.
@@ -108,25 +112,29 @@ fn run(
         .map_err(|e| anyhow!("{program:?}: {e}"))
 }
 
-/// (a) Random bytes: a whole frame, behind IPv4's ethertype, or inside a datagram from the peer.
+/// (a) Random bytes: a whole frame, behind IPv4's or IPv6's ethertype, or inside a datagram
+/// from the peer.
 fn random_frames() -> impl Strategy<Value = Frame> {
     let bytes = || vec(any::<u8>(), 0..MAX_FRAME);
     prop_oneof![
         bytes(),
         bytes().prop_map(|b| ethernet(ETH_IP, &b)),
+        bytes().prop_map(|b| ethernet(ETH_IPV6, &b)),
         bytes().prop_map(|b| from_peer(&b)),
     ]
     .prop_map(Frame)
 }
 
-/// (b) What `side`'s program carries when all is well (a packet for the peer's subnet; a
-/// datagram from the peer around a packet from its subnet), mutated up to three times.
+/// (b) What `side`'s program carries when all is well (an IPv4 or IPv6 packet for the peer's
+/// subnet; a datagram from the peer around a packet from its subnet), mutated up to three
+/// times.
 fn mutated_frames(side: Side) -> impl Strategy<Value = Frame> {
     let from_there = side == Side::Ingress;
     let mutations = vec(mutation(side), 0..=3);
-    (packet(from_there), mutations).prop_map(move |(packet, mutations)| {
+    let packet = prop_oneof![packet(from_there), packet6(from_there)];
+    (packet, mutations).prop_map(move |(packet, mutations)| {
         let mut frame = match side {
-            Side::Egress => ethernet(ETH_IP, &packet),
+            Side::Egress => ethernet(ethertype_of(&packet), &packet),
             Side::Ingress => from_peer(&packet),
         };
         for m in &mutations {
@@ -172,6 +180,37 @@ fn packet(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
     )
 }
 
+/// An IPv6 packet between a container here and one behind the peer, with its hop limit, next
+/// header and payload drawn.
+fn packet6(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
+    let hop_limit = prop_oneof![Just(64), any::<u8>()];
+    let payload = vec(any::<u8>(), 0..usize::from(DEVICE_MTU) - IPV6_HEADER);
+    let fields = (any::<u16>(), hop_limit, any::<u8>(), payload);
+    fields.prop_map(move |(host, hop_limit, next_header, payload)| {
+        let there = Ipv6Addr::new(0xfd10, 0, 0, 2, 0, 0, 0, host);
+        let (src, dst) = if from_there {
+            (there, HERE6)
+        } else {
+            (HERE6, there)
+        };
+        let ip = Ip6 {
+            src,
+            dst,
+            next_header,
+            hop_limit,
+        };
+        ip.packet(&payload)
+    })
+}
+
+/// The ethertype of a packet of its version (IPv4's for anything but 6).
+fn ethertype_of(packet: &[u8]) -> u16 {
+    match packet.first().map(|b| b >> 4) {
+        Some(6) => ETH_IPV6,
+        _ => ETH_IP,
+    }
+}
+
 /// A header field, by where it lies in the frame: in the Ethernet header, the first IPv4
 /// header (the packet on egress, the outer one on ingress), the UDP header and the inner IPv4
 /// header of a datagram.
@@ -185,10 +224,11 @@ const FIRST_IP: usize = 14;
 const UDP_AT: usize = FIRST_IP + IPV4_HEADER;
 const INNER_IP: usize = UDP_AT + UDP_HEADER;
 
-/// The fields of an IPv4 header at `at` that its decoders judge: version and IHL, total
-/// length, fragment bits, TTL and protocol.
-fn ip_fields(at: usize) -> [Field; 5] {
-    [(0, 1), (2, 2), (6, 2), (8, 1), (9, 1)].map(|(offset, width)| Field {
+/// The fields of an IP header at `at` that its decoders judge: of IPv4, version and IHL,
+/// total length, fragment bits, TTL and protocol; of IPv6, its payload length, next header
+/// and hop limit (its version is IPv4's first byte).
+fn ip_fields(at: usize) -> [Field; 7] {
+    [(0, 1), (2, 2), (6, 2), (8, 1), (9, 1), (4, 2), (7, 1)].map(|(offset, width)| Field {
         offset: at + offset,
         width,
     })
@@ -295,12 +335,8 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String
         Verdict::Pass if carried => {
             let carried = carried_by_userspace(side, frame, bench.device_mac)
                 .ok_or("carried, but twill's userspace checks would not carry it")?;
-            let at_xdp = [
-                &XDP_MARK[..],
-                &frame[..FIRST_IP],
-                &carried.frame[FIRST_IP..],
-            ]
-            .concat();
+            // The outer Ethernet header as it came, but for the inner packet's ethertype.
+            let at_xdp = [&XDP_MARK[..], &frame[..12], &carried.frame[12..]].concat();
             if output.frame != at_xdp {
                 return Err(format!(
                     "carried as\n  {}\nnot as\n  {}",
@@ -331,14 +367,19 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String
     }
 }
 
-/// The kernel builds no skb of a frame shorter than an Ethernet header, nor of an IPv4 frame
-/// shorter than an IPv4 header: BPF_PROG_TEST_RUN refuses them with EINVAL and no TC program
-/// ever sees one (nor does the stack send one through a device). XDP needs no skb: it is
-/// refused only a frame shorter than an Ethernet header.
+/// The kernel builds no skb of a frame shorter than an Ethernet header, nor of an IPv4 (IPv6)
+/// frame shorter than an IPv4 (IPv6) header: BPF_PROG_TEST_RUN refuses them with EINVAL and
+/// no TC program ever sees one (nor does the stack send one through a device). XDP needs no
+/// skb: it is refused only a frame shorter than an Ethernet header.
 fn refused_by_the_kernel(program: Program, frame: &[u8]) -> bool {
-    let ipv4 = frame.get(12..14) == Some(&ETH_IP.to_be_bytes()[..]);
-    let short_ipv4 = ipv4 && frame.len() < FIRST_IP + IPV4_HEADER;
-    frame.len() < FIRST_IP || (program != Program::Xdp && short_ipv4)
+    let ethertype = frame.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]]));
+    let header = match ethertype {
+        Some(ETH_IP) => IPV4_HEADER,
+        Some(ETH_IPV6) => IPV6_HEADER,
+        _ => 0,
+    };
+    let short_ip = frame.len() < FIRST_IP + header;
+    frame.len() < FIRST_IP || (program != Program::Xdp && short_ip)
 }
 
 /// What twill_xdp_ingress puts in the metadata of a frame it decapsulated (a u32, "twDp"),
@@ -417,13 +458,39 @@ struct Carried {
 /// frame carried, or None if those rules do not carry it.
 fn carried_by_userspace(side: Side, frame: &[u8], device_mac: [u8; 6]) -> Option<Carried> {
     let (ethernet, ip) = frame.split_at_checked(FIRST_IP)?;
-    if ethernet[12..] != ETH_IP.to_be_bytes() {
+    let ethertype = u16::from_be_bytes([ethernet[12], ethernet[13]]);
+    match (side, ethertype) {
+        (Side::Egress, ETH_IP) => encapsulated(ethernet, ip),
+        (Side::Egress, ETH_IPV6) => encapsulated6(ethernet, ip),
+        (Side::Ingress, ETH_IP) => decapsulated(ethernet, ip, device_mac),
+        _ => None,
+    }
+}
+
+/// A datagram to the peer around `packet[..len]`, in a frame of `ethernet`'s MACs, with the
+/// bytes after `len` riding along.
+fn to_peer(ethernet: &[u8], packet: &[u8], len: usize) -> Carried {
+    let mut outer = Ip::new(LOCAL, PEER, UDP);
+    outer.flags_fragment = 0x4000;
+    let mut frame = datagram(&outer, (PORT, PORT), &packet[..len]);
+    frame[..12].copy_from_slice(&ethernet[..12]);
+    frame.extend_from_slice(&packet[len..]);
+    Carried {
+        frame,
+        bytes: len as u64,
+    }
+}
+
+/// An IPv6 packet for the peer's IPv6 subnet with hop limit left, as [`encapsulated`] has an
+/// IPv4 one.
+fn encapsulated6(ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
+    let mut packet = ip.to_vec();
+    let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
+    if !peer_subnet6().contains(&view.dst_addr()) || !view.decrement_hop_limit() {
         return None;
     }
-    match side {
-        Side::Egress => encapsulated(ethernet, ip),
-        Side::Ingress => decapsulated(ethernet, ip, device_mac),
-    }
+    let len = view.total_len();
+    Some(to_peer(ethernet, &packet, len))
 }
 
 /// A packet for the peer's subnet with TTL left, in flannel's datagram to the peer as
@@ -436,21 +503,14 @@ fn encapsulated(ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
         return None;
     }
     let len = view.total_len();
-    let mut outer = Ip::new(LOCAL, PEER, UDP);
-    outer.flags_fragment = 0x4000;
-    let mut frame = datagram(&outer, (PORT, PORT), &packet[..len]);
-    frame[..FIRST_IP].copy_from_slice(ethernet);
-    frame.extend_from_slice(&packet[len..]);
-    Some(Carried {
-        frame,
-        bytes: len as u64,
-    })
+    Some(to_peer(ethernet, &packet, len))
 }
 
 /// A whole, unfragmented datagram from the peer to this node's port, its UDP length its IP
 /// length's, whose payload passes the userspace engine's own inbound checks (one
-/// well-formed IPv4 packet, from inside the peer's subnet, fitting the device, TTL left): the
-/// inner packet, TTL decremented, addressed to twill's device. Bytes after the datagram's
+/// well-formed IPv4 or IPv6 packet, from inside the peer's subnet of its family, fitting the
+/// device, TTL or hop limit left): the inner packet, TTL or hop limit decremented, addressed
+/// to twill's device in a frame of its ethertype. Bytes after the datagram's
 /// total length (a lower layer's padding) ride along, for the stack to trim as it trims any.
 fn decapsulated(ethernet: &[u8], ip: &[u8], device_mac: [u8; 6]) -> Option<Carried> {
     let outer = Ipv4Packet::new_checked(ip).ok()?;
@@ -471,8 +531,7 @@ fn decapsulated(ethernet: &[u8], ip: &[u8], device_mac: [u8; 6]) -> Option<Carri
     let mut inner = udp[UDP_HEADER..].to_vec();
     let peers = PeerTable::new(&[PeerSpec {
         subnet: peer_subnet(),
-        // The programs carry IPv4 only.
-        subnet6: None,
+        subnet6: Some(peer_subnet6()),
         endpoint: SocketAddrV4::new(PEER, PORT).into(),
         version: 1,
     }]);
@@ -480,6 +539,7 @@ fn decapsulated(ethernet: &[u8], ip: &[u8], device_mac: [u8; 6]) -> Option<Carri
     accept_inbound(&mut inner, peer, usize::from(DEVICE_MTU)).ok()?;
     let mut frame = ethernet.to_vec();
     frame[..6].copy_from_slice(&device_mac);
+    frame[12..].copy_from_slice(&ethertype_of(&inner).to_be_bytes());
     let bytes = inner.len() as u64;
     frame.extend(inner);
     frame.extend_from_slice(&ip[outer.total_len()..]);

@@ -1,14 +1,15 @@
 //! 60,000 leases are 60,000 peers in the maps: how long filling, listing, counting and
 //! emptying them takes (printed; bounded loosely, the machine is shared), a packet counted as
-//! its own peer's among them all, and one peer per endpoint address.
+//! its own peer's among them all, and one peer per endpoint address and per IPv6 subnet. The
+//! peers are dual-stack: each has an IPv6 subnet too.
 
 mod common;
 
 use anyhow::Result;
 use common::frames::{ethernet, udp, Ip, ETH_IP};
 use common::{Pins, DEVICE, PORT};
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 use twill_ebpf::{AttachMode, Attachment, Dataplane, PeerTraffic, Side, Traffic, Verdict};
 use twill_lab::Netns;
@@ -20,6 +21,10 @@ fn peer(i: u32) -> (Ipv4Net, SocketAddrV4) {
     let subnet = Ipv4Net::new(Ipv4Addr::new(10, hi, lo, 0), 24).unwrap();
     let endpoint = SocketAddrV4::new(Ipv4Addr::new(172, 16, hi, lo), PORT);
     (subnet, endpoint)
+}
+
+fn subnet6(i: u32) -> Ipv6Net {
+    Ipv6Net::new(Ipv6Addr::new(0xfd10, 0, 0, i as u16, 0, 0, 0, 0), 64).unwrap()
 }
 
 #[test]
@@ -89,24 +94,38 @@ fn counted_as_its_peers(dataplane: &Dataplane, i: u32) -> Result<()> {
 /// As in the userspace table: an endpoint belongs to one subnet's peer, and a peer may move.
 fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
     let ((first, endpoint), (second, moved)) = (peer(1), peer(2));
-    dataplane.set_peer(first, endpoint)?;
+    dataplane.set_peer(first, Some(subnet6(1)), endpoint)?;
     let err = dataplane
-        .set_peer(second, endpoint)
+        .set_peer(second, None, endpoint)
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
         format!("peer {second} left out: its endpoint {endpoint} belongs to the peer of {first}")
     );
-    dataplane.set_peer(first, moved)?;
-    dataplane.set_peer(second, endpoint)?;
+    let err = dataplane
+        .set_peer(second, Some(subnet6(1)), moved)
+        .unwrap_err()
+        .to_string();
+    let taken = subnet6(1);
+    assert_eq!(
+        err,
+        format!("peer {second} left out: its IPv6 subnet {taken} belongs to the peer of {first}")
+    );
+    dataplane.set_peer(first, Some(subnet6(3)), moved)?;
+    dataplane.set_peer(second, Some(subnet6(1)), endpoint)?;
     assert_eq!(dataplane.peers()?, vec![(first, moved), (second, endpoint)]);
+    let subnets6 = dataplane.peer_subnets6();
+    assert_eq!(subnets6.get(&first), Some(&subnet6(3)));
+    assert_eq!(subnets6.get(&second), Some(&subnet6(1)));
+    dataplane.set_peer(second, None, endpoint)?;
+    assert_eq!(dataplane.peer_subnets6().get(&second), None);
     Ok(())
 }
 
 fn set(dataplane: &Dataplane, i: u32) -> Result<()> {
     let (subnet, endpoint) = peer(i);
-    dataplane.set_peer(subnet, endpoint)
+    dataplane.set_peer(subnet, Some(subnet6(i)), endpoint)
 }
 
 fn timed(f: impl FnOnce() -> Result<()>) -> Result<Duration> {

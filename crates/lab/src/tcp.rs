@@ -82,7 +82,12 @@ fn receive(addr: SocketAddr, ready: Sender<Result<()>>) -> Result<(String, IpAdd
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        let n = stream.read(&mut buf)?;
+        // A socket with a receive timeout is not restarted after a stop signal (a freezer, a
+        // debugger): EINTR says nothing about the transfer, so the read is made again.
+        let n = match stream.read(&mut buf) {
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            read => read?,
+        };
         if n == 0 {
             return Ok((hex::encode(hasher.finalize()), source.ip()));
         }

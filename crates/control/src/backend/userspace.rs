@@ -90,13 +90,23 @@ impl UserspaceSetup {
             underlay,
             engine,
             network: node.config.need_ipv4("a userspace backend")?.network,
-            ipv6: node
-                .config
-                .ipv6
-                .as_ref()
-                .map(|v6| v6.network)
-                .zip(node.public_addrs.v6()),
+            ipv6: dual_stack_side(node),
         })
+    }
+}
+
+/// A dual-stack network's IPv6Network and this node's PublicIPv6 (every dual-stack lease names
+/// one, as flanneld's do), for the backends that route the whole IPv6Network into their device.
+pub(crate) fn dual_stack_side(node: &Node) -> Option<(Ipv6Net, Ipv6Addr)> {
+    let network6 = node.config.ipv6.as_ref().map(|v6| v6.network);
+    network6.zip(node.public_addrs.v6())
+}
+
+/// `attrs` with this node's PublicIPv6 on a dual-stack network (`ipv6`, [`dual_stack_side`]).
+pub(crate) fn with_ipv6_side(attrs: LeaseAttrs, ipv6: Option<(Ipv6Net, Ipv6Addr)>) -> LeaseAttrs {
+    match ipv6 {
+        Some((_, public_ipv6)) => attrs.with_ipv6(public_ipv6, None),
+        None => attrs,
     }
 }
 
@@ -176,11 +186,7 @@ impl Setup for UserspaceSetup {
     type Backend = Userspace;
 
     fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
-        let attrs = lease_attrs(self.kind, public_addrs, self.port);
-        match self.ipv6 {
-            Some((_, public_ipv6)) => attrs.with_ipv6(public_ipv6, None),
-            None => attrs,
-        }
+        with_ipv6_side(lease_attrs(self.kind, public_addrs, self.port), self.ipv6)
     }
 
     /// Opens the TUN with the lease's network addresses and routes the whole network (and the

@@ -1,8 +1,9 @@
-//! Frames as they reach the programs: Ethernet, IPv4, flannel's udp datagrams.
+//! Frames as they reach the programs: Ethernet, IPv4, IPv6, flannel's udp datagrams.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub const ETH_IP: u16 = 0x0800;
+pub const ETH_IPV6: u16 = 0x86dd;
 
 /// An Ethernet frame of `ethertype` around `payload` (MACs zero, as a dummy's).
 pub fn ethernet(ethertype: u16, payload: &[u8]) -> Vec<u8> {
@@ -53,6 +54,38 @@ impl Ip {
         p[20..].copy_from_slice(&self.options);
         let sum = checksum(&p);
         p[10..12].copy_from_slice(&sum.to_be_bytes());
+        p.extend_from_slice(payload);
+        p
+    }
+}
+
+/// An IPv6 header's fields (no extension headers); `packet` emits it around a payload.
+#[derive(Debug, Clone)]
+pub struct Ip6 {
+    pub src: Ipv6Addr,
+    pub dst: Ipv6Addr,
+    pub next_header: u8,
+    pub hop_limit: u8,
+}
+
+impl Ip6 {
+    pub fn new(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8) -> Ip6 {
+        Ip6 {
+            src,
+            dst,
+            next_header,
+            hop_limit: 64,
+        }
+    }
+
+    pub fn packet(&self, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x60;
+        p[4..6].copy_from_slice(&(payload.len() as u16).to_be_bytes());
+        p[6] = self.next_header;
+        p[7] = self.hop_limit;
+        p[8..24].copy_from_slice(&self.src.octets());
+        p[24..40].copy_from_slice(&self.dst.octets());
         p.extend_from_slice(payload);
         p
     }

@@ -85,8 +85,10 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
     Ok((lab, [a, b]))
 }
 
-/// twill's device as the daemon makes it: MTU underlay - 28, the lease's network address, up,
-/// and the whole flannel network routed to it. This machine's kernel has no dummy devices
+/// twill's device as the daemon makes it on an IPv4 network: MTU underlay - 28, the lease's
+/// network address, its IPv6 off (else the kernel's router solicitations would be counted as
+/// `no_route`, as the userspace engine counts them), up, and the whole flannel network routed
+/// to it. This machine's kernel has no dummy devices
 /// (CONFIG_DUMMY is off); an ifb is the same to the programs: Ethernet, no ARP, and what is
 /// not redirected is dropped.
 fn add_device(host: &Host, subnet: Ipv4Net) -> Result<()> {
@@ -95,6 +97,8 @@ fn add_device(host: &Host, subnet: Ipv4Net) -> Result<()> {
     host.ns
         .ip(&["link", "add", DEVICE, "mtu", &mtu, "type", "ifb"])?;
     host.ns.ip(&["addr", "add", &address, "dev", DEVICE])?;
+    let ipv6_off = format!("net.ipv6.conf.{DEVICE}.disable_ipv6=1");
+    host.ns.exec("sysctl", &["-q", "-w", &ipv6_off])?;
     host.ns.ip(&["link", "set", DEVICE, "up"])?;
     host.ns
         .ip(&["route", "add", "10.5.0.0/16", "dev", DEVICE])?;
@@ -117,7 +121,7 @@ pub fn open_pair(lab: &Lab, nodes: &[Node; 2]) -> Result<[Dataplane; 2]> {
         assert_eq!(opened, Opened::Fresh, "host {i} had nothing pinned");
         let other = &nodes[1 - i];
         let endpoint = SocketAddrV4::new(other.attachment.local_ip, PORT);
-        dataplane.set_peer(other.subnet, endpoint)?;
+        dataplane.set_peer(other.subnet, None, endpoint)?;
         dataplanes.push(dataplane);
     }
     Ok(dataplanes

@@ -1,12 +1,12 @@
 //! One node's programs opened for BPF_PROG_TEST_RUN, with their real maps: a namespace with
 //! twill's device and a stand-in underlay (both ifb, see add_device), the peer of 10.5.2.0/24
-//! at PEER, and frames between a container here and one behind the peer. No frame of these
-//! tests leaves the namespace: BPF_PROG_TEST_RUN only reports redirects.
+//! and fd10:0:0:2::/64 at PEER, and frames between a container here and one behind the peer.
+//! No frame of these tests leaves the namespace: BPF_PROG_TEST_RUN only reports redirects.
 
 use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
-use ipnet::Ipv4Net;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use ipnet::{Ipv4Net, Ipv6Net};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened};
 use twill_lab::Netns;
 
@@ -16,10 +16,17 @@ pub const PEER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
 /// A container here and one behind the peer.
 pub const HERE: Ipv4Addr = Ipv4Addr::new(10, 5, 1, 2);
 pub const THERE: Ipv4Addr = Ipv4Addr::new(10, 5, 2, 7);
+/// Their IPv6 addresses, on a dual-stack network.
+pub const HERE6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 1, 0, 0, 0, 2);
+pub const THERE6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 2, 0, 0, 0, 7);
 pub const UDP: u8 = 17;
 
 pub fn peer_subnet() -> Ipv4Net {
     "10.5.2.0/24".parse().unwrap()
+}
+
+pub fn peer_subnet6() -> Ipv6Net {
+    "fd10:0:0:2::/64".parse().unwrap()
 }
 
 /// Fields drop in order: the dataplane first, so that its claim on the pin directory is gone
@@ -50,7 +57,11 @@ pub fn test_bench(tag: &str) -> Result<TestBench> {
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);
-    dataplane.set_peer(peer_subnet(), SocketAddrV4::new(PEER, PORT))?;
+    dataplane.set_peer(
+        peer_subnet(),
+        Some(peer_subnet6()),
+        SocketAddrV4::new(PEER, PORT),
+    )?;
     let device_mac = mac_of(&ns, DEVICE)?;
     Ok(TestBench {
         dataplane,

@@ -3,6 +3,7 @@
 //! so the choice is per node and peers never see it.
 
 use crate::backend_kind::BackendKind;
+use crate::config;
 use crate::node::{DataplaneChoice, Node};
 use anyhow::bail;
 use std::fmt;
@@ -16,36 +17,63 @@ pub enum Dataplane {
 
 /// Decides the engine for this node's backend, checking the kernel where eBPF is wanted.
 /// `--dataplane ebpf` on a kernel that cannot run it, or with a backend other than udp, is an
-/// error; `auto` says at start which engine it picked and why.
+/// error; `auto` (the default) says at start which engine it picked and why.
 pub fn choose(node: &Node) -> anyhow::Result<Dataplane> {
     let network = Network {
         backend: &node.config.backend.backend_type,
-        dual_stack: node.config.ipv6.is_some(),
+        family: node.config.backend.underlay,
     };
     let bpf_dir = &node.options.bpf_dir;
     let runs = || {
         twill_ebpf::probe().map_err(|missing| missing.to_string())?;
         twill_ebpf::can_pin(bpf_dir)
     };
-    decide(node.options.dataplane, network, runs)
+    let underlay = || Underlay::of(&node.iface.name);
+    decide(node.options.dataplane, network, runs, underlay)
 }
 
-/// What of the network decides whether the eBPF programs can carry it.
+/// What `auto` asks of the underlay once the kernel runs the programs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Underlay {
+    /// A device that puts frames on a wire (a NIC, virtio's included): it segments and
+    /// checksums what the eBPF programs send, as it does for any traffic.
+    Wire,
+    /// A veth: the eBPF node's sends must be segmented and checksummed in software for a TUN
+    /// or flanneld peer to read them, which makes the eBPF path slower than the TUN engine
+    /// there (docs/decisions.md, "`--dataplane auto` is the default").
+    Veth(String),
+    /// Its driver could not be read: `auto` keeps the engine that runs on any device.
+    Unknown(String),
+}
+
+impl Underlay {
+    fn of(iface: &str) -> Underlay {
+        match twill_ebpf::is_veth(iface) {
+            Ok(true) => Underlay::Veth(iface.to_string()),
+            Ok(false) => Underlay::Wire,
+            Err(e) => Underlay::Unknown(format!("{e:#}")),
+        }
+    }
+}
+
+/// What of the network decides whether the eBPF programs can carry it. Both families are
+/// carried (an IPv6-only network is refused before, as on the TUN: the udp backend needs an
+/// IPv4 subnet), over the IPv4 underlay only.
 #[derive(Debug, Clone, Copy)]
 struct Network<'a> {
     backend: &'a str,
-    dual_stack: bool,
+    /// The family datagrams go over (`Backend.Underlay`).
+    family: config::Underlay,
 }
 
 fn decide<E: fmt::Display>(
     wanted: DataplaneChoice,
     network: Network,
     probe: impl FnOnce() -> Result<(), E>,
+    underlay: impl FnOnce() -> Underlay,
 ) -> anyhow::Result<Dataplane> {
-    let Network {
-        backend,
-        dual_stack,
-    } = network;
+    let Network { backend, family } = network;
+    let ipv6_underlay = family == config::Underlay::Ipv6;
     let on_ebpf = BackendKind::parse(backend).is_some_and(BackendKind::runs_on_ebpf);
     match wanted {
         DataplaneChoice::Tun => Ok(Dataplane::Tun),
@@ -53,32 +81,48 @@ fn decide<E: fmt::Display>(
             "--dataplane ebpf carries flannel's udp wire only, and this network's backend is \
              {backend}: leave --dataplane out, or give tun"
         ),
-        DataplaneChoice::Ebpf if dual_stack => bail!(
-            "--dataplane ebpf carries IPv4 only, and this network enables IPv6: leave \
-             --dataplane out, or give tun"
+        DataplaneChoice::Ebpf if ipv6_underlay => bail!(
+            "--dataplane ebpf sends over the IPv4 underlay only, and this network's \
+             Backend.Underlay is ipv6: leave --dataplane out, or give tun"
         ),
         DataplaneChoice::Ebpf => match probe() {
             Ok(()) => Ok(Dataplane::Ebpf),
             Err(missing) => bail!("--dataplane ebpf cannot run here: {missing}"),
         },
         DataplaneChoice::Auto if !on_ebpf => Ok(Dataplane::Tun),
-        DataplaneChoice::Auto if dual_stack => {
+        DataplaneChoice::Auto if ipv6_underlay => {
             tracing::info!(
-                "dataplane: tun (--dataplane auto; the eBPF dataplane carries IPv4 only, and \
-                 this network enables IPv6)"
+                "dataplane: tun (--dataplane auto; the eBPF dataplane sends over the IPv4 \
+                 underlay only, and this network's Backend.Underlay is ipv6)"
             );
             Ok(Dataplane::Tun)
         }
-        DataplaneChoice::Auto => match probe() {
-            Ok(()) => {
-                tracing::info!("dataplane: ebpf (--dataplane auto; this kernel runs it)");
-                Ok(Dataplane::Ebpf)
-            }
-            Err(missing) => {
+        DataplaneChoice::Auto => {
+            if let Err(missing) = probe() {
                 tracing::info!("dataplane: tun (--dataplane auto; eBPF cannot run: {missing})");
-                Ok(Dataplane::Tun)
+                return Ok(Dataplane::Tun);
             }
-        },
+            match underlay() {
+                Underlay::Wire => {
+                    tracing::info!("dataplane: ebpf (--dataplane auto; this kernel runs it)");
+                    Ok(Dataplane::Ebpf)
+                }
+                Underlay::Veth(iface) => {
+                    tracing::info!(
+                        "dataplane: tun (--dataplane auto; the underlay {iface} is a veth, where \
+                         the TUN engine carries more than an eBPF path its TUN and flanneld \
+                         peers can read; --dataplane ebpf runs it anyway)"
+                    );
+                    Ok(Dataplane::Tun)
+                }
+                Underlay::Unknown(why) => {
+                    tracing::info!(
+                        "dataplane: tun (--dataplane auto; the underlay's driver is unknown: {why})"
+                    );
+                    Ok(Dataplane::Tun)
+                }
+            }
+        }
     }
 }
 
@@ -94,6 +138,10 @@ mod tests {
         Err("the kernel has no tcx links and no clsact qdisc".into())
     }
 
+    fn wire() -> Underlay {
+        Underlay::Wire
+    }
+
     #[test]
     fn the_flag_reads_three_words_and_names_them_when_wrong() {
         assert_eq!("auto".parse(), Ok(DataplaneChoice::Auto));
@@ -103,21 +151,18 @@ mod tests {
         assert_eq!(err, r#""epbf" is not a dataplane; give tun, ebpf or auto"#);
     }
 
-    fn net(backend: &str, dual_stack: bool) -> Network<'_> {
-        Network {
-            backend,
-            dual_stack,
-        }
+    fn net(backend: &str, family: config::Underlay) -> Network<'_> {
+        Network { backend, family }
     }
 
     #[test]
     fn ebpf_is_an_error_where_it_cannot_run_and_auto_falls_back() {
-        let udp = net("udp", false);
+        let udp = net("udp", config::Underlay::Ipv4);
         assert_eq!(
-            decide(DataplaneChoice::Ebpf, udp, runs).unwrap(),
+            decide(DataplaneChoice::Ebpf, udp, runs, wire).unwrap(),
             Dataplane::Ebpf
         );
-        let err = decide(DataplaneChoice::Ebpf, udp, lacks)
+        let err = decide(DataplaneChoice::Ebpf, udp, lacks, wire)
             .unwrap_err()
             .to_string();
         assert_eq!(
@@ -125,40 +170,65 @@ mod tests {
             "--dataplane ebpf cannot run here: the kernel has no tcx links and no clsact qdisc"
         );
         assert_eq!(
-            decide(DataplaneChoice::Auto, udp, lacks).unwrap(),
+            decide(DataplaneChoice::Auto, udp, lacks, wire).unwrap(),
             Dataplane::Tun
         );
         assert_eq!(
-            decide(DataplaneChoice::Auto, udp, runs).unwrap(),
+            decide(DataplaneChoice::Auto, udp, runs, wire).unwrap(),
             Dataplane::Ebpf
         );
         assert_eq!(
-            decide(DataplaneChoice::Tun, udp, runs).unwrap(),
+            decide(DataplaneChoice::Tun, udp, runs, wire).unwrap(),
             Dataplane::Tun
         );
     }
 
     #[test]
-    fn ebpf_with_another_backend_or_ipv6_is_refused_and_auto_keeps_the_tun() {
-        let vxlan = net("vxlan", false);
-        let err = decide(DataplaneChoice::Ebpf, vxlan, runs)
+    fn ebpf_with_another_backend_or_the_ipv6_underlay_is_refused_and_auto_keeps_the_tun() {
+        let vxlan = net("vxlan", config::Underlay::Ipv4);
+        let err = decide(DataplaneChoice::Ebpf, vxlan, runs, wire)
             .unwrap_err()
             .to_string();
         assert!(err.contains("this network's backend is vxlan"), "{err}");
         assert_eq!(
-            decide(DataplaneChoice::Auto, vxlan, runs).unwrap(),
+            decide(DataplaneChoice::Auto, vxlan, runs, wire).unwrap(),
             Dataplane::Tun
         );
-        let dual = net("udp", true);
-        let err = decide(DataplaneChoice::Ebpf, dual, runs)
+        let over_ipv6 = net("udp", config::Underlay::Ipv6);
+        let err = decide(DataplaneChoice::Ebpf, over_ipv6, runs, wire)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("carries IPv4 only, and this network enables IPv6"),
+            err.contains("IPv4 underlay only, and this network's Backend.Underlay is ipv6"),
             "{err}"
         );
         assert_eq!(
-            decide(DataplaneChoice::Auto, dual, runs).unwrap(),
+            decide(DataplaneChoice::Auto, over_ipv6, runs, wire).unwrap(),
+            Dataplane::Tun
+        );
+    }
+
+    #[test]
+    fn auto_keeps_the_tun_on_a_veth_or_an_unknown_underlay_and_ebpf_runs_there_anyway() {
+        let udp = net("udp", config::Underlay::Ipv4);
+        let veth = || Underlay::Veth("eth0".into());
+        let unknown = || Underlay::Unknown("reading the driver's name: No such device".into());
+        assert_eq!(
+            decide(DataplaneChoice::Auto, udp, runs, veth).unwrap(),
+            Dataplane::Tun
+        );
+        assert_eq!(
+            decide(DataplaneChoice::Auto, udp, runs, unknown).unwrap(),
+            Dataplane::Tun
+        );
+        assert_eq!(
+            decide(DataplaneChoice::Ebpf, udp, runs, veth).unwrap(),
+            Dataplane::Ebpf
+        );
+        // A kernel that cannot run the programs is the reason given, whatever the underlay.
+        let never = || -> Underlay { panic!("the underlay was asked after the probe failed") };
+        assert_eq!(
+            decide(DataplaneChoice::Auto, udp, lacks, never).unwrap(),
             Dataplane::Tun
         );
     }

@@ -8,7 +8,7 @@
 
 use crate::host::netlink::{Link, LinkKind, Netlink};
 use anyhow::{bail, Context};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use netlink_packet_route::link::InfoKind;
 use rtnetlink::{LinkDummy, LinkMessageBuilder};
 
@@ -27,11 +27,18 @@ pub struct Made {
     pub created: bool,
 }
 
-/// The device `name` as the dataplane needs it: a dummy with `mtu`, `address` and up. One left
+/// The device `name` as the dataplane needs it: a dummy with `mtu`, `address` (and
+/// `address6` on a dual-stack network, with IPv6 as quiet as the TUN's) and up. One left
 /// by an earlier run is adopted as it is (its route and programs are still carrying traffic);
 /// a TUN of that name that no process holds is what the userspace dataplane left, and is
 /// replaced. Any other device of that name is not twill's and is refused.
-pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> anyhow::Result<Made> {
+pub async fn ensure(
+    nl: &Netlink,
+    name: &str,
+    mtu: u32,
+    address: Ipv4Net,
+    address6: Option<Ipv6Net>,
+) -> anyhow::Result<Made> {
     let found = nl.link_by_name(name).await?;
     let created = !found.as_ref().is_some_and(is_dummy);
     let link = match found {
@@ -65,32 +72,57 @@ pub async fn ensure(nl: &Netlink, name: &str, mtu: u32, address: Ipv4Net) -> any
     nl.add_address(link.index, address.into())
         .await
         .with_context(|| format!("cannot give {name} the address {address}"))?;
-    without_ipv6(name)?;
+    match address6 {
+        None => ipv6_sysctls(name, WITHOUT_IPV6)?,
+        Some(address6) => {
+            ipv6_sysctls(name, QUIET_IPV6)?;
+            nl.add_address(link.index, address6.into())
+                .await
+                .with_context(|| format!("cannot give {name} the address {address6}"))?;
+        }
+    }
     if !link.up {
         nl.set_up(link.index).await?;
     }
     Ok(Made { link, created })
 }
 
-/// The programs carry IPv4 only: the kernel's own IPv6 on the device (router solicitations,
-/// MLD reports) would only be counted as `not_ipv4`. Where /proc/sys is read-only (a pod
-/// without privileges, as kube-flannel.yml runs flannel) that counting is what happens: said
-/// once, not a reason to stop.
-fn without_ipv6(name: &str) -> anyhow::Result<()> {
-    let knob = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
-    match std::fs::write(&knob, "1") {
-        Ok(()) => Ok(()),
-        // A kernel without IPv6 has no such file, and nothing to turn off.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
-            tracing::warn!(
-                "cannot turn IPv6 off on {name} ({knob} is read-only here): the kernel's own \
-                 IPv6 packets on it are counted as not_ipv4 drops"
-            );
-            Ok(())
+/// On an IPv4-only network the kernel's own IPv6 on the device (router solicitations, MLD
+/// reports) would only be counted as drops.
+const WITHOUT_IPV6: &[(&str, &str)] = &[("disable_ipv6", "1")];
+
+/// On a dual-stack network the device keeps IPv6 but, as the TUN engine's device, talks no
+/// neighbour protocol on it: no link-local address (so no router solicitations or MLD reports
+/// from one), no router advertisements taken. Its one address is the lease's. The knobs go
+/// before IPv6 is turned on, so that no link-local address is made in between.
+const QUIET_IPV6: &[(&str, &str)] = &[
+    ("addr_gen_mode", "1"),
+    ("accept_ra", "0"),
+    ("router_solicitations", "0"),
+    ("disable_ipv6", "0"),
+];
+
+/// Sets the IPv6 `knobs` of device `name`. Where /proc/sys is read-only (a pod without
+/// privileges, as kube-flannel.yml runs flannel) the kernel's own IPv6 packets on it are
+/// counted as drops: said once, not a reason to stop.
+fn ipv6_sysctls(name: &str, knobs: &[(&str, &str)]) -> anyhow::Result<()> {
+    for (knob, value) in knobs {
+        let path = format!("/proc/sys/net/ipv6/conf/{name}/{knob}");
+        match std::fs::write(&path, value) {
+            Ok(()) => {}
+            // A kernel without IPv6 has no such file, and nothing to set.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+                tracing::warn!(
+                    "cannot set IPv6 on {name} ({path} is read-only here): the kernel's own \
+                     IPv6 packets on it are counted as drops"
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot write {path}")),
         }
-        Err(e) => Err(e).with_context(|| format!("cannot write {knob}")),
     }
+    Ok(())
 }
 
 async fn create(nl: &Netlink, name: &str, mtu: u32) -> anyhow::Result<Link> {

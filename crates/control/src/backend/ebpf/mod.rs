@@ -15,7 +15,7 @@ mod unproven;
 
 pub use choice::{choose, Dataplane};
 
-use super::userspace::{mtu_source, tun_mtu, Overhead};
+use super::userspace::{dual_stack_side, mtu_source, tun_mtu, with_ipv6_side, Overhead};
 use super::{each, Backend, Setup};
 use crate::host;
 use crate::host::netlink::{Netlink, Route};
@@ -23,11 +23,11 @@ use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 use crate::node::Node;
 use crate::status::EngineView;
 use anyhow::{anyhow, Context};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use owner::Owner;
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twill_dataplane::stats::EngineStats;
@@ -39,7 +39,7 @@ use unproven::{undo, Unproven};
 pub use crate::node::DEFAULT_BPF_DIR;
 pub use twill_ebpf::AttachMode;
 
-/// flannel's udp encapsulation: an outer IPv4 and UDP header.
+/// flannel's udp encapsulation: an outer IPv4 and UDP header (the inner packet IPv4 or IPv6).
 const OVERHEAD: usize = 28;
 
 /// Where a node's programs, links and maps are pinned: one directory per device, so nodes
@@ -55,13 +55,16 @@ pub struct EbpfSetup {
     owner: Owner,
 }
 
-/// What the dataplane is made of: where it attaches, where it pins, and the network routed to
-/// its device.
+/// What the dataplane is made of: where it attaches, where it pins, and the network (both
+/// networks, on a dual-stack one) routed to its device.
 struct Site {
     attachment: Attachment,
     pin_dir: PathBuf,
     mtu: u16,
     network: Ipv4Net,
+    /// A dual-stack network's IPv6Network, and this node's PublicIPv6 (the programs send over
+    /// the IPv4 underlay).
+    ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
 impl EbpfSetup {
@@ -94,6 +97,7 @@ impl EbpfSetup {
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
+            ipv6: dual_stack_side(node),
         };
         Ok(EbpfSetup { site, owner })
     }
@@ -103,7 +107,7 @@ impl Setup for EbpfSetup {
     type Backend = Ebpf;
 
     fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
-        LeaseAttrs::udp(public_addrs)
+        with_ipv6_side(LeaseAttrs::udp(public_addrs), self.site.ipv6)
     }
 
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
@@ -112,8 +116,13 @@ impl Setup for EbpfSetup {
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let (subnet, _) = lease.ipv4_side()?;
         let address = Ipv4Net::new(subnet.network(), 32)?;
+        let subnet6 = lease.subnets.v6().filter(|_| self.site.ipv6.is_some());
+        let address6 = subnet6
+            .map(|s| Ipv6Net::new(s.network(), 128))
+            .transpose()?;
         let name = self.site.attachment.device.clone();
-        let made = device::ensure(&nl, &name, u32::from(self.site.mtu), address).await?;
+        let mtu = u32::from(self.site.mtu);
+        let made = device::ensure(&nl, &name, mtu, address, address6).await?;
         let opened = twill_ebpf::Dataplane::open(&self.site.pin_dir, &self.site.attachment)
             .with_context(|| format!("loading the eBPF dataplane on {name}"));
         let (dataplane, opened) = match opened {
@@ -160,20 +169,24 @@ impl Setup for EbpfSetup {
             pins: opened == Opened::Fresh,
             replaced,
         };
-        Ok(Ebpf::new(self, dataplane, unproven, address))
+        Ok(Ebpf::new(self, dataplane, unproven, (address, address6)))
     }
 }
 
 impl Site {
-    /// The network routed to the device; the route it replaced, if it led elsewhere (another
-    /// node's device on this host, whose traffic a start that fails must give back).
-    async fn route(&self, nl: &Netlink, index: u32) -> anyhow::Result<Option<Route>> {
-        let network = IpNet::V4(self.network);
+    /// The network (and the IPv6Network) routed to the device; the routes it replaced, where
+    /// they led elsewhere (another node's device on this host, whose traffic a start that fails
+    /// must give back).
+    async fn route(&self, nl: &Netlink, index: u32) -> anyhow::Result<Vec<Route>> {
+        let networks = std::iter::once(IpNet::V4(self.network))
+            .chain(self.ipv6.map(|(network6, _)| IpNet::V6(network6)));
         let routes = nl.boot_routes().await.context("listing routes")?;
-        let replaced = routes
-            .into_iter()
-            .find(|r| r.dst == network && r.oif != index);
-        host::route_network_via(nl, self.network, index, &self.attachment.device).await?;
+        let mut replaced = Vec::new();
+        for network in networks {
+            let before = routes.iter().find(|r| r.dst == network && r.oif != index);
+            replaced.extend(before.cloned());
+            host::route_network_via(nl, network, index, &self.attachment.device).await?;
+        }
         Ok(replaced)
     }
 }
@@ -183,8 +196,10 @@ impl Site {
 pub struct Ebpf {
     dataplane: Arc<twill_ebpf::Dataplane>,
     site: Site,
-    /// The device's address, the lease's network address.
+    /// The device's addresses, the lease's network addresses (the IPv6 one on a dual-stack
+    /// network).
     address: Ipv4Net,
+    address6: Option<Ipv6Net>,
     /// What this start made and no reconcile has proven yet.
     unproven: Unproven,
     /// The claim on the device, held for as long as the node runs.
@@ -204,7 +219,7 @@ impl Ebpf {
         setup: EbpfSetup,
         dataplane: twill_ebpf::Dataplane,
         unproven: Unproven,
-        address: Ipv4Net,
+        (address, address6): (Ipv4Net, Option<Ipv6Net>),
     ) -> Ebpf {
         let EbpfSetup { site, owner } = setup;
         Ebpf {
@@ -213,6 +228,7 @@ impl Ebpf {
             port: site.attachment.port,
             site,
             address,
+            address6,
             unproven,
             _owner: owner,
             table: Arc::default(),
@@ -221,9 +237,14 @@ impl Ebpf {
         }
     }
 
-    fn set(&mut self, subnet: Ipv4Net, endpoint: SocketAddrV4) -> anyhow::Result<()> {
+    fn set(
+        &mut self,
+        subnet: Ipv4Net,
+        peer: (SocketAddrV4, Option<Ipv6Net>),
+    ) -> anyhow::Result<()> {
         self.writes += 1;
-        self.dataplane.set_peer(subnet, endpoint)
+        let (endpoint, subnet6) = peer;
+        self.dataplane.set_peer(subnet, subnet6, endpoint)
     }
 
     fn unset(&mut self, subnet: Ipv4Net) -> anyhow::Result<()> {
@@ -231,20 +252,25 @@ impl Ebpf {
         self.dataplane.remove_peer(subnet)
     }
 
-    /// The programs send over IPv4 only: a dual-stack network, the only one with an IPv6
-    /// underlay, never runs them.
+    /// The programs send over the IPv4 underlay only: a network with `Backend.Underlay`
+    /// ipv6 never runs them (choice.rs).
     fn endpoint(&self, public_ip: Ipv4Addr) -> SocketAddrV4 {
         SocketAddrV4::new(public_ip, self.port)
     }
 
-    fn spec(&self, (subnet, public_ip): (Ipv4Net, Ipv4Addr)) -> PeerSpec {
-        PeerSpec {
+    /// The lease's IPv6 subnet, on a dual-stack network.
+    fn subnet6(&self, lease: &Lease) -> Option<Ipv6Net> {
+        lease.subnets.v6().filter(|_| self.site.ipv6.is_some())
+    }
+
+    fn spec(&self, lease: &Lease) -> anyhow::Result<PeerSpec> {
+        let (subnet, public_ip) = lease.ipv4_side()?;
+        Ok(PeerSpec {
             subnet,
             endpoint: self.endpoint(public_ip).into(),
             version: 1,
-            // The programs carry IPv4 only; a dual-stack network never runs them.
-            subnet6: None,
-        }
+            subnet6: self.subnet6(lease),
+        })
     }
 
     /// Puts back what someone took away while the node ran: the device (deleted, or a
@@ -257,7 +283,7 @@ impl Ebpf {
         let name = &self.site.attachment.device;
         tracing::warn!("the eBPF dataplane on {name} was taken away under twill; putting it back");
         let nl = Netlink::connect().context("opening rtnetlink")?;
-        let made = device::ensure(&nl, name, self.mtu, self.address).await?;
+        let made = device::ensure(&nl, name, self.mtu, self.address, self.address6).await?;
         let opened = self.dataplane.reopen()?;
         self.site.route(&nl, made.link.index).await?;
         tracing::info!(device = %name, ?opened, "eBPF dataplane put back");
@@ -287,11 +313,11 @@ impl Backend for Ebpf {
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
-        let side = lease.ipv4_side()?;
+        let (subnet, public_ip) = lease.ipv4_side()?;
         self.table
-            .set_peer(self.spec(side))
+            .set_peer(self.spec(lease)?)
             .with_context(|| format!("peer {} left out", lease.id()))?;
-        self.set(side.0, self.endpoint(side.1))
+        self.set(subnet, (self.endpoint(public_ip), self.subnet6(lease)))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
@@ -306,28 +332,33 @@ impl Backend for Ebpf {
     async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()> {
         self.unproven = Unproven::default();
         self.repair().await?;
-        let sides = each(leases).filter_map(|l| l.ipv4_side().ok());
-        let specs: Vec<PeerSpec> = sides.map(|side| self.spec(side)).collect();
+        let specs: Vec<PeerSpec> = each(leases).filter_map(|l| self.spec(l).ok()).collect();
         self.table.set_peers(&specs);
-        let wanted: BTreeMap<Ipv4Net, SocketAddrV4> = self
+        type Wanted = BTreeMap<Ipv4Net, (SocketAddrV4, Option<Ipv6Net>)>;
+        let wanted: Wanted = self
             .table
             .load()
             .peers()
             .iter()
             .filter_map(|p| match p.spec.endpoint {
-                SocketAddr::V4(endpoint) => Some((p.spec.subnet, endpoint)),
+                SocketAddr::V4(endpoint) => Some((p.spec.subnet, (endpoint, p.spec.subnet6))),
                 // None: every endpoint this backend writes is IPv4 ([`Ebpf::endpoint`]).
                 SocketAddr::V6(_) => None,
             })
             .collect();
-        let present: BTreeMap<Ipv4Net, SocketAddrV4> =
-            self.dataplane.peers()?.into_iter().collect();
+        let subnets6 = self.dataplane.peer_subnets6();
+        let present: Wanted = self
+            .dataplane
+            .peers()?
+            .into_iter()
+            .map(|(subnet, endpoint)| (subnet, (endpoint, subnets6.get(&subnet).copied())))
+            .collect();
         for subnet in present.keys().filter(|s| !wanted.contains_key(s)) {
             self.unset(*subnet)?;
         }
-        for (subnet, endpoint) in &wanted {
-            if present.get(subnet) != Some(endpoint) {
-                self.set(*subnet, *endpoint)?;
+        for (subnet, peer) in &wanted {
+            if present.get(subnet) != Some(peer) {
+                self.set(*subnet, *peer)?;
             }
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! What a start of the eBPF dataplane made and no reconcile has proven yet, and how a start
 //! that fails takes it back: the device it created, the programs it loaded fresh, the network
-//! route it replaced. An adopted device or dataplane is a running node's, and stays.
+//! routes it replaced. An adopted device or dataplane is a running node's, and stays.
 
 use super::device;
 use crate::host::netlink::{Netlink, Route, Write};
@@ -37,8 +37,8 @@ pub(super) struct Unproven {
     pub device: Option<String>,
     /// The programs and pins, if this start loaded them fresh.
     pub pins: bool,
-    /// The network's route before this start took it.
-    pub replaced: Option<Route>,
+    /// The networks' routes before this start took them.
+    pub replaced: Vec<Route>,
 }
 
 impl Unproven {
@@ -46,7 +46,7 @@ impl Unproven {
     /// is dropped, inside the daemon's runtime, which cannot be blocked on: a thread of its
     /// own, with a runtime of its own, does the work.
     pub(super) fn take_back(self, pin_dir: &Path) {
-        if self.device.is_none() && !self.pins && self.replaced.is_none() {
+        if self.device.is_none() && !self.pins && self.replaced.is_empty() {
             return;
         }
         let unproven = self;
@@ -63,7 +63,7 @@ impl Unproven {
                     if let Some(device) = &unproven.device {
                         device::remove(&nl, device).await?;
                     }
-                    if let Some(route) = unproven.replaced {
+                    for route in unproven.replaced {
                         let given_back = nl.write_one(Write::ReplaceRoute(route)).await;
                         given_back.context("giving the network's route back")?;
                     }
