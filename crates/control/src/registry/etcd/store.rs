@@ -40,6 +40,15 @@ pub(super) fn is_unreachable(err: &anyhow::Error) -> bool {
     })
 }
 
+/// Whether etcd refused a read at a revision it no longer has (compacted) or does not have yet:
+/// both are gRPC's OutOfRange.
+fn is_compacted(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        matches!(e.downcast_ref::<etcd_client::Error>(),
+            Some(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::OutOfRange)
+    })
+}
+
 /// An etcd key for the log, whatever bytes it holds.
 pub(super) fn key_text(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
@@ -93,6 +102,9 @@ const MAX_MESSAGE: usize = 256 << 20;
 /// about 0.4 MB.
 const LIST_PAGE: i64 = 2000;
 
+/// How often a list starts over when etcd compacted away the revision its pages were read at.
+const LIST_RESTARTS: usize = 3;
+
 #[derive(Clone)]
 pub(super) struct Store {
     client: Client,
@@ -141,8 +153,22 @@ impl Store {
 
     /// Every lease under `<prefix>/subnets/`, as of one revision, read [`LIST_PAGE`] keys at a
     /// time. Entries that are not leases are set aside, as flanneld skips them, so one bad key
-    /// cannot stop the network.
+    /// cannot stop the network. A compaction between two pages starts the list over at the
+    /// newest revision: one answer of the whole table could not meet one.
     pub async fn list(&self) -> anyhow::Result<Listing> {
+        let mut restarts = 0;
+        loop {
+            match self.list_pages().await {
+                Err(e) if is_compacted(&e) && restarts < LIST_RESTARTS => {
+                    restarts += 1;
+                    warn!("listing leases again: {}", describe(&e));
+                }
+                listed => return listed,
+            }
+        }
+    }
+
+    async fn list_pages(&self) -> anyhow::Result<Listing> {
         let prefix = subnets_prefix(&self.prefix).into_bytes();
         let end = range_end(&prefix);
         let (mut leases, mut unreadable) = (Vec::new(), Vec::new());
@@ -320,7 +346,7 @@ fn range_end(prefix: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::range_end;
+    use super::{is_compacted, range_end, with_deadline};
 
     #[test]
     fn the_range_of_a_prefix_ends_after_its_last_key() {
@@ -330,5 +356,19 @@ mod tests {
         );
         assert_eq!(range_end(b"a\xff\xff"), b"b");
         assert_eq!(range_end(b"\xff"), [0]);
+    }
+
+    #[tokio::test]
+    async fn only_a_revision_out_of_range_starts_a_list_over() {
+        let refused = |status: tonic::Status| {
+            with_deadline("list leases", std::time::Duration::from_secs(1), async {
+                Err::<(), _>(etcd_client::Error::GRpcStatus(status))
+            })
+        };
+        let compacted =
+            tonic::Status::out_of_range("etcdserver: mvcc: required revision has been compacted");
+        assert!(is_compacted(&refused(compacted).await.unwrap_err()));
+        let denied = tonic::Status::permission_denied("etcdserver: permission denied");
+        assert!(!is_compacted(&refused(denied).await.unwrap_err()));
     }
 }
