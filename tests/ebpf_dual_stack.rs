@@ -7,7 +7,7 @@
 
 mod common;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use common::cluster::*;
 use common::hostile6::{fake_dual_stack_peer_with, Underlay};
 use common::*;
