@@ -52,16 +52,8 @@ fn carries_both_families(
     })?;
     check(&c)?;
     leases_have_flanneld_shape(&c, backend)?;
-    c.add_dual_stack_container(0)?;
-    c.add_dual_stack_container(1)?;
+    c.dual_stack_containers_ping_each_other()?;
     let (a, b) = (c.container(0), c.container(1));
-    for (from, to) in [(a, b), (b, a)] {
-        let out = ping(from, to.ip, 2)?;
-        ensure!(out.contains("2 received"), "IPv4: {out}");
-        let to6 = to.ipv6.expect("dual-stack container");
-        let out = ping(from, to6, 2)?;
-        ensure!(out.contains("2 received"), "IPv6: {out}");
-    }
     let routes = c
         .lab
         .host(0)

@@ -132,6 +132,20 @@ impl Cluster {
         Ok(())
     }
 
+    /// A dual-stack container on hosts 0 and 1, pinged twice each way over both families.
+    pub fn dual_stack_containers_ping_each_other(&mut self) -> Result<()> {
+        self.add_dual_stack_container(0)?;
+        self.add_dual_stack_container(1)?;
+        let (a, b) = (self.container(0), self.container(1));
+        for (from, to) in [(a, b), (b, a)] {
+            let out = ping(from, to.ip, 2)?;
+            anyhow::ensure!(out.contains("2 received"), "IPv4: {out}");
+            let out = ping(from, to.ipv6.context("dual-stack container")?, 2)?;
+            anyhow::ensure!(out.contains("2 received"), "IPv6: {out}");
+        }
+        Ok(())
+    }
+
     pub fn lease_key(&self, subnet: Ipv4Net) -> String {
         format!(
             "{PREFIX}/subnets/{}-{}",

@@ -76,8 +76,8 @@ async fn username_and_password() {
     // The registry sees the new peer through its watch, or in a re-list if its watch broke
     // with the restart (which one depends on where the restart caught it).
     common::wait_for(&mut events, Duration::from_secs(15), |e| match e {
-        LeaseEvent::Added(added) => *added == peer,
-        LeaseEvent::Snapshot(all) => all.contains(&peer),
+        LeaseEvent::Added(added) => **added == peer,
+        LeaseEvent::Snapshot(all) => all.iter().any(|lease| **lease == peer),
         _ => false,
     })
     .await;

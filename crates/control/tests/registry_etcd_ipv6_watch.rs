@@ -84,7 +84,7 @@ async fn flanneld_dual_stack_leases_are_read_and_their_put_and_delete_reach_the_
     client.delete(key, None).await.unwrap();
     assert_eq!(
         next_event(&mut events, 5 * SECOND).await,
-        LeaseEvent::Removed(flanneld.clone())
+        LeaseEvent::Removed(flanneld.clone().into())
     );
     client.delete(second_key, None).await.unwrap();
     assert_eq!(
@@ -103,7 +103,7 @@ async fn dual_stack_peers_are_reported_with_their_ipv6_subnets() {
     assert!(b.subnets.v6().is_some());
     assert_eq!(
         next_event(&mut a_events, 5 * SECOND).await,
-        LeaseEvent::Added(b.clone())
+        LeaseEvent::Added(b.clone().into())
     );
     assert_eq!(snapshot(next_event(&mut b_events, 5 * SECOND).await), [a]);
     etcd.client()
@@ -113,7 +113,7 @@ async fn dual_stack_peers_are_reported_with_their_ipv6_subnets() {
         .unwrap();
     assert_eq!(
         next_event(&mut a_events, 5 * SECOND).await,
-        LeaseEvent::Removed(b)
+        LeaseEvent::Removed(b.into())
     );
 }
 

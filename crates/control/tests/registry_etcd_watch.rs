@@ -38,7 +38,7 @@ async fn peers_are_reported_and_our_own_lease_is_not() {
     let (b, mut b_events) = start(&etcd, 2).await;
     assert_eq!(
         next_event(&mut a_events, 5 * SECOND).await,
-        LeaseEvent::Added(b.clone())
+        LeaseEvent::Added(b.clone().into())
     );
     assert_eq!(
         snapshot(next_event(&mut b_events, 5 * SECOND).await),
@@ -165,7 +165,7 @@ async fn watch_resyncs_after_etcd_is_gone_for_a_while() {
     let (a, mut events) = start(&etcd, 1).await;
     let (b, _b_events) = start(&etcd, 2).await;
     wait_for(&mut events, 5 * SECOND, |e| {
-        *e == LeaseEvent::Added(b.clone())
+        *e == LeaseEvent::Added(b.clone().into())
     })
     .await;
 
@@ -187,7 +187,7 @@ async fn watch_resyncs_after_etcd_is_gone_for_a_while() {
     assert_eq!(snapshot(resync), vec![b.clone()]);
     let (c, _c_events) = start(&etcd, 3).await;
     wait_for(&mut events, 5 * SECOND, |e| {
-        *e == LeaseEvent::Added(c.clone())
+        *e == LeaseEvent::Added(c.clone().into())
     })
     .await;
     assert!(get(&mut etcd.client().await, &a.key(PREFIX))
@@ -279,7 +279,7 @@ async fn compaction_behind_the_watch_is_recovered_without_a_hot_loop() {
 
     let late = put_many(&etcd, 20_000, 1, 10).await;
     wait_for(&mut events, 5 * SECOND, |e| {
-        *e == LeaseEvent::Added(late[0].clone())
+        *e == LeaseEvent::Added(late[0].clone().into())
     })
     .await;
 }

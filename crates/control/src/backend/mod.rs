@@ -6,6 +6,7 @@ pub mod ebpf;
 pub mod userspace;
 pub mod wireguard;
 
+mod checklist;
 pub mod guard;
 pub mod host_gw;
 pub mod ipip;

@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use anyhow::Context;
 use ipnet::IpNet;
 
+use super::checklist::Checklist;
 use crate::host::netlink::{FdbEntry, Neighbour, Netlink, Nexthop, Route};
 use crate::host::uplink::Uplink;
 use crate::lease::Lease;
@@ -109,10 +110,10 @@ impl L2Links {
 /// Owned kernel state, read back from the kernel.
 #[derive(Debug, Default)]
 pub(crate) struct Snapshot {
-    pub routes: HashSet<Route>,
-    pub neighbours: HashSet<Neighbour>,
-    pub fdb: HashSet<FdbEntry>,
-    /// twill's nexthop objects, by id.
+    pub routes: Checklist<Route>,
+    pub neighbours: Checklist<Neighbour>,
+    pub fdb: Checklist<FdbEntry>,
+    /// twill's nexthop objects, by id; checked off by removing them.
     pub nexthops: HashMap<u32, Nexthop>,
 }
 
@@ -125,51 +126,75 @@ impl Snapshot {
     ) -> anyhow::Result<Snapshot> {
         let routes = nl.boot_routes().await.context("listing routes")?;
         let routes = routes.into_iter().map(|r| with_nexthop(r, &nexthops));
-        let mut snap = Snapshot {
-            routes: routes.filter(|r| owned.owns_route(r)).collect(),
-            nexthops,
-            ..Snapshot::default()
-        };
+        let routes = routes.filter(|r| owned.owns_route(r)).collect();
+        let (mut neighbours, mut fdb) = (Vec::new(), Vec::new());
         for (dev, ipv6) in owned.l2.each() {
             // Only entries of the device's own family are its: any other is not twill's.
-            let neighbours = nl.permanent_neighbours(dev).await;
-            let neighbours = neighbours.context("listing neighbours")?.into_iter();
-            snap.neighbours
-                .extend(neighbours.filter(|n| n.ip.is_ipv6() == ipv6));
-            let fdb = nl.fdb(dev).await.context("listing fdb")?.into_iter();
-            snap.fdb.extend(fdb.filter(|f| f.dst.is_ipv6() == ipv6));
+            let found = nl.permanent_neighbours(dev).await;
+            let found = found.context("listing neighbours")?;
+            append(&mut neighbours, found, |n| n.ip.is_ipv6() == ipv6);
+            let found = nl.fdb(dev).await.context("listing fdb")?;
+            append(&mut fdb, found, |f| f.dst.is_ipv6() == ipv6);
         }
-        Ok(snap)
+        Ok(Snapshot {
+            routes: Checklist::of(routes),
+            neighbours: Checklist::of(neighbours),
+            fdb: Checklist::of(fdb),
+            nexthops,
+        })
     }
 
-    /// Checks what `peers` want off what the kernel holds, leaving what no peer wants, without
-    /// a second set of everything wanted. What the kernel holds in another form than a peer
-    /// wants was just replaced in place and stays: a route through the same nexthop id (its
-    /// nexthop moved), a neighbour of the same IP (its MAC changed).
-    pub fn check_off<'a>(&mut self, peers: impl Iterator<Item = &'a PeerState> + Clone) {
-        for p in peers.clone() {
-            self.routes.remove(&p.route);
-            if let Some(neighbour) = &p.neighbour {
-                self.neighbours.remove(neighbour);
-            }
-            if let Some(fdb) = &p.fdb {
-                self.fdb.remove(fdb);
-            }
-            if let Some(nexthop) = &p.nexthop {
-                self.nexthops.remove(&nexthop.id);
-            }
+    /// Checks what `peer` wants off what the kernel holds. Checked off peer by peer as each is
+    /// planned, what is left at the end is what no peer wants, without a set of everything
+    /// wanted beside it.
+    pub fn check_off(&mut self, peer: &PeerState) {
+        self.routes.check_off(&peer.route);
+        if let Some(neighbour) = &peer.neighbour {
+            self.neighbours.check_off(neighbour);
         }
+        if let Some(fdb) = &peer.fdb {
+            self.fdb.check_off(fdb);
+        }
+        if let Some(nexthop) = &peer.nexthop {
+            self.nexthops.remove(&nexthop.id);
+        }
+    }
+
+    /// Whether what is left after checking off may hold something a peer wants in another
+    /// form ([`Snapshot::keep_replaced`]): usually nothing is left, and the peers need not be
+    /// planned a second time.
+    pub fn may_hold_replaced(&self) -> bool {
+        self.routes.left().any(|r| through(r).is_some()) || self.neighbours.left().next().is_some()
+    }
+
+    /// Keeps, of what is left after checking off all `peers`, what a peer wants in another form
+    /// and was just replaced in place: a route through the same nexthop id (its nexthop
+    /// moved), a neighbour of the same IP (its MAC changed). Deleting those would delete the
+    /// replacement.
+    pub fn keep_replaced(&mut self, peers: impl Iterator<Item = PeerState>) {
         // What is left is usually nothing, so these sets are small.
-        let left_through: HashSet<(u32, IpNet)> = self.routes.iter().filter_map(through).collect();
-        let left_ips: HashSet<IpAddr> = self.neighbours.iter().map(|n| n.ip).collect();
+        let left_through: HashSet<(u32, IpNet)> = self.routes.left().filter_map(through).collect();
+        let left_ips: HashSet<IpAddr> = self.neighbours.left().map(|n| n.ip).collect();
         let (mut moved, mut replaced) = (HashSet::new(), HashSet::new());
         for p in peers {
             moved.extend(through(&p.route).filter(|t| left_through.contains(t)));
             replaced.extend(p.neighbour.map(|n| n.ip).filter(|ip| left_ips.contains(ip)));
         }
         self.routes
-            .retain(|r| !through(r).is_some_and(|t| moved.contains(&t)));
-        self.neighbours.retain(|n| !replaced.contains(&n.ip));
+            .check_off_where(|r| through(r).is_some_and(|t| moved.contains(&t)));
+        self.neighbours
+            .check_off_where(|n| replaced.contains(&n.ip));
+    }
+}
+
+/// Adds what `found` holds that `keep` keeps to `all`; the first device's entries are kept in
+/// the `Vec` they were read into, not copied.
+fn append<T>(all: &mut Vec<T>, found: Vec<T>, keep: impl Fn(&T) -> bool) {
+    let found = found.into_iter().filter(keep);
+    if all.is_empty() {
+        *all = found.collect();
+    } else {
+        all.extend(found);
     }
 }
 
@@ -301,24 +326,40 @@ pub(crate) mod tests {
 
     /// The kernel holding exactly `peers`.
     fn holding(peers: &[PeerState]) -> Snapshot {
-        let mut held = Snapshot::default();
-        for p in peers {
-            held.routes.insert(p.route);
-            held.neighbours.extend(p.neighbour);
-            held.fdb.extend(p.fdb);
-            held.nexthops.extend(p.nexthop.map(|nh| (nh.id, nh)));
+        Snapshot {
+            routes: Checklist::of(peers.iter().map(|p| p.route).collect()),
+            neighbours: Checklist::of(peers.iter().filter_map(|p| p.neighbour).collect()),
+            fdb: Checklist::of(peers.iter().filter_map(|p| p.fdb).collect()),
+            nexthops: peers
+                .iter()
+                .filter_map(|p| p.nexthop.map(|nh| (nh.id, nh)))
+                .collect(),
         }
-        held
+    }
+
+    fn left<T: Ord>(list: &Checklist<T>) -> Vec<&T> {
+        list.left().collect()
+    }
+
+    /// What a reconcile does with what the kernel holds: checks off each peer, then keeps
+    /// what was replaced in place.
+    fn settle(held: &mut Snapshot, peers: Vec<PeerState>) {
+        for peer in &peers {
+            held.check_off(peer);
+        }
+        if held.may_hold_replaced() {
+            held.keep_replaced(peers.into_iter());
+        }
     }
 
     #[test]
     fn checking_off_the_wanted_peers_leaves_only_what_no_peer_wants() {
         let (kept, gone) = (vxlan_peer(3), vxlan_peer(4));
         let mut held = holding(&[kept.clone(), gone.clone()]);
-        held.check_off([kept].iter());
-        assert_eq!(held.routes, HashSet::from([gone.route]));
-        assert_eq!(held.neighbours, HashSet::from([gone.neighbour.unwrap()]));
-        assert_eq!(held.fdb, HashSet::from([gone.fdb.unwrap()]));
+        settle(&mut held, vec![kept]);
+        assert_eq!(left(&held.routes), [&gone.route]);
+        assert_eq!(left(&held.neighbours), [&gone.neighbour.unwrap()]);
+        assert_eq!(left(&held.fdb), [&gone.fdb.unwrap()]);
         let gone_nexthop = gone.nexthop.unwrap();
         assert_eq!(
             held.nexthops,
@@ -336,11 +377,11 @@ pub(crate) mod tests {
         now.fdb.as_mut().unwrap().mac = mac(9);
         now.route.gateway = Some(Ipv4Addr::new(10, 5, 9, 0).into());
         let mut held = holding(std::slice::from_ref(&before));
-        held.check_off([now].iter());
-        assert!(held.routes.is_empty(), "{:?}", held.routes);
-        assert!(held.neighbours.is_empty(), "{:?}", held.neighbours);
+        settle(&mut held, vec![now]);
+        assert!(left(&held.routes).is_empty(), "{:?}", held.routes);
+        assert!(left(&held.neighbours).is_empty(), "{:?}", held.neighbours);
         assert!(held.nexthops.is_empty());
         // An fdb entry is keyed by MAC and destination: the old one is stale.
-        assert_eq!(held.fdb, HashSet::from([before.fdb.unwrap()]));
+        assert_eq!(left(&held.fdb), [&before.fdb.unwrap()]);
     }
 }

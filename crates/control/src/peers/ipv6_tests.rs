@@ -29,8 +29,11 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
     let mut peers = peers();
     let first = lease(2, "fd10:0:0:2::/64");
     let copy = lease(3, "fd10:0:0:2::/64");
-    assert!(admitted(&mut peers, LeaseEvent::Added(first.clone())).is_some());
-    assert_eq!(admitted(&mut peers, LeaseEvent::Added(copy.clone())), None);
+    assert!(admitted(&mut peers, LeaseEvent::Added(first.clone().into())).is_some());
+    assert_eq!(
+        admitted(&mut peers, LeaseEvent::Added(copy.clone().into())),
+        None
+    );
     let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
     assert_eq!(
         refused,
@@ -44,18 +47,21 @@ fn an_ipv6_subnet_is_one_peers_until_it_goes() {
         public_addrs: PublicAddrs::V4("10.200.0.22".parse().unwrap()),
         ..first.clone()
     };
-    assert!(admitted(&mut peers, LeaseEvent::Added(renewed.clone())).is_some());
-    assert_eq!(admitted(&mut peers, LeaseEvent::Added(copy.clone())), None);
-    admitted(&mut peers, LeaseEvent::Removed(renewed));
+    assert!(admitted(&mut peers, LeaseEvent::Added(renewed.clone().into())).is_some());
     assert_eq!(
-        admitted(&mut peers, LeaseEvent::Added(copy.clone())),
-        Some(LeaseEvent::Added(copy.clone()))
+        admitted(&mut peers, LeaseEvent::Added(copy.clone().into())),
+        None
+    );
+    admitted(&mut peers, LeaseEvent::Removed(renewed.into()));
+    assert_eq!(
+        admitted(&mut peers, LeaseEvent::Added(copy.clone().into())),
+        Some(LeaseEvent::Added(copy.clone().into()))
     );
     // A snapshot starts the index afresh: the first made keeps the subnet.
-    let all = vec![first.clone(), copy];
+    let all = vec![first.clone().into(), copy.into()];
     assert_eq!(
         admitted(&mut peers, LeaseEvent::Snapshot(all)),
-        Some(LeaseEvent::Snapshot(vec![first]))
+        Some(LeaseEvent::Snapshot(vec![first.into()]))
     );
 }
 
@@ -86,8 +92,8 @@ fn ipv6_only_leases_are_peers_of_their_own() {
     let (two, three) = (ipv6_only_lease(2), ipv6_only_lease(3));
     assert_eq!(two.id(), SubnetId::V6("fd10:0:0:2::/64".parse().unwrap()));
     for lease in [&two, &three] {
-        let added = admitted(&mut peers, LeaseEvent::Added(lease.clone()));
-        assert_eq!(added, Some(LeaseEvent::Added(lease.clone())));
+        let added = admitted(&mut peers, LeaseEvent::Added(lease.clone().into()));
+        assert_eq!(added, Some(LeaseEvent::Added(lease.clone().into())));
     }
     assert_eq!(peers.accepted().count(), 2);
     assert_eq!(peers.refused().count(), 0);
@@ -97,11 +103,11 @@ fn ipv6_only_leases_are_peers_of_their_own() {
     let mut wide = ipv6_only_lease(8);
     wide.subnets = Subnets::V6("fd10:0:0:2::/63".parse().unwrap());
     wide.public_addrs = PublicAddrs::V6("fd00:200::8".parse().unwrap());
-    assert_eq!(admitted(&mut peers, LeaseEvent::Added(own)), None);
-    let removed = admitted(&mut peers, LeaseEvent::Removed(two.clone()));
-    assert_eq!(removed, Some(LeaseEvent::Removed(two)));
+    assert_eq!(admitted(&mut peers, LeaseEvent::Added(own.into())), None);
+    let removed = admitted(&mut peers, LeaseEvent::Removed(two.clone().into()));
+    assert_eq!(removed, Some(LeaseEvent::Removed(two.into())));
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&three]);
-    assert_eq!(admitted(&mut peers, LeaseEvent::Added(wide)), None);
+    assert_eq!(admitted(&mut peers, LeaseEvent::Added(wide.into())), None);
     let refused: Vec<String> = peers.refused().map(|r| r.reason.to_string()).collect();
     assert!(
         refused
@@ -142,7 +148,7 @@ fn an_ipv6_only_network_refuses_leases_it_cannot_carry() {
         ..ipv6_only_lease(7)
     };
     for lease in [with_ipv4, without_ipv6, without_public_ipv6, without_mac] {
-        assert_eq!(admitted(&mut peers, LeaseEvent::Added(lease)), None);
+        assert_eq!(admitted(&mut peers, LeaseEvent::Added(lease.into())), None);
     }
     let mut refused: Vec<String> = peers
         .refused()

@@ -40,9 +40,9 @@ fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() 
     let mut peers = peers();
     let event = admitted(
         &mut peers,
-        LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]),
+        LeaseEvent::Snapshot(vec![copy.clone().into(), real.clone().into()]),
     );
-    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone().into()])));
     let why = format!(
         "its PublicKey \"{KEY}\" is already the key of the lease 10.5.3.0/24, made before it: \
          a WireGuard key can be only one peer"
@@ -51,15 +51,15 @@ fn of_two_leases_with_one_key_the_first_made_is_the_peer_whatever_the_subnets() 
 
     // The same, lease by lease, in either order.
     let mut in_order = self::peers();
-    assert!(admitted(&mut in_order, LeaseEvent::Added(real.clone())).is_some());
+    assert!(admitted(&mut in_order, LeaseEvent::Added(real.clone().into())).is_some());
     assert_eq!(
-        admitted(&mut in_order, LeaseEvent::Added(copy.clone())),
+        admitted(&mut in_order, LeaseEvent::Added(copy.clone().into())),
         None
     );
     let mut reversed = self::peers();
-    admitted(&mut reversed, LeaseEvent::Added(copy.clone()));
-    let event = admitted(&mut reversed, LeaseEvent::Added(real.clone()));
-    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+    admitted(&mut reversed, LeaseEvent::Added(copy.clone().into()));
+    let event = admitted(&mut reversed, LeaseEvent::Added(real.clone().into()));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![real.clone().into()])));
     for p in [&in_order, &reversed] {
         assert_eq!(subnets(p.accepted()), ["10.5.3.0/24"]);
         assert_eq!(refusal(p), [("10.5.0.0/24".into(), why.clone())]);
@@ -72,10 +72,14 @@ fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
     let mut peers = peers();
     admitted(
         &mut peers,
-        LeaseEvent::Snapshot(vec![third.clone(), second.clone(), first.clone()]),
+        LeaseEvent::Snapshot(vec![
+            third.clone().into(),
+            second.clone().into(),
+            first.clone().into(),
+        ]),
     );
-    let event = admitted(&mut peers, LeaseEvent::Removed(first.clone()));
-    let swap = Some(LeaseEvent::Snapshot(vec![second.clone()]));
+    let event = admitted(&mut peers, LeaseEvent::Removed(first.clone().into()));
+    let swap = Some(LeaseEvent::Snapshot(vec![second.clone().into()]));
     assert_eq!(event, swap, "one event: the old peer out, the next one in");
     let left = refusal(&peers);
     assert_eq!(left.len(), 1);
@@ -85,8 +89,11 @@ fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
     );
 
     let rekeyed = wg(4, OTHER, 7);
-    let event = admitted(&mut peers, LeaseEvent::Added(rekeyed.clone()));
-    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![third, rekeyed])));
+    let event = admitted(&mut peers, LeaseEvent::Added(rekeyed.clone().into()));
+    assert_eq!(
+        event,
+        Some(LeaseEvent::Snapshot(vec![third.into(), rekeyed.into()]))
+    );
     assert!(peers.refused().next().is_none());
 }
 
@@ -94,11 +101,11 @@ fn when_the_first_goes_or_takes_another_key_the_next_in_line_is_the_peer() {
 fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
     let mut peers = peers();
     let real = wg(3, KEY, 5);
-    admitted(&mut peers, LeaseEvent::Added(real.clone()));
+    admitted(&mut peers, LeaseEvent::Added(real.clone().into()));
     let mut moved = real.clone();
     moved.public_addrs = PublicAddrs::V4("10.200.0.33".parse().unwrap());
-    let event = admitted(&mut peers, LeaseEvent::Added(moved.clone()));
-    assert_eq!(event, Some(LeaseEvent::Added(moved)));
+    let event = admitted(&mut peers, LeaseEvent::Added(moved.clone().into()));
+    assert_eq!(event, Some(LeaseEvent::Added(moved.into())));
     let udp = Lease::new(
         "10.5.9.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
         LeaseAttrs::udp("10.200.0.9".parse::<std::net::Ipv4Addr>().unwrap()),
@@ -116,16 +123,19 @@ fn an_update_that_keeps_its_key_is_one_event_and_other_backends_have_no_keys() {
         },
         LeaseNamer::default(),
     );
-    admitted(&mut udp_peers, LeaseEvent::Added(udp));
-    assert!(admitted(&mut udp_peers, LeaseEvent::Added(twin)).is_some());
+    admitted(&mut udp_peers, LeaseEvent::Added(udp.into()));
+    assert!(admitted(&mut udp_peers, LeaseEvent::Added(twin.into())).is_some());
     assert_eq!(udp_peers.accepted().count(), 2);
     // On this wireguard node, they are of another backend type.
     let refused = admitted(
         &mut peers,
-        LeaseEvent::Added(Lease::new(
-            "10.5.7.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
-            LeaseAttrs::udp("10.200.0.7".parse::<std::net::Ipv4Addr>().unwrap()),
-        )),
+        LeaseEvent::Added(
+            Lease::new(
+                "10.5.7.0/24".parse::<ipnet::Ipv4Net>().unwrap(),
+                LeaseAttrs::udp("10.200.0.7".parse::<std::net::Ipv4Addr>().unwrap()),
+            )
+            .into(),
+        ),
     );
     assert_eq!(refused, None);
     assert!(matches!(

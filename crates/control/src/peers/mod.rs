@@ -28,7 +28,7 @@ use std::sync::Arc;
 /// A lease that was refused, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
-    pub lease: Lease,
+    pub lease: Arc<Lease>,
     pub reason: Rejection,
     /// The accepted lease that has what this one claims: when it goes, this one is judged again.
     pub waits_for: Option<LeaseOrigin>,
@@ -63,9 +63,9 @@ pub enum Admitted {
     /// listed them all, or one event changed more than one peer.
     Reconcile,
     /// A peer lease was accepted, or an accepted one changed.
-    Added(Lease),
+    Added(Arc<Lease>),
     /// An accepted peer lease went, as it was.
-    Removed(Lease),
+    Removed(Arc<Lease>),
     /// An event about this node rather than its peers (its own lease, the network config),
     /// passed on as it came.
     Node(LeaseEvent),
@@ -121,13 +121,13 @@ impl Peers {
 
     /// Checks every lease afresh, the first made first, so that of two leases that clash the
     /// first made is accepted and the other refused, as the events would have left them.
-    fn replace_all(&mut self, mut all: Vec<Lease>) {
+    fn replace_all(&mut self, mut all: Vec<Arc<Lease>>) {
         let mut before = std::mem::take(&mut self.refused);
         self.waiting.clear();
         self.accepted.clear();
         self.origins.clear();
         self.held.clear();
-        all.sort_by(by_creation);
+        all.sort_by(|a, b| by_creation(a, b));
         // The snapshot is the event: what each lease changed needs no account.
         let mut touched = Touched::default();
         for lease in all {
@@ -140,7 +140,7 @@ impl Peers {
         }
     }
 
-    fn add(&mut self, lease: Lease) -> Option<Admitted> {
+    fn add(&mut self, lease: Arc<Lease>) -> Option<Admitted> {
         let (id, origin, mut touched) = (lease.id(), lease.origin(), Touched::kept());
         let known = self.take_refused(&origin);
         let replaced = self.unaccept_origin(&origin, &mut touched);
@@ -162,7 +162,7 @@ impl Peers {
 
     /// Accepts or refuses `lease`, whose origin has no accepted or refused lease now. A lease
     /// older than every accepted one it clashes with takes their place.
-    fn judge(&mut self, lease: Lease, known: Option<&Refused>, touched: &mut Touched) {
+    fn judge(&mut self, lease: Arc<Lease>, known: Option<&Refused>, touched: &mut Touched) {
         let key = match self.rules.check_keyed(&lease) {
             Ok(key) => key,
             Err(reason) => return self.refuse(lease, reason, None, known),
@@ -195,7 +195,7 @@ impl Peers {
             let claim = *claim.expect("a displaced lease clashes with the one that displaced it");
             let first = first.clone();
             let reason = Rejection::Taken { claim, first };
-            self.refuse(Lease::clone(lease), reason, Some(origin.clone()), None);
+            self.refuse(Arc::clone(lease), reason, Some(origin.clone()), None);
         }
         // What waited for the displaced leases may not clash with the new one.
         for lease in displaced {
@@ -219,12 +219,12 @@ impl Peers {
         }
     }
 
-    fn accept(&mut self, lease: Lease, claims: &[Claim], touched: &mut Touched) {
+    fn accept(&mut self, lease: Arc<Lease>, claims: &[Claim], touched: &mut Touched) {
         let id = lease.id();
         touched.note(id, &self.accepted);
         self.held.insert(claims, id);
         self.origins.insert(lease.origin(), id);
-        self.accepted.insert(id, Arc::new(lease));
+        self.accepted.insert(id, lease);
     }
 
     /// Takes the accepted lease at `id` away, and what it claimed.
@@ -251,7 +251,7 @@ impl Peers {
     /// Notes a refusal, warning once per lease and reason (a periodic re-list repeats them).
     fn refuse(
         &mut self,
-        lease: Lease,
+        lease: Arc<Lease>,
         reason: Rejection,
         waits_for: Option<LeaseOrigin>,
         known: Option<&Refused>,
@@ -298,9 +298,9 @@ impl Peers {
             .unwrap_or_default()
             .into_iter()
             .filter_map(|(s, before)| match (before, self.accepted.get(&s)) {
-                (Some(before), None) => Some(Admitted::Removed(Arc::unwrap_or_clone(before))),
+                (Some(before), None) => Some(Admitted::Removed(before)),
                 (before, Some(now)) if s == subnet || before.as_ref() != Some(now) => {
-                    Some(Admitted::Added(Lease::clone(now)))
+                    Some(Admitted::Added(now.clone()))
                 }
                 _ => None,
             })
@@ -367,7 +367,7 @@ mod tests {
     /// What the backend is told of `event`, a reconcile as the leases it reconciles with.
     pub(super) fn admitted(peers: &mut Peers, event: LeaseEvent) -> Option<LeaseEvent> {
         Some(match peers.admit(event)? {
-            Admitted::Reconcile => LeaseEvent::Snapshot(peers.accepted().cloned().collect()),
+            Admitted::Reconcile => LeaseEvent::Snapshot(peers.accepted.values().cloned().collect()),
             Admitted::Added(lease) => LeaseEvent::Added(lease),
             Admitted::Removed(lease) => LeaseEvent::Removed(lease),
             Admitted::Node(event) => event,
@@ -396,12 +396,18 @@ mod tests {
         let real = lease("10.5.2.0/24", "10.200.0.2");
         let bogus = lease("10.5.2.0/25", "10.200.0.66");
         assert_eq!(
-            admitted(&mut peers, LeaseEvent::Added(real.clone())),
-            Some(LeaseEvent::Added(real.clone()))
+            admitted(&mut peers, LeaseEvent::Added(real.clone().into())),
+            Some(LeaseEvent::Added(real.clone().into()))
         );
-        assert_eq!(admitted(&mut peers, LeaseEvent::Added(bogus.clone())), None);
+        assert_eq!(
+            admitted(&mut peers, LeaseEvent::Added(bogus.clone().into())),
+            None
+        );
         assert_eq!(peers.refused().count(), 1);
-        assert_eq!(admitted(&mut peers, LeaseEvent::Removed(bogus)), None);
+        assert_eq!(
+            admitted(&mut peers, LeaseEvent::Removed(bogus.into())),
+            None
+        );
         assert_eq!(peers.refused().count(), 0);
         assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
     }
@@ -410,11 +416,11 @@ mod tests {
     fn a_good_key_overwritten_with_a_bad_lease_removes_the_old_peer() {
         let mut peers = peers();
         let real = lease("10.5.2.0/24", "10.200.0.2");
-        admitted(&mut peers, LeaseEvent::Added(real.clone()));
+        admitted(&mut peers, LeaseEvent::Added(real.clone().into()));
         let overwritten = lease("10.5.2.0/24", "10.200.0.1");
         assert_eq!(
-            admitted(&mut peers, LeaseEvent::Added(overwritten)),
-            Some(LeaseEvent::Removed(real))
+            admitted(&mut peers, LeaseEvent::Added(overwritten.into())),
+            Some(LeaseEvent::Removed(real.into()))
         );
         assert_eq!(peers.accepted().count(), 0);
     }
@@ -423,13 +429,16 @@ mod tests {
     fn a_snapshot_keeps_only_good_leases_and_remembers_the_rest() {
         let mut peers = peers();
         let good = lease("10.5.3.0/24", "10.200.0.3");
-        let all = vec![good.clone(), lease("10.6.0.0/24", "10.200.0.4")];
+        let bad = lease("10.6.0.0/24", "10.200.0.4");
         assert_eq!(
-            admitted(&mut peers, LeaseEvent::Snapshot(all.clone())),
-            Some(LeaseEvent::Snapshot(vec![good.clone()]))
+            admitted(
+                &mut peers,
+                LeaseEvent::Snapshot(vec![good.clone().into(), bad.into()])
+            ),
+            Some(LeaseEvent::Snapshot(vec![good.clone().into()]))
         );
         assert_eq!(peers.refused().count(), 1);
-        admitted(&mut peers, LeaseEvent::Snapshot(vec![good]));
+        admitted(&mut peers, LeaseEvent::Snapshot(vec![good.into()]));
         assert_eq!(
             peers.refused().count(),
             0,

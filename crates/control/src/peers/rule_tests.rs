@@ -40,37 +40,40 @@ fn of_two_nodes_with_one_pod_cidr_the_older_keeps_it_in_any_order() {
     let refused = vec![("node/impostor".to_string(), why.to_string())];
 
     let mut in_order = kube_peers();
-    let added = admitted(&mut in_order, LeaseEvent::Added(real.clone()));
-    assert_eq!(added, Some(LeaseEvent::Added(real.clone())));
+    let added = admitted(&mut in_order, LeaseEvent::Added(real.clone().into()));
+    assert_eq!(added, Some(LeaseEvent::Added(real.clone().into())));
     assert_eq!(
-        admitted(&mut in_order, LeaseEvent::Added(impostor.clone())),
+        admitted(&mut in_order, LeaseEvent::Added(impostor.clone().into())),
         None
     );
     assert_eq!(reasons(&in_order), refused);
 
     let mut reversed = kube_peers();
-    admitted(&mut reversed, LeaseEvent::Added(impostor.clone()));
-    let taken_back = admitted(&mut reversed, LeaseEvent::Added(real.clone()));
-    assert_eq!(taken_back, Some(LeaseEvent::Added(real.clone())));
+    admitted(&mut reversed, LeaseEvent::Added(impostor.clone().into()));
+    let taken_back = admitted(&mut reversed, LeaseEvent::Added(real.clone().into()));
+    assert_eq!(taken_back, Some(LeaseEvent::Added(real.clone().into())));
     assert_eq!(reasons(&reversed), refused);
 
     let mut listed = kube_peers();
-    let all = vec![impostor.clone(), real.clone()];
+    let all = vec![impostor.clone().into(), real.clone().into()];
     let snapshot = admitted(&mut listed, LeaseEvent::Snapshot(all));
-    assert_eq!(snapshot, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+    assert_eq!(
+        snapshot,
+        Some(LeaseEvent::Snapshot(vec![real.clone().into()]))
+    );
     assert_eq!(reasons(&listed), refused);
 
     // Removing the newer changes nothing for the older; removing the older lets the newer in.
     for mut peers in [in_order, reversed, listed] {
         assert_eq!(
-            admitted(&mut peers, LeaseEvent::Removed(impostor.clone())),
+            admitted(&mut peers, LeaseEvent::Removed(impostor.clone().into())),
             None
         );
         assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
         assert!(peers.refused().next().is_none());
-        admitted(&mut peers, LeaseEvent::Added(impostor.clone()));
-        let moved = admitted(&mut peers, LeaseEvent::Removed(real.clone()));
-        assert_eq!(moved, Some(LeaseEvent::Added(impostor.clone())));
+        admitted(&mut peers, LeaseEvent::Added(impostor.clone().into()));
+        let moved = admitted(&mut peers, LeaseEvent::Removed(real.clone().into()));
+        assert_eq!(moved, Some(LeaseEvent::Added(impostor.clone().into())));
         assert!(peers.refused().next().is_none());
     }
 }
@@ -82,17 +85,17 @@ fn a_changed_node_is_an_update_of_its_own_lease_never_of_another() {
     let other = node("node-3", 150, "10.5.3.0/24", "10.200.0.3");
     admitted(
         &mut peers,
-        LeaseEvent::Snapshot(vec![real.clone(), other.clone()]),
+        LeaseEvent::Snapshot(vec![real.clone().into(), other.clone().into()]),
     );
     // node-3 now says it has node-2's podCIDR: it loses its own place and gets no other.
     let moved = node("node-3", 150, "10.5.2.0/24", "10.200.0.3");
-    let event = admitted(&mut peers, LeaseEvent::Added(moved));
-    assert_eq!(event, Some(LeaseEvent::Removed(other)));
+    let event = admitted(&mut peers, LeaseEvent::Added(moved.into()));
+    assert_eq!(event, Some(LeaseEvent::Removed(other.into())));
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
     // node-2 moves its address: an update in place.
     let renumbered = node("node-2", 100, "10.5.2.0/24", "10.200.0.22");
-    let event = admitted(&mut peers, LeaseEvent::Added(renumbered.clone()));
-    assert_eq!(event, Some(LeaseEvent::Added(renumbered)));
+    let event = admitted(&mut peers, LeaseEvent::Added(renumbered.clone().into()));
+    assert_eq!(event, Some(LeaseEvent::Added(renumbered.into())));
 }
 
 /// A dual-stack udp node (10.5.1.0/24 and fd10:0:0:1::/64), its leases from etcd keys.
@@ -126,13 +129,13 @@ fn a_dual_stack_key_repeating_a_peers_half_is_another_lease_and_refused() {
     let real = key_lease(2, 5, "fd10:0:0:2::/64", "10.200.0.2");
     let same_v4 = key_lease(2, 9, "fd10:0:0:99::/64", "10.200.0.66");
     let same_v6 = key_lease(7, 11, "fd10:0:0:2::/64", "10.200.0.67");
-    admitted(&mut peers, LeaseEvent::Snapshot(vec![real.clone()]));
+    admitted(&mut peers, LeaseEvent::Snapshot(vec![real.clone().into()]));
     assert_eq!(
-        admitted(&mut peers, LeaseEvent::Added(same_v4.clone())),
+        admitted(&mut peers, LeaseEvent::Added(same_v4.clone().into())),
         None
     );
     assert_eq!(
-        admitted(&mut peers, LeaseEvent::Added(same_v6.clone())),
+        admitted(&mut peers, LeaseEvent::Added(same_v6.clone().into())),
         None
     );
     let prefix = "/coreos.com/network/subnets/";
@@ -154,11 +157,14 @@ fn a_dual_stack_key_repeating_a_peers_half_is_another_lease_and_refused() {
             ),
         ]
     );
-    assert_eq!(admitted(&mut peers, LeaseEvent::Removed(same_v4)), None);
+    assert_eq!(
+        admitted(&mut peers, LeaseEvent::Removed(same_v4.into())),
+        None
+    );
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&real]);
     // The real key goes: the next in line, by creation, is the peer.
-    let event = admitted(&mut peers, LeaseEvent::Removed(real.clone()));
-    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![same_v6])));
+    let event = admitted(&mut peers, LeaseEvent::Removed(real.clone().into()));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![same_v6.into()])));
 }
 
 #[test]
@@ -175,9 +181,12 @@ fn a_lease_at_a_peers_public_ip_is_refused_whatever_its_subnet() {
     .with_created(Created::at(9));
     let snapshot = admitted(
         &mut peers,
-        LeaseEvent::Snapshot(vec![copy.clone(), real.clone()]),
+        LeaseEvent::Snapshot(vec![copy.clone().into(), real.clone().into()]),
     );
-    assert_eq!(snapshot, Some(LeaseEvent::Snapshot(vec![real.clone()])));
+    assert_eq!(
+        snapshot,
+        Some(LeaseEvent::Snapshot(vec![real.clone().into()]))
+    );
     assert_eq!(
         reasons(&peers),
         [(
@@ -187,8 +196,8 @@ fn a_lease_at_a_peers_public_ip_is_refused_whatever_its_subnet() {
                 .to_string()
         )]
     );
-    let event = admitted(&mut peers, LeaseEvent::Removed(real.clone()));
-    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![copy])));
+    let event = admitted(&mut peers, LeaseEvent::Removed(real.clone().into()));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![copy.into()])));
 }
 
 #[test]
@@ -198,16 +207,19 @@ fn an_older_lease_displaces_a_chain_and_the_waiting_come_back() {
     let a = node("a", 1, "10.5.2.0/24", "10.200.0.2");
     let b = node("b", 2, "10.5.2.0/24", "10.200.0.3");
     let c = node("c", 3, "10.5.4.0/24", "10.200.0.3");
-    admitted(&mut peers, LeaseEvent::Added(c.clone()));
-    admitted(&mut peers, LeaseEvent::Added(b.clone()));
+    admitted(&mut peers, LeaseEvent::Added(c.clone().into()));
+    admitted(&mut peers, LeaseEvent::Added(b.clone().into()));
     assert_eq!(peers.accepted().collect::<Vec<_>>(), [&b]);
-    let event = admitted(&mut peers, LeaseEvent::Added(a.clone()));
+    let event = admitted(&mut peers, LeaseEvent::Added(a.clone().into()));
     assert_eq!(
         event,
-        Some(LeaseEvent::Snapshot(vec![a.clone(), c.clone()]))
+        Some(LeaseEvent::Snapshot(vec![
+            a.clone().into(),
+            c.clone().into()
+        ]))
     );
-    let event = admitted(&mut peers, LeaseEvent::Removed(a));
-    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![b])));
+    let event = admitted(&mut peers, LeaseEvent::Removed(a.into()));
+    assert_eq!(event, Some(LeaseEvent::Snapshot(vec![b.into()])));
 }
 
 /// One step of a registry: a Node (by index) written with a lease, or removed.
@@ -246,19 +258,19 @@ proptest! {
                         &format!("10.200.0.{ip}"),
                     );
                     registry.insert(n, lease.clone());
-                    LeaseEvent::Added(lease)
+                    LeaseEvent::Added(lease.into())
                 }
                 Step::Remove(n) => match registry.remove(&n) {
-                    Some(lease) => LeaseEvent::Removed(lease),
+                    Some(lease) => LeaseEvent::Removed(lease.into()),
                     None => continue,
                 },
             };
             match admitted(&mut peers, event) {
                 Some(LeaseEvent::Snapshot(all)) => {
-                    backend = all.into_iter().map(|l| (l.id(), l)).collect();
+                    backend = all.into_iter().map(|l| (l.id(), Arc::unwrap_or_clone(l))).collect();
                 }
                 Some(LeaseEvent::Added(lease)) => {
-                    backend.insert(lease.id(), lease);
+                    backend.insert(lease.id(), Arc::unwrap_or_clone(lease));
                 }
                 Some(LeaseEvent::Removed(lease)) => {
                     backend.remove(&lease.id());
@@ -266,7 +278,8 @@ proptest! {
                 _ => {}
             }
             let mut fresh = kube_peers();
-            admitted(&mut fresh, LeaseEvent::Snapshot(registry.values().cloned().collect()));
+            let listed = registry.values().map(|l| Arc::new(l.clone())).collect();
+            admitted(&mut fresh, LeaseEvent::Snapshot(listed));
             let accepted: Vec<&Lease> = peers.accepted().collect();
             prop_assert_eq!(&accepted, &fresh.accepted().collect::<Vec<_>>());
             prop_assert_eq!(&accepted, &backend.values().collect::<Vec<_>>());

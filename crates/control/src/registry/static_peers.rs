@@ -11,6 +11,7 @@ use crate::peers::Peers;
 use anyhow::{bail, Context};
 use ipnet::Ipv4Net;
 use std::net::Ipv4Addr;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use twill_dataplane::wire::batch;
 
@@ -19,7 +20,7 @@ use twill_dataplane::wire::batch;
 pub struct StaticRegistry {
     config: Config,
     subnet: Ipv4Net,
-    peers: Vec<Lease>,
+    peers: Vec<Arc<Lease>>,
 }
 
 impl StaticRegistry {
@@ -54,7 +55,7 @@ impl StaticRegistry {
         // The flags' order is the creation order: it settles which of two leases is a peer.
         let peers = (1..)
             .zip(peers)
-            .map(|(i, p)| p.with_created(Created::at(i)));
+            .map(|(i, p)| Arc::new(p.with_created(Created::at(i))));
         Ok(StaticRegistry {
             config,
             subnet,
@@ -189,7 +190,10 @@ mod tests {
             own,
             Lease::new("10.5.1.0/24".parse::<Ipv4Net>().unwrap(), attrs)
         );
-        assert_eq!(rx.recv().await, Some(LeaseEvent::Snapshot(vec![peer])));
+        assert_eq!(
+            rx.recv().await,
+            Some(LeaseEvent::Snapshot(vec![peer.into()]))
+        );
         let next = tokio::time::timeout(std::time::Duration::from_millis(100), rx.recv()).await;
         assert!(
             next.is_err(),

@@ -6,6 +6,7 @@
 
 use etcd_client::Client;
 use std::io::Write;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use twill_control::lease::LeaseEvent;
@@ -127,7 +128,7 @@ pub async fn start_with(
 /// The leases of a snapshot event; fails the test on any other event.
 pub fn snapshot(event: LeaseEvent) -> Vec<Lease> {
     match event {
-        LeaseEvent::Snapshot(leases) => leases,
+        LeaseEvent::Snapshot(leases) => leases.into_iter().map(Arc::unwrap_or_clone).collect(),
         other => panic!("expected a snapshot, got {other:?}"),
     }
 }

@@ -12,7 +12,7 @@ use netlink_packet_route::link::InfoKind;
 pub const KERNEL_VXLAN_PORT: u16 = 8472;
 
 /// An Ethernet address, written the way flannel writes VtepMAC (`d6:60:f1:85:5a:fc`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MacAddr(pub [u8; 6]);
 
 impl MacAddr {
@@ -102,7 +102,7 @@ pub struct Link {
 }
 
 /// A unicast route in the main table, IPv4 or IPv6 (the gateway of the destination's family).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Route {
     pub dst: IpNet,
     pub gateway: Option<IpAddr>,
@@ -133,14 +133,14 @@ pub struct ListedNexthop {
 }
 
 /// A neighbour entry: ARP for IPv4, NDP for IPv6.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Neighbour {
     pub ip: IpAddr,
     pub mac: MacAddr,
 }
 
 /// A VXLAN forwarding entry: frames for `mac` are tunnelled to `dst`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FdbEntry {
     pub mac: MacAddr,
     pub dst: IpAddr,

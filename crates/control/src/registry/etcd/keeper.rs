@@ -14,6 +14,7 @@ use crate::shown;
 use anyhow::{anyhow, Context};
 use etcd_client::{EventType, WatchResponse};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
@@ -33,8 +34,9 @@ pub(super) struct Keeper {
     config_change: Option<String>,
     /// When to renew (while held) or retry the acquisition (while not).
     maintain_at: Instant,
-    /// The other leases, by the subnets their key names.
-    peers: BTreeMap<Subnets, Lease>,
+    /// The other leases, by the subnets their key names: the same copies the lease gate
+    /// keeps, not copies of them.
+    peers: BTreeMap<Subnets, Arc<Lease>>,
     /// Entries under the lease prefix that are not leases, by key, with what is wrong.
     unreadable: BTreeMap<String, String>,
     tx: mpsc::Sender<LeaseEvent>,
@@ -140,7 +142,7 @@ impl Keeper {
         for (key, why) in now {
             self.unreadable(key, why).await;
         }
-        let (own, peers): (Vec<Lease>, Vec<Lease>) = listing
+        let (own, peers): (Vec<_>, Vec<_>) = listing
             .leases
             .into_iter()
             .map(|l| l.lease)
@@ -255,7 +257,8 @@ impl Keeper {
             return self.taken_over(lease).await;
         }
         let subnets = lease.subnets;
-        if self.peers.get(&subnets) != Some(&lease) {
+        if self.peers.get(&subnets).map(|held| &**held) != Some(&lease) {
+            let lease = Arc::new(lease);
             self.peers.insert(subnets, lease.clone());
             self.emit(LeaseEvent::Added(lease)).await;
         }
@@ -336,7 +339,7 @@ impl Keeper {
                     .await?
             }
             Some(held) => {
-                self.taken_over(held.lease).await;
+                self.taken_over(Arc::unwrap_or_clone(held.lease)).await;
                 return Ok(());
             }
         };

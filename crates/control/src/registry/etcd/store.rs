@@ -10,6 +10,7 @@ use etcd_client::{
     WatchClient, WatchOptions, WatchStream,
 };
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
 
@@ -36,6 +37,15 @@ pub(super) fn is_unreachable(err: &anyhow::Error) -> bool {
                 ),
                 _ => false,
             }
+    })
+}
+
+/// Whether etcd refused a read at a revision it no longer has (compacted) or does not have yet:
+/// both are gRPC's OutOfRange.
+fn is_compacted(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        matches!(e.downcast_ref::<etcd_client::Error>(),
+            Some(etcd_client::Error::GRpcStatus(s)) if s.code() == tonic::Code::OutOfRange)
     })
 }
 
@@ -67,9 +77,10 @@ pub(super) fn describe(err: &anyhow::Error) -> String {
     }
 }
 
-/// A lease as listed, with the revision that last wrote it (for compare-and-swap).
+/// A lease as listed, with the revision that last wrote it (for compare-and-swap). Listed
+/// already shared: the keeper's table and the lease gate keep this very copy.
 pub(super) struct Listed {
-    pub lease: Lease,
+    pub lease: Arc<Lease>,
     pub mod_revision: i64,
 }
 
@@ -85,6 +96,14 @@ pub(super) struct Listing {
 /// gRPC's 4 MB default would cap a network at some ten thousand leases; flanneld's Go client
 /// has no such cap either.
 const MAX_MESSAGE: usize = 256 << 20;
+
+/// Leases listed per request. The whole table in one answer (about 12 MB at 60,000 leases) was
+/// held as etcd sent it, as decoded entries and as leases at once; a page of this many is
+/// about 0.4 MB.
+const LIST_PAGE: i64 = 2000;
+
+/// How often a list starts over when etcd compacted away the revision its pages were read at.
+const LIST_RESTARTS: usize = 3;
 
 #[derive(Clone)]
 pub(super) struct Store {
@@ -132,30 +151,58 @@ impl Store {
         ))
     }
 
-    /// Every lease under `<prefix>/subnets/`. Entries that are not leases are set aside, as
-    /// flanneld skips them, so one bad key cannot stop the network.
+    /// Every lease under `<prefix>/subnets/`, as of one revision, read [`LIST_PAGE`] keys at a
+    /// time. Entries that are not leases are set aside, as flanneld skips them, so one bad key
+    /// cannot stop the network. A compaction between two pages starts the list over at the
+    /// newest revision: one answer of the whole table could not meet one.
     pub async fn list(&self) -> anyhow::Result<Listing> {
-        let mut c = self.kv.clone();
-        let opts = GetOptions::new().with_prefix();
-        let mut resp = self
-            .call(
-                "list leases",
-                c.get(subnets_prefix(&self.prefix), Some(opts)),
-            )
-            .await?;
-        let revision = resp.header().map(|h| h.revision()).unwrap_or_default();
-        // Taken, so that each entry's key and value are freed once parsed: 60,000 of them are
-        // never held twice over, as etcd sent them and as leases.
-        let kvs = resp.take_kvs();
-        let mut leases = Vec::with_capacity(kvs.len());
-        let mut unreadable = Vec::new();
-        for kv in kvs {
-            match self.parse_kv(&kv) {
-                Ok(lease) => leases.push(Listed {
-                    lease,
-                    mod_revision: kv.mod_revision(),
-                }),
-                Err(e) => unreadable.push((key_text(kv.key()), format!("{e:#}"))),
+        let mut restarts = 0;
+        loop {
+            match self.list_pages().await {
+                Err(e) if is_compacted(&e) && restarts < LIST_RESTARTS => {
+                    restarts += 1;
+                    warn!("listing leases again: {}", describe(&e));
+                }
+                listed => return listed,
+            }
+        }
+    }
+
+    async fn list_pages(&self) -> anyhow::Result<Listing> {
+        let prefix = subnets_prefix(&self.prefix).into_bytes();
+        let end = range_end(&prefix);
+        let (mut leases, mut unreadable) = (Vec::new(), Vec::new());
+        let (mut from, mut revision) = (prefix, 0);
+        loop {
+            let mut c = self.kv.clone();
+            // Revision 0 is the newest: the first page's, at which the others are read.
+            let opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LIST_PAGE)
+                .with_revision(revision);
+            let mut resp = self.call("list leases", c.get(from, Some(opts))).await?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or_default();
+                leases.reserve_exact(usize::try_from(resp.count()).unwrap_or_default());
+            }
+            let more = resp.more();
+            // Taken, so that each entry's key and value are freed once parsed.
+            let kvs = resp.take_kvs();
+            from = match kvs.last() {
+                Some(last) => [last.key(), &[0]].concat(),
+                None => break,
+            };
+            for kv in kvs {
+                match self.parse_kv(&kv) {
+                    Ok(lease) => leases.push(Listed {
+                        lease: Arc::new(lease),
+                        mod_revision: kv.mod_revision(),
+                    }),
+                    Err(e) => unreadable.push((key_text(kv.key()), format!("{e:#}"))),
+                }
+            }
+            if !more {
+                break;
             }
         }
         Ok(Listing {
@@ -175,7 +222,7 @@ impl Store {
             return Ok(None);
         };
         Ok(Some(Listed {
-            lease: self.parse_kv(kv)?,
+            lease: Arc::new(self.parse_kv(kv)?),
             mod_revision: kv.mod_revision(),
         }))
     }
@@ -283,5 +330,45 @@ impl Store {
             c.watch(format!("{}/", self.prefix), Some(opts)),
         )
         .await
+    }
+}
+
+/// The end of the range of keys that start with `prefix` (etcd's rule: the prefix with its
+/// last byte below 0xff raised by one, the 0xff bytes after it dropped).
+fn range_end(prefix: &[u8]) -> Vec<u8> {
+    let Some(last) = prefix.iter().rposition(|b| *b < 0xff) else {
+        return vec![0];
+    };
+    let mut end = prefix[..=last].to_vec();
+    end[last] += 1;
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_compacted, range_end, with_deadline};
+
+    #[test]
+    fn the_range_of_a_prefix_ends_after_its_last_key() {
+        assert_eq!(
+            range_end(b"/coreos.com/network/subnets/"),
+            b"/coreos.com/network/subnets0"
+        );
+        assert_eq!(range_end(b"a\xff\xff"), b"b");
+        assert_eq!(range_end(b"\xff"), [0]);
+    }
+
+    #[tokio::test]
+    async fn only_a_revision_out_of_range_starts_a_list_over() {
+        let refused = |status: tonic::Status| {
+            with_deadline("list leases", std::time::Duration::from_secs(1), async {
+                Err::<(), _>(etcd_client::Error::GRpcStatus(status))
+            })
+        };
+        let compacted =
+            tonic::Status::out_of_range("etcdserver: mvcc: required revision has been compacted");
+        assert!(is_compacted(&refused(compacted).await.unwrap_err()));
+        let denied = tonic::Status::permission_denied("etcdserver: permission denied");
+        assert!(!is_compacted(&refused(denied).await.unwrap_err()));
     }
 }

@@ -21,6 +21,7 @@ use kube::runtime::watcher::{self, watcher, Event};
 use kube::Api;
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -29,7 +30,8 @@ type Nodes = BoxStream<'static, Result<Event<NodeView>, watcher::Error>>;
 /// What this node knows of another Node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Peer {
-    Lease(Lease),
+    /// The same copy the lease gate keeps once it accepts it.
+    Lease(Arc<Lease>),
     Unreadable(String),
 }
 
@@ -312,7 +314,7 @@ impl Follower {
             .node_lease(node, self.own.config.stack())
         {
             NodeLease::NotFlannel => None,
-            NodeLease::Lease(lease) => Some(Peer::Lease(lease)),
+            NodeLease::Lease(lease) => Some(Peer::Lease(Arc::new(lease))),
             NodeLease::Unreadable(why) => Some(Peer::Unreadable(why)),
         }
     }
