@@ -8,7 +8,7 @@
 
 mod common;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use common::cluster::*;
 use common::hostile6::{fake_dual_stack_peer_with, Underlay};
 use common::*;
@@ -252,6 +252,16 @@ fn an_ebpf_node_and_a_tun_node_carry_both_families() -> Result<()> {
 fn hostile_ipv6_datagrams_are_counted_by_the_ebpf_programs_and_never_delivered() -> Result<()> {
     let args = ebpf("auto");
     let fake = fake_dual_stack_peer_with("eds6h", "udp", "", Underlay::Ipv4, &args)?;
+    let s = status(&fake.cluster.lab.host(0).ns)?;
+    ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
+    fake.attack_udp_port()
+}
+
+/// The same over the IPv6 underlay: the fake peer's datagrams come from its PublicIPv6.
+#[test]
+fn over_the_ipv6_underlay_hostile_ipv6_datagrams_are_counted_by_the_ebpf_programs() -> Result<()> {
+    let args = ebpf("auto");
+    let fake = fake_dual_stack_peer_with("eds6h6", "udp", "", Underlay::Ipv6, &args)?;
     let s = status(&fake.cluster.lab.host(0).ns)?;
     ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
     fake.attack_udp_port()
