@@ -58,14 +58,28 @@ fn ebpf_carried_both_families(c: &Cluster, host: usize) -> Result<()> {
     Ok(())
 }
 
-/// Two eBPF nodes attached by `attach`, carrying both families to each other.
-fn two_ebpf_nodes(tag: &str, attach: &'static str) -> Result<()> {
-    let mut c = dual_stack_cluster(tag, 2, CONFIG)?;
+/// Two eBPF nodes attached by `attach`, carrying both families to each other over the
+/// `underlay`. Over the IPv6 one each reaches the other at its PublicIPv6, its device leaves
+/// room for an outer IPv6 header, and every datagram each sends is IPv6 with a UDP checksum of
+/// zero.
+fn two_ebpf_nodes(tag: &str, attach: &'static str, underlay: Underlay) -> Result<()> {
+    let over_ipv6 = underlay == Underlay::Ipv6;
+    let config = if over_ipv6 { CONFIG_OVER_IPV6 } else { CONFIG };
+    let mut c = dual_stack_cluster(tag, 2, config)?;
     let args = ebpf(attach);
     let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &args, &[])?];
     transfers(&mut c)?;
     for host in 0..2 {
         ebpf_carried_both_families(&c, host)?;
+    }
+    if over_ipv6 {
+        for host in 0..2 {
+            peers_reached_over_ipv6(&c, host)?;
+            // The underlay's 1500 less an outer IPv6 and UDP header, as the TUN engine's.
+            let link = c.lab.host(host).ns.ip(&["link", "show", DEVICE])?;
+            ensure!(link.contains("mtu 1452 "), "{link}");
+        }
+        only_ipv6_datagrams(&c, [true, true])?;
     }
     c.nothing_dropped_but_the_kernels_own()
 }
@@ -85,31 +99,12 @@ fn transfers(c: &mut Cluster) -> Result<()> {
 
 #[test]
 fn over_tcx_two_ebpf_nodes_carry_both_families_over_the_ipv4_underlay() -> Result<()> {
-    two_ebpf_nodes("eds4x", "tcx")
+    two_ebpf_nodes("eds4x", "tcx", Underlay::Ipv4)
 }
 
 #[test]
 fn over_classic_tc_two_ebpf_nodes_carry_both_families_over_the_ipv4_underlay() -> Result<()> {
-    two_ebpf_nodes("eds4c", "tc")
-}
-
-/// Two eBPF nodes attached by `attach` over the IPv6 underlay: both families both ways, every
-/// datagram on host 0's underlay an IPv6 one, and host 0's (the eBPF node's) with a UDP
-/// checksum of zero.
-fn two_ebpf_nodes_over_ipv6(tag: &str, attach: &'static str) -> Result<()> {
-    let mut c = dual_stack_cluster(tag, 2, CONFIG_OVER_IPV6)?;
-    let args = ebpf(attach);
-    let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &args, &[])?];
-    transfers(&mut c)?;
-    for host in 0..2 {
-        ebpf_carried_both_families(&c, host)?;
-        peers_reached_over_ipv6(&c, host)?;
-        // The underlay's 1500 less an outer IPv6 and UDP header, as the TUN engine's.
-        let link = c.lab.host(host).ns.ip(&["link", "show", DEVICE])?;
-        ensure!(link.contains("mtu 1452 "), "{link}");
-    }
-    only_ipv6_datagrams(&c, [true, true])?;
-    c.nothing_dropped_but_the_kernels_own()
+    two_ebpf_nodes("eds4c", "tc", Underlay::Ipv4)
 }
 
 /// Host `host`'s peer is reached at its PublicIPv6.
@@ -205,12 +200,12 @@ fn pcap_frames(file: &[u8]) -> Result<Vec<&[u8]>> {
 
 #[test]
 fn over_tcx_two_ebpf_nodes_carry_both_families_over_the_ipv6_underlay() -> Result<()> {
-    two_ebpf_nodes_over_ipv6("eds6x", "tcx")
+    two_ebpf_nodes("eds6x", "tcx", Underlay::Ipv6)
 }
 
 #[test]
 fn over_classic_tc_two_ebpf_nodes_carry_both_families_over_the_ipv6_underlay() -> Result<()> {
-    two_ebpf_nodes_over_ipv6("eds6c", "tc")
+    two_ebpf_nodes("eds6c", "tc", Underlay::Ipv6)
 }
 
 /// Over the IPv6 underlay an eBPF node's datagrams (UDP checksum zero) reach a TUN node, whose

@@ -86,6 +86,21 @@ static __always_inline int route6(struct __sk_buff *skb, struct routed *r)
 	return 0;
 }
 
+/* Room before the routed packet (`flags` say the outer family), then the outer IP header of
+ * `ip_size` bytes at `ip` and `udp` after it, in a frame of the outer family's `ethertype` (an
+ * IPv6 inner packet may leave in an IPv4 frame: bpf_skb_adjust_room sets the skb's protocol
+ * to the outer family). 0 or DROP_IO_ERROR. */
+static __always_inline int push_outer(struct __sk_buff *skb, __u64 flags, __be16 ethertype,
+				      void *ip, __u32 ip_size, struct udphdr *udp)
+{
+	if (bpf_skb_adjust_room(skb, ip_size + sizeof(*udp), BPF_ADJ_ROOM_MAC, flags) ||
+	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN, ip, ip_size, 0) ||
+	    bpf_skb_store_bytes(skb, ETH_HLEN + ip_size, udp, sizeof(*udp), 0))
+		return DROP_IO_ERROR;
+	return 0;
+}
+
 /* The outer IPv4 and UDP headers before the routed packet, as flanneld's socket sends them:
  * DF set, TTL 64, source and destination port the network's port. Bytes after the inner
  * packet's total length (none from the stack) ride along as padding the receiver ignores. The
@@ -110,15 +125,7 @@ static __always_inline int encapsulate4(struct __sk_buff *skb, struct routed *r,
 		.dest = r->route->port,
 		.len = bpf_htons(len + sizeof(struct udphdr)),
 	};
-	/* An IPv6 inner packet leaves in an IPv4 frame (bpf_skb_adjust_room sets the skb's
-	 * protocol to the outer family). */
-	__be16 ethertype = bpf_htons(ETH_P_IP);
-	if (bpf_skb_adjust_room(skb, OVERHEAD, BPF_ADJ_ROOM_MAC, ENCAP_FLAGS) ||
-	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &udp, sizeof(udp), 0))
-		return DROP_IO_ERROR;
-	return 0;
+	return push_outer(skb, ENCAP_FLAGS, bpf_htons(ETH_P_IP), &outer, sizeof(outer), &udp);
 }
 
 /* The same over the IPv6 underlay, from `local` to the peer's IPv6 underlay address (by its
@@ -147,13 +154,7 @@ static __always_inline int encapsulate6(struct __sk_buff *skb, struct routed *r,
 		.dest = r->route->port,
 		.len = bpf_htons(len + sizeof(struct udphdr)),
 	};
-	__be16 ethertype = bpf_htons(ETH_P_IPV6);
-	if (bpf_skb_adjust_room(skb, OVERHEAD6, BPF_ADJ_ROOM_MAC, ENCAP6_FLAGS) ||
-	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN, &outer, sizeof(outer), 0) ||
-	    bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(outer), &udp, sizeof(udp), 0))
-		return DROP_IO_ERROR;
-	return 0;
+	return push_outer(skb, ENCAP6_FLAGS, bpf_htons(ETH_P_IPV6), &outer, sizeof(outer), &udp);
 }
 
 SEC("classifier/egress")
