@@ -20,6 +20,9 @@ pub enum PathKind {
     /// twill-ebpf decapsulating at TC alone (`--no-bpf-xdp`), as where the underlay's driver
     /// has no native XDP: against twill-ebpf, what XDP ingress gives.
     TwillEbpfNoXdp,
+    /// twill-ebpf over the IPv6 underlay (`Backend.Underlay` "ipv6"): both families in outer
+    /// IPv6, on a dual-stack network whichever numbers are measured.
+    TwillEbpfUnderlay6,
     TwillBatch,
     TwillWireguard,
     /// The reference for twill-wireguard: wireguard-go on both hosts.
@@ -33,7 +36,8 @@ impl PathKind {
             PathKind::TwillUdp
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
-            | PathKind::TwillEbpfNoXdp => Some("udp"),
+            | PathKind::TwillEbpfNoXdp
+            | PathKind::TwillEbpfUnderlay6 => Some("udp"),
             PathKind::TwillBatch => Some("twill-batch"),
             PathKind::TwillWireguard => Some("wireguard"),
             _ => None,
@@ -52,18 +56,31 @@ impl PathKind {
         }
     }
 
+    /// Whether the path runs only on a dual-stack network (its IPv4 numbers too).
+    pub fn needs_ipv6(self) -> bool {
+        self == PathKind::TwillEbpfUnderlay6
+    }
+
+    /// `Backend` fields of a twill path besides its `Type`, as JSON members.
+    pub(crate) fn backend_fields(self) -> &'static str {
+        match self {
+            PathKind::TwillEbpfUnderlay6 => r#","Underlay":"ipv6""#,
+            _ => "",
+        }
+    }
+
     /// `twill run` arguments of a twill path besides the common ones.
     pub(crate) fn twill_args(self) -> &'static [&'static str] {
         match self {
             PathKind::TwillUdp => &["--dataplane", "tun"],
-            PathKind::TwillEbpf => &["--dataplane", "ebpf"],
+            PathKind::TwillEbpf | PathKind::TwillEbpfUnderlay6 => &["--dataplane", "ebpf"],
             PathKind::TwillEbpfTc => &["--dataplane", "ebpf", "--bpf-attach", "tc"],
             PathKind::TwillEbpfNoXdp => &["--dataplane", "ebpf", "--no-bpf-xdp"],
             _ => &[],
         }
     }
 
-    pub const ALL: [PathKind; 11] = [
+    pub const ALL: [PathKind; 12] = [
         PathKind::Native,
         PathKind::HostGw,
         PathKind::Vxlan,
@@ -72,6 +89,7 @@ impl PathKind {
         PathKind::TwillEbpf,
         PathKind::TwillEbpfTc,
         PathKind::TwillEbpfNoXdp,
+        PathKind::TwillEbpfUnderlay6,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
         PathKind::WireguardGo,
@@ -87,6 +105,7 @@ impl PathKind {
             PathKind::TwillEbpf => "twill-ebpf",
             PathKind::TwillEbpfTc => "twill-ebpf-tc",
             PathKind::TwillEbpfNoXdp => "twill-ebpf-noxdp",
+            PathKind::TwillEbpfUnderlay6 => "twill-ebpf-u6",
             PathKind::TwillBatch => "twill-batch",
             PathKind::TwillWireguard => "twill-wireguard",
             PathKind::WireguardGo => "wireguard-go",

@@ -188,6 +188,7 @@ impl PathLab {
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
             | PathKind::TwillEbpfNoXdp
+            | PathKind::TwillEbpfUnderlay6
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {
                 let etcd = etcd.insert(etcd_for(&lab)?);
@@ -329,8 +330,10 @@ fn start_twill(
         true => format!(r#","EnableIPv6":true,"IPv6Network":"{NETWORK6}""#),
         false => String::new(),
     };
-    let config =
-        format!(r#"{{"Network":"{NETWORK}"{dual_stack},"Backend":{{"Type":"{backend}"}}}}"#);
+    let fields = kind.backend_fields();
+    let config = format!(
+        r#"{{"Network":"{NETWORK}"{dual_stack},"Backend":{{"Type":"{backend}"{fields}}}}}"#
+    );
     etcd.etcdctl(&["put", "/coreos.com/network/config", &config])?;
     let endpoint = etcd.endpoint();
     let files: Vec<_> = (0..2)

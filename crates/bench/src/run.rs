@@ -23,13 +23,13 @@ pub struct Prepared {
 }
 
 /// Builds every selected path's lab, dual-stack where IPv6 is measured and the path carries
-/// it; a path that cannot be set up is kept with its reason.
+/// it, or where the path needs it; a path that cannot be set up is kept with its reason.
 pub fn prepare(opts: &Options, progress: &Progress) -> Vec<Prepared> {
     opts.paths
         .iter()
         .map(|&kind| {
             progress.show(&format!("setting up {kind}"));
-            let ipv6 = opts.measures_ipv6() && kind.no_ipv6().is_none();
+            let ipv6 = kind.needs_ipv6() || (opts.measures_ipv6() && kind.no_ipv6().is_none());
             let lab = PathLab::new(kind, &opts.twill, ipv6).map_err(|e| format!("{e:#}"));
             Prepared { kind, lab }
         })
