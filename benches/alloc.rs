@@ -22,7 +22,7 @@ use twill_dataplane::engine::wireguard::{
 use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::{TunConfig, DEFAULT_SOCKET_BUFFER, DEFAULT_TX_QUEUE_LEN};
 use twill_dataplane::table::PeerSpec;
-use twill_dataplane::wire::batch;
+use twill_dataplane::wire::{batch, flannel};
 use twill_lab::{Lab, LabSpec};
 
 /// Counts every allocation and reallocation (frees are not the question), and when armed keeps
@@ -129,7 +129,8 @@ enum Kind {
 impl Kind {
     fn port(self) -> u16 {
         match self {
-            Kind::Engine(kind) => kind.default_port(),
+            Kind::Engine(EngineKind::FlannelUdp) => flannel::DEFAULT_PORT,
+            Kind::Engine(EngineKind::Batch { .. }) => batch::DEFAULT_PORT,
             Kind::WireGuard => wireguard::DEFAULT_PORT,
         }
     }

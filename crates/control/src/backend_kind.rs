@@ -6,6 +6,12 @@
 //! upkeep, the Kubernetes annotations) then fails to compile until it does.
 
 use std::fmt;
+use twill_dataplane::engine::wireguard;
+use twill_dataplane::wire::{batch, flannel};
+
+/// The port the kernel gives a VXLAN device created without one (flannel's `Port` 0 or
+/// none), not IANA's 4789.
+pub const KERNEL_VXLAN_PORT: u16 = 8472;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
@@ -64,6 +70,18 @@ impl BackendKind {
     /// The `BackendType` its leases carry: none for udp, as flanneld writes none.
     pub fn lease_type(self) -> Option<&'static str> {
         (self != BackendKind::Udp).then(|| self.name())
+    }
+
+    /// The UDP port its datagrams go to when the config names none (`Backend.Port`,
+    /// wireguard's `ListenPort`); none for a backend that sends no UDP of its own.
+    pub fn default_port(self) -> Option<u16> {
+        match self {
+            BackendKind::Udp => Some(flannel::DEFAULT_PORT),
+            BackendKind::TwillBatch => Some(batch::DEFAULT_PORT),
+            BackendKind::Vxlan => Some(KERNEL_VXLAN_PORT),
+            BackendKind::Wireguard => Some(wireguard::DEFAULT_PORT),
+            BackendKind::HostGw | BackendKind::Ipip => None,
+        }
     }
 
     /// Whether it carries a dual-stack network's IPv6 side.
@@ -125,6 +143,17 @@ impl fmt::Display for BackendKind {
 #[cfg(test)]
 mod tests {
     use super::BackendKind;
+
+    #[test]
+    fn default_ports_are_flannels() {
+        let port = |kind: BackendKind| kind.default_port();
+        assert_eq!(port(BackendKind::Udp), Some(8285));
+        assert_eq!(port(BackendKind::Vxlan), Some(8472));
+        assert_eq!(port(BackendKind::Wireguard), Some(51820));
+        assert_eq!(port(BackendKind::HostGw), None);
+        assert_eq!(port(BackendKind::Ipip), None);
+        assert!(port(BackendKind::TwillBatch).is_some());
+    }
 
     #[test]
     fn names_read_back() {

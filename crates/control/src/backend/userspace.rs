@@ -9,6 +9,7 @@
 //! `Backend.Underlay` "ipv6" they go to peers' PublicIPv6 instead.
 
 use super::{each, Backend, Setup};
+use crate::backend_kind::BackendKind;
 use crate::config::Underlay;
 use crate::host::{self, Interface};
 use crate::lease::{BackendData, Lease, LeaseAttrs, PublicAddrs};
@@ -22,6 +23,13 @@ use twill_dataplane::engine::{Engine, EngineConfig, EngineKind};
 use twill_dataplane::io::TunConfig;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_dataplane::wire::batch;
+
+/// The default port of a backend whose engine sends flannel's or twill's datagrams.
+pub(crate) fn udp_port(backend: BackendKind) -> u16 {
+    backend
+        .default_port()
+        .expect("a backend run by a UDP engine has a default port")
+}
 
 /// This node's lease for `kind`. A twill-batch lease names its port and the highest batch
 /// version it reads, as docs/batch-protocol.md specifies; flannel's udp leases carry nothing.
@@ -58,11 +66,14 @@ impl UserspaceSetup {
         let backend = &node.config.backend.backend_type;
         twill_dataplane::io::tun::require_device(&format!("the {backend} backend"))?;
         let options = &node.options;
-        let port = node.config.backend.port.unwrap_or(kind.default_port());
+        let default_port = udp_port(match kind {
+            EngineKind::FlannelUdp => BackendKind::Udp,
+            EngineKind::Batch { .. } => BackendKind::TwillBatch,
+        });
+        let port = node.config.backend.port.unwrap_or(default_port);
         if port == 0 {
             bail!(
-                "Backend.Port 0 is not a port peers can reach; give 1 to 65535, or leave it out for the default {}",
-                kind.default_port()
+                "Backend.Port 0 is not a port peers can reach; give 1 to 65535, or leave it out for the default {default_port}"
             );
         }
         let underlay = node.config.backend.underlay;

@@ -17,11 +17,10 @@ use tracing::{info, warn};
 use super::kernel::{KernelBackend, KernelConfig, PeerPlan, PeerState};
 use super::tunnel::{ensure_mtu, Tunnel, TunnelRoutes};
 use super::Setup;
-use crate::backend_kind::BackendKind;
+use crate::backend_kind::{BackendKind, KERNEL_VXLAN_PORT};
 use crate::config::BackendConfig;
 use crate::host::netlink::{
     vxlan_link_message, FdbEntry, Link, LinkKind, MacAddr, Neighbour, Netlink, Route, VxlanParams,
-    KERNEL_VXLAN_PORT,
 };
 use crate::host::uplink::connect;
 use crate::host::Interface;

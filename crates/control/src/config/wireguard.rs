@@ -3,9 +3,10 @@
 //! one line that names the field (and never repeats a key).
 
 use super::{field, BackendConfig, Config, ConfigError};
+use crate::backend_kind::BackendKind;
 use serde_json::{Map, Value};
 use std::fmt;
-use twill_dataplane::engine::wireguard::{PresharedKey, DEFAULT_PORT};
+use twill_dataplane::engine::wireguard::PresharedKey;
 
 /// flannel's default `ListenPortV6`: where `flannel-wg-v6` listens in Mode separate.
 pub const DEFAULT_PORT_V6: u16 = 51821;
@@ -60,8 +61,11 @@ impl WireguardConfig {
     pub fn parse(backend: &BackendConfig) -> Result<WireguardConfig, ConfigError> {
         let empty = Map::new();
         let obj = backend.raw.as_object().unwrap_or(&empty);
+        let listen_port = BackendKind::Wireguard
+            .default_port()
+            .expect("wireguard sends UDP: it has a default port");
         Ok(WireguardConfig {
-            listen_port: port(obj, "ListenPort", DEFAULT_PORT)?,
+            listen_port: port(obj, "ListenPort", listen_port)?,
             listen_port_v6: port(obj, "ListenPortV6", DEFAULT_PORT_V6)?,
             mode: mode(field(obj, "Mode"))?,
             psk: psk(field(obj, "PSK"))?,

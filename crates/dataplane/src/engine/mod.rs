@@ -42,13 +42,6 @@ pub enum EngineKind {
 }
 
 impl EngineKind {
-    pub fn default_port(self) -> u16 {
-        match self {
-            EngineKind::FlannelUdp => flannel::DEFAULT_PORT,
-            EngineKind::Batch { .. } => wire::batch::DEFAULT_PORT,
-        }
-    }
-
     /// Bytes the underlay (of `underlay`'s family) and the format add to a packet sent alone:
     /// TUN MTU = underlay MTU - this. The wire's constants count an IPv4 underlay.
     pub fn overhead(self, underlay: IpAddr) -> usize {

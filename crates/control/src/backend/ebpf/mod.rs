@@ -16,9 +16,10 @@ mod unproven;
 pub use choice::{choose, Dataplane};
 
 use super::userspace::{
-    bind_address, dual_stack_side, mtu_source, tun_mtu, with_ipv6_side, Overhead,
+    bind_address, dual_stack_side, mtu_source, tun_mtu, udp_port, with_ipv6_side, Overhead,
 };
 use super::{each, Backend, Setup};
+use crate::backend_kind::BackendKind;
 use crate::host;
 use crate::host::netlink::{Netlink, Route};
 use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
@@ -35,7 +36,6 @@ use std::sync::Arc;
 use twill_dataplane::engine::EngineKind;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
-use twill_dataplane::wire::flannel;
 use twill_ebpf::{Attachment, Ingress, Opened};
 use unproven::{undo, Unproven};
 
@@ -69,7 +69,11 @@ struct Site {
 
 impl EbpfSetup {
     pub fn new(node: &Node) -> anyhow::Result<EbpfSetup> {
-        let port = node.config.backend.port.unwrap_or(flannel::DEFAULT_PORT);
+        let port = node
+            .config
+            .backend
+            .port
+            .unwrap_or(udp_port(BackendKind::Udp));
         let iface = &node.iface;
         // The programs send from the address the TUN engine's socket binds, and the device
         // leaves room for the same outer headers: 28 bytes over IPv4, 48 over IPv6.

@@ -8,9 +8,6 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use netlink_packet_route::link::InfoKind;
 
-/// The port the kernel uses when a VXLAN device is created without one (flannel's "Port 0").
-pub const KERNEL_VXLAN_PORT: u16 = 8472;
-
 /// An Ethernet address, written the way flannel writes VtepMAC (`d6:60:f1:85:5a:fc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct MacAddr(pub [u8; 6]);
@@ -64,7 +61,7 @@ pub struct VxlanParams {
     pub local: Option<IpAddr>,
     /// Index of the underlay device (`dev <iface>`).
     pub dev: Option<u32>,
-    /// 0 = not set, the kernel then uses [`KERNEL_VXLAN_PORT`].
+    /// 0 = not set, the kernel then uses [`crate::backend_kind::KERNEL_VXLAN_PORT`].
     pub port: u16,
     pub learning: bool,
     /// VXLAN's group-based policy extension.
