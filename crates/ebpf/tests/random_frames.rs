@@ -11,24 +11,23 @@
 //! marked for the TC program). And a frame is carried only if the userspace engine's own
 //! checks (twill_dataplane) would carry it, and leaves as they would have it leave: from the
 //! underlay only a datagram from the peer whose inner packet decodes and comes from inside
-//! the peer's subnet of its family. Inner packets are IPv4 and IPv6.
+//! the peer's subnet of its family. Inner packets are IPv4 and IPv6, over the IPv4 underlay
+//! and over the IPv6 one (outer IPv6/UDP from the peer's IPv6 address, zero UDP checksum).
 
 mod common;
 
 use anyhow::anyhow;
-use common::frames::{datagram, ethernet, hex, Ip, Ip6, ETH_IP, ETH_IPV6};
+use common::engine_model::{carried_by_userspace, ethertype_of, Node};
+use common::frames::{datagram, datagram6, ethernet, hex, Ip, Ip6, ETH_IP, ETH_IPV6};
 use common::test_run::{
-    peer_subnet, peer_subnet6, test_bench, TestBench, HERE, HERE6, LOCAL, PEER, UDP,
+    peer_subnet, test_bench, test_bench6, TestBench, HERE, HERE6, LOCAL, LOCAL6, PEER, PEER6, UDP,
 };
 use common::{DEVICE_MTU, PORT};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
-use twill_dataplane::engine::accept_inbound;
-use twill_dataplane::table::{PeerSpec, PeerTable};
-use twill_dataplane::wire::ipv4::Ipv4Packet;
-use twill_dataplane::wire::ipv6::Ipv6Packet;
+use std::cell::RefCell;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use twill_ebpf::{Counters, PeerTraffic, Side, Traffic, Verdict};
 
 /// Frames per program and per kind of input.
@@ -77,7 +76,7 @@ impl Program {
 fn random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
     let bench = test_bench("ebpf-randbytes")?;
     for program in Program::ALL {
-        run(&bench, program, random_frames(), 1)?;
+        run(&bench, program, random_frames(Underlay::V4), 1)?;
     }
     Ok(())
 }
@@ -86,9 +85,47 @@ fn random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
 fn mutated_flannel_frames_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
     let bench = test_bench("ebpf-mutated")?;
     for program in Program::ALL {
-        run(&bench, program, mutated_frames(program.side()), 2)?;
+        run(
+            &bench,
+            program,
+            mutated_frames(program.side(), Underlay::V4),
+            2,
+        )?
+        .reached_every_outcome(program)?;
     }
     Ok(())
+}
+
+#[test]
+fn over_the_ipv6_underlay_random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
+    let bench = test_bench6("ebpf-randbytes6")?;
+    for program in Program::ALL {
+        run(&bench, program, random_frames(Underlay::V6), 3)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn over_the_ipv6_underlay_mutated_flannel_frames_get_a_verdict_and_at_most_one_count(
+) -> anyhow::Result<()> {
+    let bench = test_bench6("ebpf-mutated6")?;
+    for program in Program::ALL {
+        run(
+            &bench,
+            program,
+            mutated_frames(program.side(), Underlay::V6),
+            4,
+        )?
+        .reached_every_outcome(program)?;
+    }
+    Ok(())
+}
+
+/// The family of the underlay the node is on, and so of the datagrams from its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Underlay {
+    V4,
+    V6,
 }
 
 /// `CASES` frames of `frames` through `program`, from a seed of its own.
@@ -97,7 +134,7 @@ fn run(
     program: Program,
     frames: impl Strategy<Value = Frame>,
     seed: u8,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Tally> {
     let config = Config {
         cases: CASES,
         failure_persistence: None,
@@ -105,22 +142,66 @@ fn run(
     };
     let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]);
     let mut runner = TestRunner::new_with_rng(config, rng);
+    let tally = RefCell::new(Tally::default());
     runner
         .run(&frames, |frame| {
-            check(bench, program, &frame.0).map_err(TestCaseError::fail)
+            let outcome = check(bench, program, &frame.0).map_err(TestCaseError::fail)?;
+            tally.borrow_mut().add(outcome);
+            Ok(())
         })
-        .map_err(|e| anyhow!("{program:?}: {e}"))
+        .map_err(|e| anyhow!("{program:?}: {e}"))?;
+    Ok(tally.into_inner())
+}
+
+/// What became of a run's frames.
+#[derive(Debug, Default)]
+struct Tally {
+    carried: u32,
+    dropped: u32,
+    passed: u32,
+    refused: u32,
+}
+
+impl Tally {
+    fn add(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Carried => self.carried += 1,
+            Outcome::Dropped => self.dropped += 1,
+            Outcome::Passed => self.passed += 1,
+            Outcome::Refused => self.refused += 1,
+        }
+    }
+
+    /// Mutated frames of flannel's wire must reach every outcome a program has (egress passes
+    /// nothing on): else the mutations, not the programs, decided the run.
+    fn reached_every_outcome(&self, program: Program) -> anyhow::Result<()> {
+        let passes = program.side() == Side::Ingress;
+        if self.carried == 0 || self.dropped == 0 || (passes && self.passed == 0) {
+            anyhow::bail!("{program:?}: not every outcome reached: {self:?}");
+        }
+        eprintln!("{program:?}: {self:?}");
+        Ok(())
+    }
+}
+
+/// What a program did with a frame.
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Carried,
+    Dropped,
+    Passed,
+    Refused,
 }
 
 /// (a) Random bytes: a whole frame, behind IPv4's or IPv6's ethertype, or inside a datagram
-/// from the peer.
-fn random_frames() -> impl Strategy<Value = Frame> {
+/// from the peer over `underlay`.
+fn random_frames(underlay: Underlay) -> impl Strategy<Value = Frame> {
     let bytes = || vec(any::<u8>(), 0..MAX_FRAME);
     prop_oneof![
         bytes(),
         bytes().prop_map(|b| ethernet(ETH_IP, &b)),
         bytes().prop_map(|b| ethernet(ETH_IPV6, &b)),
-        bytes().prop_map(|b| from_peer(&b)),
+        bytes().prop_map(move |b| from_peer(underlay, &b)),
     ]
     .prop_map(Frame)
 }
@@ -128,14 +209,14 @@ fn random_frames() -> impl Strategy<Value = Frame> {
 /// (b) What `side`'s program carries when all is well (an IPv4 or IPv6 packet for the peer's
 /// subnet; a datagram from the peer around a packet from its subnet), mutated up to three
 /// times.
-fn mutated_frames(side: Side) -> impl Strategy<Value = Frame> {
+fn mutated_frames(side: Side, underlay: Underlay) -> impl Strategy<Value = Frame> {
     let from_there = side == Side::Ingress;
-    let mutations = vec(mutation(side), 0..=3);
+    let mutations = vec(mutation(side, underlay), 0..=3);
     let packet = prop_oneof![packet(from_there), packet6(from_there)];
     (packet, mutations).prop_map(move |(packet, mutations)| {
         let mut frame = match side {
             Side::Egress => ethernet(ethertype_of(&packet), &packet),
-            Side::Ingress => from_peer(&packet),
+            Side::Ingress => from_peer(underlay, &packet),
         };
         for m in &mutations {
             m.apply(&mut frame);
@@ -144,9 +225,12 @@ fn mutated_frames(side: Side) -> impl Strategy<Value = Frame> {
     })
 }
 
-/// A datagram from the peer to this node on flannel's port around `inner`.
-fn from_peer(inner: &[u8]) -> Vec<u8> {
-    datagram(&Ip::new(PEER, LOCAL, UDP), (PORT, PORT), inner)
+/// A datagram from the peer to this node on flannel's port around `inner`, over `underlay`.
+fn from_peer(underlay: Underlay, inner: &[u8]) -> Vec<u8> {
+    match underlay {
+        Underlay::V4 => datagram(&Ip::new(PEER, LOCAL, UDP), (PORT, PORT), inner),
+        Underlay::V6 => datagram6(&Ip6::new(PEER6, LOCAL6, UDP), (PORT, PORT), inner),
+    }
 }
 
 /// An IPv4 packet between a container here and one behind the peer (from there, or to
@@ -203,17 +287,9 @@ fn packet6(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
     })
 }
 
-/// The ethertype of a packet of its version (IPv4's for anything but 6).
-fn ethertype_of(packet: &[u8]) -> u16 {
-    match packet.first().map(|b| b >> 4) {
-        Some(6) => ETH_IPV6,
-        _ => ETH_IP,
-    }
-}
-
-/// A header field, by where it lies in the frame: in the Ethernet header, the first IPv4
-/// header (the packet on egress, the outer one on ingress), the UDP header and the inner IPv4
-/// header of a datagram.
+/// A header field, by where it lies in the frame: in the Ethernet header, the first IP header
+/// (the packet on egress, the outer one on ingress), the UDP header and the inner IP header of
+/// a datagram.
 #[derive(Debug, Clone, Copy)]
 struct Field {
     offset: usize,
@@ -221,8 +297,6 @@ struct Field {
 }
 
 const FIRST_IP: usize = 14;
-const UDP_AT: usize = FIRST_IP + IPV4_HEADER;
-const INNER_IP: usize = UDP_AT + UDP_HEADER;
 
 /// The fields of an IP header at `at` that its decoders judge: of IPv4, version and IHL,
 /// total length, fragment bits, TTL and protocol; of IPv6, its payload length, next header
@@ -234,22 +308,24 @@ fn ip_fields(at: usize) -> [Field; 7] {
     })
 }
 
-/// The fields worth changing in what `side`'s program takes in.
-fn fields(side: Side) -> Vec<Field> {
-    let ethertype = Field {
-        offset: 12,
-        width: 2,
-    };
-    let mut fields = vec![ethertype];
+/// The fields worth changing in what `side`'s program takes in over `underlay`. Of an outer
+/// IPv6 header, also the ends of its addresses (another peer, another node).
+fn fields(side: Side, underlay: Underlay) -> Vec<Field> {
+    let field = |offset, width| Field { offset, width };
+    let mut fields = vec![field(12, 2)];
     fields.extend(ip_fields(FIRST_IP));
-    if side == Side::Ingress {
-        let udp = [0, 2, 4].map(|offset| Field {
-            offset: UDP_AT + offset,
-            width: 2,
-        });
-        fields.extend(udp);
-        fields.extend(ip_fields(INNER_IP));
+    if side == Side::Egress {
+        return fields;
     }
+    let udp_at = match underlay {
+        Underlay::V4 => FIRST_IP + IPV4_HEADER,
+        Underlay::V6 => {
+            fields.extend([field(FIRST_IP + 22, 2), field(FIRST_IP + 38, 2)]);
+            FIRST_IP + IPV6_HEADER
+        }
+    };
+    fields.extend([0, 2, 4].map(|offset| field(udp_at + offset, 2)));
+    fields.extend(ip_fields(udp_at + UDP_HEADER));
     fields
 }
 
@@ -267,8 +343,8 @@ enum Mutation {
     Append(Vec<u8>),
 }
 
-fn mutation(side: Side) -> impl Strategy<Value = Mutation> {
-    let field = || proptest::sample::select(fields(side));
+fn mutation(side: Side, underlay: Underlay) -> impl Strategy<Value = Mutation> {
+    let field = || proptest::sample::select(fields(side, underlay));
     prop_oneof![
         any::<u8>().prop_map(Mutation::Truncate),
         (any::<u16>(), 1u8..=255).prop_map(|(at, bits)| Mutation::Flip(at, bits)),
@@ -309,10 +385,15 @@ fn set(frame: &mut [u8], field: Field, new: impl Fn(u16) -> u16) {
     }
 }
 
-/// One frame through one program, and what its verdict allows.
-fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String> {
+/// One frame through one program, and what its verdict allows: carried exactly when the
+/// userspace engine's checks carry it, and as they would.
+fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<Outcome, String> {
     let counters = || bench.dataplane.counters().map_err(|e| format!("{e:#}"));
     let side = program.side();
+    let node = Node {
+        over_ipv6: bench.over_ipv6,
+        device_mac: bench.device_mac,
+    };
     let before = counters()?;
     let output = match program {
         Program::Tc(side) => bench.dataplane.test_run(side, frame),
@@ -325,16 +406,22 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String
             if refused_by_the_kernel(program, frame)
                 && format!("{e:#}").ends_with("(os error 22)") =>
         {
-            return moved.expect(Moved::default(), "a frame the kernel refused");
+            moved.expect(Moved::default(), "a frame the kernel refused")?;
+            return Ok(Outcome::Refused);
         }
         Err(e) => return Err(format!("{e:#}")),
     };
     // The XDP program passes up what it decapsulated, with the mark for twill_ingress.
     let carried = output.frame != frame && program == Program::Xdp;
+    let by_userspace = carried_by_userspace(node, side, frame);
+    let not_carried = |outcome| match by_userspace {
+        Some(_) => Err("not carried, but twill's userspace checks would carry it".to_string()),
+        None => Ok(outcome),
+    };
     match output.verdict {
         Verdict::Pass if carried => {
-            let carried = carried_by_userspace(side, frame, bench.device_mac)
-                .ok_or("carried, but twill's userspace checks would not carry it")?;
+            let carried =
+                by_userspace.ok_or("carried, but twill's userspace checks would not carry it")?;
             // The outer Ethernet header as it came, but for the inner packet's ethertype.
             let at_xdp = [&XDP_MARK[..], &frame[..12], &carried.frame[12..]].concat();
             if output.frame != at_xdp {
@@ -344,16 +431,23 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String
                     hex(&at_xdp)
                 ));
             }
-            moved.expect(Moved::one_packet(carried.bytes), "a carried frame")
+            moved.expect(Moved::one_packet(carried.bytes), "a carried frame")?;
+            Ok(Outcome::Carried)
         }
         Verdict::Pass if output.frame != frame => {
             Err(format!("passed, but changed to {}", hex(&output.frame)))
         }
-        Verdict::Pass => moved.expect(Moved::default(), "a passed frame"),
-        Verdict::Drop => moved.expect(Moved::one_drop(), "a dropped frame"),
+        Verdict::Pass => {
+            moved.expect(Moved::default(), "a passed frame")?;
+            not_carried(Outcome::Passed)
+        }
+        Verdict::Drop => {
+            moved.expect(Moved::one_drop(), "a dropped frame")?;
+            not_carried(Outcome::Dropped)
+        }
         Verdict::Redirect => {
-            let carried = carried_by_userspace(side, frame, bench.device_mac)
-                .ok_or("carried, but twill's userspace checks would not carry it")?;
+            let carried =
+                by_userspace.ok_or("carried, but twill's userspace checks would not carry it")?;
             if output.frame != carried.frame {
                 return Err(format!(
                     "carried as\n  {}\nnot as\n  {}",
@@ -361,7 +455,8 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<(), String
                     hex(&carried.frame)
                 ));
             }
-            moved.expect(Moved::one_packet(carried.bytes), "a carried frame")
+            moved.expect(Moved::one_packet(carried.bytes), "a carried frame")?;
+            Ok(Outcome::Carried)
         }
         Verdict::Other(action) => Err(format!("action {action}, not a verdict")),
     }
@@ -446,102 +541,4 @@ fn ways(was: PeerTraffic, now: PeerTraffic, side: Side) -> ((u64, u64), (u64, u6
         Side::Egress => (tx, rx),
         Side::Ingress => (rx, tx),
     }
-}
-
-/// A frame as it leaves a program that carries it, and the inner bytes it counts.
-struct Carried {
-    frame: Vec<u8>,
-    bytes: u64,
-}
-
-/// What twill's userspace engine would make of `frame`, the same wire's rules in Rust: the
-/// frame carried, or None if those rules do not carry it.
-fn carried_by_userspace(side: Side, frame: &[u8], device_mac: [u8; 6]) -> Option<Carried> {
-    let (ethernet, ip) = frame.split_at_checked(FIRST_IP)?;
-    let ethertype = u16::from_be_bytes([ethernet[12], ethernet[13]]);
-    match (side, ethertype) {
-        (Side::Egress, ETH_IP) => encapsulated(ethernet, ip),
-        (Side::Egress, ETH_IPV6) => encapsulated6(ethernet, ip),
-        (Side::Ingress, ETH_IP) => decapsulated(ethernet, ip, device_mac),
-        _ => None,
-    }
-}
-
-/// A datagram to the peer around `packet[..len]`, in a frame of `ethernet`'s MACs, with the
-/// bytes after `len` riding along.
-fn to_peer(ethernet: &[u8], packet: &[u8], len: usize) -> Carried {
-    let mut outer = Ip::new(LOCAL, PEER, UDP);
-    outer.flags_fragment = 0x4000;
-    let mut frame = datagram(&outer, (PORT, PORT), &packet[..len]);
-    frame[..12].copy_from_slice(&ethernet[..12]);
-    frame.extend_from_slice(&packet[len..]);
-    Carried {
-        frame,
-        bytes: len as u64,
-    }
-}
-
-/// An IPv6 packet for the peer's IPv6 subnet with hop limit left, as [`encapsulated`] has an
-/// IPv4 one.
-fn encapsulated6(ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
-    let mut packet = ip.to_vec();
-    let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
-    if !peer_subnet6().contains(&view.dst_addr()) || !view.decrement_hop_limit() {
-        return None;
-    }
-    let len = view.total_len();
-    Some(to_peer(ethernet, &packet, len))
-}
-
-/// A packet for the peer's subnet with TTL left, in flannel's datagram to the peer as
-/// flanneld's socket sends it (DF, TTL 64, the network's port both ways); bytes after its
-/// total length ride along.
-fn encapsulated(ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
-    let mut packet = ip.to_vec();
-    let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
-    if !peer_subnet().contains(&view.dst_addr()) || !view.decrement_ttl() {
-        return None;
-    }
-    let len = view.total_len();
-    Some(to_peer(ethernet, &packet, len))
-}
-
-/// A whole, unfragmented datagram from the peer to this node's port, its UDP length its IP
-/// length's, whose payload passes the userspace engine's own inbound checks (one
-/// well-formed IPv4 or IPv6 packet, from inside the peer's subnet of its family, fitting the
-/// device, TTL or hop limit left): the inner packet, TTL or hop limit decremented, addressed
-/// to twill's device in a frame of its ethertype. Bytes after the datagram's
-/// total length (a lower layer's padding) ride along, for the stack to trim as it trims any.
-fn decapsulated(ethernet: &[u8], ip: &[u8], device_mac: [u8; 6]) -> Option<Carried> {
-    let outer = Ipv4Packet::new_checked(ip).ok()?;
-    let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
-    let ours = outer.header_len() == IPV4_HEADER
-        && outer.protocol() == UDP
-        && outer.src_addr() == PEER
-        && outer.dst_addr() == LOCAL
-        && !fragment;
-    let udp = outer.payload();
-    let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
-    if !ours
-        || udp.len() < UDP_HEADER
-        || (port(0), port(2), port(4)) != (PORT, PORT, udp.len() as u16)
-    {
-        return None;
-    }
-    let mut inner = udp[UDP_HEADER..].to_vec();
-    let peers = PeerTable::new(&[PeerSpec {
-        subnet: peer_subnet(),
-        subnet6: Some(peer_subnet6()),
-        endpoint: SocketAddrV4::new(PEER, PORT).into(),
-        version: 1,
-    }]);
-    let peer = peers.get(peer_subnet())?;
-    accept_inbound(&mut inner, peer, usize::from(DEVICE_MTU)).ok()?;
-    let mut frame = ethernet.to_vec();
-    frame[..6].copy_from_slice(&device_mac);
-    frame[12..].copy_from_slice(&ethertype_of(&inner).to_be_bytes());
-    let bytes = inner.len() as u64;
-    frame.extend(inner);
-    frame.extend_from_slice(&ip[outer.total_len()..]);
-    Some(Carried { frame, bytes })
 }

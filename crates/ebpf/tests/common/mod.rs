@@ -1,6 +1,7 @@
 //! Shared pieces of twill-ebpf's tests: crafted frames, and lab hosts running the programs.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod engine_model;
 pub mod frames;
 pub mod test_run;
 
