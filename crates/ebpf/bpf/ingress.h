@@ -118,19 +118,60 @@ static __always_inline int check_outer4(void *data, void *end, __u32 frame_len,
 	return CARRY;
 }
 
+/* An IPv6 Fragment header (RFC 8200 4.5; the kernel's struct frag_hdr is not UAPI). */
+struct fragment6 {
+	__u8 nexthdr;
+	__u8 reserved;
+	__be16 frag_off; /* the offset in 8-byte units, then 2 reserved bits and M */
+	__be32 id;
+};
+#define IP6_OFFSET 0xfff8
+#define IP6_MF 0x0001
+
+/* A Fragment header right after the IPv6 header of a datagram to this node, as over IPv4: a
+ * first fragment to the port is ours, and counted malformed (flannel's peers fit their
+ * datagrams to the path, and this node cannot check one in pieces), remembered by sender and
+ * id so that its later fragments are too; any other fragment is not ours. An atomic fragment
+ * (offset 0, no more to come) to the port is not flannel's wire either. */
+static __always_inline int check_fragment6(struct ipv6hdr *outer, void *end, struct config *cfg)
+{
+	struct fragment6 *fragment = (void *)(outer + 1);
+	if ((void *)(fragment + 1) > end)
+		return NOT_OURS;
+	struct fragment6_key key = { .id = fragment->id };
+	__builtin_memcpy(key.saddr, &outer->saddr, sizeof(key.saddr));
+	if (fragment->frag_off & bpf_htons(IP6_OFFSET)) {
+		if (bpf_map_lookup_elem(&our_fragments6, &key))
+			return DROP_MALFORMED;
+		return NOT_OURS;
+	}
+	struct udphdr *udp = (void *)(fragment + 1);
+	if (fragment->nexthdr != IPPROTO_UDP || (void *)(udp + 1) > end || udp->dest != cfg->port)
+		return NOT_OURS;
+	if (fragment->frag_off & bpf_htons(IP6_MF)) {
+		__u8 seen = 1;
+		bpf_map_update_elem(&our_fragments6, &key, &seen, BPF_ANY);
+	}
+	return DROP_MALFORMED;
+}
+
 /* The outer IPv6 and UDP headers, over the IPv6 underlay: the same. The UDP checksum is not
- * read, and may be zero (RFC 6935/6936): the inner packet has its own. A header chain
- * (extension headers, a fragment header) is not flannel's wire; the stack judges it. */
+ * read, and may be zero (RFC 6935/6936): the inner packet has its own. A fragment is judged
+ * by check_fragment6; any other header chain (extension headers before UDP) is not flannel's
+ * wire, and the stack judges it. */
 static __always_inline int check_outer6(void *data, void *end, __u32 frame_len,
 					struct config *cfg, struct outer *o)
 {
 	struct ipv6hdr *outer = data + ETH_HLEN;
-	struct udphdr *udp = (void *)(outer + 1);
-	if ((void *)(udp + 1) > end)
+	if ((void *)(outer + 1) > end)
 		return NOT_OURS;
 	struct addr6 *local = node_config6();
-	if (!local || outer->version != 6 || outer->nexthdr != IPPROTO_UDP ||
-	    !same_addr6(&outer->daddr, local) || udp->dest != cfg->port)
+	if (!local || outer->version != 6 || !same_addr6(&outer->daddr, local))
+		return NOT_OURS;
+	if (outer->nexthdr == IPPROTO_FRAGMENT)
+		return check_fragment6(outer, end, cfg);
+	struct udphdr *udp = (void *)(outer + 1);
+	if (outer->nexthdr != IPPROTO_UDP || (void *)(udp + 1) > end || udp->dest != cfg->port)
 		return NOT_OURS;
 	struct peer *peer = bpf_map_lookup_elem(&peers6, &outer->saddr);
 	if (!peer || peer->port != udp->source)

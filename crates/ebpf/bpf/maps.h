@@ -183,6 +183,19 @@ struct {
 	__type(value, __u8);
 } our_fragments SEC(".maps");
 
+/* The same over the IPv6 underlay, by sender and the Fragment header's identification. */
+struct fragment6_key {
+	__u8 saddr[16];
+	__be32 id;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct fragment6_key);
+	__type(value, __u8);
+} our_fragments6 SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, DROP_REASONS);

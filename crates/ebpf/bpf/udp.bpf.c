@@ -248,7 +248,7 @@ static __always_inline int decapsulate(struct __sk_buff *skb, struct datagram *d
 }
 
 /* Whether the frame is UDP to this node's underlay address (IPv4, or IPv6 over the IPv6
- * underlay), read from its first bytes. */
+ * underlay, or a fragment there), read from its first bytes. */
 static __always_inline int may_be_ours(struct __sk_buff *skb, struct config *cfg)
 {
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
@@ -266,7 +266,8 @@ static __always_inline int may_be_ours(struct __sk_buff *skb, struct config *cfg
 	struct ipv6hdr *outer = (void *)(long)skb->data + ETH_HLEN;
 	if ((void *)(outer + 1) > (void *)(long)skb->data_end)
 		return 0;
-	return outer->nexthdr == IPPROTO_UDP && same_addr6(&outer->daddr, local);
+	return (outer->nexthdr == IPPROTO_UDP || outer->nexthdr == IPPROTO_FRAGMENT) &&
+	       same_addr6(&outer->daddr, local);
 }
 
 SEC("classifier/ingress")

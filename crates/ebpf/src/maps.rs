@@ -14,7 +14,7 @@ use std::path::Path;
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 12] = [
+pub(crate) const MAP_NAMES: [&str; 13] = [
     "config",
     "config6",
     "peers6",
@@ -27,6 +27,7 @@ pub(crate) const MAP_NAMES: [&str; 12] = [
     "totals",
     "drops",
     "our_fragments",
+    "our_fragments6",
 ];
 
 /// `struct config`: what the programs know of this node.

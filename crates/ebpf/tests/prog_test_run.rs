@@ -274,6 +274,16 @@ fn from_peer6(inner: &[u8]) -> Vec<u8> {
     datagram6(&Ip6::new(PEER6, LOCAL6, UDP), (PORT, PORT), inner)
 }
 
+/// A fragment from the peer to this node over the IPv6 underlay: a Fragment header right after
+/// the IPv6 header (offset in 8-byte units, more to come or not, identification), then `rest`.
+fn fragment6(offset: u16, more: bool, id: u32, rest: &[u8]) -> Vec<u8> {
+    let mut fragment = vec![UDP, 0];
+    fragment.extend_from_slice(&(offset << 3 | u16::from(more)).to_be_bytes());
+    fragment.extend_from_slice(&id.to_be_bytes());
+    fragment.extend_from_slice(rest);
+    ethernet(ETH_IPV6, &Ip6::new(PEER6, LOCAL6, 44).packet(&fragment))
+}
+
 /// Over the IPv6 underlay: the inner checks of both families, as over the IPv4 one, and the
 /// outer IPv6 header's own.
 fn ingress_over6_cases() -> Vec<Case> {
@@ -304,6 +314,8 @@ fn ingress_over6_cases() -> Vec<Case> {
     };
     let big = inner(true).packet(&vec![0u8; usize::from(DEVICE_MTU)]);
     let short = inner(true).packet(&[]);
+    // A first fragment's part: the UDP header and the inner packet's first 16 bytes.
+    let datagram_head = udp(PORT, PORT, &packet)[..24].to_vec();
     let cases = [
         (
             "valid datagram, UDP checksum 0",
@@ -398,6 +410,40 @@ fn ingress_over6_cases() -> Vec<Case> {
         (
             "an extension header first",
             outer_with(|ip| ip.next_header = 0),
+            Expect::Untouched,
+        ),
+        (
+            "first fragment to our port",
+            fragment6(0, true, 7, &datagram_head),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "later fragment of that datagram",
+            fragment6(3, false, 7, &packet[..24]),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "later fragment of a datagram not seen",
+            fragment6(3, false, 8, &packet[..24]),
+            Expect::Untouched,
+        ),
+        (
+            "atomic fragment to our port (offset 0, no more)",
+            fragment6(0, false, 9, &udp(PORT, PORT, &packet)),
+            Expect::Dropped(DropReason::Malformed),
+        ),
+        (
+            "first fragment to another port",
+            fragment6(0, true, 10, &udp(PORT, 9999, &packet)[..24]),
+            Expect::Untouched,
+        ),
+        (
+            "fragment of another protocol",
+            {
+                let mut frame = fragment6(0, true, 11, &datagram_head);
+                frame[14 + 40] = 6;
+                frame
+            },
             Expect::Untouched,
         ),
         (
