@@ -1,6 +1,7 @@
 //! The programs decode network input, so, as every decoder of twill's, they are run on input
 //! no one crafted: random bytes, and flannel datagrams and inner packets mutated at random
-//! (truncated, bytes flipped, lengths, versions, IHL and fragment bits changed, bytes added),
+//! (truncated, bytes flipped, lengths, versions, IHL, next header and fragment bits changed,
+//! bytes added, over the IPv6 underlay a Fragment header put in: tests/common/mutation.rs),
 //! through BPF_PROG_TEST_RUN with their real maps. The seed is fixed, so every run (and CI)
 //! tries the same frames.
 //!
@@ -8,10 +9,10 @@
 //! for it to build an skb of (EINVAL). The counters move by at most one thing: a passed frame
 //! counts nothing and comes back byte for byte, a dropped one counts one drop, a carried one
 //! one packet of its direction (the XDP program passes what it carries up, decapsulated and
-//! marked for the TC program). And a frame is carried only if the userspace engine's own
-//! checks (twill_dataplane) would carry it, and leaves as they would have it leave: from the
-//! underlay only a datagram from the peer whose inner packet decodes and comes from inside
-//! the peer's subnet of its family. Inner packets are IPv4 and IPv6, over the IPv4 underlay
+//! marked for the TC program). And a frame is carried exactly when the userspace engine's own
+//! checks (twill_dataplane; tests/common/engine_model.rs) would carry it, and leaves as they
+//! would have it leave: from the underlay only a whole datagram from the peer whose inner
+//! packet decodes and comes from inside the peer's subnet of its family. Inner packets are IPv4 and IPv6, over the IPv4 underlay
 //! and over the IPv6 one (outer IPv6/UDP from the peer's IPv6 address, zero UDP checksum).
 
 mod common;
@@ -19,6 +20,7 @@ mod common;
 use anyhow::anyhow;
 use common::engine_model::{carried_by_userspace, ethertype_of, Node};
 use common::frames::{datagram, datagram6, ethernet, hex, Ip, Ip6, ETH_IP, ETH_IPV6};
+use common::mutation::{mutation, Underlay, FIRST_IP};
 use common::test_run::{
     peer_subnet, test_bench, test_bench6, TestBench, HERE, HERE6, LOCAL, LOCAL6, PEER, PEER6, UDP,
 };
@@ -37,7 +39,6 @@ const CASES: u32 = 2_000;
 const MAX_FRAME: usize = 1_600;
 const IPV4_HEADER: usize = 20;
 const IPV6_HEADER: usize = 40;
-const UDP_HEADER: usize = 8;
 
 /// A frame as a test input, shown as hex when a case fails.
 #[derive(Clone)]
@@ -74,58 +75,40 @@ impl Program {
 
 #[test]
 fn random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
-    let bench = test_bench("ebpf-randbytes")?;
-    for program in Program::ALL {
-        run(&bench, program, random_frames(Underlay::V4), 1)?;
-    }
-    Ok(())
+    random_bytes(&test_bench("ebpf-randbytes")?, Underlay::V4, 1)
 }
 
 #[test]
 fn mutated_flannel_frames_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
-    let bench = test_bench("ebpf-mutated")?;
-    for program in Program::ALL {
-        run(
-            &bench,
-            program,
-            mutated_frames(program.side(), Underlay::V4),
-            2,
-        )?
-        .reached_every_outcome(program)?;
-    }
-    Ok(())
+    mutated(&test_bench("ebpf-mutated")?, Underlay::V4, 2)
 }
 
 #[test]
 fn over_the_ipv6_underlay_random_bytes_get_a_verdict_and_at_most_one_count() -> anyhow::Result<()> {
-    let bench = test_bench6("ebpf-randbytes6")?;
-    for program in Program::ALL {
-        run(&bench, program, random_frames(Underlay::V6), 3)?;
-    }
-    Ok(())
+    random_bytes(&test_bench6("ebpf-randbytes6")?, Underlay::V6, 3)
 }
 
 #[test]
 fn over_the_ipv6_underlay_mutated_flannel_frames_get_a_verdict_and_at_most_one_count(
 ) -> anyhow::Result<()> {
-    let bench = test_bench6("ebpf-mutated6")?;
+    mutated(&test_bench6("ebpf-mutated6")?, Underlay::V6, 4)
+}
+
+/// Random frames through every program of a node on `underlay`.
+fn random_bytes(bench: &TestBench, underlay: Underlay, seed: u8) -> anyhow::Result<()> {
     for program in Program::ALL {
-        run(
-            &bench,
-            program,
-            mutated_frames(program.side(), Underlay::V6),
-            4,
-        )?
-        .reached_every_outcome(program)?;
+        run(bench, program, random_frames(underlay), seed)?;
     }
     Ok(())
 }
 
-/// The family of the underlay the node is on, and so of the datagrams from its peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Underlay {
-    V4,
-    V6,
+/// Mutated frames of flannel's wire through every program of a node on `underlay`.
+fn mutated(bench: &TestBench, underlay: Underlay, seed: u8) -> anyhow::Result<()> {
+    for program in Program::ALL {
+        let frames = mutated_frames(program.side(), underlay);
+        run(bench, program, frames, seed)?.reached_every_outcome(program)?;
+    }
+    Ok(())
 }
 
 /// `CASES` frames of `frames` through `program`, from a seed of its own.
@@ -285,104 +268,6 @@ fn packet6(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
         };
         ip.packet(&payload)
     })
-}
-
-/// A header field, by where it lies in the frame: in the Ethernet header, the first IP header
-/// (the packet on egress, the outer one on ingress), the UDP header and the inner IP header of
-/// a datagram.
-#[derive(Debug, Clone, Copy)]
-struct Field {
-    offset: usize,
-    width: usize,
-}
-
-const FIRST_IP: usize = 14;
-
-/// The fields of an IP header at `at` that its decoders judge: of IPv4, version and IHL,
-/// total length, fragment bits, TTL and protocol; of IPv6, its payload length, next header
-/// and hop limit (its version is IPv4's first byte).
-fn ip_fields(at: usize) -> [Field; 7] {
-    [(0, 1), (2, 2), (6, 2), (8, 1), (9, 1), (4, 2), (7, 1)].map(|(offset, width)| Field {
-        offset: at + offset,
-        width,
-    })
-}
-
-/// The fields worth changing in what `side`'s program takes in over `underlay`. Of an outer
-/// IPv6 header, also the ends of its addresses (another peer, another node).
-fn fields(side: Side, underlay: Underlay) -> Vec<Field> {
-    let field = |offset, width| Field { offset, width };
-    let mut fields = vec![field(12, 2)];
-    fields.extend(ip_fields(FIRST_IP));
-    if side == Side::Egress {
-        return fields;
-    }
-    let udp_at = match underlay {
-        Underlay::V4 => FIRST_IP + IPV4_HEADER,
-        Underlay::V6 => {
-            fields.extend([field(FIRST_IP + 22, 2), field(FIRST_IP + 38, 2)]);
-            FIRST_IP + IPV6_HEADER
-        }
-    };
-    fields.extend([0, 2, 4].map(|offset| field(udp_at + offset, 2)));
-    fields.extend(ip_fields(udp_at + UDP_HEADER));
-    fields
-}
-
-#[derive(Debug, Clone)]
-enum Mutation {
-    /// Cut the frame to this share (in 1/256ths) of its length.
-    Truncate(u8),
-    /// Flip these bits of the byte at this share (in 1/65536ths) of the frame.
-    Flip(u16, u8),
-    /// Set the field to this value (its low bytes, for a one-byte field).
-    Set(Field, u16),
-    /// Add this to the field, e.g. a length a few bytes off.
-    Nudge(Field, i16),
-    /// Bytes after the frame: padding from a lower layer, or junk.
-    Append(Vec<u8>),
-}
-
-fn mutation(side: Side, underlay: Underlay) -> impl Strategy<Value = Mutation> {
-    let field = || proptest::sample::select(fields(side, underlay));
-    prop_oneof![
-        any::<u8>().prop_map(Mutation::Truncate),
-        (any::<u16>(), 1u8..=255).prop_map(|(at, bits)| Mutation::Flip(at, bits)),
-        (field(), prop_oneof![0u16..64, any::<u16>()]).prop_map(|(f, v)| Mutation::Set(f, v)),
-        (field(), -8i16..=8).prop_map(|(f, by)| Mutation::Nudge(f, by)),
-        vec(any::<u8>(), 1..8).prop_map(Mutation::Append),
-    ]
-}
-
-impl Mutation {
-    fn apply(&self, frame: &mut Vec<u8>) {
-        let len = frame.len();
-        let share = |of: usize, scale: usize| len * of / scale;
-        match self {
-            Mutation::Truncate(keep) => frame.truncate(share(usize::from(*keep), 256)),
-            Mutation::Flip(at, bits) => {
-                let at = share(usize::from(*at), 65_536);
-                if let Some(byte) = frame.get_mut(at) {
-                    *byte ^= *bits;
-                }
-            }
-            Mutation::Set(field, value) => set(frame, *field, |_| *value),
-            Mutation::Nudge(field, by) => set(frame, *field, |old| old.wrapping_add_signed(*by)),
-            Mutation::Append(bytes) => frame.extend_from_slice(bytes),
-        }
-    }
-}
-
-/// Rewrites `field` with `new` of its value, if the frame still holds it.
-fn set(frame: &mut [u8], field: Field, new: impl Fn(u16) -> u16) {
-    let Some(bytes) = frame.get_mut(field.offset..field.offset + field.width) else {
-        return;
-    };
-    match bytes {
-        [byte] => *byte = new(u16::from(*byte)) as u8,
-        [hi, lo] => [*hi, *lo] = new(u16::from_be_bytes([*hi, *lo])).to_be_bytes(),
-        _ => unreachable!("fields are one or two bytes"),
-    }
 }
 
 /// One frame through one program, and what its verdict allows: carried exactly when the

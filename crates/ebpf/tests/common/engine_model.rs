@@ -14,6 +14,7 @@ use twill_ebpf::Side;
 
 const ETHERNET_HEADER: usize = 14;
 const IPV4_HEADER: usize = 20;
+const IPV6_HEADER: usize = 40;
 const UDP_HEADER: usize = 8;
 
 /// The node the programs run on: its underlay's family, and its device's MAC, to which a
@@ -35,11 +36,10 @@ pub fn carried_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Carr
     let (ethernet, ip) = frame.split_at_checked(ETHERNET_HEADER)?;
     let ethertype = u16::from_be_bytes([ethernet[12], ethernet[13]]);
     match (side, ethertype) {
-        (Side::Egress, ETH_IP) => encapsulated(node, ethernet, ip),
-        (Side::Egress, ETH_IPV6) => encapsulated6(node, ethernet, ip),
+        (Side::Egress, ETH_IP | ETH_IPV6) => encapsulated(node, ethernet, ethertype, ip),
         // Over either underlay, a peer is known by its address of that family only.
-        (Side::Ingress, ETH_IP) if !node.over_ipv6 => decapsulated(node, ethernet, ip),
-        (Side::Ingress, ETH_IPV6) if node.over_ipv6 => decapsulated6(node, ethernet, ip),
+        (Side::Ingress, ETH_IP) if !node.over_ipv6 => delivered(node, ethernet, from_peer(ip)?),
+        (Side::Ingress, ETH_IPV6) if node.over_ipv6 => delivered(node, ethernet, from_peer6(ip)?),
         _ => None,
     }
 }
@@ -72,34 +72,33 @@ fn to_peer(node: Node, ethernet: &[u8], packet: &[u8], len: usize) -> Carried {
     }
 }
 
-/// A packet for the peer's subnet with TTL left, in flannel's datagram to the peer; bytes
-/// after its total length ride along.
-fn encapsulated(node: Node, ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
+/// A packet of `ethertype`'s family for the peer's subnet of that family with TTL or hop limit
+/// left, in flannel's datagram to the peer; bytes after its total length ride along.
+fn encapsulated(node: Node, ethernet: &[u8], ethertype: u16, ip: &[u8]) -> Option<Carried> {
     let mut packet = ip.to_vec();
-    let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
-    if !peer_subnet().contains(&view.dst_addr()) || !view.decrement_ttl() {
-        return None;
-    }
-    let len = view.total_len();
+    let len = if ethertype == ETH_IPV6 {
+        let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
+        let routed = peer_subnet6().contains(&view.dst_addr()) && view.decrement_hop_limit();
+        routed.then(|| view.total_len())?
+    } else {
+        let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
+        let routed = peer_subnet().contains(&view.dst_addr()) && view.decrement_ttl();
+        routed.then(|| view.total_len())?
+    };
     Some(to_peer(node, ethernet, &packet, len))
 }
 
-/// An IPv6 packet for the peer's IPv6 subnet with hop limit left, as [`encapsulated`] has an
-/// IPv4 one.
-fn encapsulated6(node: Node, ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
-    let mut packet = ip.to_vec();
-    let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
-    if !peer_subnet6().contains(&view.dst_addr()) || !view.decrement_hop_limit() {
-        return None;
-    }
-    let len = view.total_len();
-    Some(to_peer(node, ethernet, &packet, len))
+/// The UDP part of a datagram from the peer, as its IP header frames it.
+struct FromPeer<'a> {
+    udp: &'a [u8],
+    /// Bytes after the datagram's total length (a lower layer's padding), which ride along
+    /// for the stack to trim as it trims any.
+    padding: &'a [u8],
+    endpoint: SocketAddr,
 }
 
-/// A whole, unfragmented, optionless IPv4 datagram from the peer to this node: its UDP part
-/// judged by [`delivered`]; bytes after its total length (a lower layer's padding) ride
-/// along, for the stack to trim as it trims any.
-fn decapsulated(node: Node, ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
+/// A whole, unfragmented, optionless IPv4 datagram of UDP from the peer to this node.
+fn from_peer(ip: &[u8]) -> Option<FromPeer<'_>> {
     let outer = Ipv4Packet::new_checked(ip).ok()?;
     let fragment = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
     let ours = outer.header_len() == IPV4_HEADER
@@ -107,51 +106,38 @@ fn decapsulated(node: Node, ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
         && outer.src_addr() == PEER
         && outer.dst_addr() == LOCAL
         && !fragment;
-    if !ours {
-        return None;
-    }
-    let padding = &ip[outer.total_len()..];
-    delivered(
-        node,
-        ethernet,
-        outer.payload(),
-        padding,
-        SocketAddr::new(PEER.into(), PORT),
-    )
+    ours.then(|| FromPeer {
+        udp: &ip[IPV4_HEADER..outer.total_len()],
+        padding: &ip[outer.total_len()..],
+        endpoint: SocketAddr::new(PEER.into(), PORT),
+    })
 }
 
 /// The same over the IPv6 underlay: UDP right after the IPv6 header (no extension header, no
 /// fragment), from the peer's IPv6 address to this node's. The UDP checksum is not judged: a
 /// twill node takes a zero one (UDP_NO_CHECK6_RX), and the inner packet has its own.
-fn decapsulated6(node: Node, ethernet: &[u8], ip: &[u8]) -> Option<Carried> {
+fn from_peer6(ip: &[u8]) -> Option<FromPeer<'_>> {
     let outer = Ipv6Packet::new_checked(ip).ok()?;
     let ours =
         outer.next_header() == UDP && outer.src_addr() == PEER6 && outer.dst_addr() == LOCAL6;
-    if !ours {
-        return None;
-    }
-    let padding = &ip[outer.total_len()..];
-    delivered(
-        node,
-        ethernet,
-        outer.payload(),
-        padding,
-        SocketAddr::new(PEER6.into(), PORT),
-    )
+    ours.then(|| FromPeer {
+        udp: &ip[IPV6_HEADER..outer.total_len()],
+        padding: &ip[outer.total_len()..],
+        endpoint: SocketAddr::new(PEER6.into(), PORT),
+    })
 }
 
-/// A UDP datagram from the peer at `endpoint` to this node's port, its UDP length its IP
-/// length's, whose payload passes the engine's own inbound checks (one well-formed IPv4 or
-/// IPv6 packet, from inside the peer's subnet of its family, fitting the device, TTL or hop
-/// limit left): the inner packet, TTL or hop limit decremented, addressed to twill's device in
-/// a frame of its ethertype, `padding` after it.
-fn delivered(
-    node: Node,
-    ethernet: &[u8],
-    udp: &[u8],
-    padding: &[u8],
-    endpoint: SocketAddr,
-) -> Option<Carried> {
+/// A UDP datagram from the peer to this node's port, its UDP length its IP length's, whose
+/// payload passes the engine's own inbound checks (one well-formed IPv4 or IPv6 packet, from
+/// inside the peer's subnet of its family, fitting the device, TTL or hop limit left): the
+/// inner packet, TTL or hop limit decremented, addressed to twill's device in a frame of its
+/// ethertype, the padding after it.
+fn delivered(node: Node, ethernet: &[u8], datagram: FromPeer<'_>) -> Option<Carried> {
+    let FromPeer {
+        udp,
+        padding,
+        endpoint,
+    } = datagram;
     let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
     if udp.len() < UDP_HEADER || (port(0), port(2), port(4)) != (PORT, PORT, udp.len() as u16) {
         return None;

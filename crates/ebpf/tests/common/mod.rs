@@ -3,6 +3,7 @@
 
 pub mod engine_model;
 pub mod frames;
+pub mod mutation;
 pub mod test_run;
 
 use anyhow::{Context, Result};
