@@ -341,7 +341,7 @@ fn refused(tag: &str, extra: &[&str]) -> Result<(twill_lab::Lab, String)> {
     ];
     let all: Vec<&str> = args.iter().chain(extra).copied().collect();
     let mut proc = lab.host(0).ns.spawn(TWILL, &all)?;
-    let stderr = proc.failure_within(Duration::from_secs(10), "twill kept running")?;
+    let stderr = proc.failure_within(Duration::from_secs(30), "twill kept running")?;
     let line = stderr.lines().rev().find(|l| !l.trim().is_empty());
     let line = line.unwrap_or_default().to_string();
     Ok((lab, line))
@@ -389,7 +389,7 @@ fn without_cap_bpf_ebpf_names_what_is_missing_and_auto_runs_the_tun() -> Result<
             .spawn_with("setpriv", &args, &[("RUST_LOG", "info")])
     };
     let mut refused = start(0, "ebpf")?;
-    let stderr = refused.failure_within(Duration::from_secs(10), "twill kept running")?;
+    let stderr = refused.failure_within(Duration::from_secs(30), "twill kept running")?;
     let want = "--dataplane ebpf cannot run here: not allowed to load eBPF programs: run twill \
                 as root, or with CAP_BPF and CAP_NET_ADMIN";
     ensure!(stderr.lines().any(|l| l.ends_with(want)), "{stderr}");

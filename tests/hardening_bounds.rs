@@ -121,7 +121,7 @@ fn stops_at_once(ns: &Netns, args: &[&str], env: &[(&str, &str)]) -> Result<Stri
     all.extend_from_slice(args);
     let started = Instant::now();
     let mut node = ns.spawn_with("prlimit", &all, env)?;
-    let stderr = node.failure_within(Duration::from_secs(10), "twill kept running")?;
+    let stderr = node.failure_within(Duration::from_secs(30), "twill kept running")?;
     ensure!(
         started.elapsed() < Duration::from_secs(5),
         "took {:?}",

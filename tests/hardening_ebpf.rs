@@ -83,7 +83,7 @@ impl Hosts {
         args.extend(self.args(i, extra));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut node = self.lab.host(i).ns.spawn(TWILL, &args)?;
-        let stderr = node.failure_within(Duration::from_secs(10), "a second node ran")?;
+        let stderr = node.failure_within(Duration::from_secs(30), "a second node ran")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())
     }
 
@@ -128,7 +128,7 @@ fn while_an_ebpf_node_runs_a_second_node_and_a_cleanup_are_refused_in_one_line()
     let mut cleanup = h
         .ns(0)
         .spawn(TWILL, &["run", "--cleanup", "--bpf-dir", h.bpf.arg()])?;
-    let stderr = cleanup.failure_within(Duration::from_secs(10), "the cleanup ran")?;
+    let stderr = cleanup.failure_within(Duration::from_secs(30), "the cleanup ran")?;
     ensure!(stderr.contains(&want), "{stderr}");
     ensure!(
         stderr.contains("--cleanup --force"),

@@ -400,7 +400,7 @@ fn second_node(c: &Cluster, args: &[&str]) -> Result<String> {
         .host(0)
         .ns
         .spawn_with(TWILL, &all, &[(key, &key_file)])?;
-    let stderr = node.failure_within(Duration::from_secs(10), "a second node ran")?;
+    let stderr = node.failure_within(Duration::from_secs(30), "a second node ran")?;
     anyhow::ensure!(!file.exists(), "the second node wrote its subnet file");
     Ok(stderr.lines().last().unwrap_or_default().to_string())
 }

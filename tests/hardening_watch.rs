@@ -164,14 +164,17 @@ fn a_watch_forbidden_at_start_stops_twill_in_one_line() -> Result<()> {
     let kubeconfig = c.dir.path().join("lister");
     c.api.write_kubeconfig(&kubeconfig, &token)?;
     let auth = ["--kubeconfig-file", kubeconfig.to_str().context("path")?];
-    // The binding reaches the server's authorizer a moment after it is made.
+    // The binding reaches the server's authorizer a moment after it is made (seconds on a
+    // loaded machine): try again until then, within a bound.
+    let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = String::new();
-    for _ in 0..5 {
+    while Instant::now() < deadline {
         let stderr = c.failing_start(0, &auth, &[])?;
         last = stderr.lines().last().unwrap_or_default().to_string();
         if !last.contains("may not get nodes/node-0") {
             break;
         }
+        std::thread::sleep(Duration::from_millis(500));
     }
     ensure!(
         last.contains("twill's service account may not watch nodes (403 Forbidden"),

@@ -214,7 +214,7 @@ impl Cluster {
         ];
         let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, env)?;
         let stderr =
-            node.failure_within(std::time::Duration::from_secs(10), "twill kept running")?;
+            node.failure_within(std::time::Duration::from_secs(30), "twill kept running")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())
     }
 
