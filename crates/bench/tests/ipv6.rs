@@ -72,7 +72,7 @@ fn vxlan_carries_tcp6_through_flannel_v6_and_tcp_through_flannel_1() {
 
 #[test]
 fn a_path_without_ipv6_is_refused_dual_stack_with_its_reason() {
-    for kind in [PathKind::Ipip, PathKind::TwillEbpf, PathKind::WireguardGo] {
+    for kind in [PathKind::Ipip, PathKind::WireguardGo] {
         let why = kind.no_ipv6().expect("no IPv6");
         let e = PathLab::new(kind, &no_twill(), true).err().unwrap();
         assert_eq!(
@@ -87,6 +87,8 @@ fn a_path_without_ipv6_is_refused_dual_stack_with_its_reason() {
         PathKind::TwillUdp,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
+        PathKind::TwillEbpf,
+        PathKind::TwillEbpfUnderlay6,
     ] {
         assert_eq!(kind.no_ipv6(), None, "{kind}");
     }
