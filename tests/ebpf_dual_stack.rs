@@ -245,18 +245,18 @@ fn an_ebpf_node_and_a_tun_node_carry_both_families() -> Result<()> {
 /// reaches the container.
 #[test]
 fn hostile_ipv6_datagrams_are_counted_by_the_ebpf_programs_and_never_delivered() -> Result<()> {
-    let args = ebpf("auto");
-    let fake = fake_dual_stack_peer_with("eds6h", "udp", "", Underlay::Ipv4, &args)?;
-    let s = status(&fake.cluster.lab.host(0).ns)?;
-    ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
-    fake.attack_udp_port()
+    hostile_ipv6_at_an_ebpf_node("eds6h", Underlay::Ipv4)
 }
 
 /// The same over the IPv6 underlay: the fake peer's datagrams come from its PublicIPv6.
 #[test]
 fn over_the_ipv6_underlay_hostile_ipv6_datagrams_are_counted_by_the_ebpf_programs() -> Result<()> {
+    hostile_ipv6_at_an_ebpf_node("eds6h6", Underlay::Ipv6)
+}
+
+fn hostile_ipv6_at_an_ebpf_node(tag: &str, underlay: Underlay) -> Result<()> {
     let args = ebpf("auto");
-    let fake = fake_dual_stack_peer_with("eds6h6", "udp", "", Underlay::Ipv6, &args)?;
+    let fake = fake_dual_stack_peer_with(tag, "udp", "", underlay, &args)?;
     let s = status(&fake.cluster.lab.host(0).ns)?;
     ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
     fake.attack_udp_port()
