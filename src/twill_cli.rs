@@ -168,15 +168,11 @@ struct RunArgs {
     /// or `auto` (tcx where the kernel has it, else tc).
     #[arg(long, value_name = "tcx|tc|auto", default_value = "auto")]
     bpf_attach: ebpf::AttachMode,
-    /// The eBPF dataplane decapsulates at TC alone, not at XDP on the underlay before GRO
-    /// (where its driver takes native XDP; else at TC anyway).
-    #[arg(long)]
-    no_bpf_xdp: bool,
-    /// The eBPF dataplane leaves a veth underlay's transmit offloads as they are: faster
-    /// between eBPF nodes, but a TUN or flanneld node across the veth then gets unsegmented,
-    /// half-checksummed datagrams.
-    #[arg(long)]
-    no_bpf_veth_wire: bool,
+    /// Whether the eBPF dataplane decapsulates at XDP on the underlay, before GRO: `auto` where
+    /// its driver takes native XDP but a veth (whose peer would then segment every
+    /// super-packet), `on` where the driver takes it, a veth too, `off` never (TC alone).
+    #[arg(long, value_name = "auto|on|off", default_value = "auto")]
+    bpf_xdp: ebpf::XdpChoice,
     /// Remove what the eBPF dataplane leaves running on purpose (its pinned programs, links and
     /// maps under --bpf-dir, its device --tun-name and route), then exit. Refused while a twill
     /// runs on them.
@@ -383,8 +379,7 @@ fn node_options(args: &RunArgs) -> NodeOptions {
         dataplane: args.dataplane,
         bpf_dir: args.bpf_dir.clone(),
         bpf_attach: args.bpf_attach,
-        bpf_xdp: !args.no_bpf_xdp,
-        bpf_veth_wire: !args.no_bpf_veth_wire,
+        bpf_xdp: args.bpf_xdp,
         blackhole_route: args.ip_blackhole_route,
     }
 }

@@ -198,8 +198,8 @@ fn counted_by_ebpf_after_restart(pair: &Pair) -> Result<()> {
     Ok(())
 }
 
-/// `twill run --cleanup` removes the pins, the device and its route, and the programs on the
-/// underlay, after a stop left them running.
+/// `twill run --cleanup` removes the pins, the device and its route, the segmenter, and the
+/// programs on the underlay (XDP asked for on the lab's veth), after a stop left them running.
 #[test]
 fn over_tcx_cleanup_removes_what_the_stopped_dataplane_left() -> Result<()> {
     cleanup_removes_all("ebpfcltx", "tcx")
@@ -214,7 +214,7 @@ fn cleanup_removes_all(tag: &str, attach: &str) -> Result<()> {
     let dir = scratch()?;
     let bpf = BpfFs::mount(path_in(&dir, "bpf"))?;
     let mut args = bpf.ebpf_args();
-    args.extend(["--bpf-attach", attach]);
+    args.extend(["--bpf-attach", attach, "--bpf-xdp", "on"]);
     let mut pair = start_pair_with(tag, [&args, TUN], None)?;
     pair.nodes[0].stop()?;
     let ns = &pair.host(0).ns;
@@ -227,16 +227,20 @@ fn cleanup_removes_all(tag: &str, attach: &str) -> Result<()> {
         "nothing pinned after a stop: {:?}",
         bpf.entries()?
     );
-    ensure!(
-        ns.ip(&["link", "show", "twill0"]).is_ok(),
-        "twill0 went with the daemon"
-    );
+    for device in ["twill0", "twill0-segs", "twill0-segr"] {
+        ensure!(
+            ns.ip(&["link", "show", device]).is_ok(),
+            "{device} went with the daemon"
+        );
+    }
     ns.exec(TWILL, &["run", "--cleanup", "--bpf-dir", bpf.arg()])?;
     ensure!(!pins.exists(), "left pinned: {:?}", bpf.entries()?);
-    ensure!(
-        ns.ip(&["link", "show", "twill0"]).is_err(),
-        "twill0 left behind"
-    );
+    for device in ["twill0", "twill0-segs", "twill0-segr"] {
+        ensure!(
+            ns.ip(&["link", "show", device]).is_err(),
+            "{device} left behind"
+        );
+    }
     let routes = ns.ip(&["route", "show", "10.5.0.0/16"])?;
     ensure!(routes.trim().is_empty(), "route left behind: {routes}");
     let attached = ns.exec("bpftool", &["net", "show", "dev", "eth0"])?;
@@ -271,8 +275,8 @@ fn shown_as(ns: &twill_lab::Netns, attach: &str) -> Result<()> {
         s["dataplane"] == "ebpf" && s["dataplane_attach"] == attach,
         "status: {s}"
     );
-    // The lab's veth takes native XDP.
-    ensure!(s["dataplane_ingress"] == "xdp", "status: {s}");
+    // On the lab's veth underlay `--bpf-xdp auto` decapsulates at TC.
+    ensure!(s["dataplane_ingress"] == "tc", "status: {s}");
     let metrics = http_get(ns, "127.0.0.1:9585", "/metrics")?;
     let line = format!("twill_dataplane_info{{dataplane=\"ebpf\",attach=\"{attach}\"}} 1");
     ensure!(metrics.contains(&line), "no {line} in /metrics: {metrics}");

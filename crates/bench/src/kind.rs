@@ -17,9 +17,9 @@ pub enum PathKind {
     /// The same programs on classic TC filters (`--bpf-attach tc`), as kernels before 6.6 run
     /// them.
     TwillEbpfTc,
-    /// twill-ebpf decapsulating at TC alone (`--no-bpf-xdp`), as where the underlay's driver
-    /// has no native XDP: against twill-ebpf, what XDP ingress gives.
-    TwillEbpfNoXdp,
+    /// twill-ebpf decapsulating at XDP on the lab's veth underlay (`--bpf-xdp on`; `auto`
+    /// leaves a veth to TC): against twill-ebpf, what XDP ingress gives there.
+    TwillEbpfXdp,
     /// twill-ebpf over the IPv6 underlay (`Backend.Underlay` "ipv6"): both families in outer
     /// IPv6, on a dual-stack network whichever numbers are measured.
     TwillEbpfUnderlay6,
@@ -36,7 +36,7 @@ impl PathKind {
             PathKind::TwillUdp
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
-            | PathKind::TwillEbpfNoXdp
+            | PathKind::TwillEbpfXdp
             | PathKind::TwillEbpfUnderlay6 => Some("udp"),
             PathKind::TwillBatch => Some("twill-batch"),
             PathKind::TwillWireguard => Some("wireguard"),
@@ -75,7 +75,7 @@ impl PathKind {
             PathKind::TwillUdp => &["--dataplane", "tun"],
             PathKind::TwillEbpf | PathKind::TwillEbpfUnderlay6 => &["--dataplane", "ebpf"],
             PathKind::TwillEbpfTc => &["--dataplane", "ebpf", "--bpf-attach", "tc"],
-            PathKind::TwillEbpfNoXdp => &["--dataplane", "ebpf", "--no-bpf-xdp"],
+            PathKind::TwillEbpfXdp => &["--dataplane", "ebpf", "--bpf-xdp", "on"],
             _ => &[],
         }
     }
@@ -88,7 +88,7 @@ impl PathKind {
         PathKind::TwillUdp,
         PathKind::TwillEbpf,
         PathKind::TwillEbpfTc,
-        PathKind::TwillEbpfNoXdp,
+        PathKind::TwillEbpfXdp,
         PathKind::TwillEbpfUnderlay6,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
@@ -104,7 +104,7 @@ impl PathKind {
             PathKind::TwillUdp => "twill-udp",
             PathKind::TwillEbpf => "twill-ebpf",
             PathKind::TwillEbpfTc => "twill-ebpf-tc",
-            PathKind::TwillEbpfNoXdp => "twill-ebpf-noxdp",
+            PathKind::TwillEbpfXdp => "twill-ebpf-xdp",
             PathKind::TwillEbpfUnderlay6 => "twill-ebpf-u6",
             PathKind::TwillBatch => "twill-batch",
             PathKind::TwillWireguard => "twill-wireguard",

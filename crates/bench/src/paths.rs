@@ -187,7 +187,7 @@ impl PathLab {
             PathKind::TwillUdp
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
-            | PathKind::TwillEbpfNoXdp
+            | PathKind::TwillEbpfXdp
             | PathKind::TwillEbpfUnderlay6
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {

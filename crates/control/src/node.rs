@@ -58,12 +58,8 @@ pub struct NodeOptions {
     pub bpf_dir: PathBuf,
     /// `--bpf-attach`: the eBPF dataplane's programs on tcx links or classic TC filters.
     pub bpf_attach: twill_ebpf::AttachMode,
-    /// Not `--no-bpf-xdp`: the eBPF dataplane decapsulates at XDP on the underlay where its
-    /// driver takes it.
-    pub bpf_xdp: bool,
-    /// Not `--no-bpf-veth-wire`: the eBPF dataplane makes a veth underlay segment and checksum
-    /// at transmit.
-    pub bpf_veth_wire: bool,
+    /// `--bpf-xdp`: whether the eBPF dataplane decapsulates at XDP on the underlay.
+    pub bpf_xdp: twill_ebpf::XdpChoice,
     /// `--ip-blackhole-route`: a blackhole route for this node's subnets, so that traffic to an
     /// address of ours no container holds is dropped here rather than sent back out.
     pub blackhole_route: bool,
@@ -95,8 +91,7 @@ impl Default for NodeOptions {
             dataplane: DataplaneChoice::default(),
             bpf_dir: DEFAULT_BPF_DIR.into(),
             bpf_attach: twill_ebpf::AttachMode::default(),
-            bpf_xdp: true,
-            bpf_veth_wire: true,
+            bpf_xdp: twill_ebpf::XdpChoice::Auto,
             blackhole_route: false,
         }
     }

@@ -44,11 +44,17 @@ struct route_key6 {
 	__u8 addr[16];
 };
 
+/* route.flags: the peer's node takes what a veth hands it, TCP super-packets whole and
+ * checksums still to be filled in (an eBPF node: its lease says "SuperPackets"). A peer
+ * without it (a TUN node, flanneld, an older twill) reads datagrams from a socket, and what
+ * goes to it over a veth underlay is segmented and checksummed first (the segmenter map). */
+#define ROUTE_SUPER_PACKETS 1
+
 /* A destination subnet's peer (routes6 holds the same, by IPv6 subnet). */
 struct route {
 	__be32 endpoint;        /* the peer's underlay address */
 	__be16 port;
-	__u16 pad;
+	__u16 flags;            /* ROUTE_* */
 	__u32 slot;             /* the peer's index in peer_traffic */
 };
 
@@ -117,6 +123,17 @@ struct {
 	__type(key, __u32);
 	__type(value, struct subnet6);
 } peer_subnets6 SEC(".maps");
+
+/* On a veth underlay, slot 0 holds the ifindex of the segmenter's sending end: a veth that
+ * checksums and segments in software at transmit, whose other end runs twill_segmented. Zero
+ * on any other underlay, where the device (or the kernel for it) segments at transmit. A map
+ * of its own, so that an older build's pinned config is adopted as it is. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} segmenter SEC(".maps");
 
 /* An IPv6 address, as it sits in packets. */
 struct addr6 {

@@ -29,6 +29,14 @@ static __always_inline struct config *node_config(void)
 	return bpf_map_lookup_elem(&config, &zero);
 }
 
+/* The segmenter's sending end, or 0 where there is none (maps.h). */
+static __always_inline __u32 segmenter_ifindex(void)
+{
+	__u32 zero = 0;
+	__u32 *ifindex = bpf_map_lookup_elem(&segmenter, &zero);
+	return ifindex ? *ifindex : 0;
+}
+
 static __always_inline void count_drop(__u32 reason)
 {
 	__u64 *count = bpf_map_lookup_elem(&drops, &reason);

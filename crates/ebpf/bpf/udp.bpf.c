@@ -9,6 +9,13 @@
  * underlay where its driver takes native XDP, does the same to each wire frame before GRO and
  * passes it up marked; twill_ingress then only moves it into the device.
  *
+ * On a veth underlay, which hands the other namespace what this one's stack made (TCP
+ * super-packets whole, checksums still to be filled in, UDP GSO trains as one skb), what a
+ * socket must read as datagrams takes a detour through the segmenter, a veth pair that
+ * segments and checksums at transmit as a NIC does: a packet to a peer that reads from a socket,
+ * and a train from a peer that sends them. twill_segmented, at the pair's other end, then does
+ * what twill_egress or twill_ingress would have, to each packet of it.
+ *
  * A packet is never dropped without a count under the reason the userspace engine uses. */
 
 #include "ingress.h"
@@ -29,8 +36,20 @@ struct routed {
 	__u32 len;
 };
 
-/* An IPv4 packet from the stack: checked, routed, its TTL decremented. 0 or the drop reason. */
-static __always_inline int route4(struct __sk_buff *skb, struct routed *r)
+/* The packet goes through the segmenter first (its peer reads datagrams from a socket, and the
+ * underlay is a veth); it is routed again when it comes back, its TTL not yet decremented. */
+#define DIVERT (-4)
+
+/* Whether a packet to `route` goes through the segmenter at `segmenter` (0: none, or it is
+ * coming back from there). */
+static __always_inline int diverted(struct route *route, __u32 segmenter)
+{
+	return segmenter && !(route->flags & ROUTE_SUPER_PACKETS);
+}
+
+/* An IPv4 packet from the stack: checked, routed, its TTL decremented. 0, DIVERT or the drop
+ * reason. */
+static __always_inline int route4(struct __sk_buff *skb, struct routed *r, __u32 segmenter)
 {
 	if (linear(skb, ETH_HLEN + sizeof(struct iphdr)))
 		return DROP_MALFORMED;
@@ -52,13 +71,15 @@ static __always_inline int route4(struct __sk_buff *skb, struct routed *r)
 		return DROP_NO_ROUTE;
 	if (ip->ttl <= 1)
 		return DROP_TTL_EXCEEDED;
+	if (diverted(r->route, segmenter))
+		return DIVERT;
 	decrement_ttl(ip);
 	r->len = len;
 	return 0;
 }
 
 /* The same of an IPv6 packet, by its hop limit, which has no checksum to patch. */
-static __always_inline int route6(struct __sk_buff *skb, struct routed *r)
+static __always_inline int route6(struct __sk_buff *skb, struct routed *r, __u32 segmenter)
 {
 	if (linear(skb, ETH_HLEN + sizeof(struct ipv6hdr)))
 		return DROP_MALFORMED;
@@ -81,6 +102,8 @@ static __always_inline int route6(struct __sk_buff *skb, struct routed *r)
 		return DROP_NO_ROUTE;
 	if (ip->hop_limit <= 1)
 		return DROP_TTL_EXCEEDED;
+	if (diverted(r->route, segmenter))
+		return DIVERT;
 	ip->hop_limit--;
 	r->len = len;
 	return 0;
@@ -157,17 +180,20 @@ static __always_inline int encapsulate6(struct __sk_buff *skb, struct routed *r,
 	return push_outer(skb, ENCAP6_FLAGS, bpf_htons(ETH_P_IPV6), &outer, sizeof(outer), &udp);
 }
 
-SEC("classifier/egress")
-int twill_egress(struct __sk_buff *skb)
+/* Encapsulates a packet from the stack and sends it to its peer, or (`segmenter` not 0) into
+ * the segmenter when its peer needs that. */
+static __always_inline int send_out(struct __sk_buff *skb, __u32 segmenter)
 {
 	struct routed r = {};
 	int dropped;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
-		dropped = route4(skb, &r);
+		dropped = route4(skb, &r, segmenter);
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		dropped = route6(skb, &r);
+		dropped = route6(skb, &r, segmenter);
 	else
 		dropped = DROP_NOT_IPV4;
+	if (dropped == DIVERT)
+		return bpf_redirect(segmenter, 0);
 	struct config *cfg = node_config();
 	if (!dropped && !cfg)
 		dropped = DROP_NO_ROUTE;
@@ -183,6 +209,12 @@ int twill_egress(struct __sk_buff *skb)
 		return drop(sent);
 	count_tx(slot, packets, r.len);
 	return bpf_redirect_neigh(underlay, NULL, 0, 0);
+}
+
+SEC("classifier/egress")
+int twill_egress(struct __sk_buff *skb)
+{
+	return send_out(skb, segmenter_ifindex());
 }
 
 /* What twill_xdp_ingress puts before a frame it decapsulated, for twill_ingress to find: only
@@ -270,18 +302,10 @@ static __always_inline int may_be_ours(struct __sk_buff *skb, struct config *cfg
 	       same_addr6(&outer->daddr, local);
 }
 
-SEC("classifier/ingress")
-int twill_ingress(struct __sk_buff *skb)
+/* Checks a frame that may be ours and carries it into the device, or (`segmenter` not 0) a
+ * train of datagrams into the segmenter. */
+static __always_inline int take_in(struct __sk_buff *skb, struct config *cfg, __u32 segmenter)
 {
-	struct config *cfg = node_config();
-	if (!cfg)
-		return TC_ACT_OK;
-	/* Checked and decapsulated before GRO, which has coalesced its TCP since. */
-	if (decapsulated_at_xdp(skb))
-		return enter_device(skb, cfg);
-	/* Only what may be ours is pulled into the linear part for the checks. */
-	if (!may_be_ours(skb, cfg))
-		return TC_ACT_OK;
 	__u32 checked = skb->len < CHECKED_BYTES ? skb->len : CHECKED_BYTES;
 	if (linear(skb, checked))
 		return TC_ACT_OK;
@@ -292,6 +316,10 @@ int twill_ingress(struct __sk_buff *skb)
 	int found = check_datagram(data, end, skb->len, skb->gso_size != 0, cfg, &d);
 	if (found == NOT_OURS)
 		return TC_ACT_OK;
+	if (found == TRAIN && segmenter)
+		return bpf_redirect(segmenter, 0);
+	if (found == TRAIN)
+		return drop(DROP_MALFORMED);
 	if (found != CARRY)
 		return drop(found);
 	if (decrement_hops(d.inner, end, d.family))
@@ -304,6 +332,34 @@ int twill_ingress(struct __sk_buff *skb)
 		return drop(DROP_IO_ERROR);
 	count_rx(slot, packets, d.len);
 	return enter_device(skb, cfg);
+}
+
+SEC("classifier/ingress")
+int twill_ingress(struct __sk_buff *skb)
+{
+	struct config *cfg = node_config();
+	if (!cfg)
+		return TC_ACT_OK;
+	/* Checked and decapsulated before GRO, which has coalesced its TCP since. */
+	if (decapsulated_at_xdp(skb))
+		return enter_device(skb, cfg);
+	/* Only what may be ours is pulled into the linear part for the checks. */
+	if (!may_be_ours(skb, cfg))
+		return TC_ACT_OK;
+	return take_in(skb, cfg, segmenter_ifindex());
+}
+
+/* At the ingress of the segmenter's receiving end: each packet the segmenter made of what
+ * twill_egress or twill_ingress sent into it, now one wire datagram or one checksummed inner
+ * packet, which neither goes back into it. Whatever else arrives there (nothing should) is
+ * judged as a packet from the stack would be. */
+SEC("classifier/segmented")
+int twill_segmented(struct __sk_buff *skb)
+{
+	struct config *cfg = node_config();
+	if (cfg && may_be_ours(skb, cfg))
+		return take_in(skb, cfg, 0);
+	return send_out(skb, 0);
 }
 
 /* The same checks on the wire frame, before GRO: the inner packet goes up the underlay's

@@ -7,8 +7,10 @@ use crate::device::Device;
 use crate::loaded::{Loaded, TestOutput};
 use crate::maps::{wire_addr, wire_port, Config};
 use crate::object::{self, Side};
+use crate::peers::Takes;
 use crate::pins;
-use crate::xdp::{self, Ingress};
+use crate::segmenter::Segmenter;
+use crate::xdp::{self, Ingress, XdpChoice};
 use anyhow::{ensure, Context};
 use aya::programs::ProgramInfo;
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -34,18 +36,28 @@ pub struct Attachment {
     pub port: u16,
     /// tcx links or classic TC filters (`--bpf-attach`).
     pub attach: AttachMode,
-    /// Decapsulate at XDP on the underlay where its driver takes it (else at TC).
-    pub xdp: bool,
-    /// Make a veth underlay segment and checksum at transmit, as a NIC does (crate::wire).
-    pub veth_wire: bool,
+    /// Whether to decapsulate at XDP on the underlay (else at TC).
+    pub xdp: XdpChoice,
+    /// Pass what peers that read from a socket take, and trains of datagrams, through a
+    /// segmenter (crate::segmenter): for a veth underlay ([`crate::is_veth`]).
+    pub segmenter: bool,
 }
 
 impl Attachment {
     /// The device each program runs on.
-    fn device_of(&self, side: Side) -> &str {
+    fn device_of(&self, side: Side) -> String {
         match side {
-            Side::Egress => &self.device,
-            Side::Ingress => &self.underlay,
+            Side::Egress => self.device.clone(),
+            Side::Ingress => self.underlay.clone(),
+            Side::Segmented => Segmenter::of(&self.device).receive,
+        }
+    }
+
+    /// The programs this attachment runs at TC.
+    fn sides(&self) -> &'static [Side] {
+        match self.segmenter {
+            true => &Side::ALL,
+            false => &Side::BOTH,
         }
     }
 }
@@ -136,7 +148,7 @@ impl Dataplane {
         }
         let running = self.running().clone();
         for (side, id) in running.tc {
-            if !attach::runs(id, side, self.at.device_of(side), self.hook)? {
+            if !attach::runs(id, side, &self.at.device_of(side), self.hook)? {
                 return Ok(false);
             }
         }
@@ -153,27 +165,34 @@ impl Dataplane {
             loaded,
             claim,
             pin_dir,
+            at,
+            running,
             ..
         } = self;
         drop(loaded);
         let removed = crate::cleanup::remove_pins(&pin_dir);
         drop(claim);
+        let made = running.into_inner().unwrap_or_else(|e| e.into_inner());
+        if made.segmenter_created {
+            Segmenter::of(&at.device).remove()?;
+        }
         removed
     }
 
     /// Route `subnet` (and `subnet6`, the peer's IPv6 subnet on a dual-stack network) to the
-    /// peer at `endpoint` and accept its datagrams; changes the peer of `subnet` if it has
-    /// another endpoint or IPv6 subnet. Refused when another subnet's peer has that address or
-    /// that IPv6 subnet.
+    /// peer at `endpoint`, whose node `takes` what it takes, and accept its datagrams; changes
+    /// the peer of `subnet` if any of that changed. Refused when another subnet's peer has that
+    /// address or that IPv6 subnet.
     pub fn set_peer(
         &self,
         subnet: Ipv4Net,
         subnet6: Option<Ipv6Net>,
         endpoint: impl Into<SocketAddr>,
+        takes: Takes,
     ) -> anyhow::Result<()> {
         let mut loaded = self.lock();
         let Loaded { maps, peers, .. } = &mut *loaded;
-        peers.set(maps, subnet, subnet6, endpoint.into())
+        peers.set(maps, subnet, subnet6, endpoint.into(), takes)
     }
 
     /// Forget the peer of `subnet` (none is fine).
@@ -186,6 +205,11 @@ impl Dataplane {
     /// The peers in the maps, by subnet.
     pub fn peers(&self) -> anyhow::Result<Vec<(Ipv4Net, SocketAddr)>> {
         Ok(self.lock().peers.list())
+    }
+
+    /// What each peer's node takes, by the peer's subnet.
+    pub fn peers_take(&self) -> BTreeMap<Ipv4Net, Takes> {
+        self.lock().peers.takes()
     }
 
     /// The IPv6 subnets of the peers that have one, by the peer's IPv4 subnet.
@@ -232,9 +256,11 @@ impl std::fmt::Debug for Dataplane {
 /// earlier run's, not the one loaded now), and where the underlay's datagrams are decapsulated.
 #[derive(Debug, Clone)]
 struct Running {
-    tc: [(Side, u32); 2],
+    tc: Vec<(Side, u32)>,
     xdp: Option<u32>,
     ingress: Ingress,
+    /// The segmenter was made by this attach (a failed start takes it back).
+    segmenter_created: bool,
 }
 
 /// The id of the program pinned at `pin`: the one that runs in its hook.
@@ -288,6 +314,13 @@ fn load_and_attach(
     underlay: Device,
 ) -> anyhow::Result<Ready> {
     let mut loaded = Loaded::load(Some(pin_dir))?;
+    let segmenter = match at.segmenter {
+        true => Some(Segmenter::of(&at.device).ensure(underlay.mtu)?),
+        false => None,
+    };
+    loaded
+        .maps
+        .write_segmenter(segmenter.map(|s| s.send.ifindex))?;
     loaded.maps.write_config(Config {
         local_ip: wire_addr(at.local_ip),
         underlay_ifindex: underlay.ifindex,
@@ -298,20 +331,32 @@ fn load_and_attach(
         pad: [0; 2],
     })?;
     loaded.maps.write_config6(at.local_ip6)?;
-    if at.veth_wire {
-        crate::wire::like_a_wire(&at.underlay)?;
-    }
     let mut adopted = true;
-    let mut tc = Side::BOTH.map(|side| (side, 0));
-    for (side, id) in &mut tc {
-        let program = object::program(&mut loaded.ebpf, *side)?;
-        let attached = attach::attach(program, *side, at.device_of(*side), pin_dir, hook)?;
-        adopted &= attached != Attached::New;
-        *id = pinned_id(&pins::program_pin(pin_dir, *side))?;
+    let mut tc = Vec::new();
+    for &side in at.sides() {
+        let program = object::program(&mut loaded.ebpf, side)?;
+        let attached = attach::attach(program, side, &at.device_of(side), pin_dir, hook)?;
+        // A segmenter made now has nothing of an earlier run's to adopt.
+        adopted &= attached != Attached::New || side == Side::Segmented;
+        tc.push((side, pinned_id(&pins::program_pin(pin_dir, side))?));
     }
+    if !at.segmenter {
+        // An earlier run's on a veth underlay, this one's on another.
+        attach::unpin(&pins::link_pin(pin_dir, Side::Segmented))?;
+        attach::unpin(&pins::program_pin(pin_dir, Side::Segmented))?;
+    }
+    let xdp_wanted = match at.xdp {
+        XdpChoice::Auto if at.segmenter => Err(format!(
+            "the underlay {} is a veth, whose peer would segment every super-packet for XDP \
+             (--bpf-xdp on attaches it anyway)",
+            at.underlay
+        )),
+        XdpChoice::Auto | XdpChoice::On => Ok(()),
+        XdpChoice::Off => Err("XDP was not asked for (--bpf-xdp off)".to_string()),
+    };
     // After twill_ingress, which moves what this program decapsulated into the device.
-    let (xdp, ingress) = match at.xdp {
-        true => match xdp::attach(
+    let (xdp, ingress) = match xdp_wanted {
+        Ok(()) => match xdp::attach(
             object::xdp_program(&mut loaded.ebpf)?,
             &at.underlay,
             pin_dir,
@@ -325,9 +370,8 @@ fn load_and_attach(
             }
             Err(why) => (None, Ingress::Tc { why }),
         },
-        false => {
+        Err(why) => {
             xdp::detach(pin_dir)?;
-            let why = "XDP was not asked for".to_string();
             (None, Ingress::Tc { why })
         }
     };
@@ -340,7 +384,12 @@ fn load_and_attach(
     Ok(Ready {
         loaded,
         opened,
-        running: Running { tc, xdp, ingress },
+        running: Running {
+            tc,
+            xdp,
+            ingress,
+            segmenter_created: segmenter.is_some_and(|s| s.created),
+        },
         device_ifindex: device.ifindex,
     })
 }

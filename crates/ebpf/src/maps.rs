@@ -14,8 +14,9 @@ use std::path::Path;
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 13] = [
+pub(crate) const MAP_NAMES: [&str; 14] = [
     "config",
+    "segmenter",
     "config6",
     "peers6",
     "endpoints6",
@@ -49,9 +50,12 @@ pub(crate) struct Config {
 pub(crate) struct Route {
     pub endpoint: u32,
     pub port: u16,
-    pub pad: u16,
+    pub flags: u16,
     pub slot: u32,
 }
+
+/// `ROUTE_SUPER_PACKETS`: the peer takes what a veth hands it whole.
+pub(crate) const ROUTE_SUPER_PACKETS: u16 = 1;
 
 /// `struct peer`: a peer found by the outer source address of a datagram.
 #[repr(C)]
@@ -127,6 +131,8 @@ pub(crate) fn possible_cpus() -> anyhow::Result<usize> {
 /// Typed handles on the loaded object's maps.
 pub(crate) struct Maps {
     pub config: Array<MapData, Config>,
+    /// The segmenter's sending end's ifindex, or 0.
+    pub segmenter: Array<MapData, u32>,
     pub routes: LpmTrie<MapData, u32, Route>,
     pub peers: HashMap<MapData, u32, Peer>,
     pub routes6: LpmTrie<MapData, [u8; 16], Route>,
@@ -151,6 +157,7 @@ impl Maps {
         };
         Ok(Maps {
             config: take("config")?.try_into()?,
+            segmenter: take("segmenter")?.try_into()?,
             routes: take("routes")?.try_into()?,
             peers: take("peers")?.try_into()?,
             routes6: take("routes6")?.try_into()?,
@@ -168,6 +175,13 @@ impl Maps {
         self.config
             .set(0, config, 0)
             .context("writing the config map")
+    }
+
+    /// The ifindex packets go out of to be segmented (None: no segmenter, 0 in the map).
+    pub fn write_segmenter(&mut self, ifindex: Option<u32>) -> anyhow::Result<()> {
+        self.segmenter
+            .set(0, ifindex.unwrap_or(0), 0)
+            .context("writing the segmenter map")
     }
 
     /// The node's IPv6 underlay address (None: the IPv4 underlay, all zero in the map).

@@ -1,5 +1,6 @@
 //! One rtnetlink request and its answer: what aya cannot tell about the attachments (which
-//! program a classic TC filter runs, which XDP program a device runs) is read this way.
+//! program a classic TC filter runs, which XDP program a device runs) is read this way, and
+//! the segmenter's veth pair made.
 
 use anyhow::Context;
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
@@ -7,7 +8,8 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 /// The messages the kernel answers `request` with (with `flags` NLM_F_DUMP, all of them until
-/// the dump ends); `Err(errno)` when it answers with an error.
+/// the dump ends; with NLM_F_ACK, none once it acknowledges); `Err(-errno)` when it answers
+/// with an error.
 pub(crate) fn ask(
     request: RouteNetlinkMessage,
     flags: u16,
@@ -42,6 +44,8 @@ pub(crate) fn ask(
                 }
                 NetlinkPayload::Done(_) => return Ok(Ok(answers)),
                 NetlinkPayload::Error(e) if e.code.is_some() => return Ok(Err(e.raw_code())),
+                // An acknowledgement: the request is done.
+                NetlinkPayload::Error(_) => return Ok(Ok(answers)),
                 _ => {}
             }
             if reply.header.length == 0 {

@@ -11,30 +11,36 @@ use std::path::Path;
 /// The object clang built, aligned as the ELF parser wants it.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/udp.bpf.o"));
 
-/// Which of the two programs: they run on different devices and hooks.
+/// Which of the TC programs: they run on different devices and hooks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
     /// Encapsulation, at the egress of twill's device.
     Egress,
     /// Decapsulation, at the ingress of the underlay.
     Ingress,
+    /// Either, for what comes back from the segmenter, at the ingress of its receiving end
+    /// (crate::segmenter; on a veth underlay only).
+    Segmented,
 }
 
 impl Side {
+    /// The two every node runs.
     pub const BOTH: [Side; 2] = [Side::Egress, Side::Ingress];
+    pub const ALL: [Side; 3] = [Side::Egress, Side::Ingress, Side::Segmented];
 
     /// The program's function name in bpf/udp.bpf.c (also the name clsact filters carry).
     pub fn program_name(self) -> &'static str {
         match self {
             Side::Egress => "twill_egress",
             Side::Ingress => "twill_ingress",
+            Side::Segmented => "twill_segmented",
         }
     }
 
     pub(crate) fn attach_type(self) -> TcAttachType {
         match self {
             Side::Egress => TcAttachType::Egress,
-            Side::Ingress => TcAttachType::Ingress,
+            Side::Ingress | Side::Segmented => TcAttachType::Ingress,
         }
     }
 }
@@ -43,7 +49,7 @@ impl Side {
 /// it decapsulated into the device, and does the whole job where it is not attached).
 pub(crate) const XDP_INGRESS: &str = "twill_xdp_ingress";
 
-/// Parse the object, create (or, with `pins`, open) its maps and load its three programs.
+/// Parse the object, create (or, with `pins`, open) its maps and load its four programs.
 pub(crate) fn load(pins: Option<&Path>) -> anyhow::Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     if let Some(dir) = pins {
@@ -52,7 +58,7 @@ pub(crate) fn load(pins: Option<&Path>) -> anyhow::Result<Ebpf> {
         }
     }
     let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
-    for side in Side::BOTH {
+    for side in Side::ALL {
         let program = program(&mut ebpf, side)?;
         program
             .load()

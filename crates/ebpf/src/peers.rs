@@ -6,7 +6,7 @@
 
 use crate::maps::{
     addr_of, port_of, possible_cpus, wire_addr, wire_port, Maps, Peer, RawTraffic, Route, RouteKey,
-    RouteKey6, Subnet6, MAX_PEERS,
+    RouteKey6, Subnet6, MAX_PEERS, ROUTE_SUPER_PACKETS,
 };
 use anyhow::{bail, Context};
 use aya::maps::PerCpuValues;
@@ -14,11 +14,23 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
+/// What a peer's node takes from a veth underlay, which hands over what the sender's stack made
+/// (docs/decisions.md, "A veth underlay is not a wire").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takes {
+    /// Datagrams as a wire carries them, read from a socket (a TUN node, flanneld): on a veth
+    /// underlay what goes to it passes the segmenter first.
+    Datagrams,
+    /// TCP super-packets whole and checksums still to be filled in (an eBPF node).
+    SuperPackets,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     /// An IPv4 address over the IPv4 underlay, an IPv6 one over the IPv6 underlay.
     endpoint: SocketAddr,
     subnet6: Option<Ipv6Net>,
+    takes: Takes,
     slot: u32,
 }
 
@@ -48,11 +60,16 @@ impl PeerSet {
                 _ => IpAddr::V4(addr_of(route.endpoint)),
             };
             let endpoint = SocketAddr::new(address, port_of(route.port));
+            let takes = match route.flags & ROUTE_SUPER_PACKETS {
+                0 => Takes::Datagrams,
+                _ => Takes::SuperPackets,
+            };
             by_subnet.insert(
                 subnet,
                 Entry {
                     endpoint,
                     subnet6: None,
+                    takes,
                     slot: route.slot,
                 },
             );
@@ -122,6 +139,11 @@ impl PeerSet {
             .collect()
     }
 
+    /// What each peer takes, by its subnet.
+    pub fn takes(&self) -> BTreeMap<Ipv4Net, Takes> {
+        self.by_subnet.iter().map(|(s, e)| (*s, e.takes)).collect()
+    }
+
     /// The IPv6 subnet of each peer that has one, by its IPv4 subnet.
     pub fn subnets6(&self) -> BTreeMap<Ipv4Net, Ipv6Net> {
         self.by_subnet
@@ -144,6 +166,7 @@ impl PeerSet {
         subnet: Ipv4Net,
         subnet6: Option<Ipv6Net>,
         endpoint: SocketAddr,
+        takes: Takes,
     ) -> anyhow::Result<()> {
         let (subnet, subnet6) = (subnet.trunc(), subnet6.map(|s| s.trunc()));
         let holder = self.by_address.get(&endpoint.ip()).copied();
@@ -162,6 +185,7 @@ impl PeerSet {
         let new = |slot| Entry {
             endpoint,
             subnet6,
+            takes,
             slot,
         };
         if old.is_some_and(|e| e == new(e.slot)) {
@@ -248,6 +272,7 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> 
     let Entry {
         endpoint,
         subnet6,
+        takes,
         slot,
     } = entry;
     let peer = Peer {
@@ -279,7 +304,10 @@ fn insert(maps: &mut Maps, subnet: Ipv4Net, entry: Entry) -> anyhow::Result<()> 
     let route = Route {
         endpoint: address,
         port: wire_port(endpoint.port()),
-        pad: 0,
+        flags: match takes {
+            Takes::Datagrams => 0,
+            Takes::SuperPackets => ROUTE_SUPER_PACKETS,
+        },
         slot,
     };
     if let Some(subnet6) = subnet6 {

@@ -57,6 +57,7 @@ fn side_name(side: Side) -> &'static str {
     match side {
         Side::Egress => "egress",
         Side::Ingress => "ingress",
+        Side::Segmented => "segmented",
     }
 }
 
@@ -147,7 +148,7 @@ pub(crate) fn unpin(pin_dir: &Path) -> anyhow::Result<()> {
 }
 
 fn pinned_paths(dir: &Path) -> Vec<PathBuf> {
-    let sides = Side::BOTH.into_iter();
+    let sides = Side::ALL.into_iter();
     let programs = sides
         .clone()
         .flat_map(|s| [link_pin(dir, s), program_pin(dir, s)])

@@ -4,6 +4,7 @@
 use crate::loaded::{Loaded, Verdict};
 use crate::maps::{wire_addr, wire_port, Config};
 use crate::object::Side;
+use crate::peers::Takes;
 use aya::programs::ProgramType;
 use aya::sys::is_program_supported;
 use ipnet::Ipv4Net;
@@ -73,7 +74,13 @@ fn decapsulates(loaded: &mut Loaded) -> Result<(), Probed> {
         .map_err(refused)?;
     let Loaded { maps, peers, .. } = loaded;
     peers
-        .set(maps, subnet, None, SocketAddrV4::new(peer, PORT).into())
+        .set(
+            maps,
+            subnet,
+            None,
+            SocketAddrV4::new(peer, PORT).into(),
+            Takes::Datagrams,
+        )
         .map_err(refused)?;
     let frame = datagram(peer, local, Ipv4Addr::new(10, 0, 2, 5));
     let output = loaded.test_run(Side::Ingress, &frame).map_err(refused)?;

@@ -18,6 +18,35 @@ use netlink_packet_route::RouteNetlinkMessage;
 use std::io::ErrorKind;
 use std::path::Path;
 
+/// Whether to decapsulate at XDP (`--bpf-xdp`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum XdpChoice {
+    /// Where the driver takes native XDP, but not on a veth underlay: a veth whose peer runs XDP
+    /// gets TSO and GSO taken away (`veth_fix_features`), so every super-packet sent to this node
+    /// is segmented in software first, 3.5x slower between eBPF nodes (docs/performance.md).
+    #[default]
+    Auto,
+    /// Wherever the driver takes native XDP, a veth too.
+    On,
+    /// Never: TC alone.
+    Off,
+}
+
+impl std::str::FromStr for XdpChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(XdpChoice::Auto),
+            "on" => Ok(XdpChoice::On),
+            "off" => Ok(XdpChoice::Off),
+            other => Err(format!(
+                "{other:?} is not an XDP choice; give auto, on or off"
+            )),
+        }
+    }
+}
+
 /// Where the underlay's datagrams are decapsulated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ingress {

@@ -1,7 +1,8 @@
 //! Two hosts on a veth underlay, each running the programs with the other as its peer: ping
 //! and TCP (sha256-checked) both ways between their containers, and on the wire exactly
-//! flannel's udp: UDP 8285 to 8285 carrying the bare inner packet. Decapsulated at XDP, the
-//! inner TCP is coalesced by GRO.
+//! flannel's udp: UDP 8285 to 8285 carrying the bare inner packet. Between eBPF nodes TCP
+//! super-packets cross the veth whole; to a peer that reads datagrams they pass the segmenter
+//! and leave one segment per frame; decapsulated at XDP, the inner TCP is coalesced by GRO.
 
 mod common;
 
@@ -9,23 +10,57 @@ use anyhow::{ensure, Context, Result};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 use twill_dataplane::stats::DropReason;
-use twill_ebpf::{AttachMode, Ingress};
+use twill_ebpf::{AttachMode, Ingress, Segmenter, Takes, XdpChoice};
 use twill_lab::tcp_transfer_intact;
 
 const MIB: usize = 1 << 20;
 
-#[test]
-fn over_tcx_containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
-    containers_talk_both_ways("ebpffwtx", AttachMode::Tcx)
+/// How a test's two nodes attach, decapsulate, and what each tells the other it takes.
+struct Way {
+    mode: AttachMode,
+    xdp: XdpChoice,
+    takes: Takes,
 }
 
 #[test]
-fn over_classic_tc_containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()> {
-    containers_talk_both_ways("ebpffwtc", AttachMode::Tc)
+fn over_tcx_super_packets_cross_the_veth_whole_between_ebpf_nodes() -> Result<()> {
+    let way = Way {
+        mode: AttachMode::Tcx,
+        xdp: XdpChoice::Auto,
+        takes: Takes::SuperPackets,
+    };
+    containers_talk_both_ways("ebpffwtx", way)
 }
 
-fn containers_talk_both_ways(tag: &str, mode: AttachMode) -> Result<()> {
-    let (lab, nodes) = common::lab_pair(tag, mode)?;
+#[test]
+fn over_classic_tc_with_xdp_containers_talk_over_flannels_udp_wire_in_both_directions() -> Result<()>
+{
+    let way = Way {
+        mode: AttachMode::Tc,
+        xdp: XdpChoice::On,
+        takes: Takes::SuperPackets,
+    };
+    containers_talk_both_ways("ebpffwtc", way)
+}
+
+/// What goes to a peer that reads datagrams from a socket passes the segmenter: one segment
+/// per frame on the wire, checksummed, as a NIC sends.
+#[test]
+fn to_peers_that_read_datagrams_the_segmenter_sends_one_segment_per_frame() -> Result<()> {
+    let way = Way {
+        mode: AttachMode::Auto,
+        xdp: XdpChoice::Auto,
+        takes: Takes::Datagrams,
+    };
+    containers_talk_both_ways("ebpffwsg", way)
+}
+
+fn containers_talk_both_ways(tag: &str, way: Way) -> Result<()> {
+    let (lab, mut nodes) = common::lab_pair(tag, way.mode)?;
+    for node in &mut nodes {
+        node.attachment.xdp = way.xdp;
+        node.takes = way.takes;
+    }
     let dataplanes = common::open_pair(&lab, &nodes)?;
     let (a, b) = (&lab.host(0).containers()[0], &lab.host(1).containers()[0]);
 
@@ -44,8 +79,13 @@ fn containers_talk_both_ways(tag: &str, mode: AttachMode) -> Result<()> {
     std::thread::sleep(Duration::from_millis(200));
     tcpdump.stop()?;
 
+    let at_xdp = way.xdp == XdpChoice::On;
     for dataplane in &dataplanes {
-        assert_eq!(dataplane.ingress(), Ingress::Xdp, "a veth takes native XDP");
+        assert_eq!(
+            dataplane.ingress() == Ingress::Xdp,
+            at_xdp,
+            "a veth takes native XDP"
+        );
     }
     let receiver = &lab.host(1).ns;
     let (frames, segments, delivered) = (
@@ -57,20 +97,40 @@ fn containers_talk_both_ways(tag: &str, mode: AttachMode) -> Result<()> {
     let frames = tx_packets(host, "eth0")? - frames;
     let segments = dataplanes[1].counters()?.rx.packets - segments;
     let delivered = tx_packets(receiver, &b.host_iface)? - delivered;
-    // The receiver's XDP program makes its veth peer segment at transmit, as a NIC does: one
-    // frame per segment on the wire. Decapsulated before GRO, the segments are coalesced again:
-    // far fewer super-packets reach the container than segments came in.
     eprintln!(
         "4 MiB a -> b: {frames} underlay frames, {segments} segments in, {delivered} delivered"
     );
-    ensure!(
-        frames >= segments,
-        "{segments} segments in {frames} frames: not split on the wire"
-    );
-    ensure!(
-        delivered * 2 < segments,
-        "{segments} segments delivered as {delivered}: GRO did not coalesce them"
-    );
+    match (at_xdp, way.takes) {
+        // The receiver's XDP program makes its veth peer segment at transmit, as a NIC does:
+        // one frame per segment on the wire. Decapsulated before GRO, the segments are
+        // coalesced again: far fewer super-packets reach the container than segments came in.
+        (true, _) => {
+            ensure!(
+                frames >= segments,
+                "{segments} segments in {frames} frames: not split on the wire"
+            );
+            ensure!(
+                delivered * 2 < segments,
+                "{segments} segments delivered as {delivered}: GRO did not coalesce them"
+            );
+        }
+        // Whole over the veth, and so to the container.
+        (false, Takes::SuperPackets) => {
+            ensure!(
+                frames * 2 < segments,
+                "{segments} segments in {frames} frames: super-packets were split"
+            );
+            ensure!(
+                delivered * 2 < segments,
+                "{segments} segments delivered as {delivered}: super-packets were split"
+            );
+        }
+        // Through the segmenter: a frame per segment.
+        (false, Takes::Datagrams) => ensure!(
+            frames >= segments,
+            "{segments} segments in {frames} frames: not split on the wire"
+        ),
+    }
     tcp_transfer_intact(&b.ns, &a.ns, a.ip.into(), 4 * MIB)?;
 
     // The 6 datagrams host 0 sent for the pings, every one checked (those it received were
@@ -187,23 +247,40 @@ fn wait_for(what: &str, done: impl Fn() -> bool) -> Result<()> {
     Ok(())
 }
 
-/// On a veth underlay a node turns its transmit checksumming off, so that what it sends is
-/// segmented and checksummed as a NIC sends it; `veth_wire: false` (`--no-bpf-veth-wire`)
-/// leaves the veth as it was. Where the XDP program runs, GRO is on.
+/// On a veth underlay a node makes its segmenter, a veth pair whose sending end checksums
+/// (and so segments) in software, and runs twill_segmented at the other end; where no segmenter
+/// is asked for (another underlay) none is made, and the underlay is left as it is. Where the
+/// XDP program runs, GRO is on.
 #[test]
-fn a_veth_underlay_is_made_a_wire_unless_asked_not_to() -> Result<()> {
+fn a_veth_underlay_gets_a_segmenter_and_keeps_its_offloads() -> Result<()> {
     let (lab, mut nodes) = common::lab_pair("ebpfwire", AttachMode::Auto)?;
-    nodes[1].attachment.veth_wire = false;
+    nodes[1].attachment.segmenter = false;
+    nodes[1].attachment.xdp = XdpChoice::On;
     let _dataplanes = common::open_pair(&lab, &nodes)?;
-    let features = |i: usize| {
-        let underlay = &nodes[i].attachment.underlay;
-        lab.host(i).ns.exec("ethtool", &["-k", underlay])
-    };
-    let (wire, as_is) = (features(0)?, features(1)?);
-    ensure!(wire.contains("tx-checksumming: off"), "host 0: {wire}");
-    ensure!(as_is.contains("tx-checksumming: on"), "host 1: {as_is}");
-    for shown in [&wire, &as_is] {
-        ensure!(shown.contains("generic-receive-offload: on"), "{shown}");
+    let segmenter = Segmenter::of(common::DEVICE);
+    let shown = |i: usize, args: &[&str]| lab.host(i).ns.exec(args[0], &args[1..]);
+    let send = shown(0, &["ethtool", "-k", &segmenter.send])?;
+    ensure!(send.contains("tx-checksumming: off"), "{send}");
+    let receive = shown(0, &["ip", "-d", "link", "show", &segmenter.receive])?;
+    ensure!(
+        receive.contains(&format!("{}@{}", segmenter.receive, segmenter.send)),
+        "{receive}"
+    );
+    ensure!(
+        shown(1, &["ip", "link", "show", &segmenter.send]).is_err(),
+        "host 1 asked for no segmenter"
+    );
+    for i in 0..2 {
+        let underlay = shown(i, &["ethtool", "-k", &nodes[i].attachment.underlay])?;
+        ensure!(
+            underlay.contains("tx-checksumming: on"),
+            "host {i}: {underlay}"
+        );
     }
+    let xdp_host = shown(1, &["ethtool", "-k", &nodes[1].attachment.underlay])?;
+    ensure!(
+        xdp_host.contains("generic-receive-offload: on"),
+        "{xdp_host}"
+    );
     Ok(())
 }

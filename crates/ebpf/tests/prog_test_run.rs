@@ -15,7 +15,7 @@ use common::test_run::{
 use common::{DEVICE_MTU, PORT};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use twill_dataplane::stats::DropReason;
-use twill_ebpf::{Counters, Side, TestOutput, Verdict};
+use twill_ebpf::{Counters, Side, Takes, TestOutput, Verdict};
 
 const STRANGER: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 66);
 
@@ -614,7 +614,7 @@ fn carried(case: &Case, via: Via, bench: &TestBench) -> Vec<u8> {
             outer.flags_fragment = 0x4000;
             datagram(&outer, (PORT, PORT), &inner)
         }
-        (Side::Ingress, Via::Tc) => {
+        (Side::Ingress, Via::Tc | Via::Segmented) => {
             let mut frame = ethernet(ethertype_of(&inner), &inner);
             frame[..6].copy_from_slice(&device_mac);
             frame
@@ -626,6 +626,7 @@ fn carried(case: &Case, via: Via, bench: &TestBench) -> Vec<u8> {
             let ethertype = ethertype_of(&inner).to_be_bytes();
             [&XDP_MARK[..], &case.frame[..12], &ethertype, &inner[..]].concat()
         }
+        (Side::Segmented, _) => unreachable!("every case is an egress or an ingress one"),
     }
 }
 
@@ -663,6 +664,8 @@ const XDP_MARK: [u8; 4] = 0x7477_4470u32.to_ne_bytes();
 enum Via {
     Tc,
     Xdp,
+    /// twill_segmented, at the segmenter's receiving end, in place of the case's TC program.
+    Segmented,
 }
 
 #[test]
@@ -687,6 +690,21 @@ fn the_xdp_program_gives_every_ingress_frame_the_tc_programs_verdict() -> Result
     run_cases(&test_bench("ebpf-tablex")?, &cases, Via::Xdp)
 }
 
+/// What comes back from the segmenter, a datagram of a train or a packet for a peer, is judged
+/// there as twill_ingress and twill_egress judge it. (What is not ours goes to be sent there,
+/// not to the stack: those ingress cases are left out.)
+#[test]
+fn the_segmented_program_gives_every_frame_its_tc_programs_verdict() -> Result<()> {
+    let cases: Vec<Case> = egress_cases()
+        .into_iter()
+        .chain(egress6_cases())
+        .chain(ingress_cases())
+        .chain(ingress6_cases())
+        .filter(|c| !(c.side == Side::Ingress && c.expect == Expect::Untouched))
+        .collect();
+    run_cases(&test_bench("ebpf-tables")?, &cases, Via::Segmented)
+}
+
 fn run_cases(bench: &TestBench, cases: &[Case], via: Via) -> Result<()> {
     let mut failures = Vec::new();
     for case in cases {
@@ -694,6 +712,7 @@ fn run_cases(bench: &TestBench, cases: &[Case], via: Via) -> Result<()> {
         let run = match via {
             Via::Tc => bench.dataplane.test_run(case.side, &case.frame),
             Via::Xdp => bench.dataplane.test_run_xdp(&case.frame),
+            Via::Segmented => bench.dataplane.test_run(Side::Segmented, &case.frame),
         };
         // XDP needs no skb: a frame too short for one is looked at, and is not ours.
         let expect = match (via, case.expect) {
@@ -743,7 +762,7 @@ fn check(
 ) -> Result<(), String> {
     let (verdict, frame) = (&output.verdict, &output.frame);
     let carried_verdict = match via {
-        Via::Tc => Verdict::Redirect,
+        Via::Tc | Via::Segmented => Verdict::Redirect,
         // Up the underlay's stack, where GRO and then twill_ingress take it.
         Via::Xdp => Verdict::Pass,
     };
@@ -779,6 +798,7 @@ fn check(
     let (total, peer_before, peer_after) = match case.side {
         Side::Egress => ((before.tx, after.tx), peer(before).tx, peer(after).tx),
         Side::Ingress => ((before.rx, after.rx), peer(before).rx, peer(after).rx),
+        Side::Segmented => unreachable!("every case is an egress or an ingress one"),
     };
     let want = match expect {
         Expect::Carried(bytes) => (1, bytes),
@@ -830,15 +850,20 @@ fn a_peer_without_an_ipv6_subnet_gets_no_ipv6_either_way() -> Result<()> {
         cases.iter_mut().for_each(|c| c.name = name);
         cases
     };
-    bench.dataplane.set_peer(peer_subnet(), None, endpoint)?;
+    bench
+        .dataplane
+        .set_peer(peer_subnet(), None, endpoint, Takes::SuperPackets)?;
     let mut refused = valid("IPv6 once the peer has no IPv6 subnet");
     refused[0].expect = Expect::Dropped(DropReason::NoRoute);
     refused[1].expect = Expect::Dropped(DropReason::SpoofedSource);
     run_cases(&bench, &refused, Via::Tc)?;
     run_cases(&bench, &refused[1..], Via::Xdp)?;
-    bench
-        .dataplane
-        .set_peer(peer_subnet(), Some(peer_subnet6()), endpoint)?;
+    bench.dataplane.set_peer(
+        peer_subnet(),
+        Some(peer_subnet6()),
+        endpoint,
+        Takes::SuperPackets,
+    )?;
     let carried = valid("IPv6 once the peer has its IPv6 subnet again");
     run_cases(&bench, &carried, Via::Tc)?;
     run_cases(&bench, &carried[1..], Via::Xdp)

@@ -11,7 +11,9 @@ use common::{Pins, DEVICE, PORT};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
-use twill_ebpf::{AttachMode, Attachment, Dataplane, PeerTraffic, Side, Traffic, Verdict};
+use twill_ebpf::{
+    AttachMode, Attachment, Dataplane, PeerTraffic, Side, Takes, Traffic, Verdict, XdpChoice,
+};
 use twill_lab::Netns;
 
 const PEERS: u32 = 60_000;
@@ -40,8 +42,8 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         local_ip6: None,
         port: PORT,
         attach: AttachMode::Auto,
-        xdp: true,
-        veth_wire: true,
+        xdp: XdpChoice::Auto,
+        segmenter: false,
     };
     let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
 
@@ -95,9 +97,9 @@ fn counted_as_its_peers(dataplane: &Dataplane, i: u32) -> Result<()> {
 /// As in the userspace table: an endpoint belongs to one subnet's peer, and a peer may move.
 fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
     let ((first, endpoint), (second, moved)) = (peer(1), peer(2));
-    dataplane.set_peer(first, Some(subnet6(1)), endpoint)?;
+    dataplane.set_peer(first, Some(subnet6(1)), endpoint, Takes::SuperPackets)?;
     let err = dataplane
-        .set_peer(second, None, endpoint)
+        .set_peer(second, None, endpoint, Takes::SuperPackets)
         .unwrap_err()
         .to_string();
     assert_eq!(
@@ -105,7 +107,7 @@ fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
         format!("peer {second} left out: its endpoint {endpoint} belongs to the peer of {first}")
     );
     let err = dataplane
-        .set_peer(second, Some(subnet6(1)), moved)
+        .set_peer(second, Some(subnet6(1)), moved, Takes::SuperPackets)
         .unwrap_err()
         .to_string();
     let taken = subnet6(1);
@@ -113,8 +115,8 @@ fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
         err,
         format!("peer {second} left out: its IPv6 subnet {taken} belongs to the peer of {first}")
     );
-    dataplane.set_peer(first, Some(subnet6(3)), moved)?;
-    dataplane.set_peer(second, Some(subnet6(1)), endpoint)?;
+    dataplane.set_peer(first, Some(subnet6(3)), moved, Takes::SuperPackets)?;
+    dataplane.set_peer(second, Some(subnet6(1)), endpoint, Takes::SuperPackets)?;
     assert_eq!(
         dataplane.peers()?,
         vec![(first, moved.into()), (second, endpoint.into())]
@@ -122,14 +124,14 @@ fn one_peer_per_endpoint(dataplane: &Dataplane) -> Result<()> {
     let subnets6 = dataplane.peer_subnets6();
     assert_eq!(subnets6.get(&first), Some(&subnet6(3)));
     assert_eq!(subnets6.get(&second), Some(&subnet6(1)));
-    dataplane.set_peer(second, None, endpoint)?;
+    dataplane.set_peer(second, None, endpoint, Takes::SuperPackets)?;
     assert_eq!(dataplane.peer_subnets6().get(&second), None);
     Ok(())
 }
 
 fn set(dataplane: &Dataplane, i: u32) -> Result<()> {
     let (subnet, endpoint) = peer(i);
-    dataplane.set_peer(subnet, Some(subnet6(i)), endpoint)
+    dataplane.set_peer(subnet, Some(subnet6(i)), endpoint, Takes::SuperPackets)
 }
 
 fn timed(f: impl FnOnce() -> Result<()>) -> Result<Duration> {

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened};
+use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened, Takes, XdpChoice};
 use twill_lab::{Host, Lab, LabSpec};
 
 pub const PORT: u16 = 8285;
@@ -47,6 +47,8 @@ pub struct Node {
     pub pins: Pins,
     pub attachment: Attachment,
     pub subnet: Ipv4Net,
+    /// What the node takes, as its peer is told (an eBPF node's lease says super-packets).
+    pub takes: Takes,
 }
 
 /// The flannel network of the tests; host i owns 10.5.(i+1).0/24.
@@ -78,10 +80,11 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
                 local_ip6: None,
                 port: PORT,
                 attach,
-                xdp: true,
-                veth_wire: true,
+                xdp: XdpChoice::Auto,
+                segmenter: true,
             },
             subnet,
+            takes: Takes::SuperPackets,
         });
     }
     let [a, b]: [Node; 2] = nodes.try_into().expect("two nodes");
@@ -124,7 +127,7 @@ pub fn open_pair(lab: &Lab, nodes: &[Node; 2]) -> Result<[Dataplane; 2]> {
         assert_eq!(opened, Opened::Fresh, "host {i} had nothing pinned");
         let other = &nodes[1 - i];
         let endpoint = SocketAddrV4::new(other.attachment.local_ip, PORT);
-        dataplane.set_peer(other.subnet, None, endpoint)?;
+        dataplane.set_peer(other.subnet, None, endpoint, other.takes)?;
         dataplanes.push(dataplane);
     }
     Ok(dataplanes

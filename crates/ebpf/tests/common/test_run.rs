@@ -7,7 +7,7 @@ use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened};
+use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened, Takes, XdpChoice};
 use twill_lab::Netns;
 
 /// This node's underlay address and its peer's.
@@ -67,8 +67,8 @@ fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
         local_ip6,
         port: PORT,
         attach: AttachMode::Auto,
-        xdp: true,
-        veth_wire: true,
+        xdp: XdpChoice::On,
+        segmenter: false,
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);
@@ -76,7 +76,12 @@ fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
         Some(_) => SocketAddr::new(PEER6.into(), PORT),
         None => SocketAddr::new(PEER.into(), PORT),
     };
-    dataplane.set_peer(peer_subnet(), Some(peer_subnet6()), endpoint)?;
+    dataplane.set_peer(
+        peer_subnet(),
+        Some(peer_subnet6()),
+        endpoint,
+        Takes::SuperPackets,
+    )?;
     let device_mac = mac_of(&ns, DEVICE)?;
     Ok(TestBench {
         dataplane,

@@ -36,11 +36,11 @@ use std::sync::Arc;
 use twill_dataplane::engine::EngineKind;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
-use twill_ebpf::{Attachment, Ingress, Opened};
+use twill_ebpf::{Attachment, Ingress, Opened, Segmenter, Takes};
 use unproven::{undo, Unproven};
 
 pub use crate::node::DEFAULT_BPF_DIR;
-pub use twill_ebpf::AttachMode;
+pub use twill_ebpf::{AttachMode, XdpChoice};
 
 /// Where a node's programs, links and maps are pinned: one directory per device, so nodes
 /// with different `--tun-name`s on one host keep apart.
@@ -105,7 +105,7 @@ impl EbpfSetup {
                 port,
                 attach: node.options.bpf_attach,
                 xdp: node.options.bpf_xdp,
-                veth_wire: node.options.bpf_veth_wire,
+                segmenter: on_a_veth(&iface.name),
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
@@ -115,11 +115,39 @@ impl EbpfSetup {
     }
 }
 
+/// Whether the underlay is a veth, which needs the segmenter; a driver that cannot be read is
+/// taken for a NIC's, which segments by itself (said in the log).
+fn on_a_veth(underlay: &str) -> bool {
+    twill_ebpf::is_veth(underlay).unwrap_or_else(|e| {
+        tracing::warn!("{e:#}: taken for a NIC, which segments what the programs send");
+        false
+    })
+}
+
+/// The field of an eBPF node's udp lease (BackendData, which flanneld's udp backend neither
+/// writes nor reads) that says the node takes TCP super-packets whole over a veth underlay:
+/// peers send it those without the segmenter (docs/decisions.md, "A veth underlay is not a
+/// wire").
+const SUPER_PACKETS: &str = "SuperPackets";
+
+/// What the node of `lease` takes from a veth underlay.
+fn takes(lease: &Lease) -> Takes {
+    let data = lease.backend_data.as_ref();
+    match data.and_then(|d| d.get(SUPER_PACKETS)) {
+        Some(serde_json::Value::Bool(true)) => Takes::SuperPackets,
+        _ => Takes::Datagrams,
+    }
+}
+
 impl Setup for EbpfSetup {
     type Backend = Ebpf;
 
     fn lease_attrs(&self, public_addrs: PublicAddrs) -> LeaseAttrs {
-        with_ipv6_side(LeaseAttrs::udp(public_addrs), self.site.ipv6)
+        let attrs = LeaseAttrs {
+            backend_data: Some(serde_json::json!({ SUPER_PACKETS: true }).into()),
+            ..LeaseAttrs::udp(public_addrs)
+        };
+        with_ipv6_side(attrs, self.site.ipv6)
     }
 
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
@@ -153,7 +181,7 @@ impl Setup for EbpfSetup {
                 underlay = %self.site.attachment.underlay,
                 "eBPF dataplane decapsulates at XDP, before GRO"
             ),
-            Ingress::Tc { why } if self.site.attachment.xdp => tracing::warn!(
+            Ingress::Tc { why } if self.site.attachment.xdp == XdpChoice::On => tracing::warn!(
                 underlay = %self.site.attachment.underlay,
                 "eBPF dataplane decapsulates at TC, after GRO (slower for TCP): {why}"
             ),
@@ -203,6 +231,9 @@ impl Site {
     }
 }
 
+/// A peer as the maps hold it: where it is, its IPv6 subnet, what its node takes.
+type Wanted = (SocketAddr, Option<Ipv6Net>, Takes);
+
 /// The eBPF dataplane following the leases: each peer is an entry in its maps. Dropping it
 /// leaves the programs running, by design (see the module's comment), once it has reconciled.
 pub struct Ebpf {
@@ -249,10 +280,10 @@ impl Ebpf {
         }
     }
 
-    fn set(&mut self, subnet: Ipv4Net, peer: (SocketAddr, Option<Ipv6Net>)) -> anyhow::Result<()> {
+    fn set(&mut self, subnet: Ipv4Net, peer: Wanted) -> anyhow::Result<()> {
         self.writes += 1;
-        let (endpoint, subnet6) = peer;
-        self.dataplane.set_peer(subnet, subnet6, endpoint)
+        let (endpoint, subnet6, takes) = peer;
+        self.dataplane.set_peer(subnet, subnet6, endpoint, takes)
     }
 
     fn unset(&mut self, subnet: Ipv4Net) -> anyhow::Result<()> {
@@ -334,7 +365,7 @@ impl Backend for Ebpf {
         self.table
             .set_peer(spec)
             .with_context(|| format!("peer {} left out", lease.id()))?;
-        self.set(spec.subnet, (spec.endpoint, spec.subnet6))
+        self.set(spec.subnet, (spec.endpoint, spec.subnet6, takes(lease)))
     }
 
     async fn remove_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
@@ -351,20 +382,34 @@ impl Backend for Ebpf {
         self.repair().await?;
         let specs: Vec<PeerSpec> = each(leases).filter_map(|l| self.spec(l).ok()).collect();
         self.table.set_peers(&specs);
-        type Wanted = BTreeMap<Ipv4Net, (SocketAddr, Option<Ipv6Net>)>;
-        let wanted: Wanted = self
+        let lease_takes: BTreeMap<Ipv4Net, Takes> = each(leases)
+            .filter_map(|l| Some((l.ipv4_side().ok()?.0, takes(l))))
+            .collect();
+        let wanted: BTreeMap<Ipv4Net, Wanted> = self
             .table
             .load()
             .peers()
             .iter()
-            .map(|p| (p.spec.subnet, (p.spec.endpoint, p.spec.subnet6)))
+            .map(|p| {
+                let takes = lease_takes.get(&p.spec.subnet).copied();
+                let takes = takes.unwrap_or(Takes::Datagrams);
+                (p.spec.subnet, (p.spec.endpoint, p.spec.subnet6, takes))
+            })
             .collect();
         let subnets6 = self.dataplane.peer_subnets6();
-        let present: Wanted = self
+        let peers_take = self.dataplane.peers_take();
+        let present: BTreeMap<Ipv4Net, Wanted> = self
             .dataplane
             .peers()?
             .into_iter()
-            .map(|(subnet, endpoint)| (subnet, (endpoint, subnets6.get(&subnet).copied())))
+            .map(|(subnet, endpoint)| {
+                let subnet6 = subnets6.get(&subnet).copied();
+                let takes = peers_take.get(&subnet).copied();
+                (
+                    subnet,
+                    (endpoint, subnet6, takes.unwrap_or(Takes::Datagrams)),
+                )
+            })
             .collect();
         for subnet in present.keys().filter(|s| !wanted.contains_key(s)) {
             self.unset(*subnet)?;
@@ -411,6 +456,12 @@ async fn remove(bpf_dir: &Path, device: &str, force: bool) -> anyhow::Result<()>
         false => twill_ebpf::remove(&pins),
     };
     removed.with_context(|| format!("removing {}", pins.display()))?;
+    if Segmenter::of(device).remove()? {
+        tracing::info!(
+            "removed the eBPF dataplane's segmenter {}",
+            Segmenter::of(device).send
+        );
+    }
     let nl = Netlink::connect().context("opening rtnetlink")?;
     if device::remove(&nl, device).await? {
         tracing::info!("removed the eBPF dataplane's device {device} and its route");
