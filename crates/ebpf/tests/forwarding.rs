@@ -270,8 +270,8 @@ fn a_veth_underlay_gets_a_segmenter_and_keeps_its_offloads() -> Result<()> {
         shown(1, &["ip", "link", "show", &segmenter.send]).is_err(),
         "host 1 asked for no segmenter"
     );
-    for i in 0..2 {
-        let underlay = shown(i, &["ethtool", "-k", &nodes[i].attachment.underlay])?;
+    for (i, node) in nodes.iter().enumerate() {
+        let underlay = shown(i, &["ethtool", "-k", &node.attachment.underlay])?;
         ensure!(
             underlay.contains("tx-checksumming: on"),
             "host {i}: {underlay}"

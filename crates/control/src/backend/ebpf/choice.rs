@@ -34,9 +34,8 @@ enum Underlay {
     /// A device that puts frames on a wire (a NIC, virtio's included): it segments and
     /// checksums what the eBPF programs send, as it does for any traffic.
     Wire,
-    /// A veth: the eBPF node's sends must be segmented and checksummed in software for a TUN
-    /// or flanneld peer to read them, which makes the eBPF path slower than the TUN engine
-    /// there (docs/decisions.md, "`--dataplane auto` is the default").
+    /// A veth, where the lab's clusters (and kind's) run: `auto` keeps the TUN engine there for
+    /// now (docs/decisions.md, "`--dataplane auto` is the default", says why and what is left).
     Veth(String),
     /// Its driver could not be read: `auto` keeps the engine that runs on any device.
     Unknown(String),
@@ -86,8 +85,8 @@ fn decide<E: fmt::Display>(
                 Underlay::Veth(iface) => {
                     tracing::info!(
                         "dataplane: tun (--dataplane auto; the underlay {iface} is a veth, where \
-                         the TUN engine carries more than an eBPF path its TUN and flanneld \
-                         peers can read; --dataplane ebpf runs it anyway)"
+                         auto keeps the TUN engine; --dataplane ebpf runs eBPF there, with a \
+                         segmenter for its TUN and flanneld peers)"
                     );
                     Ok(Dataplane::Tun)
                 }
