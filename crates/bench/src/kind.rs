@@ -20,6 +20,10 @@ pub enum PathKind {
     /// twill-ebpf decapsulating at XDP on the lab's veth underlay (`--bpf-xdp on`; `auto`
     /// leaves a veth to TC): against twill-ebpf, what XDP ingress gives there.
     TwillEbpfXdp,
+    /// An eBPF node (host 0) and a TUN node (host 1), as in a cluster moving to twill's eBPF
+    /// dataplane: what the eBPF node sends goes through its segmenter on the lab's veth, and
+    /// `-R` carries the TUN node's GSO trains into it.
+    TwillEbpfTun,
     /// twill-ebpf over the IPv6 underlay (`Backend.Underlay` "ipv6"): both families in outer
     /// IPv6, on a dual-stack network whichever numbers are measured.
     TwillEbpfUnderlay6,
@@ -37,6 +41,7 @@ impl PathKind {
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
             | PathKind::TwillEbpfXdp
+            | PathKind::TwillEbpfTun
             | PathKind::TwillEbpfUnderlay6 => Some("udp"),
             PathKind::TwillBatch => Some("twill-batch"),
             PathKind::TwillWireguard => Some("wireguard"),
@@ -69,9 +74,11 @@ impl PathKind {
         }
     }
 
-    /// `twill run` arguments of a twill path besides the common ones.
-    pub(crate) fn twill_args(self) -> &'static [&'static str] {
+    /// `twill run` arguments of a twill path on host `host` besides the common ones.
+    pub(crate) fn twill_args(self, host: usize) -> &'static [&'static str] {
         match self {
+            PathKind::TwillEbpfTun if host == 0 => &["--dataplane", "ebpf"],
+            PathKind::TwillEbpfTun => &["--dataplane", "tun"],
             PathKind::TwillUdp => &["--dataplane", "tun"],
             PathKind::TwillEbpf | PathKind::TwillEbpfUnderlay6 => &["--dataplane", "ebpf"],
             PathKind::TwillEbpfTc => &["--dataplane", "ebpf", "--bpf-attach", "tc"],
@@ -80,7 +87,7 @@ impl PathKind {
         }
     }
 
-    pub const ALL: [PathKind; 12] = [
+    pub const ALL: [PathKind; 13] = [
         PathKind::Native,
         PathKind::HostGw,
         PathKind::Vxlan,
@@ -89,6 +96,7 @@ impl PathKind {
         PathKind::TwillEbpf,
         PathKind::TwillEbpfTc,
         PathKind::TwillEbpfXdp,
+        PathKind::TwillEbpfTun,
         PathKind::TwillEbpfUnderlay6,
         PathKind::TwillBatch,
         PathKind::TwillWireguard,
@@ -105,6 +113,7 @@ impl PathKind {
             PathKind::TwillEbpf => "twill-ebpf",
             PathKind::TwillEbpfTc => "twill-ebpf-tc",
             PathKind::TwillEbpfXdp => "twill-ebpf-xdp",
+            PathKind::TwillEbpfTun => "twill-ebpf-tun",
             PathKind::TwillEbpfUnderlay6 => "twill-ebpf-u6",
             PathKind::TwillBatch => "twill-batch",
             PathKind::TwillWireguard => "twill-wireguard",

@@ -19,7 +19,7 @@ struct Cli {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-ebpf,twill-ebpf-tc,twill-ebpf-xdp,twill-ebpf-u6,twill-batch,twill-wireguard,wireguard-go"
+        default_value = "native,host-gw,vxlan,ipip,twill-udp,twill-ebpf,twill-ebpf-tc,twill-ebpf-xdp,twill-ebpf-tun,twill-ebpf-u6,twill-batch,twill-wireguard,wireguard-go"
     )]
     paths: Vec<PathKind>,
     /// Measurements to make, comma-separated [default: all but scale]; not with --quick, which

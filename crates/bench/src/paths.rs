@@ -188,6 +188,7 @@ impl PathLab {
             | PathKind::TwillEbpf
             | PathKind::TwillEbpfTc
             | PathKind::TwillEbpfXdp
+            | PathKind::TwillEbpfTun
             | PathKind::TwillEbpfUnderlay6
             | PathKind::TwillBatch
             | PathKind::TwillWireguard => {
@@ -345,7 +346,7 @@ fn start_twill(
         // The wireguard backend's key; each host needs its own (they share the filesystem).
         let key = dir.join(format!("wgkey-{i}"));
         let env = [("WIREGUARD_KEY_FILE", &*key.to_string_lossy())];
-        let extra = kind.twill_args();
+        let extra = kind.twill_args(i);
         daemons.push(twill.spawn_path(host, &endpoint, extra, &files[i], &env)?);
     }
     for ((_, host, _), (daemon, file)) in pairs(lab).into_iter().zip(daemons.iter_mut().zip(&files))
