@@ -68,7 +68,12 @@ fn two_ebpf_nodes(tag: &str, attach: &'static str, underlay: Underlay) -> Result
     let mut c = dual_stack_cluster(tag, 2, config)?;
     let args = ebpf(attach);
     let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &args, &[])?];
-    transfers(&mut c)?;
+    let sent = transfers(&mut c)?;
+    // Each node's lease says it takes super-packets: they cross the veth whole.
+    ensure!(
+        sent.frames * 2 < sent.segments,
+        "{sent:?}: super-packets were split on the way to an eBPF peer"
+    );
     for host in 0..2 {
         ebpf_carried_both_families(&c, host)?;
     }
@@ -84,17 +89,45 @@ fn two_ebpf_nodes(tag: &str, attach: &'static str, underlay: Underlay) -> Result
     c.nothing_dropped_but_the_kernels_own()
 }
 
-/// Both families both ways between the containers of the running nodes of `c`.
-fn transfers(c: &mut Cluster) -> Result<()> {
+/// What host 0, an eBPF node, sent while its container sent 8 MiB of IPv4 TCP to host 1's.
+#[derive(Debug)]
+struct Sent {
+    /// Frames out of its underlay.
+    frames: u64,
+    /// Packets its dataplane counted: a super-packet counts as its segments.
+    segments: u64,
+}
+
+/// Host 0's underlay frames and its dataplane's transmitted packets, so far.
+fn sent_so_far(c: &Cluster) -> Result<Sent> {
+    let host = c.lab.host(0);
+    let path = format!("/sys/class/net/{}/statistics/tx_packets", host.iface);
+    let frames = host.ns.exec("cat", &[&path])?.trim().parse()?;
+    let s = status(&host.ns)?;
+    let segments = s["counters"]["tx_packets"].as_u64().context("tx_packets")?;
+    Ok(Sent { frames, segments })
+}
+
+/// Both families both ways between the containers of the running nodes of `c`; what host 0
+/// sent for the first transfer.
+fn transfers(c: &mut Cluster) -> Result<Sent> {
     eventually("peers known", || {
         Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
     })?;
     c.dual_stack_containers_ping_each_other()?;
     let (a, b) = (c.container(0), c.container(1));
+    let before = sent_so_far(c)?;
     tcp_transfer_intact(a, b, 8 << 20)?;
+    let after = sent_so_far(c)?;
     tcp_transfer_intact(b, a, 8 << 20)?;
     tcp_transfer6_intact(a, b, 8 << 20)?;
-    tcp_transfer6_intact(b, a, 8 << 20)
+    tcp_transfer6_intact(b, a, 8 << 20)?;
+    let sent = Sent {
+        frames: after.frames - before.frames,
+        segments: after.segments - before.segments,
+    };
+    eprintln!("8 MiB of IPv4 from host 0: {sent:?}");
+    Ok(sent)
 }
 
 #[test]
@@ -215,7 +248,7 @@ fn an_ebpf_node_and_a_tun_node_carry_both_families_over_the_ipv6_underlay() -> R
     let mut c = dual_stack_cluster("eds6tun", 2, CONFIG_OVER_IPV6)?;
     let args = ebpf("auto");
     let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &TUN, &[])?];
-    transfers(&mut c)?;
+    through_the_segmenter(transfers(&mut c)?)?;
     ebpf_carried_both_families(&c, 0)?;
     peers_reached_over_ipv6(&c, 0)?;
     peers_reached_over_ipv6(&c, 1)?;
@@ -225,6 +258,16 @@ fn an_ebpf_node_and_a_tun_node_carry_both_families_over_the_ipv6_underlay() -> R
     c.nothing_dropped_but_the_kernels_own()
 }
 
+/// A TUN node's lease says nothing of super-packets: what the eBPF node sends it passes the
+/// segmenter and leaves a segment per frame (a few more frames: pings, ARP).
+fn through_the_segmenter(sent: Sent) -> Result<()> {
+    ensure!(
+        sent.frames >= sent.segments,
+        "{sent:?}: super-packets reached a TUN peer whole"
+    );
+    Ok(())
+}
+
 /// flannel's wire is the same whichever dataplane carries it: an eBPF node and a TUN node
 /// carry both families to each other, the veth between them as the kernel set it up.
 #[test]
@@ -232,7 +275,7 @@ fn an_ebpf_node_and_a_tun_node_carry_both_families() -> Result<()> {
     let mut c = dual_stack_cluster("edstun", 2, CONFIG)?;
     let args = ebpf("auto");
     let _nodes = [c.start_with(0, &args, &[])?, c.start_with(1, &TUN, &[])?];
-    transfers(&mut c)?;
+    through_the_segmenter(transfers(&mut c)?)?;
     ebpf_carried_both_families(&c, 0)?;
     let tun = status(&c.lab.host(1).ns)?;
     ensure!(tun["dataplane"] == "tun", "{tun}");
