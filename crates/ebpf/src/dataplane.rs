@@ -139,8 +139,9 @@ impl Dataplane {
     }
 
     /// Whether the programs still run where they were attached: false once the device was
-    /// deleted (and made again), the pins (and with them the links) removed, or a filter
-    /// deleted.
+    /// deleted (and made again), the pins (and with them the links) removed, a filter
+    /// deleted, or the segmenter's sending end made to checksum in hardware again (it would
+    /// then hand TUN peers super-packets whole).
     pub fn intact(&self) -> anyhow::Result<bool> {
         let now = nix::net::if_::if_nametoindex(self.at.device.as_str()).ok();
         if now != Some(self.device_ifindex.load(Ordering::Relaxed)) {
@@ -151,6 +152,11 @@ impl Dataplane {
             if !attach::runs(id, side, &self.at.device_of(side), self.hook)? {
                 return Ok(false);
             }
+        }
+        if self.at.segmenter
+            && !crate::device::checksums_in_software(&Segmenter::of(&self.at.device).send)?
+        {
+            return Ok(false);
         }
         match running.xdp {
             Some(id) => xdp::runs(id, &self.at.underlay),

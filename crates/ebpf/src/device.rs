@@ -90,6 +90,16 @@ pub(crate) fn checksum_in_software(name: &str) -> anyhow::Result<bool> {
         .context("turning transmit checksumming off")
 }
 
+/// Whether transmit checksumming is off on `name` (what [`checksum_in_software`] makes it).
+pub(crate) fn checksums_in_software(name: &str) -> anyhow::Result<bool> {
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_GTXCSUM,
+        data: 0,
+    };
+    ethtool(&device_socket()?, name, &mut value).context("reading transmit checksumming")?;
+    Ok(value.data == 0)
+}
+
 /// Sets the feature that the (get, set) commands read and write to `on`; true when it changed.
 fn set_feature(name: &str, (get, set): (u32, u32), on: bool) -> anyhow::Result<bool> {
     let socket = device_socket()?;

@@ -256,11 +256,25 @@ fn a_veth_underlay_gets_a_segmenter_and_keeps_its_offloads() -> Result<()> {
     let (lab, mut nodes) = common::lab_pair("ebpfwire", AttachMode::Auto)?;
     nodes[1].attachment.segmenter = false;
     nodes[1].attachment.xdp = XdpChoice::On;
-    let _dataplanes = common::open_pair(&lab, &nodes)?;
+    let dataplanes = common::open_pair(&lab, &nodes)?;
     let segmenter = Segmenter::of(common::DEVICE);
     let shown = |i: usize, args: &[&str]| lab.host(i).ns.exec(args[0], &args[1..]);
     let send = shown(0, &["ethtool", "-k", &segmenter.send])?;
     ensure!(send.contains("tx-checksumming: off"), "{send}");
+    // Checksumming turned on behind twill's back is noticed, and the reopen (the reconcile's
+    // repair) turns it off again.
+    shown(0, &["ethtool", "-K", &segmenter.send, "tx", "on"])?;
+    ensure!(
+        !lab.host(0).ns.enter(|| dataplanes[0].intact())?,
+        "not noticed"
+    );
+    lab.host(0).ns.enter(|| dataplanes[0].reopen())?;
+    let send = shown(0, &["ethtool", "-k", &segmenter.send])?;
+    ensure!(send.contains("tx-checksumming: off"), "{send}");
+    ensure!(
+        lab.host(0).ns.enter(|| dataplanes[0].intact())?,
+        "not put back"
+    );
     let receive = shown(0, &["ip", "-d", "link", "show", &segmenter.receive])?;
     ensure!(
         receive.contains(&format!("{}@{}", segmenter.receive, segmenter.send)),
