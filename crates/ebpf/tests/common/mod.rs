@@ -37,6 +37,15 @@ impl Drop for Pins {
     fn drop(&mut self) {
         if let Err(e) = twill_ebpf::remove(&self.0) {
             eprintln!("cleanup: {e:#}");
+            // What is still pinned goes with its bpffs: a removal that failed half-way (a test
+            // that failed while opening) leaves no mount behind.
+            let unmounted = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+            if !unmounted.is_ok_and(|s| s.success()) || std::fs::remove_dir(&self.0).is_err() {
+                eprintln!("cleanup: {} left mounted", self.0.display());
+            }
         }
     }
 }
