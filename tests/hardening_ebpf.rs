@@ -156,10 +156,17 @@ fn while_an_ebpf_node_runs_a_second_node_and_a_cleanup_are_refused_in_one_line()
 /// No device `device` in `ns`, and the network's route where it was: `route` (e.g.
 /// "dev twill0"), or none.
 fn nothing_left(ns: &Netns, device: &str, route: Option<&str>) -> Result<()> {
-    ensure!(
-        ns.ip(&["link", "show", device]).is_err(),
-        "{device} left behind"
-    );
+    // The device, and the segmenter named after it (the lab's underlay is a veth).
+    for left in [
+        device.to_string(),
+        format!("{device}-segs"),
+        format!("{device}-segr"),
+    ] {
+        ensure!(
+            ns.ip(&["link", "show", &left]).is_err(),
+            "{left} left behind"
+        );
+    }
     let routes = ns.ip(&["route", "show", "10.5.0.0/16"])?;
     let kept = match route {
         Some(route) => routes.contains(route),

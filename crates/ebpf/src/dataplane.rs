@@ -284,7 +284,8 @@ struct Ready {
 }
 
 /// Claims `pin_dir` (a bpffs mounted there if needed), loads the object on the maps pinned
-/// there and attaches both programs; on a failure after pins were made, unpins them again.
+/// there and attaches the programs; on a failure where nothing was pinned before, unpins what
+/// it pinned and removes the segmenter.
 fn attach_at(
     pin_dir: &Path,
     at: &Attachment,
@@ -306,6 +307,11 @@ fn attach_at(
         Err(e) => {
             if let Err(left) = crate::cleanup::remove_pins(pin_dir) {
                 tracing::warn!("removing the pins of a failed start: {left:#}");
+            }
+            if at.segmenter {
+                if let Err(left) = Segmenter::of(&at.device).remove() {
+                    tracing::warn!("removing the segmenter of a failed start: {left:#}");
+                }
             }
             Err(e)
         }

@@ -143,9 +143,14 @@ async fn create(nl: &Netlink, name: &str, mtu: u32) -> anyhow::Result<Link> {
     bail!("cannot create {name}: the kernel has neither dummy nor ifb devices (CONFIG_DUMMY, CONFIG_IFB)")
 }
 
-/// Removes the dummy (or ifb) `name` if there is one (its route goes with it); anything else of that
-/// name is left alone. Whether one was removed.
+/// Removes the dummy (or ifb) `name` if there is one (its route goes with it), and the
+/// segmenter named after it; anything else of that name is left alone. Whether the device was
+/// removed.
 pub async fn remove(nl: &Netlink, name: &str) -> anyhow::Result<bool> {
+    let segmenter = twill_ebpf::Segmenter::of(name);
+    if segmenter.remove()? {
+        tracing::info!("removed the eBPF dataplane's segmenter {}", segmenter.send);
+    }
     match nl.link_by_name(name).await? {
         Some(link) if is_dummy(&link) => {
             nl.delete_link(link.index).await?;

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use twill_dataplane::engine::EngineKind;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
-use twill_ebpf::{Attachment, Ingress, Opened, Segmenter, Takes};
+use twill_ebpf::{Attachment, Ingress, Opened, Takes};
 use unproven::{undo, Unproven};
 
 pub use crate::node::DEFAULT_BPF_DIR;
@@ -456,12 +456,6 @@ async fn remove(bpf_dir: &Path, device: &str, force: bool) -> anyhow::Result<()>
         false => twill_ebpf::remove(&pins),
     };
     removed.with_context(|| format!("removing {}", pins.display()))?;
-    if Segmenter::of(device).remove()? {
-        tracing::info!(
-            "removed the eBPF dataplane's segmenter {}",
-            Segmenter::of(device).send
-        );
-    }
     let nl = Netlink::connect().context("opening rtnetlink")?;
     if device::remove(&nl, device).await? {
         tracing::info!("removed the eBPF dataplane's device {device} and its route");
