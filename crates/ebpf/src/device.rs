@@ -92,23 +92,25 @@ pub(crate) fn checksum_in_software(name: &str) -> anyhow::Result<bool> {
 
 /// Whether transmit checksumming is off on `name` (what [`checksum_in_software`] makes it).
 pub(crate) fn checksums_in_software(name: &str) -> anyhow::Result<bool> {
-    let mut value = EthtoolValue {
-        cmd: ETHTOOL_GTXCSUM,
-        data: 0,
-    };
-    ethtool(&device_socket()?, name, &mut value).context("reading transmit checksumming")?;
-    Ok(value.data == 0)
+    let on = feature(&device_socket()?, name, ETHTOOL_GTXCSUM)
+        .context("reading transmit checksumming")?;
+    Ok(!on)
+}
+
+/// Whether the feature the `get` command reads is on.
+fn feature(socket: &OwnedFd, name: &str, get: u32) -> anyhow::Result<bool> {
+    let mut value = EthtoolValue { cmd: get, data: 0 };
+    ethtool(socket, name, &mut value)?;
+    Ok(value.data != 0)
 }
 
 /// Sets the feature that the (get, set) commands read and write to `on`; true when it changed.
 fn set_feature(name: &str, (get, set): (u32, u32), on: bool) -> anyhow::Result<bool> {
     let socket = device_socket()?;
-    let mut value = EthtoolValue { cmd: get, data: 0 };
-    ethtool(&socket, name, &mut value)?;
-    if (value.data != 0) == on {
+    if feature(&socket, name, get)? == on {
         return Ok(false);
     }
-    value = EthtoolValue {
+    let mut value = EthtoolValue {
         cmd: set,
         data: u32::from(on),
     };

@@ -36,6 +36,7 @@ mod pinned;
 mod pins;
 mod probe;
 mod segmenter;
+mod sysctl;
 mod wire;
 mod xdp;
 
@@ -51,5 +52,6 @@ pub use pinned::PinnedPeers;
 pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
 pub use segmenter::Segmenter;
+pub use sysctl::ipv6_sysctls;
 pub use wire::is_veth;
 pub use xdp::{Ingress, XdpChoice};

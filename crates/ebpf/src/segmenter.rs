@@ -50,19 +50,18 @@ impl Segmenter {
     /// kernel's own router solicitations would only reach the program), up, and transmit
     /// checksumming off on the sending end.
     pub(crate) fn ensure(&self, mtu: u16) -> anyhow::Result<Ends> {
-        let found = [&self.send, &self.receive].map(|name| {
-            nix::net::if_::if_nametoindex(name.as_str()).is_ok()
-                && device::driver(name).is_ok_and(|d| d == "veth")
-        });
+        let found = [&self.send, &self.receive].map(|name| crate::is_veth(name).is_ok_and(|v| v));
         let created = found != [true, true];
         if created {
             self.remove()?;
             self.create(mtu)?;
         }
-        // IPv6 quiet before the ends go up, so that no link-local address is made in between;
-        // up once both ends exist (a veth whose peer is not there yet refuses to open).
+        // IPv6 off before the ends go up, so that no link-local address is made in between
+        // (where /proc/sys is read-only, its few packets out of the sending end reach
+        // twill_segmented and are counted as drops); up once both ends exist (a veth whose
+        // peer is not there yet refuses to open).
         for name in [&self.send, &self.receive] {
-            quiet_ipv6(name)?;
+            crate::ipv6_sysctls(name, &[("disable_ipv6", "1")])?;
         }
         for name in [&self.send, &self.receive] {
             set_up(name)?;
@@ -145,27 +144,6 @@ fn set_up(name: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// IPv6 off on `name`, where the kernel has IPv6. Where /proc/sys is read-only (a pod without
-/// privileges, as kube-flannel.yml runs flannel) the kernel's own few IPv6 packets out of the
-/// sending end reach twill_segmented and are counted as drops: said once, not a reason to stop
-/// (twill's device says the same).
-fn quiet_ipv6(name: &str) -> anyhow::Result<()> {
-    let path = format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6");
-    match std::fs::write(&path, "1") {
-        Ok(()) => Ok(()),
-        // A kernel without IPv6 has no such file, and nothing to quiet.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
-            tracing::warn!(
-                "cannot turn IPv6 off on {name} ({path} is read-only here): the kernel's own \
-                 IPv6 packets on it are counted as drops"
-            );
-            Ok(())
-        }
-        Err(e) => Err(e).with_context(|| format!("cannot write {path}")),
-    }
 }
 
 #[cfg(test)]

@@ -73,9 +73,9 @@ pub async fn ensure(
         .await
         .with_context(|| format!("cannot give {name} the address {address}"))?;
     match address6 {
-        None => ipv6_sysctls(name, WITHOUT_IPV6)?,
+        None => twill_ebpf::ipv6_sysctls(name, WITHOUT_IPV6)?,
         Some(address6) => {
-            ipv6_sysctls(name, QUIET_IPV6)?;
+            twill_ebpf::ipv6_sysctls(name, QUIET_IPV6)?;
             nl.add_address(link.index, address6.into())
                 .await
                 .with_context(|| format!("cannot give {name} the address {address6}"))?;
@@ -101,29 +101,6 @@ const QUIET_IPV6: &[(&str, &str)] = &[
     ("router_solicitations", "0"),
     ("disable_ipv6", "0"),
 ];
-
-/// Sets the IPv6 `knobs` of device `name`. Where /proc/sys is read-only (a pod without
-/// privileges, as kube-flannel.yml runs flannel) the kernel's own IPv6 packets on it are
-/// counted as drops: said once, not a reason to stop.
-fn ipv6_sysctls(name: &str, knobs: &[(&str, &str)]) -> anyhow::Result<()> {
-    for (knob, value) in knobs {
-        let path = format!("/proc/sys/net/ipv6/conf/{name}/{knob}");
-        match std::fs::write(&path, value) {
-            Ok(()) => {}
-            // A kernel without IPv6 has no such file, and nothing to set.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
-                tracing::warn!(
-                    "cannot set IPv6 on {name} ({path} is read-only here): the kernel's own \
-                     IPv6 packets on it are counted as drops"
-                );
-                return Ok(());
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot write {path}")),
-        }
-    }
-    Ok(())
-}
 
 async fn create(nl: &Netlink, name: &str, mtu: u32) -> anyhow::Result<Link> {
     for kind in KINDS {
