@@ -101,8 +101,8 @@ struct Sent {
 /// Host 0's underlay frames and its dataplane's transmitted packets, so far.
 fn sent_so_far(c: &Cluster) -> Result<Sent> {
     let host = c.lab.host(0);
-    let path = format!("/sys/class/net/{}/statistics/tx_packets", host.iface);
-    let frames = host.ns.exec("cat", &[&path])?.trim().parse()?;
+    // A super-packet is one.
+    let frames = host.ns.device_counter(&host.iface, "tx_packets")?;
     let s = status(&host.ns)?;
     let segments = s["counters"]["tx_packets"].as_u64().context("tx_packets")?;
     Ok(Sent { frames, segments })

@@ -137,8 +137,8 @@ fn pods_talk(c: &KubeCluster, cni: &Cni, round: &Round) -> Result<()> {
     ensure!(out.contains("2 received"), "{out}");
 
     let (h0, h1) = (&c.lab.host(0).ns, &c.lab.host(1).ns);
-    let tx_before = device_bytes(h0, round.device, "tx")?;
-    let rx_before = device_bytes(h1, round.device, "rx")?;
+    let tx_before = h0.device_counter(round.device, "tx_bytes")?;
+    let rx_before = h1.device_counter(round.device, "rx_bytes")?;
     let peer_tx_before = peer_tx_bytes(h0)?;
     let twill_lab::Transfer {
         sent,
@@ -149,8 +149,8 @@ fn pods_talk(c: &KubeCluster, cni: &Cni, round: &Round) -> Result<()> {
         sent == received,
         "sha256 sent {sent} != received {received}"
     );
-    let tx = device_bytes(h0, round.device, "tx")? - tx_before;
-    let rx = device_bytes(h1, round.device, "rx")? - rx_before;
+    let tx = h0.device_counter(round.device, "tx_bytes")? - tx_before;
+    let rx = h1.device_counter(round.device, "rx_bytes")? - rx_before;
     ensure!(
         tx >= BYTES && rx >= BYTES,
         "{BYTES} bytes between the pods, but {} sent {tx} and received {rx} bytes",
@@ -479,12 +479,6 @@ fn manifest_cni_conf() -> Result<Value> {
         .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
         .collect();
     Ok(serde_json::from_str(&block.join("\n"))?)
-}
-
-/// A device's rx or tx byte counter in a namespace.
-fn device_bytes(ns: &Netns, device: &str, dir: &str) -> Result<u64> {
-    let path = format!("/sys/class/net/{device}/statistics/{dir}_bytes");
-    Ok(ns.exec("cat", &[&path])?.trim().parse()?)
 }
 
 /// The IPv4 address on a device in a namespace.

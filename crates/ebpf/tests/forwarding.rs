@@ -89,14 +89,14 @@ fn containers_talk_both_ways(tag: &str, way: Way) -> Result<()> {
     }
     let receiver = &lab.host(1).ns;
     let (frames, segments, delivered) = (
-        tx_packets(host, "eth0")?,
+        host.device_counter("eth0", "tx_packets")?,
         dataplanes[1].counters()?.rx.packets,
-        tx_packets(receiver, &b.host_iface)?,
+        receiver.device_counter(&b.host_iface, "tx_packets")?,
     );
     tcp_transfer_intact(&a.ns, &b.ns, b.ip.into(), 4 * MIB)?;
-    let frames = tx_packets(host, "eth0")? - frames;
+    let frames = host.device_counter("eth0", "tx_packets")? - frames;
     let segments = dataplanes[1].counters()?.rx.packets - segments;
-    let delivered = tx_packets(receiver, &b.host_iface)? - delivered;
+    let delivered = receiver.device_counter(&b.host_iface, "tx_packets")? - delivered;
     eprintln!(
         "4 MiB a -> b: {frames} underlay frames, {segments} segments in, {delivered} delivered"
     );
@@ -226,13 +226,6 @@ fn check_wire(frame: &[u8]) -> Result<()> {
         "inner source outside 10.5.0.0/16"
     );
     Ok(())
-}
-
-/// Packets `device` in `host` has sent (a super-packet is one).
-fn tx_packets(host: &twill_lab::Netns, device: &str) -> Result<u64> {
-    let path = format!("/sys/class/net/{device}/statistics/tx_packets");
-    let count = host.exec("cat", &[&path])?;
-    Ok(count.trim().parse()?)
 }
 
 fn wait_for(what: &str, done: impl Fn() -> bool) -> Result<()> {

@@ -668,14 +668,19 @@ enum Via {
     Segmented,
 }
 
-#[test]
-fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
-    let cases: Vec<Case> = egress_cases()
+/// Every egress and ingress case over the IPv4 underlay, of both inner families.
+fn egress_and_ingress_cases() -> Vec<Case> {
+    egress_cases()
         .into_iter()
         .chain(egress6_cases())
         .chain(ingress_cases())
         .chain(ingress6_cases())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn every_crafted_frame_gets_its_verdict_and_counter() -> Result<()> {
+    let cases = egress_and_ingress_cases();
     run_cases(&test_bench("ebpf-table")?, &cases, Via::Tc)
 }
 
@@ -695,11 +700,8 @@ fn the_xdp_program_gives_every_ingress_frame_the_tc_programs_verdict() -> Result
 /// not to the stack: those ingress cases are left out.)
 #[test]
 fn the_segmented_program_gives_every_frame_its_tc_programs_verdict() -> Result<()> {
-    let cases: Vec<Case> = egress_cases()
+    let cases: Vec<Case> = egress_and_ingress_cases()
         .into_iter()
-        .chain(egress6_cases())
-        .chain(ingress_cases())
-        .chain(ingress6_cases())
         .filter(|c| !(c.side == Side::Ingress && c.expect == Expect::Untouched))
         .collect();
     run_cases(&test_bench("ebpf-tables")?, &cases, Via::Segmented)

@@ -56,6 +56,13 @@ impl Netns {
         self.exec("sh", &["-c", script])
     }
 
+    /// The counter `counter` of `device` inside (`tx_packets`, `rx_bytes`, ...: its
+    /// /sys/class/net statistics, read from within, where /sys shows this namespace's devices).
+    pub fn device_counter(&self, device: &str, counter: &str) -> Result<u64> {
+        let path = format!("/sys/class/net/{device}/statistics/{counter}");
+        Ok(self.exec("cat", &[&path])?.trim().parse()?)
+    }
+
     /// `ip -n <ns> args...`: cheaper than `exec("ip", ..)` as it needs no mount namespace.
     pub fn ip(&self, args: &[&str]) -> Result<String> {
         run(Command::new("ip").args(["-n", &self.name]).args(args))
