@@ -184,3 +184,19 @@ fn program_on(device: &str) -> anyhow::Result<Option<u32>> {
     });
     Ok(id)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_flag_reads_three_words_and_names_them_when_wrong() {
+        assert_eq!("auto".parse(), Ok(XdpChoice::Auto));
+        assert_eq!("on".parse(), Ok(XdpChoice::On));
+        assert_eq!("off".parse(), Ok(XdpChoice::Off));
+        assert_eq!(
+            "yes".parse::<XdpChoice>().unwrap_err(),
+            r#""yes" is not an XDP choice; give auto, on or off"#
+        );
+    }
+}

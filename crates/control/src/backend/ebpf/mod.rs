@@ -462,3 +462,44 @@ async fn remove(bpf_dir: &Path, device: &str, force: bool) -> anyhow::Result<()>
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn lease_with(data: Option<serde_json::Value>) -> Lease {
+        let attrs = LeaseAttrs {
+            backend_data: data.map(Into::into),
+            ..LeaseAttrs::udp(Ipv4Addr::new(10, 200, 0, 2))
+        };
+        Lease::new("10.5.2.0/24".parse::<Ipv4Net>().unwrap(), attrs)
+    }
+
+    /// Only a lease that says `"SuperPackets": true` is sent super-packets; anything else
+    /// another client may have written there (a string, a number, null, another field, no
+    /// data: flanneld's) gets datagrams, which every node reads.
+    #[test]
+    fn only_super_packets_true_is_sent_super_packets() {
+        use serde_json::json;
+        assert_eq!(
+            takes(&lease_with(Some(json!({"SuperPackets": true})))),
+            Takes::SuperPackets
+        );
+        for data in [
+            Some(json!({"SuperPackets": "true"})),
+            Some(json!({"SuperPackets": 1})),
+            Some(json!({"SuperPackets": false})),
+            Some(json!({"SuperPackets": null})),
+            Some(json!({"superpackets": true})),
+            Some(json!([true])),
+            None,
+        ] {
+            assert_eq!(
+                takes(&lease_with(data.clone())),
+                Takes::Datagrams,
+                "{data:?}"
+            );
+        }
+    }
+}
