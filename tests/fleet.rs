@@ -1,7 +1,7 @@
 //! A fleet: eight lab hosts on one bridged underlay, each with a container, twill on each from
 //! one real etcd. Every pair of containers reaches each other, for every backend that runs on
-//! this kernel; then one host leaves (its twill stopped, its lease deleted) and another joins,
-//! and within seconds every host has dropped the one that left and reaches the new one.
+//! this kernel; then one host leaves (its twill stopped, its lease deleted once another has
+//! joined), and within seconds every host has dropped the one that left and reaches the new one.
 
 mod common;
 
@@ -50,8 +50,12 @@ fn fleet(tag: &str, backend: &str) -> Result<()> {
 
     let left = c.subnet(LEAVER)?;
     nodes[LEAVER].take().context("leaver")?.stop()?;
-    c.etcd.etcdctl(&["del", &c.lease_key(left)])?;
+    // The joiner takes its lease while the leaver's is still held: a subnet freed first could
+    // be the joiner's pick (one of the first 100 free, at random, as flannel picks), and then
+    // "the leaver's subnet is gone" would never hold.
     nodes.push(Some(c.start(FIRST)?));
+    ensure!(c.subnet(FIRST)? != left, "the joiner took a held subnet");
+    c.etcd.etcdctl(&["del", &c.lease_key(left)])?;
     c.add_container(FIRST)?;
     members.retain(|&h| h != LEAVER);
     members.push(FIRST);
