@@ -44,15 +44,49 @@ pub fn start_twill_with_env(
     env: &[(&str, &str)],
     subnet_file: &Path,
 ) -> Result<Proc> {
+    start_twill_launched(host, &[], args, env, subnet_file)
+}
+
+/// [`start_twill_with_env`], twill run by `launcher` (a program and its arguments, which end
+/// by running the command line after them), or directly when it is empty.
+pub fn start_twill_launched(
+    host: &Host,
+    launcher: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+    subnet_file: &Path,
+) -> Result<Proc> {
     let file = subnet_file.to_str().context("subnet file path")?;
     let mut all = vec!["run", "--iface", &host.iface, "--subnet-file", file];
     all.extend_from_slice(args);
     let mut vars = vec![("RUST_LOG", "info,twill=debug")];
     vars.extend_from_slice(env);
-    let mut proc = host.ns.spawn_with(TWILL, &all, &vars)?;
+    let mut proc = match launcher {
+        [] => host.ns.spawn_with(TWILL, &all, &vars)?,
+        [program, launcher_args @ ..] => {
+            let mut with_twill = launcher_args.to_vec();
+            with_twill.push(TWILL);
+            with_twill.extend_from_slice(&all);
+            host.ns.spawn_with(program, &with_twill, &vars)?
+        }
+    };
     wait_ready(&host.ns, &mut proc, subnet_file)?;
     Ok(proc)
 }
+
+/// A launcher ([`start_twill_launched`]) that runs twill with /proc/sys read-only, as in a pod
+/// without privileges (kube-flannel.yml runs flannel so): in its own mount namespace, where
+/// /proc/sys is bound onto itself read-only.
+pub const READ_ONLY_PROC_SYS: &[&str] = &[
+    "unshare",
+    "--mount",
+    "--propagation",
+    "private",
+    "sh",
+    "-c",
+    "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec \"$@\"",
+    "read-only-proc-sys",
+];
 
 /// The bound is generous: on a loaded 2-core machine (CI with builds beside it) a start that
 /// takes seconds alone once took over 20 s.
@@ -272,7 +306,7 @@ impl Pair {
     /// Host `i`'s node as [`start_pair_with`] starts it, with `args`; the caller keeps it (a
     /// test that starts it while its containers are in use).
     pub fn start_node(&self, i: usize, args: &[&str]) -> Result<Proc> {
-        start_pair_node(&self.lab, &self.dir, i, args, None)
+        start_pair_node(&self.lab, &self.dir, i, &[], args, None)
     }
 }
 
@@ -283,15 +317,25 @@ pub fn start_pair(tag: &str, args: &[&str], extra_peer: Option<&str>) -> Result<
 
 /// [`start_pair`] with different arguments for host 0 and host 1.
 pub fn start_pair_with(tag: &str, args: [&[&str]; 2], extra_peer: Option<&str>) -> Result<Pair> {
+    start_pair_launched(tag, args, [&[], &[]], extra_peer)
+}
+
+/// [`start_pair_with`], each host's twill run by its launcher ([`start_twill_launched`]).
+pub fn start_pair_launched(
+    tag: &str,
+    args: [&[&str]; 2],
+    launchers: [&[&str]; 2],
+    extra_peer: Option<&str>,
+) -> Result<Pair> {
     let mut lab = Lab::of(tag, 2)?;
     for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
         lab.host_mut(i).add_container(subnet.parse()?)?;
     }
     let dir = scratch()?;
     let mut nodes = Vec::new();
-    for (i, host_args) in args.iter().enumerate() {
+    for (i, (host_args, launcher)) in args.iter().zip(launchers).enumerate() {
         let extra = extra_peer.filter(|_| i == 0);
-        nodes.push(start_pair_node(&lab, &dir, i, host_args, extra)?);
+        nodes.push(start_pair_node(&lab, &dir, i, launcher, host_args, extra)?);
     }
     Ok(Pair { lab, nodes, dir })
 }
@@ -301,6 +345,7 @@ fn start_pair_node(
     lab: &Lab,
     dir: &tempfile::TempDir,
     i: usize,
+    launcher: &[&str],
     args: &[&str],
     extra_peer: Option<&str>,
 ) -> Result<Proc> {
@@ -318,7 +363,8 @@ fn start_pair_node(
         all.extend(["--peer", extra]);
     }
     all.extend_from_slice(args);
-    start_twill(lab.host(i), &all, &path_in(dir, &format!("h{i}.env")))
+    let file = path_in(dir, &format!("h{i}.env"));
+    start_twill_launched(lab.host(i), launcher, &all, &[], &file)
 }
 
 /// What a bounded UDP flood from one container to another achieved.

@@ -44,7 +44,7 @@ fn dump(ifindex: u32, hook: TcAttachType) -> anyhow::Result<Vec<TcMessage>> {
         },
     };
     let request = RouteNetlinkMessage::GetTrafficFilter(request);
-    match crate::netlink::ask(request, NLM_F_DUMP).context("listing tc filters")? {
+    match twill_dataplane::io::rtnetlink::ask(request, NLM_F_DUMP).context("listing tc filters")? {
         Ok(answers) => Ok(answers
             .into_iter()
             .filter_map(|a| match a {

@@ -29,7 +29,6 @@ mod device;
 mod filters;
 mod loaded;
 mod maps;
-mod netlink;
 mod object;
 mod peers;
 mod pinned;

@@ -10,13 +10,14 @@
 //! Like twill's device it needs no process holding it, and outlives the daemon.
 
 use crate::device::{self, Device};
-use crate::netlink;
 use anyhow::{bail, Context};
 use netlink_packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL};
 use netlink_packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::RouteNetlinkMessage;
+use twill_dataplane::io::devconf;
+use twill_dataplane::io::rtnetlink as netlink;
 
 /// The segmenter of twill's device `device`: the pair's two names, made from the device's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,11 +57,14 @@ impl Segmenter {
             self.remove()?;
             self.create(mtu)?;
         }
-        // IPv6 off before the ends go up, so that no link-local address is made in between
-        // (where /proc/sys is read-only, its few packets out of the sending end reach
-        // twill_segmented and are counted as drops); up once both ends exist (a veth whose
-        // peer is not there yet refuses to open).
+        // No link-local address before the ends go up (the kernel's router solicitations
+        // out of the sending end would reach twill_segmented, and be counted as drops), and
+        // IPv6 off where /proc/sys is writable; up once both ends exist (a veth whose peer is
+        // not there yet refuses to open).
         for name in [&self.send, &self.receive] {
+            let index = nix::net::if_::if_nametoindex(name.as_str())
+                .with_context(|| format!("{name} vanished once made"))?;
+            devconf::no_link_local(index).with_context(|| format!("on {name}"))?;
             crate::ipv6_sysctls(name, &[("disable_ipv6", "1")])?;
         }
         for name in [&self.send, &self.receive] {

@@ -162,16 +162,17 @@ fn program_on(device: &str) -> anyhow::Result<Option<u32>> {
     };
     let mut request = LinkMessage::default();
     request.header.index = ifindex;
-    let answers = match crate::netlink::ask(RouteNetlinkMessage::GetLink(request), 0)
-        .with_context(|| format!("reading {device}'s XDP program"))?
-    {
-        Ok(answers) => answers,
-        Err(code) if code == -libc::ENODEV => return Ok(None),
-        Err(code) => bail!(
-            "reading {device}'s XDP program: {}",
-            std::io::Error::from_raw_os_error(-code)
-        ),
-    };
+    let answers =
+        match twill_dataplane::io::rtnetlink::ask(RouteNetlinkMessage::GetLink(request), 0)
+            .with_context(|| format!("reading {device}'s XDP program"))?
+        {
+            Ok(answers) => answers,
+            Err(code) if code == -libc::ENODEV => return Ok(None),
+            Err(code) => bail!(
+                "reading {device}'s XDP program: {}",
+                std::io::Error::from_raw_os_error(-code)
+            ),
+        };
     let id = answers.iter().find_map(|answer| match answer {
         RouteNetlinkMessage::NewLink(link) => link.attributes.iter().find_map(|a| match a {
             LinkAttribute::Xdp(xdp) => xdp.iter().find_map(|x| match x {

@@ -2,8 +2,10 @@
 //! wireguard-go's `tun` and `conn`: a read returns as many packets as the kernel has ready, and a
 //! write hands over many packets in as few syscalls as the kernel allows.
 
+pub mod devconf;
 pub mod gro;
 pub mod gso;
+pub mod rtnetlink;
 pub mod tun;
 pub mod udp;
 mod wait;

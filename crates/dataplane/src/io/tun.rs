@@ -9,6 +9,7 @@
 //! its copy, for readability only, with the runtime that polls it, so a packet wakes that
 //! thread and no other; a writer's copy is registered nowhere (see [`super::wait`]).
 
+use super::devconf;
 use super::gro::{Coalescer, Merge};
 use super::gso;
 use super::wait;
@@ -79,11 +80,10 @@ impl Tun {
         };
         let offload = config.offload && first.tcp_gso();
         let uso = offload && first.udp_gso();
+        let index = nix::net::if_::if_nametoindex(config.name.as_str())
+            .map_err(|e| anyhow::anyhow!("TUN device {} vanished once made: {e}", config.name))?;
         // Before the link is up, or the kernel has already queued a router solicitation.
-        match address6 {
-            None => disable_ipv6(&config.name),
-            Some(_) => quiet_ipv6(&config.name),
-        }
+        quiet_ipv6(&config.name, index, address6.is_some());
         if let Some(address) = address6 {
             first.add_address_v6(address, 128u8).map_err(|e| {
                 anyhow::anyhow!(
@@ -92,7 +92,7 @@ impl Tun {
                 )
             })?;
         }
-        accept_local(&config.name);
+        accept_local(&config.name, index);
         first
             .enabled(true)
             .map_err(|e| anyhow::anyhow!("cannot bring TUN device {} up: {e}", config.name))?;
@@ -162,19 +162,21 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<SyncDevice> {
         .build_sync()
 }
 
-/// On an IPv4-only network; without this the kernel would send router solicitations and MLD
-/// reports into the TUN, only for the engine to drop them.
-fn disable_ipv6(name: &str) {
-    set_sysctl(&format!("/proc/sys/net/ipv6/conf/{name}/disable_ipv6"), "1");
-}
-
-/// On a dual-stack network the TUN keeps IPv6 but talks no neighbour protocol on it: no
-/// link-local address (so no router solicitations or MLD reports from one), no router
-/// advertisements taken. Its one address is the lease's, given by the engine.
-fn quiet_ipv6(name: &str) {
+/// The TUN talks no neighbour protocol: the kernel makes no link-local address on it (so sends
+/// no router solicitations or MLD reports into it, only for the engine to drop them), set
+/// over rtnetlink, which a pod allows. On an IPv4-only network IPv6 is off on it too, and on a
+/// dual-stack one on (its one address is the lease's, given by the engine), taking no router
+/// advertisements: through /proc/sys, where it is writable.
+fn quiet_ipv6(name: &str, index: u32, dual_stack: bool) {
+    if let Err(e) = devconf::no_link_local(index) {
+        tracing::warn!("{name}: {e:#}");
+    }
     let conf = format!("/proc/sys/net/ipv6/conf/{name}");
+    if !dual_stack {
+        set_sysctl(&format!("{conf}/disable_ipv6"), "1");
+        return;
+    }
     set_sysctl(&format!("{conf}/disable_ipv6"), "0");
-    set_sysctl(&format!("{conf}/addr_gen_mode"), "1");
     set_sysctl(&format!("{conf}/accept_ra"), "0");
     set_sysctl(&format!("{conf}/router_solicitations"), "0");
 }
@@ -183,13 +185,22 @@ fn quiet_ipv6(name: &str) {
 /// passes them; the kernel drops a packet whose source is one of its own addresses as a
 /// martian unless the device accepts local sources. Nothing else can arrive with one: the
 /// engine lets in only packets from inside the sending peer's subnet, never ours.
-fn accept_local(name: &str) {
-    set_sysctl(&format!("/proc/sys/net/ipv4/conf/{name}/accept_local"), "1");
+fn accept_local(name: &str, index: u32) {
+    if let Err(e) = devconf::accept_local(index) {
+        tracing::warn!("{name}: {e:#}: twill's ICMP errors to local senders will be dropped");
+    }
 }
 
+/// A knob that rtnetlink cannot set. Read-only /proc/sys (a pod) is no fault: the device is
+/// quiet without it (see [`quiet_ipv6`]), and an IPv6 address it would keep from being added
+/// fails on its own, saying so.
 fn set_sysctl(path: &str, value: &str) {
-    if let Err(e) = std::fs::write(path, value) {
-        tracing::warn!("cannot write {path}: {e}");
+    match std::fs::write(path, value) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+            tracing::debug!("cannot write {path}: {e}");
+        }
+        Err(e) => tracing::warn!("cannot write {path}: {e}"),
     }
 }
 

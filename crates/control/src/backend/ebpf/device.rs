@@ -11,6 +11,7 @@ use anyhow::{bail, Context};
 use ipnet::{Ipv4Net, Ipv6Net};
 use netlink_packet_route::link::InfoKind;
 use rtnetlink::{LinkDummy, LinkMessageBuilder};
+use twill_dataplane::io::devconf;
 
 /// The kinds of device the dataplane makes, in the order it tries them.
 const KINDS: [InfoKind; 2] = [InfoKind::Dummy, InfoKind::Ifb];
@@ -72,6 +73,8 @@ pub async fn ensure(
     nl.add_address(link.index, address.into())
         .await
         .with_context(|| format!("cannot give {name} the address {address}"))?;
+    // Before the device goes up, or the kernel has made a link-local address.
+    devconf::no_link_local(link.index).with_context(|| format!("on {name}"))?;
     match address6 {
         None => twill_ebpf::ipv6_sysctls(name, WITHOUT_IPV6)?,
         Some(address6) => {
@@ -87,16 +90,15 @@ pub async fn ensure(
     Ok(Made { link, created })
 }
 
-/// On an IPv4-only network the kernel's own IPv6 on the device (router solicitations, MLD
-/// reports) would only be counted as drops.
+/// On an IPv4-only network IPv6 is off on the device too, where /proc/sys is writable. The
+/// kernel's own IPv6 on it (router solicitations, MLD reports) would only be counted as drops:
+/// with no link-local address ([`devconf::no_link_local`]) it sends none anyway.
 const WITHOUT_IPV6: &[(&str, &str)] = &[("disable_ipv6", "1")];
 
 /// On a dual-stack network the device keeps IPv6 but, as the TUN engine's device, talks no
-/// neighbour protocol on it: no link-local address (so no router solicitations or MLD reports
-/// from one), no router advertisements taken. Its one address is the lease's. The knobs go
-/// before IPv6 is turned on, so that no link-local address is made in between.
+/// neighbour protocol on it: no link-local address (set over rtnetlink), no router
+/// advertisements taken. Its one address is the lease's.
 const QUIET_IPV6: &[(&str, &str)] = &[
-    ("addr_gen_mode", "1"),
     ("accept_ra", "0"),
     ("router_solicitations", "0"),
     ("disable_ipv6", "0"),

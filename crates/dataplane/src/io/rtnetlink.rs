@@ -1,6 +1,7 @@
-//! One rtnetlink request and its answer: what aya cannot tell about the attachments (which
-//! program a classic TC filter runs, which XDP program a device runs) is read this way, and
-//! the segmenter's veth pair made.
+//! One rtnetlink request and its answer, from a thread with no async runtime: the TUN's and
+//! the eBPF dataplane's device settings ([`super::devconf`]), what aya cannot tell about the
+//! eBPF attachments (which program a classic TC filter runs, which XDP program a device runs),
+//! and the segmenter's veth pair.
 
 use anyhow::Context;
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
@@ -10,7 +11,7 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 /// The messages the kernel answers `request` with (with `flags` NLM_F_DUMP, all of them until
 /// the dump ends; with NLM_F_ACK, none once it acknowledges); `Err(-errno)` when it answers
 /// with an error.
-pub(crate) fn ask(
+pub fn ask(
     request: RouteNetlinkMessage,
     flags: u16,
 ) -> anyhow::Result<Result<Vec<RouteNetlinkMessage>, i32>> {
