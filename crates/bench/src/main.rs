@@ -104,8 +104,8 @@ fn run(cli: Cli) -> Result<bool> {
     let t = opts.timing;
     let mut title = match results.is_empty() {
         false => format!(
-            "twill-bench: medians of {} run(s) of {} s (+{} s warm-up); native host to host, others container to container",
-            opts.repeat, t.duration, t.warmup
+            "twill-bench: medians of {} run(s) of {} s (+{} s warm-up); native host to host, others container to container; {}",
+            opts.repeat, t.duration, t.warmup, machine()
         ),
         true => "twill-bench: control-plane scale".to_string(),
     };
@@ -227,4 +227,18 @@ fn demo_ping(prepared: &[Prepared], progress: &Progress) -> bool {
             false
         }
     }
+}
+
+/// The kernel, and the TCP congestion control every lab namespace starts with (the machine's
+/// default: a new namespace takes the initial one's), which moves single-stream TCP more than
+/// most paths differ (docs/performance.md).
+fn machine() -> String {
+    let read = |path: &str| {
+        std::fs::read_to_string(path).map_or_else(|e| format!("? ({e})"), |s| s.trim().to_string())
+    };
+    format!(
+        "kernel {}, TCP congestion control {}",
+        read("/proc/sys/kernel/osrelease"),
+        read("/proc/sys/net/ipv4/tcp_congestion_control")
+    )
 }

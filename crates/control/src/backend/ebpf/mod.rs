@@ -380,11 +380,12 @@ impl Backend for Ebpf {
     async fn reconcile<L: Borrow<Lease>>(&mut self, leases: &[L]) -> anyhow::Result<()> {
         self.unproven = Unproven::default();
         self.repair().await?;
-        let specs: Vec<PeerSpec> = each(leases).filter_map(|l| self.spec(l).ok()).collect();
+        // One pass: each lease's peer, and what its node takes (the table keeps no such field).
+        let (specs, lease_takes): (Vec<PeerSpec>, BTreeMap<Ipv4Net, Takes>) = each(leases)
+            .filter_map(|l| Some((self.spec(l).ok()?, takes(l))))
+            .map(|(spec, takes)| (spec, (spec.subnet, takes)))
+            .unzip();
         self.table.set_peers(&specs);
-        let lease_takes: BTreeMap<Ipv4Net, Takes> = each(leases)
-            .filter_map(|l| Some((l.ipv4_side().ok()?.0, takes(l))))
-            .collect();
         let wanted: BTreeMap<Ipv4Net, Wanted> = self
             .table
             .load()
