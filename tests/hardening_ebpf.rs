@@ -82,7 +82,11 @@ impl Hosts {
         args.push("--iptables-forward-rules=false".into());
         args.extend(self.args(i, extra));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut node = self.lab.host(i).ns.spawn(TWILL, &args)?;
+        let mut node = self
+            .lab
+            .host(i)
+            .ns
+            .spawn_with(TWILL, &args, &[TUN_UNLESS_NAMED])?;
         let stderr = node.failure_within(Duration::from_secs(30), "a second node ran")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())
     }
@@ -179,7 +183,8 @@ fn nothing_left(ns: &Netns, device: &str, route: Option<&str>) -> Result<()> {
 #[test]
 fn an_ebpf_start_that_fails_takes_back_what_it_made() -> Result<()> {
     let h = hosts("h3-ebpffail")?;
-    // A TUN node runs on host 0; each failed start below is another twill beside it.
+    // A TUN node runs on host 0; each failed start below is another twill beside it, on a port
+    // of its own (an eBPF node holds its port as the TUN node does, and would be refused first).
     let mut tun = h.start(0, &["--backend", "udp"])?;
     let _peer = h.start(1, &["--backend", "udp"])?;
     h.carries()?;
@@ -197,7 +202,8 @@ fn an_ebpf_start_that_fails_takes_back_what_it_made() -> Result<()> {
     )?;
     let _unmount = Unmount(ro.clone());
     let ro_arg = ro.to_str().context("path")?;
-    let args = [EBPF, &["--tun-name", "twill9", "--bpf-dir", ro_arg]].concat();
+    let beside = ["--tun-name", "twill9", "--port", "8286"];
+    let args = [EBPF, &beside, &["--bpf-dir", ro_arg]].concat();
     let last = h.refused(0, &args)?;
     ensure!(last.contains("Read-only file system"), "{last}");
     nothing_left(h.ns(0), "twill9", Some("dev twill0"))?;
@@ -205,7 +211,7 @@ fn an_ebpf_start_that_fails_takes_back_what_it_made() -> Result<()> {
 
     // The dataplane is up, and the start fails after it (the subnet file cannot be written):
     // device, programs and pins go again.
-    let args = [EBPF, &["--tun-name", "twill9", "--bpf-dir", h.bpf.arg()]].concat();
+    let args = [EBPF, &beside, &["--bpf-dir", h.bpf.arg()]].concat();
     let last = h.refused_writing(0, &args, "/proc/twill-subnet.env")?;
     ensure!(last.contains("/proc/twill-subnet.env"), "{last}");
     nothing_left(h.ns(0), "twill9", Some("dev twill0"))?;

@@ -103,7 +103,7 @@ fn network_unavailable_is_cleared_only_once_ready() -> Result<()> {
         "--subnet-file",
         "/dev/null/subnet.env",
     ];
-    let env = [("NODE_NAME", "node-0")];
+    let env = [TUN_UNLESS_NAMED, ("NODE_NAME", "node-0")];
     let mut failing = c.lab.host(0).ns.spawn_with(TWILL, &args, &env)?;
     let stderr =
         failing.failure_within(std::time::Duration::from_secs(20), "twill kept running")?;

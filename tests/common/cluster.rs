@@ -212,7 +212,9 @@ impl Cluster {
             "--subnet-file",
             file.to_str().context("path")?,
         ];
-        let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, env)?;
+        let mut vars = vec![TUN_UNLESS_NAMED];
+        vars.extend_from_slice(env);
+        let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, &vars)?;
         let stderr =
             node.failure_within(std::time::Duration::from_secs(30), "twill kept running")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())

@@ -59,7 +59,7 @@ pub fn start_twill_launched(
     let file = subnet_file.to_str().context("subnet file path")?;
     let mut all = vec!["run", "--iface", &host.iface, "--subnet-file", file];
     all.extend_from_slice(args);
-    let mut vars = vec![("RUST_LOG", "info,twill=debug")];
+    let mut vars = vec![("RUST_LOG", "info,twill=debug"), TUN_UNLESS_NAMED];
     vars.extend_from_slice(env);
     let mut proc = match launcher {
         [] => host.ns.spawn_with(TWILL, &all, &vars)?,
@@ -73,6 +73,13 @@ pub fn start_twill_launched(
     wait_ready(&host.ns, &mut proc, subnet_file)?;
     Ok(proc)
 }
+
+/// The lab's udp nodes run the TUN engine unless a test names the dataplane: most tests here
+/// are about the TUN engine, which `auto`, the default, no longer picks on the lab's veth
+/// underlay. It is `--dataplane`'s environment variable, so the flag on a test's command line
+/// wins, and so does a test's own TWILL_DATAPLANE (set after this one); the tests of the default
+/// and of eBPF name theirs.
+pub const TUN_UNLESS_NAMED: (&str, &str) = ("TWILL_DATAPLANE", "tun");
 
 /// A launcher ([`start_twill_launched`]) that runs twill with /proc/sys read-only, as in a pod
 /// without privileges (kube-flannel.yml runs flannel so): in its own mount namespace, where

@@ -59,23 +59,33 @@ pub struct UserspaceSetup {
     ipv6: Option<(Ipv6Net, Ipv6Addr)>,
 }
 
+/// The backend's port, `Backend.Port` or `kind`'s default, checked before anything is made: a
+/// port of 0 would bind an ephemeral port no peer knows.
+pub(crate) fn backend_port(node: &Node, kind: BackendKind) -> anyhow::Result<u16> {
+    let default_port = udp_port(kind);
+    let port = node.config.backend.port.unwrap_or(default_port);
+    if port == 0 {
+        bail!(
+            "Backend.Port 0 is not a port peers can reach; give 1 to 65535, or leave it out for the default {default_port}"
+        );
+    }
+    Ok(port)
+}
+
 impl UserspaceSetup {
-    /// Checks the port and the MTU before anything is made: a port of 0 would bind an ephemeral
-    /// port no peer knows, and a TUN MTU beyond what the underlay carries would be a black hole.
+    /// Checks the port and the MTU before anything is made: a TUN MTU beyond what the underlay
+    /// carries would be a black hole.
     pub fn new(node: &Node, kind: EngineKind) -> anyhow::Result<UserspaceSetup> {
         let backend = &node.config.backend.backend_type;
         twill_dataplane::io::tun::require_device(&format!("the {backend} backend"))?;
         let options = &node.options;
-        let default_port = udp_port(match kind {
-            EngineKind::FlannelUdp => BackendKind::Udp,
-            EngineKind::Batch { .. } => BackendKind::TwillBatch,
-        });
-        let port = node.config.backend.port.unwrap_or(default_port);
-        if port == 0 {
-            bail!(
-                "Backend.Port 0 is not a port peers can reach; give 1 to 65535, or leave it out for the default {default_port}"
-            );
-        }
+        let port = backend_port(
+            node,
+            match kind {
+                EngineKind::FlannelUdp => BackendKind::Udp,
+                EngineKind::Batch { .. } => BackendKind::TwillBatch,
+            },
+        )?;
         let underlay = node.config.backend.underlay;
         let local = bind_address(node, underlay)?;
         let (iface, overhead) = (&node.iface, Overhead::same(kind.overhead(local)));

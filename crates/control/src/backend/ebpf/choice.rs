@@ -34,8 +34,9 @@ enum Underlay {
     /// A device that puts frames on a wire (a NIC, virtio's included): it segments and
     /// checksums what the eBPF programs send, as it does for any traffic.
     Wire,
-    /// A veth, where the lab's clusters (and kind's) run: `auto` keeps the TUN engine there for
-    /// now (docs/decisions.md, "`--dataplane auto` is the default", says why and what is left).
+    /// A veth, where the lab's clusters (and kind's) run: the programs run there too, with a
+    /// segmenter for the peers that read datagrams (docs/decisions.md, "A veth underlay is not
+    /// a wire").
     Veth(String),
     /// Its driver could not be read: `auto` keeps the engine that runs on any device.
     Unknown(String),
@@ -84,11 +85,10 @@ fn decide<E: fmt::Display>(
                 }
                 Underlay::Veth(iface) => {
                     tracing::info!(
-                        "dataplane: tun (--dataplane auto; the underlay {iface} is a veth, where \
-                         auto keeps the TUN engine; --dataplane ebpf runs eBPF there, with a \
-                         segmenter for its TUN and flanneld peers)"
+                        "dataplane: ebpf (--dataplane auto; this kernel runs it; the underlay \
+                         {iface} is a veth: a segmenter carries what TUN and flanneld peers read)"
                     );
-                    Ok(Dataplane::Tun)
+                    Ok(Dataplane::Ebpf)
                 }
                 Underlay::Unknown(why) => {
                     tracing::info!(
@@ -168,20 +168,20 @@ mod tests {
     }
 
     #[test]
-    fn auto_keeps_the_tun_on_a_veth_or_an_unknown_underlay_and_ebpf_runs_there_anyway() {
+    fn auto_runs_ebpf_on_a_veth_and_keeps_the_tun_on_an_unknown_underlay() {
         let udp = "udp";
         let veth = || Underlay::Veth("eth0".into());
         let unknown = || Underlay::Unknown("reading the driver's name: No such device".into());
         assert_eq!(
             decide(DataplaneChoice::Auto, udp, runs, veth).unwrap(),
-            Dataplane::Tun
+            Dataplane::Ebpf
         );
         assert_eq!(
             decide(DataplaneChoice::Auto, udp, runs, unknown).unwrap(),
             Dataplane::Tun
         );
         assert_eq!(
-            decide(DataplaneChoice::Ebpf, udp, runs, veth).unwrap(),
+            decide(DataplaneChoice::Ebpf, udp, runs, unknown).unwrap(),
             Dataplane::Ebpf
         );
         // A kernel that cannot run the programs is the reason given, whatever the underlay.

@@ -16,7 +16,7 @@ mod unproven;
 pub use choice::{choose, Dataplane};
 
 use super::userspace::{
-    bind_address, dual_stack_side, mtu_source, tun_mtu, udp_port, with_ipv6_side, Overhead,
+    backend_port, bind_address, dual_stack_side, mtu_source, tun_mtu, with_ipv6_side, Overhead,
 };
 use super::{each, Backend, Setup};
 use crate::backend_kind::BackendKind;
@@ -69,11 +69,7 @@ struct Site {
 
 impl EbpfSetup {
     pub fn new(node: &Node) -> anyhow::Result<EbpfSetup> {
-        let port = node
-            .config
-            .backend
-            .port
-            .unwrap_or(udp_port(BackendKind::Udp));
+        let port = backend_port(node, BackendKind::Udp)?;
         let iface = &node.iface;
         // The programs send from the address the TUN engine's socket binds, and the device
         // leaves room for the same outer headers: 28 bytes over IPv4, 48 over IPv6.
@@ -153,6 +149,7 @@ impl Setup for EbpfSetup {
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
     /// to the device. A step that fails takes back what the steps before it made.
     async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
+        let port = claim_port(&self.site.attachment)?;
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let (subnet, _) = lease.ipv4_side()?;
         let address = Ipv4Net::new(subnet.network(), 32)?;
@@ -209,8 +206,34 @@ impl Setup for EbpfSetup {
             pins: opened == Opened::Fresh,
             replaced,
         };
-        Ok(Ebpf::new(self, dataplane, unproven, (address, address6)))
+        Ok(Ebpf::new(
+            self,
+            dataplane,
+            unproven,
+            (address, address6),
+            port,
+        ))
     }
+}
+
+/// flannel's udp port on the underlay address, held for as long as the node runs, though the
+/// programs take every datagram before a socket could: so that a flanneld or a TUN node still
+/// running on this host is refused here, as the TUN engine's bind refuses it, rather than
+/// starved of its traffic, and a later one is refused in turn.
+fn claim_port(attachment: &Attachment) -> anyhow::Result<std::net::UdpSocket> {
+    let address: IpAddr = match attachment.local_ip6 {
+        Some(ip6) => ip6.into(),
+        None => attachment.local_ip.into(),
+    };
+    let at = SocketAddr::new(address, attachment.port);
+    std::net::UdpSocket::bind(at).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
+            "cannot bind UDP {at}: port {} is already in use (another flanneld or twill on \
+             this host?)",
+            at.port()
+        ),
+        _ => anyhow::anyhow!("cannot bind UDP {at}: {e}"),
+    })
 }
 
 impl Site {
@@ -255,6 +278,8 @@ pub struct Ebpf {
     port: u16,
     /// Map updates since start, for status: an idle reconcile makes none.
     writes: u64,
+    /// flannel's udp port, claimed ([`claim_port`]).
+    _port: std::net::UdpSocket,
 }
 
 impl Ebpf {
@@ -263,6 +288,7 @@ impl Ebpf {
         dataplane: twill_ebpf::Dataplane,
         unproven: Unproven,
         (address, address6): (Ipv4Net, Option<Ipv6Net>),
+        port: std::net::UdpSocket,
     ) -> Ebpf {
         let EbpfSetup { site, owner } = setup;
         Ebpf {
@@ -277,6 +303,7 @@ impl Ebpf {
             table: Arc::default(),
             stats: Arc::default(),
             writes: 0,
+            _port: port,
         }
     }
 
