@@ -41,6 +41,20 @@ pub struct UdpIo {
     state: UdpSocketState,
 }
 
+/// Why the node's port could not be bound: a port in use is another flanneld's or twill's most
+/// likely, and said so, by the TUN engine's socket and by the eBPF node's claim alike.
+pub fn bind_error(addr: SocketAddr, e: io::Error) -> anyhow::Error {
+    if e.kind() == io::ErrorKind::AddrInUse {
+        anyhow::anyhow!(
+            "cannot bind UDP {addr}: port {} is already in use (another flanneld or twill on \
+             this host?)",
+            addr.port()
+        )
+    } else {
+        anyhow::anyhow!("cannot bind UDP {addr}: {e}")
+    }
+}
+
 impl UdpIo {
     /// Bind on `addr` (flanneld binds iface_ip:port) with `buffer` bytes of send and of
     /// receive buffer. An IPv6 address makes an IPv6-only socket: the underlay is one family.
@@ -55,16 +69,7 @@ impl UdpIo {
                 .map_err(|e| anyhow::anyhow!("cannot set UDP_NO_CHECK6_RX on {addr}: {e}"))?;
         }
         set_buffers(&socket, buffer);
-        socket.bind(&addr.into()).map_err(|e| {
-            if e.kind() == io::ErrorKind::AddrInUse {
-                anyhow::anyhow!(
-                    "cannot bind UDP {addr}: port {} is already in use",
-                    addr.port()
-                )
-            } else {
-                anyhow::anyhow!("cannot bind UDP {addr}: {e}")
-            }
-        })?;
+        socket.bind(&addr.into()).map_err(|e| bind_error(addr, e))?;
         socket.set_nonblocking(true)?;
         let state = UdpSocketState::new((&socket).into())?;
         tracing::info!(

@@ -226,14 +226,7 @@ fn claim_port(attachment: &Attachment) -> anyhow::Result<std::net::UdpSocket> {
         None => attachment.local_ip.into(),
     };
     let at = SocketAddr::new(address, attachment.port);
-    std::net::UdpSocket::bind(at).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
-            "cannot bind UDP {at}: port {} is already in use (another flanneld or twill on \
-             this host?)",
-            at.port()
-        ),
-        _ => anyhow::anyhow!("cannot bind UDP {at}: {e}"),
-    })
+    std::net::UdpSocket::bind(at).map_err(|e| twill_dataplane::io::udp::bind_error(at, e))
 }
 
 impl Site {
