@@ -35,7 +35,6 @@ mod pinned;
 mod pins;
 mod probe;
 mod segmenter;
-mod sysctl;
 mod wire;
 mod xdp;
 
@@ -51,6 +50,5 @@ pub use pinned::PinnedPeers;
 pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
 pub use segmenter::Segmenter;
-pub use sysctl::ipv6_sysctls;
 pub use wire::is_veth;
 pub use xdp::{Ingress, XdpChoice};

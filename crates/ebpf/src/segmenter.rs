@@ -57,15 +57,13 @@ impl Segmenter {
             self.remove()?;
             self.create(mtu)?;
         }
-        // No link-local address before the ends go up (the kernel's router solicitations
-        // out of the sending end would reach twill_segmented, and be counted as drops), and
-        // IPv6 off where /proc/sys is writable; up once both ends exist (a veth whose peer is
-        // not there yet refuses to open).
+        // IPv6 quiet before the ends go up (the kernel's router solicitations out of the
+        // sending end would reach twill_segmented, and be counted as drops); up once both ends
+        // exist (a veth whose peer is not there yet refuses to open).
         for name in [&self.send, &self.receive] {
             let index = nix::net::if_::if_nametoindex(name.as_str())
                 .with_context(|| format!("{name} vanished once made"))?;
-            devconf::no_link_local(index).with_context(|| format!("on {name}"))?;
-            crate::ipv6_sysctls(name, &[("disable_ipv6", "1")])?;
+            devconf::quiet_ipv6(name, index, false)?;
         }
         for name in [&self.send, &self.receive] {
             set_up(name)?;

@@ -1,14 +1,58 @@
-//! A device's per-family settings, set over rtnetlink (RTM_SETLINK with IFLA_AF_SPEC) rather
-//! than through /proc/sys: the kernel asks only CAP_NET_ADMIN for these, while /proc/sys is
-//! read-only in a pod without privileges, which is how kube-flannel.yml runs flannel.
+//! A device's per-family settings, set over rtnetlink (RTM_SETLINK with IFLA_AF_SPEC) where the
+//! kernel takes them there: it asks only CAP_NET_ADMIN for these, while /proc/sys is read-only
+//! in a pod without privileges, which is how kube-flannel.yml runs flannel. What rtnetlink
+//! cannot set goes through /proc/sys, where it is writable.
 
 use super::rtnetlink::ask;
-use anyhow::bail;
+use anyhow::{bail, Context};
 use netlink_packet_core::NLM_F_ACK;
 use netlink_packet_route::link::{
     AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InetDevConf, LinkAttribute, LinkMessage,
 };
 use netlink_packet_route::RouteNetlinkMessage;
+
+/// The IPv6 of a device of twill's (the TUN, the eBPF dataplane's device, the segmenter's ends)
+/// is quiet: the kernel makes no link-local address on it ([`no_link_local`]), so sends no
+/// router solicitations or MLD reports out of it, only for the engine or the programs to drop
+/// and count them. Through /proc/sys besides, where it is writable: on an IPv4-only network
+/// (and on the segmenter) IPv6 off; on a dual-stack one IPv6 on, its one address the lease's,
+/// taking no router advertisements. Before the device goes up. Both are tried; the first
+/// failure is returned.
+pub fn quiet_ipv6(name: &str, index: u32, dual_stack: bool) -> anyhow::Result<()> {
+    let no_link_local = no_link_local(index).with_context(|| format!("on {name}"));
+    let knobs = match dual_stack {
+        false => IPV6_OFF,
+        true => IPV6_QUIET,
+    };
+    no_link_local.and(ipv6_sysctls(name, knobs))
+}
+
+const IPV6_OFF: &[(&str, &str)] = &[("disable_ipv6", "1")];
+
+const IPV6_QUIET: &[(&str, &str)] = &[
+    ("accept_ra", "0"),
+    ("router_solicitations", "0"),
+    ("disable_ipv6", "0"),
+];
+
+/// Sets the IPv6 `knobs` of device `name` through /proc/sys, in the calling thread's network
+/// namespace. Where /proc/sys is read-only they stay as they are (said at debug level: the
+/// device is quiet without them), and a kernel without IPv6 has none to set.
+fn ipv6_sysctls(name: &str, knobs: &[(&str, &str)]) -> anyhow::Result<()> {
+    for (knob, value) in knobs {
+        let path = format!("/proc/sys/net/ipv6/conf/{name}/{knob}");
+        match std::fs::write(&path, value) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
+                tracing::debug!("cannot set IPv6 on {name}: {path} is read-only here");
+                return Ok(());
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot write {path}")),
+        }
+    }
+    Ok(())
+}
 
 /// The kernel makes no IPv6 address of its own on device `index` (addr_gen_mode none): no
 /// link-local address, so no duplicate address detection, router solicitations or MLD

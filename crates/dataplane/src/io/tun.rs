@@ -82,8 +82,11 @@ impl Tun {
         let uso = offload && first.udp_gso();
         let index = nix::net::if_::if_nametoindex(config.name.as_str())
             .map_err(|e| anyhow::anyhow!("TUN device {} vanished once made: {e}", config.name))?;
-        // Before the link is up, or the kernel has already queued a router solicitation.
-        quiet_ipv6(&config.name, index, address6.is_some());
+        // Before the link is up, or the kernel has already queued a router solicitation. A
+        // TUN whose IPv6 is not quiet still carries traffic: said, not a reason to stop.
+        if let Err(e) = devconf::quiet_ipv6(&config.name, index, address6.is_some()) {
+            tracing::warn!("{e:#}");
+        }
         if let Some(address) = address6 {
             first.add_address_v6(address, 128u8).map_err(|e| {
                 anyhow::anyhow!(
@@ -162,25 +165,6 @@ fn build(config: &TunConfig, offload: bool) -> io::Result<SyncDevice> {
         .build_sync()
 }
 
-/// The TUN talks no neighbour protocol: the kernel makes no link-local address on it (so sends
-/// no router solicitations or MLD reports into it, only for the engine to drop them), set
-/// over rtnetlink, which a pod allows. On an IPv4-only network IPv6 is off on it too, and on a
-/// dual-stack one on (its one address is the lease's, given by the engine), taking no router
-/// advertisements: through /proc/sys, where it is writable.
-fn quiet_ipv6(name: &str, index: u32, dual_stack: bool) {
-    if let Err(e) = devconf::no_link_local(index) {
-        tracing::warn!("{name}: {e:#}");
-    }
-    let conf = format!("/proc/sys/net/ipv6/conf/{name}");
-    if !dual_stack {
-        set_sysctl(&format!("{conf}/disable_ipv6"), "1");
-        return;
-    }
-    set_sysctl(&format!("{conf}/disable_ipv6"), "0");
-    set_sysctl(&format!("{conf}/accept_ra"), "0");
-    set_sysctl(&format!("{conf}/router_solicitations"), "0");
-}
-
 /// twill's ICMP errors come from the TUN's own address, so that a peer's anti-spoofing check
 /// passes them; the kernel drops a packet whose source is one of its own addresses as a
 /// martian unless the device accepts local sources. Nothing else can arrive with one: the
@@ -188,19 +172,6 @@ fn quiet_ipv6(name: &str, index: u32, dual_stack: bool) {
 fn accept_local(name: &str, index: u32) {
     if let Err(e) = devconf::accept_local(index) {
         tracing::warn!("{name}: {e:#}: twill's ICMP errors to local senders will be dropped");
-    }
-}
-
-/// A knob that rtnetlink cannot set. Read-only /proc/sys (a pod) is no fault: the device is
-/// quiet without it (see [`quiet_ipv6`]), and an IPv6 address it would keep from being added
-/// fails on its own, saying so.
-fn set_sysctl(path: &str, value: &str) {
-    match std::fs::write(path, value) {
-        Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EROFS) => {
-            tracing::debug!("cannot write {path}: {e}");
-        }
-        Err(e) => tracing::warn!("cannot write {path}: {e}"),
     }
 }
 

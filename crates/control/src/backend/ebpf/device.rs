@@ -73,36 +73,18 @@ pub async fn ensure(
     nl.add_address(link.index, address.into())
         .await
         .with_context(|| format!("cannot give {name} the address {address}"))?;
-    // Before the device goes up, or the kernel has made a link-local address.
-    devconf::no_link_local(link.index).with_context(|| format!("on {name}"))?;
-    match address6 {
-        None => twill_ebpf::ipv6_sysctls(name, WITHOUT_IPV6)?,
-        Some(address6) => {
-            twill_ebpf::ipv6_sysctls(name, QUIET_IPV6)?;
-            nl.add_address(link.index, address6.into())
-                .await
-                .with_context(|| format!("cannot give {name} the address {address6}"))?;
-        }
+    // As quiet as the TUN engine's device, before it goes up.
+    devconf::quiet_ipv6(name, link.index, address6.is_some())?;
+    if let Some(address6) = address6 {
+        nl.add_address(link.index, address6.into())
+            .await
+            .with_context(|| format!("cannot give {name} the address {address6}"))?;
     }
     if !link.up {
         nl.set_up(link.index).await?;
     }
     Ok(Made { link, created })
 }
-
-/// On an IPv4-only network IPv6 is off on the device too, where /proc/sys is writable. The
-/// kernel's own IPv6 on it (router solicitations, MLD reports) would only be counted as drops:
-/// with no link-local address ([`devconf::no_link_local`]) it sends none anyway.
-const WITHOUT_IPV6: &[(&str, &str)] = &[("disable_ipv6", "1")];
-
-/// On a dual-stack network the device keeps IPv6 but, as the TUN engine's device, talks no
-/// neighbour protocol on it: no link-local address (set over rtnetlink), no router
-/// advertisements taken. Its one address is the lease's.
-const QUIET_IPV6: &[(&str, &str)] = &[
-    ("accept_ra", "0"),
-    ("router_solicitations", "0"),
-    ("disable_ipv6", "0"),
-];
 
 async fn create(nl: &Netlink, name: &str, mtu: u32) -> anyhow::Result<Link> {
     for kind in KINDS {
