@@ -353,7 +353,7 @@ fn refused(tag: &str, extra: &[&str]) -> Result<(twill_lab::Lab, String)> {
         "ebpf",
     ];
     let all: Vec<&str> = args.iter().chain(extra).copied().collect();
-    let mut proc = lab.host(0).ns.spawn(TWILL, &all)?;
+    let mut proc = spawn_twill(&lab.host(0).ns, &all, &[])?;
     let stderr = proc.failure_within(Duration::from_secs(30), "twill kept running")?;
     let line = stderr.lines().rev().find(|l| !l.trim().is_empty());
     let line = line.unwrap_or_default().to_string();

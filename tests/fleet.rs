@@ -113,12 +113,7 @@ fn wait_for_full_mesh(c: &Cluster, members: &[usize], userspace: bool) -> Result
 fn programmed(c: &Cluster, host: usize, subnet: Ipv4Net, userspace: bool) -> Result<bool> {
     let ns = &c.lab.host(host).ns;
     if userspace {
-        let s = status(ns)?;
-        let peers = s["counters"]["peers"]
-            .as_array()
-            .context("counters.peers")?;
-        let subnet = subnet.to_string();
-        return Ok(peers.iter().any(|p| p["subnet"] == subnet.as_str()));
+        return Ok(engine_peer_subnets(ns)?.contains(&subnet.to_string()));
     }
     Ok(!ns
         .ip(&["route", "show", &subnet.to_string()])?

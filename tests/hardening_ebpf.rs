@@ -82,11 +82,7 @@ impl Hosts {
         args.push("--iptables-forward-rules=false".into());
         args.extend(self.args(i, extra));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut node = self
-            .lab
-            .host(i)
-            .ns
-            .spawn_with(TWILL, &args, &[TUN_UNLESS_NAMED])?;
+        let mut node = spawn_twill(&self.lab.host(i).ns, &args, &[])?;
         let stderr = node.failure_within(Duration::from_secs(30), "a second node ran")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())
     }
@@ -129,9 +125,8 @@ fn while_an_ebpf_node_runs_a_second_node_and_a_cleanup_are_refused_in_one_line()
     let last = h.refused(0, &["--backend", "udp"])?;
     let want = format!("the eBPF dataplane on device twill0 belongs to {owner}");
     ensure!(last.contains(&want), "{last}");
-    let mut cleanup = h
-        .ns(0)
-        .spawn(TWILL, &["run", "--cleanup", "--bpf-dir", h.bpf.arg()])?;
+    let args = ["run", "--cleanup", "--bpf-dir", h.bpf.arg()];
+    let mut cleanup = spawn_twill(h.ns(0), &args, &[])?;
     let stderr = cleanup.failure_within(Duration::from_secs(30), "the cleanup ran")?;
     ensure!(stderr.contains(&want), "{stderr}");
     ensure!(

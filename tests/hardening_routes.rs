@@ -395,11 +395,7 @@ fn second_node(c: &Cluster, args: &[&str]) -> Result<String> {
     all.extend(["--subnet-file", file.to_str().context("path")?]);
     all.extend_from_slice(args);
     let (key, key_file) = key_env(c, 0)?;
-    let mut node =
-        c.lab
-            .host(0)
-            .ns
-            .spawn_with(TWILL, &all, &[TUN_UNLESS_NAMED, (key, &key_file)])?;
+    let mut node = spawn_twill(&c.lab.host(0).ns, &all, &[(key, &key_file)])?;
     let stderr = node.failure_within(Duration::from_secs(30), "a second node ran")?;
     anyhow::ensure!(!file.exists(), "the second node wrote its subnet file");
     Ok(stderr.lines().last().unwrap_or_default().to_string())

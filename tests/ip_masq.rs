@@ -347,8 +347,6 @@ fn failing_start(
     ];
     let flags = pair_flags(pair, 0);
     args.extend(flags.iter().map(String::as_str));
-    let mut vars = vec![TUN_UNLESS_NAMED];
-    vars.extend_from_slice(env);
-    let mut node = host.ns.spawn_with(TWILL, &args, &vars)?;
+    let mut node = spawn_twill(&host.ns, &args, env)?;
     node.failure_within(Duration::from_secs(20), "twill kept running")
 }

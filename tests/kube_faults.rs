@@ -250,11 +250,7 @@ fn unreachable_api_server_at_start_is_retried_and_sigterm_still_stops() -> Resul
     ];
     all.push(conf.to_str().context("path")?);
     all.extend(args);
-    let mut node =
-        c.lab
-            .host(0)
-            .ns
-            .spawn_with(TWILL, &all, &[TUN_UNLESS_NAMED, ("NODE_NAME", "node-0")])?;
+    let mut node = spawn_twill(&c.lab.host(0).ns, &all, &[("NODE_NAME", "node-0")])?;
     eventually_within("the retry line", Duration::from_secs(10), || {
         Ok(node
             .stderr()

@@ -103,8 +103,8 @@ fn network_unavailable_is_cleared_only_once_ready() -> Result<()> {
         "--subnet-file",
         "/dev/null/subnet.env",
     ];
-    let env = [TUN_UNLESS_NAMED, ("NODE_NAME", "node-0")];
-    let mut failing = c.lab.host(0).ns.spawn_with(TWILL, &args, &env)?;
+    let env = [("NODE_NAME", "node-0")];
+    let mut failing = spawn_twill(&c.lab.host(0).ns, &args, &env)?;
     let stderr =
         failing.failure_within(std::time::Duration::from_secs(20), "twill kept running")?;
     ensure!(stderr.contains("subnet.env"), "{stderr}");

@@ -212,9 +212,7 @@ impl Cluster {
             "--subnet-file",
             file.to_str().context("path")?,
         ];
-        let mut vars = vec![TUN_UNLESS_NAMED];
-        vars.extend_from_slice(env);
-        let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, &vars)?;
+        let mut node = spawn_twill(&self.lab.host(host).ns, &args, env)?;
         let stderr =
             node.failure_within(std::time::Duration::from_secs(30), "twill kept running")?;
         Ok(stderr.lines().last().unwrap_or_default().to_string())

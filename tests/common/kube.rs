@@ -164,9 +164,9 @@ impl KubeCluster {
         ]);
         args.extend_from_slice(auth);
         let name = Self::node_name(host);
-        let mut vars = vec![TUN_UNLESS_NAMED, ("NODE_NAME", name.as_str())];
+        let mut vars = vec![("NODE_NAME", name.as_str())];
         vars.extend_from_slice(env);
-        let mut node = self.lab.host(host).ns.spawn_with(TWILL, &args, &vars)?;
+        let mut node = spawn_twill(&self.lab.host(host).ns, &args, &vars)?;
         node.failure_within(Duration::from_secs(20), "twill kept running")
     }
 

@@ -59,27 +59,45 @@ pub fn start_twill_launched(
     let file = subnet_file.to_str().context("subnet file path")?;
     let mut all = vec!["run", "--iface", &host.iface, "--subnet-file", file];
     all.extend_from_slice(args);
-    let mut vars = vec![("RUST_LOG", "info,twill=debug"), TUN_UNLESS_NAMED];
+    let mut vars = vec![("RUST_LOG", "info,twill=debug")];
     vars.extend_from_slice(env);
-    let mut proc = match launcher {
-        [] => host.ns.spawn_with(TWILL, &all, &vars)?,
-        [program, launcher_args @ ..] => {
-            let mut with_twill = launcher_args.to_vec();
-            with_twill.push(TWILL);
-            with_twill.extend_from_slice(&all);
-            host.ns.spawn_with(program, &with_twill, &vars)?
-        }
-    };
+    let mut proc = spawn_twill_launched(&host.ns, launcher, &all, &vars)?;
     wait_ready(&host.ns, &mut proc, subnet_file)?;
     Ok(proc)
 }
 
+/// Every `twill` the tests run: `args` in `ns`, with `env` over [`TUN_UNLESS_NAMED`].
+pub fn spawn_twill(ns: &Netns, args: &[&str], env: &[(&str, &str)]) -> Result<Proc> {
+    spawn_twill_launched(ns, &[], args, env)
+}
+
+/// [`spawn_twill`] through `launcher` (a program and its arguments, which end by running the
+/// command line after them), or directly when it is empty.
+fn spawn_twill_launched(
+    ns: &Netns,
+    launcher: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Proc> {
+    let mut vars = vec![TUN_UNLESS_NAMED];
+    vars.extend_from_slice(env);
+    match launcher {
+        [] => ns.spawn_with(TWILL, args, &vars),
+        [program, launcher_args @ ..] => {
+            let mut with_twill = launcher_args.to_vec();
+            with_twill.push(TWILL);
+            with_twill.extend_from_slice(args);
+            ns.spawn_with(program, &with_twill, &vars)
+        }
+    }
+}
+
 /// The lab's udp nodes run the TUN engine unless a test names the dataplane: most tests here
-/// are about the TUN engine, which `auto`, the default, no longer picks on the lab's veth
-/// underlay. It is `--dataplane`'s environment variable, so the flag on a test's command line
-/// wins, and so does a test's own TWILL_DATAPLANE (set after this one); the tests of the default
-/// and of eBPF name theirs.
-pub const TUN_UNLESS_NAMED: (&str, &str) = ("TWILL_DATAPLANE", "tun");
+/// are about the TUN engine, which `auto`, the default, does not pick where the kernel runs
+/// eBPF. It is `--dataplane`'s environment variable, so the flag on a test's command line wins,
+/// and so does a test's own TWILL_DATAPLANE (set after this one); the tests of the default and
+/// of eBPF name theirs.
+const TUN_UNLESS_NAMED: (&str, &str) = ("TWILL_DATAPLANE", "tun");
 
 /// A launcher ([`start_twill_launched`]) that runs twill with /proc/sys read-only, as in a pod
 /// without privileges (kube-flannel.yml runs flannel so): in its own mount namespace, where
@@ -127,12 +145,21 @@ pub fn status(ns: &Netns) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(&out)?)
 }
 
-/// The subnets of the peers in `twill status` on a host.
+/// The subnets of the peers in `twill status` on a host: the leases its gate accepted.
 pub fn peer_subnets(ns: &Netns) -> Result<Vec<String>> {
-    let s = status(ns)?;
-    Ok(s["peers"]
+    subnets_at(&status(ns)?["peers"])
+}
+
+/// The subnets in a userspace engine's table on a host (`counters.peers` of `twill status`):
+/// what it forwards to, which the backend sets just after the gate accepts a lease.
+pub fn engine_peer_subnets(ns: &Netns) -> Result<Vec<String>> {
+    subnets_at(&status(ns)?["counters"]["peers"])
+}
+
+fn subnets_at(peers: &serde_json::Value) -> Result<Vec<String>> {
+    Ok(peers
         .as_array()
-        .context("peers")?
+        .with_context(|| format!("no peer list: {peers}"))?
         .iter()
         .filter_map(|p| p["subnet"].as_str().map(str::to_string))
         .collect())
