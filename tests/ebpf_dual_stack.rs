@@ -10,8 +10,11 @@ mod common;
 
 use anyhow::{ensure, Context, Result};
 use common::cluster::*;
-use common::hostile6::{fake_dual_stack_peer_with, Underlay};
+use common::hostile6::{fake_dual_stack_peer_with, Underlay, FAKE_IPV6, FAKE_SUBNET6};
 use common::*;
+use std::collections::BTreeMap;
+use std::net::{Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 
 /// A dual-stack udp network, datagrams over the IPv4 underlay (flannel's udp default).
 const CONFIG: &str = r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/56","Backend":{"Type":"udp"}}"#;
@@ -303,6 +306,48 @@ fn hostile_ipv6_at_an_ebpf_node(tag: &str, underlay: Underlay) -> Result<()> {
     let s = status(&fake.cluster.lab.host(0).ns)?;
     ensure!(s["dataplane"] == "ebpf", "not the eBPF dataplane: {s}");
     fake.attack_udp_port()
+}
+
+/// Over the IPv6 underlay, a good datagram from the fake peer with a Destination Options
+/// header before its UDP header: the programs do not walk extension headers and leave it to
+/// the stack, which hands it to the node's socket on flannel's port. The node reads it and
+/// counts it as malformed (once, nothing else), and leaves nothing in the socket's buffer.
+#[test]
+fn over_the_ipv6_underlay_a_datagram_with_extension_headers_is_counted_not_kept() -> Result<()> {
+    let fake = fake_dual_stack_peer_with("eds6eh", "udp", "", Underlay::Ipv6, &ebpf("auto"))?;
+    let host0 = fake.cluster.lab.host(0);
+    let to = SocketAddr::new(host0.underlay_ipv6.context("IPv6 underlay")?.into(), 8285);
+    let own = FAKE_SUBNET6.parse::<ipnet::Ipv6Net>()?.network();
+    let packet = fake.packet_from(Ipv6Addr::from(u128::from(own) | 9));
+    fake.cluster.lab.host(1).ns.enter(|| -> Result<()> {
+        let socket = UdpSocket::bind((FAKE_IPV6.parse::<Ipv6Addr>()?, 8285))?;
+        with_destination_options(&socket)?;
+        socket.send_to(&packet, to)?;
+        Ok(())
+    })?;
+    wait_for_drops(&host0.ns, &BTreeMap::from([("malformed", 1)]))?;
+    let queued = host0.ns.sh("ss -uanH 'sport = :8285'")?;
+    let recv_q = queued.split_whitespace().nth(1);
+    ensure!(recv_q == Some("0"), "left in the socket: {queued}");
+    Ok(())
+}
+
+/// Every datagram `socket` sends carries a Destination Options header (RFC 8200 4.6) of one
+/// PadN option: 8 bytes, the next header filled in by the kernel.
+fn with_destination_options(socket: &UdpSocket) -> Result<()> {
+    let header: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+    // SAFETY: the option value is `header`, read by the kernel for its length.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IPV6,
+            libc::IPV6_DSTOPTS,
+            header.as_ptr().cast(),
+            header.len() as libc::socklen_t,
+        )
+    };
+    ensure!(rc == 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+    Ok(())
 }
 
 /// What the TUN's upkeep gives a dual-stack TUN, the eBPF device gets too: its IPv6 network

@@ -167,7 +167,7 @@ static __always_inline int check_fragment6(struct ipv6hdr *outer, void *end, str
 /* The outer IPv6 and UDP headers, over the IPv6 underlay: the same. The UDP checksum is not
  * read, and may be zero (RFC 6935/6936): the inner packet has its own. A fragment is judged
  * by check_fragment6; any other header chain (extension headers before UDP) is not flannel's
- * wire, and the stack judges it. */
+ * wire, and the stack judges it (to the port: the node's socket there counts it). */
 static __always_inline int check_outer6(void *data, void *end, __u32 frame_len,
 					struct config *cfg, struct outer *o)
 {
@@ -203,8 +203,8 @@ static __always_inline int check_datagram(void *data, void *end, __u32 frame_len
 					  struct config *cfg, struct datagram *d)
 {
 	/* Anything that is not UDP to this node's address and port is not ours, whatever it is
-	 * (the stack judges it as it always does). What is ours and not carried is counted:
-	 * nothing listens on the port, so the stack would drop it unsaid. */
+	 * (the stack judges it as it always does). What is ours and not carried is counted here:
+	 * the node's socket on the port would only read it. */
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end)
 		return NOT_OURS;

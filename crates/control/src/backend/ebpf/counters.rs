@@ -1,11 +1,12 @@
 //! The eBPF dataplane's counters as status shows every engine's: its maps are summed over the
 //! CPUs and copied into the same totals and per-peer counters the userspace engine counts into,
-//! each time status or metrics are read.
+//! each time status or metrics are read. Datagrams read from flannel's port, which the
+//! programs left to the stack, are added to their malformed.
 
 use crate::status::{Counted, EngineView};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use twill_dataplane::stats::{EngineStats, Flow};
+use twill_dataplane::stats::{DropReason, EngineStats, Flow};
 use twill_dataplane::table::SharedTable;
 use twill_ebpf::{Dataplane, Traffic};
 
@@ -13,6 +14,7 @@ pub fn view(
     dataplane: &Arc<Dataplane>,
     table: &Arc<SharedTable>,
     stats: &Arc<EngineStats>,
+    strays: Arc<AtomicU64>,
 ) -> EngineView {
     let (dataplane, into_table, into_stats) = (dataplane.clone(), table.clone(), stats.clone());
     EngineView {
@@ -22,14 +24,21 @@ pub fn view(
         table: table.clone(),
         stats: stats.clone(),
         refresh: Some(Arc::new(move |counted| {
-            copy(&dataplane, counted, &into_table, &into_stats)
+            let strays = strays.load(Relaxed);
+            copy(&dataplane, counted, strays, &into_table, &into_stats)
         })),
     }
 }
 
 /// A metrics scrape wants only the totals: reading 60,000 peers' per-CPU counters on every
 /// scrape would cost ~0.1 s and hold the maps' lock against the reconcile.
-fn copy(dataplane: &Dataplane, counted: Counted, table: &SharedTable, stats: &EngineStats) {
+fn copy(
+    dataplane: &Dataplane,
+    counted: Counted,
+    strays: u64,
+    table: &SharedTable,
+    stats: &EngineStats,
+) {
     let read = match counted {
         Counted::Totals => dataplane.totals(),
         Counted::PerPeer => dataplane.counters(),
@@ -47,6 +56,10 @@ fn copy(dataplane: &Dataplane, counted: Counted, table: &SharedTable, stats: &En
     stats.tx_datagrams.store(counters.tx.packets, Relaxed);
     stats.rx_datagrams.store(counters.rx.packets, Relaxed);
     for (reason, count) in counters.drops {
+        let count = match reason {
+            DropReason::Malformed => count + strays,
+            _ => count,
+        };
         stats.set_drop_count(reason, count);
     }
     if counted == Counted::Totals {

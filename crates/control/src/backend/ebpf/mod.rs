@@ -8,6 +8,7 @@
 //! all.
 
 mod choice;
+mod claimed_port;
 mod counters;
 mod device;
 mod owner;
@@ -26,6 +27,7 @@ use crate::lease::{Lease, LeaseAttrs, PublicAddrs};
 use crate::node::Node;
 use crate::status::EngineView;
 use anyhow::{anyhow, Context};
+use claimed_port::ClaimedPort;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use owner::Owner;
 use std::borrow::Borrow;
@@ -149,7 +151,7 @@ impl Setup for EbpfSetup {
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
     /// to the device. A step that fails takes back what the steps before it made.
     async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
-        let port = claim_port(&self.site.attachment)?;
+        let port = ClaimedPort::claim(&self.site.attachment)?;
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let (subnet, _) = lease.ipv4_side()?;
         let address = Ipv4Net::new(subnet.network(), 32)?;
@@ -216,19 +218,6 @@ impl Setup for EbpfSetup {
     }
 }
 
-/// flannel's udp port on the underlay address, held for as long as the node runs, though the
-/// programs take every datagram before a socket could: so that a flanneld or a TUN node still
-/// running on this host is refused here, as the TUN engine's bind refuses it, rather than
-/// starved of its traffic, and a later one is refused in turn.
-fn claim_port(attachment: &Attachment) -> anyhow::Result<std::net::UdpSocket> {
-    let address: IpAddr = match attachment.local_ip6 {
-        Some(ip6) => ip6.into(),
-        None => attachment.local_ip.into(),
-    };
-    let at = SocketAddr::new(address, attachment.port);
-    std::net::UdpSocket::bind(at).map_err(|e| twill_dataplane::io::udp::bind_error(at, e))
-}
-
 impl Site {
     /// The network (and the IPv6Network) routed to the device; the routes it replaced, where
     /// they led elsewhere (another node's device on this host, whose traffic a start that fails
@@ -271,8 +260,8 @@ pub struct Ebpf {
     port: u16,
     /// Map updates since start, for status: an idle reconcile makes none.
     writes: u64,
-    /// flannel's udp port, claimed ([`claim_port`]).
-    _port: std::net::UdpSocket,
+    /// flannel's udp port, claimed, and what reaches it counted ([`ClaimedPort`]).
+    claimed: ClaimedPort,
 }
 
 impl Ebpf {
@@ -281,7 +270,7 @@ impl Ebpf {
         dataplane: twill_ebpf::Dataplane,
         unproven: Unproven,
         (address, address6): (Ipv4Net, Option<Ipv6Net>),
-        port: std::net::UdpSocket,
+        claimed: ClaimedPort,
     ) -> Ebpf {
         let EbpfSetup { site, owner } = setup;
         Ebpf {
@@ -296,7 +285,7 @@ impl Ebpf {
             table: Arc::default(),
             stats: Arc::default(),
             writes: 0,
-            _port: port,
+            claimed,
         }
     }
 
@@ -377,7 +366,13 @@ impl Backend for Ebpf {
     }
 
     fn engine_view(&self) -> Option<EngineView> {
-        Some(counters::view(&self.dataplane, &self.table, &self.stats))
+        let strays = self.claimed.strays();
+        Some(counters::view(
+            &self.dataplane,
+            &self.table,
+            &self.stats,
+            strays,
+        ))
     }
 
     async fn add_peer(&mut self, lease: &Lease) -> anyhow::Result<()> {
