@@ -350,6 +350,7 @@ fn corrupt_leases_in_etcd_never_touch_the_kernel() -> Result<()> {
     c.traffic_between_two_nodes()
 }
 
+/// On either dataplane of the udp backend (one check serves both).
 #[test]
 fn a_config_with_port_0_is_refused_in_one_line() -> Result<()> {
     let c = cluster(
@@ -357,10 +358,12 @@ fn a_config_with_port_0_is_refused_in_one_line() -> Result<()> {
         2,
         r#"{"Network":"10.5.0.0/16","Backend":{"Type":"udp","Port":0}}"#,
     )?;
-    let line = c.failing_start(0)?;
-    anyhow::ensure!(
-        line.contains("Backend.Port 0 is not a port peers can reach"),
-        "{line}"
-    );
+    for dataplane in ["tun", "ebpf"] {
+        let line = c.failing_start_with_env(0, &[("TWILL_DATAPLANE", dataplane)])?;
+        anyhow::ensure!(
+            line.contains("Backend.Port 0 is not a port peers can reach"),
+            "{dataplane}: {line}"
+        );
+    }
     Ok(())
 }
