@@ -3,7 +3,8 @@
 //! link-local address on the TUN, on the eBPF dataplane's device or on the segmenter's ends
 //! (its router solicitations and MLD reports there would only be dropped, and counted), and
 //! the TUN takes in twill's own ICMP errors (accept_local). Without rtnetlink both were left
-//! to /proc/sys, and a pod had neither.
+//! to /proc/sys, and a pod had neither. A link-local address an adopted device kept from an
+//! older twill is removed.
 
 mod common;
 
@@ -49,15 +50,39 @@ fn a_tun_node_with_read_only_proc_sys_keeps_its_tun_quiet_and_accepts_local_sour
     tcp_transfer_intact(pair.container(0), pair.container(1), 1 << 20)
 }
 
+/// The eBPF dataplane's device and the segmenter's ends, which outlive a node.
+const EBPF_DEVICES: [&str; 3] = ["twill0", "twill0-segs", "twill0-segr"];
+
 #[test]
 fn an_ebpf_node_with_read_only_proc_sys_keeps_its_device_and_segmenter_quiet() -> Result<()> {
     let pair = start_pair_launched("rosysbpf", [EBPF, TUN], [READ_ONLY_PROC_SYS, &[]], None)?;
     ran_read_only(&pair)?;
     let ns = &pair.host(0).ns;
-    for device in ["twill0", "twill0-segs", "twill0-segr"] {
+    for device in EBPF_DEVICES {
         no_ipv6_address(ns, device)?;
     }
     ping_both_ways_with_ttl_60(&pair)?;
     tcp_transfer_intact(pair.container(0), pair.container(1), 1 << 20)?;
     tcp_transfer_intact(pair.container(1), pair.container(0), 1 << 20)
+}
+
+/// A device made before twill stopped the kernel from making link-local addresses (by an
+/// older twill) keeps the one it got; a restart that adopts the device and the segmenter takes
+/// it off, in a pod too.
+#[test]
+fn an_ebpf_node_restarted_with_read_only_proc_sys_removes_link_local_addresses_left() -> Result<()>
+{
+    let mut pair = start_pair_launched("rosysll", [EBPF, TUN], [READ_ONLY_PROC_SYS, &[]], None)?;
+    pair.nodes[0].stop()?;
+    for device in EBPF_DEVICES {
+        let ns = &pair.host(0).ns;
+        ns.ip(&["-6", "addr", "add", "fe80::77/64", "dev", device])?;
+    }
+    pair.restart_launched(0, READ_ONLY_PROC_SYS, EBPF)?;
+    ran_read_only(&pair)?;
+    for device in EBPF_DEVICES {
+        no_ipv6_address(&pair.host(0).ns, device)?;
+    }
+    ping_both_ways_with_ttl_60(&pair)?;
+    tcp_transfer_intact(pair.container(0), pair.container(1), 1 << 20)
 }

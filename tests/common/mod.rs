@@ -333,7 +333,12 @@ impl Pair {
 
     /// Start host `i`'s node again, after it stopped or was killed, with `args`.
     pub fn restart(&mut self, i: usize, args: &[&str]) -> Result<()> {
-        self.nodes[i] = self.start_node(i, args)?;
+        self.restart_launched(i, &[], args)
+    }
+
+    /// [`Pair::restart`], twill run by `launcher` ([`start_twill_launched`]).
+    pub fn restart_launched(&mut self, i: usize, launcher: &[&str], args: &[&str]) -> Result<()> {
+        self.nodes[i] = start_pair_node(&self.lab, &self.dir, i, launcher, args, None)?;
         Ok(())
     }
 

@@ -5,21 +5,25 @@
 
 use super::rtnetlink::ask;
 use anyhow::{bail, Context};
-use netlink_packet_core::NLM_F_ACK;
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP};
+use netlink_packet_route::address::{AddressMessage, AddressScope};
 use netlink_packet_route::link::{
     AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InetDevConf, LinkAttribute, LinkMessage,
 };
-use netlink_packet_route::RouteNetlinkMessage;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 /// The IPv6 of a device of twill's (the TUN, the eBPF dataplane's device, the segmenter's ends)
 /// is quiet: the kernel makes no link-local address on it ([`no_link_local`]), so sends no
 /// router solicitations or MLD reports out of it, only for the engine or the programs to drop
 /// and count them. Through /proc/sys besides, where it is writable: on an IPv4-only network
 /// (and on the segmenter) IPv6 off; on a dual-stack one IPv6 on, its one address the lease's,
-/// taking no router advertisements. Before the device goes up. Both are tried; the first
-/// failure is returned.
+/// taking no router advertisements. Before the device goes up. A link-local address the device
+/// already has goes: one made before (by an older twill, whose device or segmenter a restart
+/// adopts). All are tried; the first failure is returned.
 pub fn quiet_ipv6(name: &str, index: u32, dual_stack: bool) -> anyhow::Result<()> {
-    let no_link_local = no_link_local(index).with_context(|| format!("on {name}"));
+    let no_link_local = no_link_local(index)
+        .and_then(|()| drop_link_local(index))
+        .with_context(|| format!("on {name}"));
     let knobs = match dual_stack {
         false => IPV6_OFF,
         true => IPV6_QUIET,
@@ -68,6 +72,42 @@ pub fn no_link_local(index: u32) -> anyhow::Result<()> {
             std::io::Error::from_raw_os_error(-errno)
         ),
     }
+}
+
+/// Removes the link-local IPv6 addresses device `index` has, which [`no_link_local`] only stops
+/// the kernel from making.
+fn drop_link_local(index: u32) -> anyhow::Result<()> {
+    let mut request = AddressMessage::default();
+    request.header.family = AddressFamily::Inet6;
+    let answers = match ask(RouteNetlinkMessage::GetAddress(request), NLM_F_DUMP)? {
+        Ok(answers) => answers,
+        Err(errno) if errno == -libc::EAFNOSUPPORT => return Ok(()),
+        Err(errno) => bail!(
+            "cannot list the IPv6 addresses: {}",
+            std::io::Error::from_raw_os_error(-errno)
+        ),
+    };
+    let link_local = answers.into_iter().filter_map(|answer| match answer {
+        RouteNetlinkMessage::NewAddress(address)
+            if address.header.index == index && address.header.scope == AddressScope::Link =>
+        {
+            Some(address)
+        }
+        _ => None,
+    });
+    for address in link_local {
+        let deleted = ask(RouteNetlinkMessage::DelAddress(address), NLM_F_ACK)?;
+        // Gone already (the device went down, or someone else removed it) is as good.
+        if let Err(errno) = deleted.map(drop) {
+            if errno != -libc::EADDRNOTAVAIL {
+                bail!(
+                    "cannot remove a link-local address: {}",
+                    std::io::Error::from_raw_os_error(-errno)
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Device `index` takes in packets whose source is one of this host's addresses
