@@ -225,34 +225,45 @@ fn twill_batch_carries_a_dual_stack_network_over_the_ipv6_underlay() -> Result<(
     over_the_ipv6_underlay("dsbat6", "twill-batch", 8286)
 }
 
-/// A userspace node answers IPv6 it cannot forward as a router does, from its TUN's IPv6
-/// address: "no route" for an unleased IPv6 subnet, "hop limit exceeded" for a packet whose
-/// hop limit runs out in twill.
+/// A udp node answers IPv6 it cannot forward as a router does, from its device's IPv6 address,
+/// on the TUN engine and on the eBPF dataplane alike: "no route" for an unleased IPv6 subnet,
+/// "hop limit exceeded" for a packet whose hop limit runs out in twill (the near node's, or
+/// the far node's, whose answer comes back through the tunnel).
 #[test]
 fn udp_answers_ipv6_it_cannot_forward_with_icmpv6_errors() -> Result<()> {
-    let mut c = dual_stack_cluster("dsicmp", 2, &config("udp"))?;
-    let _nodes = [c.start(0)?, c.start(1)?];
-    eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
-    c.add_dual_stack_container(0)?;
-    c.add_dual_stack_container(1)?;
-    let own = c.subnet6(0)?.network();
-    let (a, b) = (c.container(0), c.container(1));
-    let unleased = a.ns.sh("ping -c 1 -W 2 fd10:0:0:fe::1 || true")?;
-    ensure!(
-        unleased.contains(&format!(
-            "From {own} icmp_seq=1 Destination unreachable: No route"
-        )),
-        "{unleased}"
-    );
-    let to = b.ipv6.context("dual-stack container")?;
-    // Hop limit 2: the host's kernel forwards it with 1, which twill cannot decrement.
-    let expiring = a.ns.sh(&format!("ping -c 1 -W 2 -t 2 {to} || true"))?;
-    ensure!(
-        expiring.contains(&format!("From {own} icmp_seq=1 Time exceeded: Hop limit")),
-        "{expiring}"
-    );
-    let host = &c.lab.host(0).ns;
-    ensure!(drops(host, "no_route")? >= 1 && drops(host, "ttl_exceeded")? == 1);
+    let dataplanes: [(&str, &[&str]); 2] = [("dsicmp", &[]), ("dsicmpe", &["--dataplane", "ebpf"])];
+    for (tag, args) in dataplanes {
+        let mut c = dual_stack_cluster(tag, 2, &config("udp"))?;
+        let _nodes = [c.start_with(0, args, &[])?, c.start_with(1, args, &[])?];
+        eventually("peers known", || Ok(c.peer_subnets(0)?.len() == 1))?;
+        c.add_dual_stack_container(0)?;
+        c.add_dual_stack_container(1)?;
+        let (own, far) = (c.subnet6(0)?.network(), c.subnet6(1)?.network());
+        let (a, b) = (c.container(0), c.container(1));
+        let unleased = a.ns.sh("ping -c 1 -W 2 fd10:0:0:fe::1 || true")?;
+        ensure!(
+            unleased.contains(&format!(
+                "From {own} icmp_seq=1 Destination unreachable: No route"
+            )),
+            "{args:?}: {unleased}"
+        );
+        let to = b.ipv6.context("dual-stack container")?;
+        // Hop limit 2: the host's kernel forwards it with 1, which twill cannot decrement.
+        let expiring = a.ns.sh(&format!("ping -c 1 -W 2 -t 2 {to} || true"))?;
+        ensure!(
+            expiring.contains(&format!("From {own} icmp_seq=1 Time exceeded: Hop limit")),
+            "{args:?}: {expiring}"
+        );
+        // Hop limit 3: twill here sends it with 1, and the far node answers.
+        let expiring = a.ns.sh(&format!("ping -c 1 -W 2 -t 3 {to} || true"))?;
+        ensure!(
+            expiring.contains(&format!("From {far} icmp_seq=1 Time exceeded: Hop limit")),
+            "{args:?}, far: {expiring}"
+        );
+        let host = &c.lab.host(0).ns;
+        ensure!(drops(host, "no_route")? >= 1 && drops(host, "ttl_exceeded")? == 1);
+        ensure!(drops(&c.lab.host(1).ns, "ttl_exceeded")? == 1);
+    }
     Ok(())
 }
 

@@ -89,7 +89,25 @@ fn two_ebpf_nodes(tag: &str, attach: &'static str, underlay: Underlay) -> Result
         }
         only_ipv6_datagrams(&c, [true, true])?;
     }
-    c.nothing_dropped_but_the_kernels_own()
+    c.nothing_dropped_but_the_kernels_own()?;
+    the_far_node_answers_both_families(&c)
+}
+
+/// A TTL (hop limit) that runs out at the far node is answered from its own address, for both
+/// families: the answer goes back out through the tunnel the packet it is about came in by,
+/// over either underlay.
+fn the_far_node_answers_both_families(c: &Cluster) -> Result<()> {
+    let (a, b) = (c.container(0), c.container(1));
+    let (far, far6) = (c.subnet(1)?.network(), c.subnet6(1)?.network());
+    // TTL 3: host 0's kernel and twill each take one; host 1's twill has none to take.
+    let out = a.ns.sh(&format!("ping -c 1 -W 2 -t 3 {} || true", b.ip))?;
+    let want = format!("From {far} icmp_seq=1 Time to live exceeded");
+    ensure!(out.contains(&want), "{out}");
+    let to6 = b.ipv6.context("dual-stack container")?;
+    let out = a.ns.sh(&format!("ping -c 1 -W 2 -t 3 {to6} || true"))?;
+    let want = format!("From {far6} icmp_seq=1 Time exceeded: Hop limit");
+    ensure!(out.contains(&want), "{out}");
+    Ok(())
 }
 
 /// What host 0, an eBPF node, sent while its container sent 8 MiB of IPv4 TCP to host 1's.

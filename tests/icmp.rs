@@ -1,18 +1,25 @@
-//! The ICMP errors twill answers with, on both userspace backends, seen from a container as a
-//! router's would be: time exceeded when a TTL runs out in twill (on either node), network
-//! unreachable, and fragmentation needed once the underlay's MTU shrinks under a running node.
-//! Each comes from the answering node's own address in the network, which the far node's
-//! anti-spoofing check lets through.
+//! The ICMP errors twill answers with, on both userspace backends and on the eBPF dataplane,
+//! seen from a container as a router's would be: time exceeded when a TTL runs out in twill (on
+//! either node), network unreachable, and (the userspace backends; on the eBPF dataplane the
+//! kernel sends it before twill's device) fragmentation needed once the underlay's MTU shrinks
+//! under a running node. Each comes from the answering node's own address in the network,
+//! which the far node's anti-spoofing check lets through.
 
 mod common;
 
 use anyhow::Result;
+use common::bpffs::EBPF;
 use common::*;
 
-const BACKENDS: [(&str, &str); 2] = [("u", "udp"), ("b", "batch")];
+/// The userspace backends, by tag and node arguments.
+const BACKENDS: [(&str, &[&str]); 2] =
+    [("u", &["--backend", "udp"]), ("b", &["--backend", "batch"])];
 
-fn pair(tag: &str, backend: &str) -> Result<Pair> {
-    start_pair(tag, &["--backend", backend], None)
+/// The userspace backends and flannel's udp on the eBPF dataplane.
+const DATAPLANES: [(&str, &[&str]); 3] = [BACKENDS[0], BACKENDS[1], ("e", EBPF)];
+
+fn pair(tag: &str, args: &[&str]) -> Result<Pair> {
+    start_pair(tag, args, None)
 }
 
 /// `ping` from container 0 with extra options; its output, whether or not it got replies.
@@ -24,21 +31,21 @@ fn ping_from(pair: &Pair, options: &str, to: &str) -> Result<String> {
 
 #[test]
 fn a_ttl_that_runs_out_in_twill_gets_time_exceeded_from_that_node() -> Result<()> {
-    for (tag, backend) in BACKENDS {
+    for (tag, backend) in DATAPLANES {
         let pair = pair(&format!("{tag}ttl"), backend)?;
         let far = pair.container(1).ip.to_string();
         // TTL 2: host 0 forwards it with 1 left, and twill on host 0 cannot decrement it.
         let out = ping_from(&pair, "-t 2", &far)?;
         anyhow::ensure!(
             out.contains("From 10.5.1.0 icmp_seq=1 Time to live exceeded"),
-            "{backend}, near: {out}"
+            "{backend:?}, near: {out}"
         );
         // TTL 3: twill on host 0 sends it with 1 left; twill on host 1 answers, from its own
         // address, back through the tunnel.
         let out = ping_from(&pair, "-t 3", &far)?;
         anyhow::ensure!(
             out.contains("From 10.5.2.0 icmp_seq=1 Time to live exceeded"),
-            "{backend}, far: {out}"
+            "{backend:?}, far: {out}"
         );
         anyhow::ensure!(drops(&pair.host(1).ns, "ttl_exceeded")? >= 1);
     }
@@ -47,7 +54,7 @@ fn a_ttl_that_runs_out_in_twill_gets_time_exceeded_from_that_node() -> Result<()
 
 #[test]
 fn a_far_node_without_a_route_answers_net_unreachable_from_its_own_address() -> Result<()> {
-    for (tag, backend) in BACKENDS {
+    for (tag, backend) in DATAPLANES {
         let pair = pair(&format!("{tag}unre"), backend)?;
         // Host 1 sends half of its own subnet back into twill, where no peer owns it.
         pair.host(1)
@@ -56,9 +63,10 @@ fn a_far_node_without_a_route_answers_net_unreachable_from_its_own_address() -> 
         let out = ping_from(&pair, "", "10.5.2.200")?;
         anyhow::ensure!(
             out.contains("From 10.5.2.0 icmp_seq=1 Destination Net Unreachable"),
-            "{backend}: {out}"
+            "{backend:?}: {out}"
         );
         anyhow::ensure!(drops(&pair.host(0).ns, "spoofed_source")? == 0);
+        anyhow::ensure!(drops(&pair.host(1).ns, "no_route")? >= 1);
     }
     Ok(())
 }
@@ -69,19 +77,19 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
         let pair = pair(&format!("{tag}pmtu"), backend)?;
         let far = pair.container(1).ip.to_string();
         let out = ping_from(&pair, "-M do -s 1400", &far)?;
-        anyhow::ensure!(out.contains("1 received"), "{backend}, before: {out}");
+        anyhow::ensure!(out.contains("1 received"), "{backend:?}, before: {out}");
         for host in 0..2 {
             pair.host(host)
                 .ns
                 .ip(&["link", "set", "eth0", "mtu", "1300"])?;
         }
         // The first too-big packet teaches twill the new path MTU and is answered at once.
-        let overhead = if backend == "udp" { 28 } else { 42 };
+        let overhead = if tag == "u" { 28 } else { 42 };
         let fits = 1300 - overhead;
         let out = ping_from(&pair, "-M do -s 1400", &far)?;
         anyhow::ensure!(
             out.contains(&format!("Frag needed and DF set (mtu = {fits})")),
-            "{backend}, after: {out}"
+            "{backend:?}, after: {out}"
         );
         anyhow::ensure!(drops(&pair.host(0).ns, "too_big")? >= 1);
         // The refused send is in the log at warn, with the errno (EMSGSIZE) and the peer.
@@ -91,10 +99,10 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
                 && log.contains("UDP send refused by the kernel")
                 && log.contains("errno=90")
                 && log.contains("peer=10.200.0.2"),
-            "{backend}: {log}"
+            "{backend:?}: {log}"
         );
         let out = ping_from(&pair, &format!("-M do -s {}", fits - 28), &far)?;
-        anyhow::ensure!(out.contains("1 received"), "{backend}, fitting: {out}");
+        anyhow::ensure!(out.contains("1 received"), "{backend:?}, fitting: {out}");
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 const SOURCE: &str = "bpf/udp.bpf.c";
-const HEADERS: [&str; 3] = ["bpf/maps.h", "bpf/packet.h", "bpf/ingress.h"];
+const HEADERS: [&str; 4] = ["bpf/maps.h", "bpf/packet.h", "bpf/ingress.h", "bpf/icmp.h"];
 
 fn main() {
     for path in std::iter::once(SOURCE).chain(HEADERS) {

@@ -213,6 +213,22 @@ struct {
 	__type(value, __u8);
 } our_fragments6 SEC(".maps");
 
+/* twill's device's own addresses, in slot 0: the lease's network address, and its IPv6 one on
+ * a dual-stack network (else all zero); the source of the ICMP errors the programs answer
+ * with (icmp.h), none while zero. A map of its own, so that an older build's pinned config is
+ * adopted as it is. */
+struct own_addrs {
+	__be32 ip;
+	struct addr6 ip6;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct own_addrs);
+} own_addrs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, DROP_REASONS);

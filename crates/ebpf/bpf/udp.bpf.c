@@ -16,8 +16,11 @@
  * and a train from a peer that sends them. twill_segmented, at the pair's other end, then does
  * what twill_egress or twill_ingress would have, to each packet of it.
  *
- * A packet is never dropped without a count under the reason the userspace engine uses. */
+ * A packet is never dropped without a count under the reason the userspace engine uses; one
+ * with no route, or whose TTL runs out here, is answered with the ICMP error the userspace
+ * engine answers it with (icmp.h). */
 
+#include "icmp.h"
 #include "ingress.h"
 
 #define ENCAP_FLAGS \
@@ -109,6 +112,22 @@ static __always_inline int route6(struct __sk_buff *skb, struct routed *r, __u32
 	return 0;
 }
 
+/* `room` bytes before a packet that is no super-packet, unmarked as encapsulated: for one that
+ * came in through the tunnel and goes back out (an ICMP error about it, or one routed back),
+ * which a peer's program over a veth can have left marked, and the kernel will not mark twice
+ * (EALREADY). The skb is told the outer family as marking would (bpf_skb_change_proto takes
+ * away, 6 to 4, or puts in, 4 to 6, the 20 bytes the headers differ by, in the room). */
+static __always_inline int grow_unmarked(struct __sk_buff *skb, __u32 room, __be16 ethertype)
+{
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO;
+	if (skb->protocol == ethertype)
+		return bpf_skb_adjust_room(skb, room, BPF_ADJ_ROOM_MAC, flags);
+	__u32 before = ethertype == bpf_htons(ETH_P_IP) ? room + 20 : room - 20;
+	if (bpf_skb_adjust_room(skb, before, BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+	return bpf_skb_change_proto(skb, ethertype, 0);
+}
+
 /* Room before the routed packet (`flags` say the outer family), then the outer IP header of
  * `ip_size` bytes at `ip` and `udp` after it, in a frame of the outer family's `ethertype` (an
  * IPv6 inner packet may leave in an IPv4 frame: bpf_skb_adjust_room sets the skb's protocol
@@ -116,7 +135,11 @@ static __always_inline int route6(struct __sk_buff *skb, struct routed *r, __u32
 static __always_inline int push_outer(struct __sk_buff *skb, __u64 flags, __be16 ethertype,
 				      void *ip, __u32 ip_size, struct udphdr *udp)
 {
-	if (bpf_skb_adjust_room(skb, ip_size + sizeof(*udp), BPF_ADJ_ROOM_MAC, flags) ||
+	__u32 room = ip_size + sizeof(*udp);
+	int grown = bpf_skb_adjust_room(skb, room, BPF_ADJ_ROOM_MAC, flags);
+	if (grown && !skb->gso_size)
+		grown = grow_unmarked(skb, room, ethertype);
+	if (grown ||
 	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN, ip, ip_size, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + ip_size, udp, sizeof(*udp), 0))
@@ -197,6 +220,8 @@ static __always_inline int send_out(struct __sk_buff *skb, __u32 segmenter)
 	struct config *cfg = node_config();
 	if (!dropped && !cfg)
 		dropped = DROP_NO_ROUTE;
+	if (dropped == DROP_NO_ROUTE || dropped == DROP_TTL_EXCEEDED)
+		return answer(skb, skb->protocol == bpf_htons(ETH_P_IPV6) ? 6 : 4, dropped, cfg);
 	if (dropped || !r.route || !cfg)
 		return drop(dropped);
 
@@ -320,6 +345,15 @@ static __always_inline int take_in(struct __sk_buff *skb, struct config *cfg, __
 		return bpf_redirect(segmenter, 0);
 	if (found == TRAIN)
 		return drop(DROP_MALFORMED);
+	/* The sender is answered through the tunnel, from the inner packet: the TTL it sent ran
+	 * out here. */
+	if (found == DROP_TTL_EXCEEDED) {
+		__be16 ethertype = ethertype_of(d.family);
+		if (decapsulate(skb, &d) ||
+		    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0))
+			return drop(DROP_TTL_EXCEEDED);
+		return answer(skb, d.family, DROP_TTL_EXCEEDED, cfg);
+	}
 	if (found != CARRY)
 		return drop(found);
 	if (decrement_hops(d.inner, end, d.family))
@@ -375,7 +409,8 @@ int twill_xdp_ingress(struct xdp_md *ctx)
 	void *end = (void *)(long)ctx->data_end;
 	struct datagram d;
 	int found = check_datagram(data, end, end - data, 0, cfg, &d);
-	if (found == NOT_OURS)
+	/* Answered at TC (twill_ingress), which an unmarked frame goes on to. */
+	if (found == NOT_OURS || found == DROP_TTL_EXCEEDED)
 		return XDP_PASS;
 	if (found != CARRY) {
 		count_drop(found);

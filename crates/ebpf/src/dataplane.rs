@@ -41,6 +41,11 @@ pub struct Attachment {
     /// Pass what peers that read from a socket take, and trains of datagrams, through a
     /// segmenter (crate::segmenter): for a veth underlay ([`crate::is_veth`]).
     pub segmenter: bool,
+    /// The device's own addresses (the lease's network address, and its IPv6 one on a
+    /// dual-stack network): where the ICMP errors the programs answer with come from. None:
+    /// that family's drops are not answered.
+    pub device_ip: Option<Ipv4Addr>,
+    pub device_ip6: Option<Ipv6Addr>,
 }
 
 impl Attachment {
@@ -343,6 +348,7 @@ fn load_and_attach(
         pad: [0; 2],
     })?;
     loaded.maps.write_config6(at.local_ip6)?;
+    loaded.maps.write_own_addrs(at.device_ip, at.device_ip6)?;
     let mut adopted = true;
     let mut tc = Vec::new();
     for &side in at.sides() {

@@ -14,10 +14,11 @@ use std::path::Path;
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 14] = [
+pub(crate) const MAP_NAMES: [&str; 15] = [
     "config",
     "segmenter",
     "config6",
+    "own_addrs",
     "peers6",
     "endpoints6",
     "routes",
@@ -42,6 +43,15 @@ pub(crate) struct Config {
     pub mtu: u16,
     pub device_mac: [u8; 6],
     pub pad: [u8; 2],
+}
+
+/// `struct own_addrs`: twill's device's own addresses, where the programs' ICMP errors come
+/// from (zero: none).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OwnAddrs {
+    pub ip: u32,
+    pub ip6: [u8; 16],
 }
 
 /// `struct route`: the peer a destination subnet belongs to.
@@ -97,6 +107,7 @@ pub(crate) struct RawTraffic {
 
 // SAFETY: plain `repr(C)` data with explicit padding fields, valid for any bit pattern.
 unsafe impl aya::Pod for Config {}
+unsafe impl aya::Pod for OwnAddrs {}
 unsafe impl aya::Pod for Route {}
 unsafe impl aya::Pod for Peer {}
 unsafe impl aya::Pod for Subnet6 {}
@@ -140,6 +151,7 @@ pub(crate) struct Maps {
     pub peer_subnets6: HashMap<MapData, u32, Subnet6>,
     /// The node's IPv6 underlay address over the IPv6 underlay, else zero.
     pub config6: Array<MapData, [u8; 16]>,
+    pub own_addrs: Array<MapData, OwnAddrs>,
     /// Peers by their IPv6 underlay address, over the IPv6 underlay.
     pub peers6: HashMap<MapData, [u8; 16], Peer>,
     /// Each peer's IPv6 underlay address by its slot, over the IPv6 underlay.
@@ -163,6 +175,7 @@ impl Maps {
             routes6: take("routes6")?.try_into()?,
             peer_subnets6: take("peer_subnets6")?.try_into()?,
             config6: take("config6")?.try_into()?,
+            own_addrs: take("own_addrs")?.try_into()?,
             peers6: take("peers6")?.try_into()?,
             endpoints6: take("endpoints6")?.try_into()?,
             peer_traffic: take("peer_traffic")?.try_into()?,
@@ -190,6 +203,22 @@ impl Maps {
         self.config6
             .set(0, octets, 0)
             .context("writing the config6 map")
+    }
+
+    /// twill's device's own addresses, the source of the programs' ICMP errors (None: that
+    /// family's are not answered).
+    pub fn write_own_addrs(
+        &mut self,
+        ip: Option<Ipv4Addr>,
+        ip6: Option<Ipv6Addr>,
+    ) -> anyhow::Result<()> {
+        let own = OwnAddrs {
+            ip: ip.map_or(0, wire_addr),
+            ip6: ip6.map_or([0; 16], |a| a.octets()),
+        };
+        self.own_addrs
+            .set(0, own, 0)
+            .context("writing the own_addrs map")
     }
 
     /// Every CPU's counters of the slots `0..slots`, slot by slot, read in a few batch

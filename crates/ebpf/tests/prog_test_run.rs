@@ -7,6 +7,7 @@
 mod common;
 
 use anyhow::Result;
+use common::engine_model::answered_by_userspace;
 use common::frames::{datagram, datagram6, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
 use common::test_run::{
     peer_subnet, peer_subnet6, test_bench, test_bench6, TestBench, HERE, HERE6, LOCAL, LOCAL6,
@@ -33,6 +34,10 @@ enum Expect {
     /// Encapsulated to the peer (egress) or decapsulated from it (ingress), counted as one
     /// packet of this many inner bytes.
     Carried(u64),
+    /// Dropped and counted under the reason, and answered with the ICMP or ICMPv6 error the
+    /// userspace engine answers it with, sent into the device (at XDP: passed on untouched,
+    /// for twill_ingress to answer).
+    Answered(DropReason),
 }
 
 struct Case {
@@ -75,6 +80,14 @@ fn from_peer(inner: &[u8]) -> Vec<u8> {
     datagram(&Ip::new(PEER, LOCAL, UDP), (PORT, PORT), inner)
 }
 
+/// A packet from here to a subnet no peer owns.
+fn unrouted(protocol: u8) -> Ip {
+    Ip::new(HERE, Ipv4Addr::new(10, 5, 9, 9), protocol)
+}
+
+const ICMP: u8 = 1;
+const ICMPV6: u8 = 58;
+
 fn egress_cases() -> Vec<Case> {
     let packet = inner(false).packet(&payload());
     let len = packet.len() as u64;
@@ -106,12 +119,36 @@ fn egress_cases() -> Vec<Case> {
         (
             "no route",
             with(|ip| ip.dst = Ipv4Addr::new(10, 5, 9, 9)),
-            Expect::Dropped(DropReason::NoRoute),
+            Expect::Answered(DropReason::NoRoute),
         ),
         (
             "TTL 1",
             with(|ip| ip.ttl = 1),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
+        ),
+        // RFC 1122 3.2.2: no error about an error, or about a later fragment.
+        (
+            "no route, an ICMP error",
+            ethernet(ETH_IP, &unrouted(ICMP).packet(&[3, 1, 0, 0, 0, 0, 0, 0])),
+            Expect::Dropped(DropReason::NoRoute),
+        ),
+        (
+            "no route, an ICMP echo",
+            ethernet(ETH_IP, &unrouted(ICMP).packet(&[8, 0, 0, 0, 0, 0, 0, 1])),
+            Expect::Answered(DropReason::NoRoute),
+        ),
+        (
+            "no route, a later fragment",
+            with(|ip| {
+                ip.dst = Ipv4Addr::new(10, 5, 9, 9);
+                ip.flags_fragment = 10;
+            }),
+            Expect::Dropped(DropReason::NoRoute),
+        ),
+        (
+            "no route, a payload shorter than the 8 bytes quoted",
+            ethernet(ETH_IP, &unrouted(UDP).packet(&[1, 2, 3])),
+            Expect::Answered(DropReason::NoRoute),
         ),
         (
             "neither IPv4 nor IPv6",
@@ -146,6 +183,11 @@ fn inner6(from_peer: bool) -> Ip6 {
     }
 }
 
+/// An IPv6 packet from here to a subnet no peer owns.
+fn unrouted6(next_header: u8) -> Ip6 {
+    Ip6::new(HERE6, "fd10:0:0:9::9".parse().unwrap(), next_header)
+}
+
 fn egress6_cases() -> Vec<Case> {
     let packet = inner6(false).packet(&payload());
     let len = packet.len() as u64;
@@ -167,7 +209,7 @@ fn egress6_cases() -> Vec<Case> {
         (
             "IPv6 no route",
             with(|ip| ip.dst = "fd10:0:0:9::9".parse().unwrap()),
-            Expect::Dropped(DropReason::NoRoute),
+            Expect::Answered(DropReason::NoRoute),
         ),
         (
             "IPv6 to another host of the peer's IPv6 subnet",
@@ -177,12 +219,40 @@ fn egress6_cases() -> Vec<Case> {
         (
             "hop limit 1",
             with(|ip| ip.hop_limit = 1),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
         ),
         (
             "hop limit 0",
             with(|ip| ip.hop_limit = 0),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
+        ),
+        // RFC 4443 2.4 (e): no error about an error; an informational message is answered.
+        (
+            "IPv6 no route, an ICMPv6 error",
+            ethernet(
+                ETH_IPV6,
+                &unrouted6(ICMPV6).packet(&[1, 0, 0, 0, 0, 0, 0, 0]),
+            ),
+            Expect::Dropped(DropReason::NoRoute),
+        ),
+        (
+            "IPv6 no route, an ICMPv6 echo",
+            ethernet(
+                ETH_IPV6,
+                &unrouted6(ICMPV6).packet(&[128, 0, 0, 0, 0, 0, 0, 1]),
+            ),
+            Expect::Answered(DropReason::NoRoute),
+        ),
+        // As much as fits in 1280 bytes is quoted: 1232 of these 1440.
+        (
+            "IPv6 no route, longer than the quote",
+            ethernet(ETH_IPV6, &unrouted6(UDP).packet(&[0x5a; 1400])),
+            Expect::Answered(DropReason::NoRoute),
+        ),
+        (
+            "IPv6 no route, an odd length",
+            ethernet(ETH_IPV6, &unrouted6(UDP).packet(&[0xa5; 77])),
+            Expect::Answered(DropReason::NoRoute),
         ),
         (
             "a jumbogram",
@@ -238,7 +308,7 @@ fn ingress6_cases() -> Vec<Case> {
         (
             "IPv6 hop limit 1",
             with(|ip| ip.hop_limit = 1),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
         ),
         (
             "IPv6 larger than the device MTU",
@@ -350,12 +420,12 @@ fn ingress_over6_cases() -> Vec<Case> {
         (
             "inner TTL 1",
             with(|ip| ip.ttl = 1),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
         ),
         (
             "IPv6 hop limit 1",
             with6(|ip| ip.hop_limit = 1),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
         ),
         (
             "larger than the device MTU",
@@ -590,7 +660,7 @@ fn ingress_cases() -> Vec<Case> {
         (
             "inner TTL 1",
             with(|ip| ip.ttl = 1),
-            Expect::Dropped(DropReason::TtlExceeded),
+            Expect::Answered(DropReason::TtlExceeded),
         ),
         (
             "larger than the device MTU",
@@ -718,7 +788,7 @@ fn run_cases(bench: &TestBench, cases: &[Case], via: Via) -> Result<()> {
         };
         // XDP needs no skb: a frame too short for one is looked at, and is not ours.
         let expect = match (via, case.expect) {
-            (Via::Xdp, Expect::Refused) => Expect::Untouched,
+            (Via::Xdp, Expect::Refused | Expect::Answered(_)) => Expect::Untouched,
             (_, expect) => expect,
         };
         let output = match (run, expect) {
@@ -773,6 +843,14 @@ fn check(
         Expect::Dropped(_) => (Verdict::Drop, None),
         Expect::Refused => return Err("BPF_PROG_TEST_RUN ran it".into()),
         Expect::Carried(_) => (carried_verdict, Some(carried(case, via, bench))),
+        // The drop counter says why; the engine's rules say what the answer is.
+        Expect::Answered(_) => {
+            let answer = answered_by_userspace(bench.node(), case.side, &case.frame);
+            (
+                Verdict::Redirect,
+                Some(answer.ok_or("the engine would not answer it")?),
+            )
+        }
     };
     if *verdict != want_verdict {
         return Err(format!("verdict {verdict:?}, expected {want_verdict:?}"));
@@ -788,7 +866,8 @@ fn check(
     }
     for reason in DropReason::ALL {
         let moved = after.drop_count(reason) - before.drop_count(reason);
-        let want = u64::from(expect == Expect::Dropped(reason));
+        let want =
+            u64::from(expect == Expect::Dropped(reason) || expect == Expect::Answered(reason));
         if moved != want {
             return Err(format!(
                 "{} moved by {moved}, expected {want}",
@@ -856,7 +935,7 @@ fn a_peer_without_an_ipv6_subnet_gets_no_ipv6_either_way() -> Result<()> {
         .dataplane
         .set_peer(peer_subnet(), None, endpoint, Takes::SuperPackets)?;
     let mut refused = valid("IPv6 once the peer has no IPv6 subnet");
-    refused[0].expect = Expect::Dropped(DropReason::NoRoute);
+    refused[0].expect = Expect::Answered(DropReason::NoRoute);
     refused[1].expect = Expect::Dropped(DropReason::SpoofedSource);
     run_cases(&bench, &refused, Via::Tc)?;
     run_cases(&bench, &refused[1..], Via::Xdp)?;

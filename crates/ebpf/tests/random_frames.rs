@@ -9,7 +9,8 @@
 //! for it to build an skb of (EINVAL). The counters move by at most one thing: a passed frame
 //! counts nothing and comes back byte for byte, a dropped one counts one drop, a carried one
 //! one packet of its direction (the XDP program passes what it carries up, decapsulated and
-//! marked for the TC program). And a frame is carried exactly when the userspace engine's own
+//! marked for the TC program), an answered one one drop, its answer the ICMP or ICMPv6 error
+//! the userspace engine answers with (the XDP program leaves those to the TC one). And a frame is carried exactly when the userspace engine's own
 //! checks (twill_dataplane; tests/common/engine_model.rs) would carry it, and leaves as they
 //! would have it leave: from the underlay only a whole datagram from the peer whose inner
 //! packet decodes and comes from inside the peer's subnet of its family. Inner packets are IPv4 and IPv6, over the IPv4 underlay
@@ -18,7 +19,7 @@
 mod common;
 
 use anyhow::anyhow;
-use common::engine_model::{carried_by_userspace, ethertype_of, Node};
+use common::engine_model::{answered_by_userspace, carried_by_userspace, ethertype_of};
 use common::frames::{datagram, datagram6, ethernet, hex, Ip, Ip6, ETH_IP, ETH_IPV6};
 use common::mutation::{mutation, Underlay, FIRST_IP};
 use common::test_run::{
@@ -141,6 +142,7 @@ fn run(
 struct Tally {
     carried: u32,
     dropped: u32,
+    answered: u32,
     passed: u32,
     refused: u32,
 }
@@ -150,6 +152,7 @@ impl Tally {
         match outcome {
             Outcome::Carried => self.carried += 1,
             Outcome::Dropped => self.dropped += 1,
+            Outcome::Answered => self.answered += 1,
             Outcome::Passed => self.passed += 1,
             Outcome::Refused => self.refused += 1,
         }
@@ -172,6 +175,8 @@ impl Tally {
 enum Outcome {
     Carried,
     Dropped,
+    /// Dropped, and answered with an ICMP or ICMPv6 error into the device.
+    Answered,
     Passed,
     Refused,
 }
@@ -276,10 +281,7 @@ fn packet6(from_there: bool) -> impl Strategy<Value = Vec<u8>> {
 fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<Outcome, String> {
     let counters = || bench.dataplane.counters().map_err(|e| format!("{e:#}"));
     let side = program.side();
-    let node = Node {
-        over_ipv6: bench.over_ipv6,
-        device_mac: bench.device_mac,
-    };
+    let node = bench.node();
     let before = counters()?;
     let output = match program {
         Program::Tc(side) => bench.dataplane.test_run(side, frame),
@@ -329,9 +331,26 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<Outcome, S
         }
         Verdict::Drop => {
             moved.expect(Moved::one_drop(), "a dropped frame")?;
+            if program != Program::Xdp && answered_by_userspace(node, side, frame).is_some() {
+                return Err("dropped, but twill's userspace engine answers it".into());
+            }
             not_carried(Outcome::Dropped)
         }
         Verdict::Redirect => {
+            match answered_by_userspace(node, side, frame) {
+                Some(answer) if output.frame == answer => {
+                    moved.expect(Moved::one_drop(), "an answered frame")?;
+                    return Ok(Outcome::Answered);
+                }
+                Some(answer) => {
+                    return Err(format!(
+                        "answered as\n  {}\nnot as\n  {}",
+                        hex(&output.frame),
+                        hex(&answer)
+                    ))
+                }
+                None => {}
+            }
             let carried =
                 by_userspace.ok_or("carried, but twill's userspace checks would not carry it")?;
             if output.frame != carried.frame {

@@ -44,6 +44,8 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         attach: AttachMode::Auto,
         xdp: XdpChoice::Auto,
         segmenter: false,
+        device_ip: None,
+        device_ip6: None,
     };
     let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
 

@@ -1,13 +1,18 @@
 //! What twill's userspace engine would make of a frame the programs take in: the same wire's
 //! rules in Rust (twill_dataplane's own checks where it has them), the frame as it should
-//! leave, or None where those rules do not carry it. The random frames are judged against it.
+//! leave, or None where those rules do not carry it; and the ICMP or ICMPv6 error it answers
+//! a frame it drops with, if any. The random frames are judged against it.
 
 use super::frames::{datagram, datagram6, Ip, Ip6, ETH_IP, ETH_IPV6};
-use super::test_run::{peer_subnet, peer_subnet6, LOCAL, LOCAL6, PEER, PEER6, UDP};
+use super::test_run::{peer_subnet, LOCAL, LOCAL6, OWN, OWN6, PEER, PEER6, UDP};
 use super::{DEVICE_MTU, PORT};
+use ipnet::Ipv6Net;
 use std::net::SocketAddr;
 use twill_dataplane::engine::accept_inbound;
+use twill_dataplane::stats::DropReason;
 use twill_dataplane::table::{PeerSpec, PeerTable};
+use twill_dataplane::wire::icmp::{self, IcmpError};
+use twill_dataplane::wire::icmpv6::{self, Icmpv6Error};
 use twill_dataplane::wire::ipv4::Ipv4Packet;
 use twill_dataplane::wire::ipv6::Ipv6Packet;
 use twill_ebpf::Side;
@@ -17,12 +22,13 @@ const IPV4_HEADER: usize = 20;
 const IPV6_HEADER: usize = 40;
 const UDP_HEADER: usize = 8;
 
-/// The node the programs run on: its underlay's family, and its device's MAC, to which a
-/// decapsulated frame is addressed.
+/// The node the programs run on: its underlay's family, its device's MAC, to which a
+/// decapsulated frame is addressed, and its one peer's IPv6 subnet (None: the peer has none).
 #[derive(Debug, Clone, Copy)]
 pub struct Node {
     pub over_ipv6: bool,
     pub device_mac: [u8; 6],
+    pub peer_subnet6: Option<Ipv6Net>,
 }
 
 /// A frame as it leaves a program that carries it, and the inner bytes it counts.
@@ -42,6 +48,86 @@ pub fn carried_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Carr
         (Side::Ingress, ETH_IPV6) if node.over_ipv6 => delivered(node, ethernet, from_peer6(ip)?),
         _ => None,
     }
+}
+
+/// The frame the engine answers `frame` coming in on `side` with: an ICMP or ICMPv6 error
+/// about its packet (no route, or no TTL or hop limit left) from the device's own address,
+/// into the device, then the rest of the frame past what the error quotes (outside the error's
+/// length, for the stack to trim); None where it is not dropped for one of those, or not
+/// answered.
+pub fn answered_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Vec<u8>> {
+    let (ethernet, ip) = frame.split_at_checked(ETHERNET_HEADER)?;
+    let ethertype = u16::from_be_bytes([ethernet[12], ethernet[13]]);
+    // The packet, and the bytes after it in the frame.
+    let (offender, reason) = match (side, ethertype) {
+        (Side::Egress, ETH_IP | ETH_IPV6) => (ip.to_vec(), unroutable(node, ethertype, ip)?),
+        (Side::Ingress, ETH_IP) if !node.over_ipv6 => expired(node, from_peer(ip)?)?,
+        (Side::Ingress, ETH_IPV6) if node.over_ipv6 => expired(node, from_peer6(ip)?)?,
+        _ => return None,
+    };
+    let error = match offender.first()? >> 4 {
+        6 => {
+            let error = match reason {
+                DropReason::NoRoute => Icmpv6Error::NoRoute,
+                _ => Icmpv6Error::HopLimitExceeded,
+            };
+            let mut out = [0u8; icmpv6::MAX_ERROR_LEN];
+            let packet = Ipv6Packet::new_checked(&offender[..]).ok()?;
+            let len = icmpv6::reply(&packet, error, OWN6, &mut out).ok()??;
+            out[..len].to_vec()
+        }
+        _ => {
+            let error = match reason {
+                DropReason::NoRoute => IcmpError::NetUnreachable,
+                _ => IcmpError::TimeExceeded,
+            };
+            let mut out = [0u8; icmp::MAX_ERROR_LEN];
+            let packet = Ipv4Packet::new_checked(&offender[..]).ok()?;
+            let len = icmp::reply(&packet, error, OWN, &mut out).ok()??;
+            out[..len].to_vec()
+        }
+    };
+    let headers = if error[0] >> 4 == 6 { 48 } else { 28 };
+    let quoted = error.len() - headers;
+    let mut answer = ethernet.to_vec();
+    answer[..6].copy_from_slice(&node.device_mac);
+    answer[12..].copy_from_slice(&ethertype_of(&error).to_be_bytes());
+    answer.extend(error);
+    answer.extend_from_slice(&offender[quoted..]);
+    Some(answer)
+}
+
+/// Why a packet of `ethertype`'s family from the stack is dropped, if for no route or no TTL
+/// or hop limit left.
+fn unroutable(node: Node, ethertype: u16, ip: &[u8]) -> Option<DropReason> {
+    let mut packet = ip.to_vec();
+    let (routed, hops_left) = if ethertype == ETH_IPV6 {
+        let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
+        let routed = routes6(node, &view);
+        (routed, view.decrement_hop_limit())
+    } else {
+        let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
+        let routed = peer_subnet().contains(&view.dst_addr());
+        (routed, view.decrement_ttl())
+    };
+    match (routed, hops_left) {
+        (false, _) => Some(DropReason::NoRoute),
+        (true, false) => Some(DropReason::TtlExceeded),
+        (true, true) => None,
+    }
+}
+
+/// The inner packet of a datagram from the peer the engine drops for its TTL or hop limit
+/// alone, as it came, and the padding after the datagram.
+fn expired(node: Node, datagram: FromPeer<'_>) -> Option<(Vec<u8>, DropReason)> {
+    let (mut inner, endpoint) = inner_of(&datagram)?;
+    let offender = [&inner[..], datagram.padding].concat();
+    let checked = accept_inbound(
+        &mut inner,
+        &peer_at(node, endpoint),
+        usize::from(DEVICE_MTU),
+    );
+    (checked == Err(DropReason::TtlExceeded)).then_some((offender, DropReason::TtlExceeded))
 }
 
 /// The ethertype of a packet of its version (IPv4's for anything but 6).
@@ -78,7 +164,7 @@ fn encapsulated(node: Node, ethernet: &[u8], ethertype: u16, ip: &[u8]) -> Optio
     let mut packet = ip.to_vec();
     let len = if ethertype == ETH_IPV6 {
         let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
-        let routed = peer_subnet6().contains(&view.dst_addr()) && view.decrement_hop_limit();
+        let routed = routes6(node, &view) && view.decrement_hop_limit();
         routed.then(|| view.total_len())?
     } else {
         let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
@@ -133,29 +219,46 @@ fn from_peer6(ip: &[u8]) -> Option<FromPeer<'_>> {
 /// inner packet, TTL or hop limit decremented, addressed to twill's device in a frame of its
 /// ethertype, the padding after it.
 fn delivered(node: Node, ethernet: &[u8], datagram: FromPeer<'_>) -> Option<Carried> {
-    let FromPeer {
-        udp,
-        padding,
-        endpoint,
-    } = datagram;
-    let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
-    if udp.len() < UDP_HEADER || (port(0), port(2), port(4)) != (PORT, PORT, udp.len() as u16) {
-        return None;
-    }
-    let mut inner = udp[UDP_HEADER..].to_vec();
-    let peers = PeerTable::new(&[PeerSpec {
-        subnet: peer_subnet(),
-        subnet6: Some(peer_subnet6()),
-        endpoint,
-        version: 1,
-    }]);
-    let peer = peers.get(peer_subnet())?;
-    accept_inbound(&mut inner, peer, usize::from(DEVICE_MTU)).ok()?;
+    let (mut inner, endpoint) = inner_of(&datagram)?;
+    accept_inbound(
+        &mut inner,
+        &peer_at(node, endpoint),
+        usize::from(DEVICE_MTU),
+    )
+    .ok()?;
     let mut frame = ethernet.to_vec();
     frame[..6].copy_from_slice(&node.device_mac);
     frame[12..].copy_from_slice(&ethertype_of(&inner).to_be_bytes());
     let bytes = inner.len() as u64;
     frame.extend(inner);
-    frame.extend_from_slice(padding);
+    frame.extend_from_slice(datagram.padding);
     Some(Carried { frame, bytes })
+}
+
+/// The payload of a UDP datagram from the peer to this node's port whose UDP length is its IP
+/// length's, and the peer's endpoint.
+fn inner_of(datagram: &FromPeer<'_>) -> Option<(Vec<u8>, SocketAddr)> {
+    let udp = datagram.udp;
+    let port = |at: usize| u16::from_be_bytes([udp[at], udp[at + 1]]);
+    if udp.len() < UDP_HEADER || (port(0), port(2), port(4)) != (PORT, PORT, udp.len() as u16) {
+        return None;
+    }
+    Some((udp[UDP_HEADER..].to_vec(), datagram.endpoint))
+}
+
+/// Whether the peer's IPv6 subnet holds the packet's destination.
+fn routes6(node: Node, packet: &Ipv6Packet<&mut [u8]>) -> bool {
+    node.peer_subnet6
+        .is_some_and(|subnet6| subnet6.contains(&packet.dst_addr()))
+}
+
+/// The peer, with its subnets, at `endpoint`.
+fn peer_at(node: Node, endpoint: SocketAddr) -> twill_dataplane::table::Peer {
+    let peers = PeerTable::new(&[PeerSpec {
+        subnet: peer_subnet(),
+        subnet6: node.peer_subnet6,
+        endpoint,
+        version: 1,
+    }]);
+    peers.get(peer_subnet()).expect("the one peer").clone()
 }

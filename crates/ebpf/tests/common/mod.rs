@@ -91,6 +91,8 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
                 attach,
                 xdp: XdpChoice::Auto,
                 segmenter: true,
+                device_ip: Some(subnet.network()),
+                device_ip6: None,
             },
             subnet,
             takes: Takes::SuperPackets,
@@ -101,7 +103,7 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
 }
 
 /// twill's device as the daemon makes it on an IPv4 network: MTU underlay - 28, the lease's
-/// network address, its IPv6 off (else the kernel's router solicitations would be counted as
+/// network address, taking in its own ICMP errors (accept_local), its IPv6 off (else the kernel's router solicitations would be counted as
 /// `no_route`, as the userspace engine counts them), up, and the whole flannel network routed
 /// to it. This machine's kernel has no dummy devices
 /// (CONFIG_DUMMY is off); an ifb is the same to the programs: Ethernet, no ARP, and what is
@@ -114,6 +116,9 @@ fn add_device(host: &Host, subnet: Ipv4Net) -> Result<()> {
     host.ns.ip(&["addr", "add", &address, "dev", DEVICE])?;
     let ipv6_off = format!("net.ipv6.conf.{DEVICE}.disable_ipv6=1");
     host.ns.exec("sysctl", &["-q", "-w", &ipv6_off])?;
+    // The programs' ICMP errors enter the device from its own address.
+    let accept_local = format!("net.ipv4.conf.{DEVICE}.accept_local=1");
+    host.ns.exec("sysctl", &["-q", "-w", &accept_local])?;
     host.ns.ip(&["link", "set", DEVICE, "up"])?;
     host.ns
         .ip(&["route", "add", "10.5.0.0/16", "dev", DEVICE])?;

@@ -3,6 +3,7 @@
 //! and fd10:0:0:2::/64 at PEER, and frames between a container here and one behind the peer.
 //! No frame of these tests leaves the namespace: BPF_PROG_TEST_RUN only reports redirects.
 
+use super::engine_model::Node;
 use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -23,6 +24,10 @@ pub const THERE: Ipv4Addr = Ipv4Addr::new(10, 5, 2, 7);
 pub const HERE6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 1, 0, 0, 0, 2);
 pub const THERE6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 2, 0, 0, 0, 7);
 pub const UDP: u8 = 17;
+/// twill's device's own addresses here, the source of the programs' ICMP errors: the network
+/// addresses of this node's subnets (10.5.1.0/24, fd10:0:0:1::/64).
+pub const OWN: Ipv4Addr = Ipv4Addr::new(10, 5, 1, 0);
+pub const OWN6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 1, 0, 0, 0, 0);
 
 pub fn peer_subnet() -> Ipv4Net {
     "10.5.2.0/24".parse().unwrap()
@@ -69,6 +74,8 @@ fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
         attach: AttachMode::Auto,
         xdp: XdpChoice::On,
         segmenter: false,
+        device_ip: Some(OWN),
+        device_ip6: Some(OWN6),
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);
@@ -90,6 +97,18 @@ fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
         over_ipv6: local_ip6.is_some(),
         _ns: ns,
     })
+}
+
+impl TestBench {
+    /// The node as the engine's rules see it now, for engine_model: its peer's IPv6 subnet as
+    /// the maps hold it.
+    pub fn node(&self) -> Node {
+        Node {
+            over_ipv6: self.over_ipv6,
+            device_mac: self.device_mac,
+            peer_subnet6: self.dataplane.peer_subnets6().get(&peer_subnet()).copied(),
+        }
+    }
 }
 
 fn mac_of(ns: &Netns, device: &str) -> Result<[u8; 6]> {

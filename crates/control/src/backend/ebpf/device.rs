@@ -75,6 +75,8 @@ pub async fn ensure(
         .with_context(|| format!("cannot give {name} the address {address}"))?;
     // As quiet as the TUN engine's device, before it goes up.
     devconf::quiet_ipv6(name, link.index, address6.is_some())?;
+    // The programs' ICMP errors enter the device from its own address.
+    devconf::accept_local(link.index).with_context(|| format!("on {name}"))?;
     if let Some(address6) = address6 {
         nl.add_address(link.index, address6.into())
             .await

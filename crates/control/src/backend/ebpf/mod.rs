@@ -104,6 +104,9 @@ impl EbpfSetup {
                 attach: node.options.bpf_attach,
                 xdp: node.options.bpf_xdp,
                 segmenter: on_a_veth(&iface.name),
+                // The lease's, once it is known (attach).
+                device_ip: None,
+                device_ip6: None,
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
@@ -150,7 +153,7 @@ impl Setup for EbpfSetup {
 
     /// Makes (or adopts) the device, loads (or adopts) the programs, then routes the network
     /// to the device. A step that fails takes back what the steps before it made.
-    async fn attach(self, lease: &Lease) -> anyhow::Result<Ebpf> {
+    async fn attach(mut self, lease: &Lease) -> anyhow::Result<Ebpf> {
         let port = ClaimedPort::claim(&self.site.attachment)?;
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let (subnet, _) = lease.ipv4_side()?;
@@ -160,6 +163,8 @@ impl Setup for EbpfSetup {
             .map(|s| Ipv6Net::new(s.network(), 128))
             .transpose()?;
         let name = self.site.attachment.device.clone();
+        self.site.attachment.device_ip = Some(address.addr());
+        self.site.attachment.device_ip6 = address6.map(|a| a.addr());
         let mtu = u32::from(self.site.mtu);
         let made = device::ensure(&nl, &name, mtu, address, address6).await?;
         let opened = twill_ebpf::Dataplane::open(&self.site.pin_dir, &self.site.attachment)

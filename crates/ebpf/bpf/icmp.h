@@ -1,0 +1,216 @@
+/* The ICMP and ICMPv6 errors the programs answer a dropped packet with, as the userspace engine
+ * and flanneld do (twill_dataplane::wire::icmp and icmpv6 write the same bytes): network
+ * unreachable (ICMPv6: no route) for a destination no peer owns, time exceeded (hop limit
+ * exceeded) for a packet whose TTL runs out here. The offending packet is turned into the
+ * error in place (cut to what is quoted, the new headers put before it) and sent into twill's
+ * device, from the device's own address, as if it had arrived there: the stack routes it back
+ * to the sender, through the tunnel when the sender is behind a peer. */
+#pragma once
+
+#include "packet.h"
+
+#define ICMP_HEADER_LEN 8
+/* RFC 792: the offending header and the first 64 bits of its payload. */
+#define QUOTED_PAYLOAD 8
+/* RFC 4443 2.4 (c): as much of the offender as fits in the minimum IPv6 MTU. */
+#define ICMP6_MAX_QUOTED (1280 - sizeof(struct ipv6hdr) - ICMP_HEADER_LEN)
+#define IPPROTO_ICMP_ 1
+#define IPPROTO_ICMPV6_ 58
+
+/* The device's own addresses (maps.h own_addrs): where answers come from. */
+static __always_inline struct own_addrs *device_addrs(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&own_addrs, &zero);
+}
+
+/* The one's complement sum, unfolded, of `len` bytes of the skb at `offset` added to `sum`,
+ * read 64 at a time (the last read zero-padded, which adds nothing); `offset` even. At most 20
+ * reads: an ICMPv6 error's quote. -1 when the bytes cannot be read. */
+static __always_inline __s64 sum_bytes(struct __sk_buff *skb, __u32 offset, __u32 len, __s64 sum)
+{
+	__u8 chunk[64];
+#pragma unroll
+	for (int i = 0; i < 20; i++) {
+		__u32 done = i * sizeof(chunk);
+		if (done >= len)
+			break;
+		__u32 left = len - done;
+		if (left >= sizeof(chunk)) {
+			if (bpf_skb_load_bytes(skb, offset + done, chunk, sizeof(chunk)))
+				return -1;
+		} else {
+			__builtin_memset(chunk, 0, sizeof(chunk));
+			/* Bounded where the verifier sees it: the compiler knows left < 64 here and
+			 * would drop the mask. */
+			asm volatile("" : "+r"(left));
+			left &= sizeof(chunk) - 1;
+			if (left == 0 || bpf_skb_load_bytes(skb, offset + done, chunk, left))
+				return -1;
+			return bpf_csum_diff(NULL, 0, (__be32 *)chunk, sizeof(chunk), (__u32)sum);
+		}
+		sum = bpf_csum_diff(NULL, 0, (__be32 *)chunk, sizeof(chunk), (__u32)sum);
+		if (sum < 0)
+			return -1;
+	}
+	return sum;
+}
+
+/* Puts `header_len` bytes of room before the packet at ETH_HLEN, where the error's headers go.
+ * What lies past the `quoted` bytes the error's length takes in stays behind it, for the stack
+ * to trim as it trims any frame's padding (ip_rcv, ipv6_rcv): bpf_skb_change_tail refuses an
+ * skb that crossed a veth from another eBPF node (its sender's encapsulation left
+ * skb->encapsulation set). A TCP super-packet is cut first all the same (which makes it one
+ * packet), and goes unanswered where it cannot be. 0 or -1. */
+static __always_inline int make_room(struct __sk_buff *skb, __u32 quoted, __u32 header_len)
+{
+	if (skb->gso_size && bpf_skb_change_tail(skb, ETH_HLEN + quoted, 0))
+		return -1;
+	return bpf_skb_adjust_room(skb, header_len, BPF_ADJ_ROOM_MAC, 0) ? -1 : 0;
+}
+
+/* The error's headers, `size` bytes at `error` whose last 8 are the ICMP header (its checksum
+ * zero), put before the `quoted` bytes of the packet, the checksum summed over both from `seed`
+ * (ICMPv6's pseudo-header). 0 or -1. */
+static __always_inline int put_error(struct __sk_buff *skb, __u8 *error, __u32 size, __u32 quoted,
+				     __s64 seed)
+{
+	if (make_room(skb, quoted, size))
+		return -1;
+	__u8 *icmp = error + size - ICMP_HEADER_LEN;
+	__s64 sum = sum_bytes(skb, ETH_HLEN + size, quoted, seed);
+	if (sum < 0)
+		return -1;
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)icmp, ICMP_HEADER_LEN, (__u32)sum);
+	if (sum < 0)
+		return -1;
+	__u16 check = (__u16)~fold((__u32)sum);
+	__builtin_memcpy(icmp + 2, &check, sizeof(check));
+	return bpf_skb_store_bytes(skb, ETH_HLEN, error, size, BPF_F_RECOMPUTE_CSUM) ? -1 : 0;
+}
+
+/* The ICMP error of `type` about the IPv4 packet at ETH_HLEN, from `own`. Never about an ICMP
+ * error or a later fragment (RFC 1122 3.2.2). 0, or -1 when not answered. */
+static __always_inline int answer4(struct __sk_buff *skb, __u8 type, __be32 own)
+{
+	if (!own || linear(skb, ETH_HLEN + sizeof(struct iphdr)))
+		return -1;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct iphdr *ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > end)
+		return -1;
+	__u32 header = ip->ihl * 4U;
+	__u32 total = bpf_ntohs(ip->tot_len);
+	if (header < sizeof(*ip) || total < header ||
+	    ip->frag_off & bpf_htons(IP_OFFSET))
+		return -1;
+	__be32 to = ip->saddr;
+	__u32 payload = total - header;
+	__u32 quoted = header + (payload < QUOTED_PAYLOAD ? payload : QUOTED_PAYLOAD);
+	if (ip->protocol == IPPROTO_ICMP_ && payload) {
+		__u8 offender_type;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + header, &offender_type, 1))
+			return -1;
+		/* Destination unreachable, source quench, redirect, time exceeded, parameter problem. */
+		if (offender_type == 3 || offender_type == 4 || offender_type == 5 ||
+		    offender_type == 11 || offender_type == 12)
+			return -1;
+	}
+	struct {
+		struct iphdr ip;
+		__u8 icmp[ICMP_HEADER_LEN];
+	} error = {
+		.ip = {
+			.version = 4,
+			.ihl = 5,
+			.tot_len = bpf_htons(sizeof(error) + quoted),
+			.ttl = OUTER_TTL,
+			.protocol = IPPROTO_ICMP_,
+			.saddr = own,
+			.daddr = to,
+		},
+		.icmp = { type },
+	};
+	error.ip.check = header_checksum(&error.ip);
+	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, 0);
+}
+
+/* The ICMPv6 error of `type` about the IPv6 packet at ETH_HLEN, from `own`. Never about an
+ * ICMPv6 error, to a multicast destination, or from an address that is not one host's (RFC
+ * 4443 2.4 (e)). 0, or -1 when not answered. */
+static __always_inline int answer6(struct __sk_buff *skb, __u8 type, const struct addr6 *own)
+{
+	if (linear(skb, ETH_HLEN + sizeof(struct ipv6hdr)))
+		return -1;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct ipv6hdr *ip = data + ETH_HLEN;
+	if ((void *)(ip + 1) > end)
+		return -1;
+	const __u32 *src = (const __u32 *)ip->saddr.in6_u.u6_addr8;
+	const __u32 *mine = (const __u32 *)own->addr;
+	if (!(mine[0] | mine[1] | mine[2] | mine[3]) || !(src[0] | src[1] | src[2] | src[3]) ||
+	    ip->saddr.in6_u.u6_addr8[0] == 0xff || ip->daddr.in6_u.u6_addr8[0] == 0xff)
+		return -1;
+	__u32 total = bpf_ntohs(ip->payload_len) + sizeof(*ip);
+	if (ip->nexthdr == IPPROTO_ICMPV6_ && total > sizeof(*ip)) {
+		__u8 offender_type;
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(*ip), &offender_type, 1))
+			return -1;
+		if (offender_type < 128)
+			return -1;
+	}
+	__u32 quoted = total < ICMP6_MAX_QUOTED ? total : ICMP6_MAX_QUOTED;
+	struct {
+		struct ipv6hdr ip;
+		__u8 icmp[ICMP_HEADER_LEN];
+	} error = {
+		.ip = {
+			.version = 6,
+			.payload_len = bpf_htons(ICMP_HEADER_LEN + quoted),
+			.nexthdr = IPPROTO_ICMPV6_,
+			.hop_limit = OUTER_TTL,
+		},
+		.icmp = { type },
+	};
+	__builtin_memcpy(&error.ip.saddr, own->addr, sizeof(error.ip.saddr));
+	__builtin_memcpy(&error.ip.daddr, &ip->saddr, sizeof(error.ip.daddr));
+	/* The pseudo-header (RFC 8200 8.1): both addresses, the upper-layer length, then three
+	 * zero bytes and the next header. */
+	struct {
+		__u8 addrs[32];
+		__be32 len;
+		__be32 next;
+	} pseudo = {
+		.len = bpf_htonl(ICMP_HEADER_LEN + quoted),
+		.next = bpf_htonl(IPPROTO_ICMPV6_),
+	};
+	__builtin_memcpy(pseudo.addrs, &error.ip.saddr, sizeof(pseudo.addrs));
+	__s64 seed = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	if (seed < 0)
+		return -1;
+	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, seed);
+}
+
+/* Answers the packet of `family` (4 or 6) at ETH_HLEN, dropped for `reason` (no route, or
+ * its TTL or hop limit run out), and sends the answer into the device; else drops it. Counted
+ * under `reason` either way, as the userspace engine counts what it answers. */
+static __always_inline int answer(struct __sk_buff *skb, __u8 family, enum drop_reason reason,
+				  struct config *cfg)
+{
+	count_drop(reason);
+	struct own_addrs *own = device_addrs();
+	if (!cfg || !own)
+		return TC_ACT_SHOT;
+	int answered = -1;
+	if (family == 4)
+		answered = answer4(skb, reason == DROP_NO_ROUTE ? 3 : 11, own->ip);
+	else if (family == 6)
+		answered = answer6(skb, reason == DROP_NO_ROUTE ? 1 : 3, &own->ip6);
+	if (answered)
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, 0, cfg->device_mac, ETH_ALEN, 0))
+		return TC_ACT_SHOT;
+	return bpf_redirect(cfg->device_ifindex, BPF_F_INGRESS);
+}
