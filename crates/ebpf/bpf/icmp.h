@@ -2,9 +2,12 @@
  * and flanneld do (twill_dataplane::wire::icmp and icmpv6 write the same bytes): network
  * unreachable (ICMPv6: no route) for a destination no peer owns, time exceeded (hop limit
  * exceeded) for a packet whose TTL runs out here. The offending packet is turned into the
- * error in place (cut to what is quoted, the new headers put before it) and sent into twill's
- * device, from the device's own address, as if it had arrived there: the stack routes it back
- * to the sender, through the tunnel when the sender is behind a peer. */
+ * error in place (the new headers put before it, what lies past the quote left outside the
+ * error's length) and sent into twill's device, from the device's own address, as if it had
+ * arrived there: the stack routes it back to the sender, through the tunnel when the sender
+ * is behind a peer. A packet whose checksum is still to be filled (CHECKSUM_PARTIAL: from a
+ * container here, or one over a veth) keeps that state, which points into the quote: nothing
+ * on the way to its sender fills it, and the sender's stack takes the error as checked. */
 #pragma once
 
 #include "packet.h"
@@ -59,9 +62,10 @@ static __always_inline __s64 sum_bytes(struct __sk_buff *skb, __u32 offset, __u3
 /* Puts `header_len` bytes of room before the packet at ETH_HLEN, where the error's headers go.
  * What lies past the `quoted` bytes the error's length takes in stays behind it, for the stack
  * to trim as it trims any frame's padding (ip_rcv, ipv6_rcv): bpf_skb_change_tail refuses an
- * skb that crossed a veth from another eBPF node (its sender's encapsulation left
- * skb->encapsulation set). A TCP super-packet is cut first all the same (which makes it one
- * packet), and goes unanswered where it cannot be. 0 or -1. */
+ * skb marked encapsulated, as one that crossed a veth from another eBPF node is. A
+ * super-packet is cut first all the same (which makes it one packet), and goes unanswered
+ * where the kernel will not cut it (marked so, or a checksum to be filled past the cut). 0 or
+ * -1. */
 static __always_inline int make_room(struct __sk_buff *skb, __u32 quoted, __u32 header_len)
 {
 	if (skb->gso_size && bpf_skb_change_tail(skb, ETH_HLEN + quoted, 0))
