@@ -289,10 +289,10 @@ static __always_inline int decapsulated_at_xdp(struct __sk_buff *skb)
 	return meta + sizeof(__u32) <= data && *(__u32 *)meta == DECAPSULATED;
 }
 
-/* Takes the outer headers off. An IPv4 inner packet under an outer IPv6 header: the skb turns
- * IPv4 first (bpf_skb_change_proto takes 20 of the outer header's bytes), since
- * bpf_skb_adjust_room leaves no less than a header of the skb's family, and an IPv4 packet may
- * be shorter than an IPv6 header. */
+/* Takes the outer headers off, and gives the frame the inner packet's ethertype. An IPv4
+ * inner packet under an outer IPv6 header: the skb turns IPv4 first (bpf_skb_change_proto
+ * takes 20 of the outer header's bytes), since bpf_skb_adjust_room leaves no less than a
+ * header of the skb's family, and an IPv4 packet may be shorter than an IPv6 header. 0 or -1. */
 static __always_inline int decapsulate(struct __sk_buff *skb, struct datagram *d)
 {
 	__u32 overhead = d->overhead;
@@ -301,7 +301,11 @@ static __always_inline int decapsulate(struct __sk_buff *skb, struct datagram *d
 			return -1;
 		overhead = OVERHEAD;
 	}
-	return bpf_skb_adjust_room(skb, -(__s32)overhead, BPF_ADJ_ROOM_MAC, DECAP_FLAGS);
+	__be16 ethertype = ethertype_of(d->family);
+	if (bpf_skb_adjust_room(skb, -(__s32)overhead, BPF_ADJ_ROOM_MAC, DECAP_FLAGS) ||
+	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0))
+		return -1;
+	return 0;
 }
 
 /* Whether the frame is UDP to this node's underlay address (IPv4, or IPv6 over the IPv6
@@ -348,9 +352,7 @@ static __always_inline int take_in(struct __sk_buff *skb, struct config *cfg, __
 	/* The sender is answered through the tunnel, from the inner packet: the TTL it sent ran
 	 * out here. */
 	if (found == DROP_TTL_EXCEEDED) {
-		__be16 ethertype = ethertype_of(d.family);
-		if (decapsulate(skb, &d) ||
-		    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0))
+		if (decapsulate(skb, &d))
 			return drop(DROP_TTL_EXCEEDED);
 		return answer(skb, d.family, DROP_TTL_EXCEEDED, cfg);
 	}
@@ -360,9 +362,7 @@ static __always_inline int take_in(struct __sk_buff *skb, struct config *cfg, __
 		return drop(DROP_MALFORMED);
 	__u32 slot = d.peer->slot;
 	__u64 packets = packets_in(skb);
-	__be16 ethertype = ethertype_of(d.family);
-	if (decapsulate(skb, &d) ||
-	    bpf_skb_store_bytes(skb, 2 * ETH_ALEN, &ethertype, sizeof(ethertype), 0))
+	if (decapsulate(skb, &d))
 		return drop(DROP_IO_ERROR);
 	count_rx(slot, packets, d.len);
 	return enter_device(skb, cfg);

@@ -100,21 +100,33 @@ pub fn answered_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Vec
 /// Why a packet of `ethertype`'s family from the stack is dropped, if for no route or no TTL
 /// or hop limit left.
 fn unroutable(node: Node, ethertype: u16, ip: &[u8]) -> Option<DropReason> {
-    let mut packet = ip.to_vec();
-    let (routed, hops_left) = if ethertype == ETH_IPV6 {
+    routed_out(node, ethertype, &mut ip.to_vec())?.err()
+}
+
+/// A packet of `ethertype`'s family from the stack, routed as the engine routes it: its total
+/// length once its TTL or hop limit is decremented, or why it is dropped (no route, none left);
+/// None where it does not decode.
+fn routed_out(node: Node, ethertype: u16, packet: &mut [u8]) -> Option<Result<usize, DropReason>> {
+    let (routed, hops_left, len) = if ethertype == ETH_IPV6 {
         let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
-        let routed = routes6(node, &view);
-        (routed, view.decrement_hop_limit())
+        let routed = node
+            .peer_subnet6
+            .is_some_and(|subnet6| subnet6.contains(&view.dst_addr()));
+        (
+            routed,
+            routed && view.decrement_hop_limit(),
+            view.total_len(),
+        )
     } else {
         let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
         let routed = peer_subnet().contains(&view.dst_addr());
-        (routed, view.decrement_ttl())
+        (routed, routed && view.decrement_ttl(), view.total_len())
     };
-    match (routed, hops_left) {
-        (false, _) => Some(DropReason::NoRoute),
-        (true, false) => Some(DropReason::TtlExceeded),
-        (true, true) => None,
-    }
+    Some(match (routed, hops_left) {
+        (false, _) => Err(DropReason::NoRoute),
+        (true, false) => Err(DropReason::TtlExceeded),
+        (true, true) => Ok(len),
+    })
 }
 
 /// The inner packet of a datagram from the peer the engine drops for its TTL or hop limit
@@ -162,15 +174,7 @@ fn to_peer(node: Node, ethernet: &[u8], packet: &[u8], len: usize) -> Carried {
 /// left, in flannel's datagram to the peer; bytes after its total length ride along.
 fn encapsulated(node: Node, ethernet: &[u8], ethertype: u16, ip: &[u8]) -> Option<Carried> {
     let mut packet = ip.to_vec();
-    let len = if ethertype == ETH_IPV6 {
-        let mut view = Ipv6Packet::new_checked(&mut packet[..]).ok()?;
-        let routed = routes6(node, &view) && view.decrement_hop_limit();
-        routed.then(|| view.total_len())?
-    } else {
-        let mut view = Ipv4Packet::new_checked(&mut packet[..]).ok()?;
-        let routed = peer_subnet().contains(&view.dst_addr()) && view.decrement_ttl();
-        routed.then(|| view.total_len())?
-    };
+    let len = routed_out(node, ethertype, &mut packet)?.ok()?;
     Some(to_peer(node, ethernet, &packet, len))
 }
 
@@ -244,12 +248,6 @@ fn inner_of(datagram: &FromPeer<'_>) -> Option<(Vec<u8>, SocketAddr)> {
         return None;
     }
     Some((udp[UDP_HEADER..].to_vec(), datagram.endpoint))
-}
-
-/// Whether the peer's IPv6 subnet holds the packet's destination.
-fn routes6(node: Node, packet: &Ipv6Packet<&mut [u8]>) -> bool {
-    node.peer_subnet6
-        .is_some_and(|subnet6| subnet6.contains(&packet.dst_addr()))
 }
 
 /// The peer, with its subnets, at `endpoint`.

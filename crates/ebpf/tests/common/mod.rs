@@ -103,9 +103,9 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
 }
 
 /// twill's device as the daemon makes it on an IPv4 network: MTU underlay - 28, the lease's
-/// network address, taking in its own ICMP errors (accept_local), its IPv6 off (else the kernel's router solicitations would be counted as
-/// `no_route`, as the userspace engine counts them), up, and the whole flannel network routed
-/// to it. This machine's kernel has no dummy devices
+/// network address, taking in its own ICMP errors (accept_local), its IPv6 off (else the
+/// kernel's router solicitations would be counted as `no_route`, as the userspace engine
+/// counts them), up, and the whole flannel network routed to it. This machine's kernel has no dummy devices
 /// (CONFIG_DUMMY is off); an ifb is the same to the programs: Ethernet, no ARP, and what is
 /// not redirected is dropped.
 fn add_device(host: &Host, subnet: Ipv4Net) -> Result<()> {
