@@ -7,7 +7,7 @@
 
 mod common;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use common::bpffs::EBPF;
 use common::*;
 
@@ -103,6 +103,75 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
         );
         let out = ping_from(&pair, &format!("-M do -s {}", fits - 28), &far)?;
         anyhow::ensure!(out.contains("1 received"), "{backend:?}, fitting: {out}");
+    }
+    Ok(())
+}
+
+/// A node answers no faster than the kernel's own ICMP limit in its namespace
+/// (`net.ipv4.icmp_msgs_per_sec`, `icmp_msgs_burst`, read at start): a container's probes at a
+/// subnet no peer owns get the burst and then what the rate pays for; the rest are still
+/// dropped and counted under no_route, and counted as held back.
+#[test]
+fn probes_at_a_subnet_no_peer_owns_get_answers_within_the_kernels_icmp_limit() -> Result<()> {
+    const PROBES: usize = 20;
+    const BURST: usize = 3;
+    for (tag, backend) in DATAPLANES {
+        let mut pair = pair(&format!("{tag}lim"), backend)?;
+        pair.host(0).ns.sh(&format!(
+            "sysctl -qw net.ipv4.icmp_msgs_per_sec=1 net.ipv4.icmp_msgs_burst={BURST}"
+        ))?;
+        pair.nodes[0].stop()?;
+        pair.restart(0, backend)?;
+        let out = pair
+            .container(0)
+            .ns
+            .sh(&format!("ping -c {PROBES} -i 0.01 -W 1 10.5.9.9 || true"))?;
+        let answered = out.matches("Destination Net Unreachable").count();
+        // One more for each second the probes took (ping's own "time 190ms").
+        let took_ms: u64 = out
+            .split("time ")
+            .last()
+            .and_then(|t| t.split("ms").next())
+            .and_then(|t| t.trim().parse().ok())
+            .with_context(|| format!("no time in {out}"))?;
+        let paid = BURST + 1 + (took_ms / 1000) as usize;
+        anyhow::ensure!(
+            (BURST..=paid.min(PROBES - 1)).contains(&answered),
+            "{backend:?}: {answered} answered, want {BURST} to {paid}: {out}"
+        );
+        let held_back = (PROBES - answered) as u64;
+        let ns = &pair.host(0).ns;
+        let counted = eventually("the counters", || {
+            let s = status(ns)?;
+            Ok(
+                s["counters"]["drops"]["no_route"].as_u64() == Some(PROBES as u64)
+                    && s["counters"]["icmp_rate_limited"].as_u64() == Some(held_back),
+            )
+        });
+        counted.with_context(|| {
+            format!(
+                "{backend:?}: want {held_back} held back: {}",
+                status(ns).unwrap_or_default()
+            )
+        })?;
+        if tag == "e" {
+            continue;
+        }
+        // An error that carries a path MTU is never held back, as the kernel's are not: with
+        // the budget just spent, a packet too big for a shrunk underlay still gets its answer.
+        for host in 0..2 {
+            pair.host(host)
+                .ns
+                .ip(&["link", "set", "eth0", "mtu", "1300"])?;
+        }
+        let far = pair.container(1).ip;
+        let out = pair.container(0).ns.sh(&format!(
+            "ping -c 5 -i 0.01 -W 0.1 10.5.9.9; ping -c 1 -W 2 -M do -s 1400 {far} || true"
+        ))?;
+        anyhow::ensure!(
+            out.contains("Frag needed and DF set"),
+            "{backend:?}, too big: {out}"
+        );
     }
     Ok(())
 }

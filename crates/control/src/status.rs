@@ -319,6 +319,7 @@ fn counters_json(table: &SharedTable, stats: &EngineStats) -> Value {
         "rx_datagrams": stats.rx_datagrams.load(Relaxed),
         "tx_super_packets": stats.tx_super_packets.load(Relaxed),
         "rx_super_packets": stats.rx_super_packets.load(Relaxed),
+        "icmp_rate_limited": stats.icmp_rate_limited.load(Relaxed),
         "drops": drops,
         "peers": peers,
     })

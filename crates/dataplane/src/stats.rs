@@ -134,6 +134,9 @@ pub struct EngineStats {
     /// segments in `tx`/`rx`).
     pub tx_super_packets: AtomicU64,
     pub rx_super_packets: AtomicU64,
+    /// ICMP errors not sent because the node's ICMP limit held them back (crate::icmp_limit);
+    /// their packets are counted under their drop reason all the same.
+    pub icmp_rate_limited: AtomicU64,
     drops: [AtomicU64; DropReason::ALL.len()],
 }
 

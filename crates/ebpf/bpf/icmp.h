@@ -27,6 +27,25 @@ static __always_inline struct own_addrs *device_addrs(void)
 	return bpf_map_lookup_elem(&own_addrs, &zero);
 }
 
+/* Spends one answer from the ICMP limit (maps.h icmp_budget) if it has one now, else counts
+ * it held back: both errors the programs answer with are ones the kernel limits its own of. 0,
+ * or -1 when held back. */
+static __always_inline int spend_answer(void)
+{
+	__u32 zero = 0;
+	struct icmp_budget *budget = bpf_map_lookup_elem(&icmp_budget, &zero);
+	if (!budget)
+		return -1;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 paid = budget->paid_until;
+	if (!budget->interval_ns || (paid > budget->slack_ns && now < paid - budget->slack_ns)) {
+		__sync_fetch_and_add(&budget->limited, 1);
+		return -1;
+	}
+	budget->paid_until = (paid > now ? paid : now) + budget->interval_ns;
+	return 0;
+}
+
 /* The one's complement sum, unfolded, of `len` bytes of the skb at `offset` added to `sum`,
  * read 64 at a time (the last read zero-padded, which adds nothing); `offset` even. At most 20
  * reads: an ICMPv6 error's quote. -1 when the bytes cannot be read. */
@@ -137,6 +156,8 @@ static __always_inline int answer4(struct __sk_buff *skb, __u8 type, __be32 own)
 		.icmp = { type },
 	};
 	error.ip.check = header_checksum(&error.ip);
+	if (spend_answer())
+		return -1;
 	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, 0);
 }
 
@@ -192,7 +213,7 @@ static __always_inline int answer6(struct __sk_buff *skb, __u8 type, const struc
 	};
 	__builtin_memcpy(pseudo.addrs, &error.ip.saddr, sizeof(pseudo.addrs));
 	__s64 seed = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
-	if (seed < 0)
+	if (seed < 0 || spend_answer())
 		return -1;
 	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, seed);
 }

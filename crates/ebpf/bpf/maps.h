@@ -229,6 +229,27 @@ struct {
 	__type(value, struct own_addrs);
 } own_addrs SEC(".maps");
 
+/* How many ICMP errors the programs may answer with (twill_dataplane::icmp_limit: the kernel's
+ * icmp_msgs_per_sec and icmp_msgs_burst), in slot 0: userspace writes the rate as the cost of
+ * one answer and the burst as how far ahead of now the answers sent may have spent (GCRA, as
+ * the userspace engine's governor); the programs keep when what was sent is paid for, and
+ * count the answers held back. One value for every CPU, as the kernel's own limit is: two CPUs
+ * answering at the same instant may let one more through, which the kernel's allows too. A
+ * map of its own, so that an older build's pinned maps are adopted as they are. */
+struct icmp_budget {
+	__u64 interval_ns; /* the cost of one answer; 0: none is sent */
+	__u64 slack_ns;    /* the burst, less one answer */
+	__u64 paid_until;  /* bpf_ktime_get_ns() by which the answers sent are paid for */
+	__u64 limited;     /* answers held back */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct icmp_budget);
+} icmp_budget SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, DROP_REASONS);

@@ -32,6 +32,8 @@ pub struct Counters {
     /// Every reason, in `DropReason::ALL`'s order, with its count (zero for those the programs
     /// never count).
     pub drops: Vec<(DropReason, u64)>,
+    /// ICMP errors the programs did not answer with, held back by the node's ICMP limit.
+    pub icmp_rate_limited: u64,
     /// The peers in the maps now; a peer's counters start at zero when it is added or changed.
     pub peers: HashMap<Ipv4Net, PeerTraffic>,
 }
@@ -65,6 +67,7 @@ pub(crate) fn read_totals(maps: &Maps) -> anyhow::Result<Counters> {
         tx: totals.tx,
         rx: totals.rx,
         drops,
+        icmp_rate_limited: maps.read_icmp_budget()?.limited,
         peers: HashMap::new(),
     })
 }

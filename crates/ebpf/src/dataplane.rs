@@ -19,6 +19,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use twill_dataplane::icmp_limit::IcmpLimit;
 
 /// Where the programs run and what they put on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +47,8 @@ pub struct Attachment {
     /// that family's drops are not answered.
     pub device_ip: Option<Ipv4Addr>,
     pub device_ip6: Option<Ipv6Addr>,
+    /// How many of those errors may go (the kernel's limit in the node's namespace).
+    pub icmp_limit: IcmpLimit,
 }
 
 impl Attachment {
@@ -349,6 +352,7 @@ fn load_and_attach(
     })?;
     loaded.maps.write_config6(at.local_ip6)?;
     loaded.maps.write_own_addrs(at.device_ip, at.device_ip6)?;
+    loaded.maps.write_icmp_limit(at.icmp_limit)?;
     let mut adopted = true;
     let mut tc = Vec::new();
     for &side in at.sides() {

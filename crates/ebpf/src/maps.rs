@@ -10,15 +10,17 @@ use ipnet::Ipv6Net;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsFd;
 use std::path::Path;
+use twill_dataplane::icmp_limit::IcmpLimit;
 
 /// The most peers the maps hold (bpf/maps.h MAX_PEERS): 60,000 leases with room to spare.
 pub const MAX_PEERS: u32 = 65_536;
 
-pub(crate) const MAP_NAMES: [&str; 15] = [
+pub(crate) const MAP_NAMES: [&str; 16] = [
     "config",
     "segmenter",
     "config6",
     "own_addrs",
+    "icmp_budget",
     "peers6",
     "endpoints6",
     "routes",
@@ -52,6 +54,17 @@ pub(crate) struct Config {
 pub(crate) struct OwnAddrs {
     pub ip: u32,
     pub ip6: [u8; 16],
+}
+
+/// `struct icmp_budget`: the ICMP limit as the programs spend it (twill_dataplane::icmp_limit),
+/// and the answers it held back.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RawIcmpBudget {
+    pub interval_ns: u64,
+    pub slack_ns: u64,
+    pub paid_until: u64,
+    pub limited: u64,
 }
 
 /// `struct route`: the peer a destination subnet belongs to.
@@ -108,6 +121,7 @@ pub(crate) struct RawTraffic {
 // SAFETY: plain `repr(C)` data with explicit padding fields, valid for any bit pattern.
 unsafe impl aya::Pod for Config {}
 unsafe impl aya::Pod for OwnAddrs {}
+unsafe impl aya::Pod for RawIcmpBudget {}
 unsafe impl aya::Pod for Route {}
 unsafe impl aya::Pod for Peer {}
 unsafe impl aya::Pod for Subnet6 {}
@@ -152,6 +166,7 @@ pub(crate) struct Maps {
     /// The node's IPv6 underlay address over the IPv6 underlay, else zero.
     pub config6: Array<MapData, [u8; 16]>,
     pub own_addrs: Array<MapData, OwnAddrs>,
+    pub icmp_budget: Array<MapData, RawIcmpBudget>,
     /// Peers by their IPv6 underlay address, over the IPv6 underlay.
     pub peers6: HashMap<MapData, [u8; 16], Peer>,
     /// Each peer's IPv6 underlay address by its slot, over the IPv6 underlay.
@@ -176,6 +191,7 @@ impl Maps {
             peer_subnets6: take("peer_subnets6")?.try_into()?,
             config6: take("config6")?.try_into()?,
             own_addrs: take("own_addrs")?.try_into()?,
+            icmp_budget: take("icmp_budget")?.try_into()?,
             peers6: take("peers6")?.try_into()?,
             endpoints6: take("endpoints6")?.try_into()?,
             peer_traffic: take("peer_traffic")?.try_into()?,
@@ -219,6 +235,26 @@ impl Maps {
         self.own_addrs
             .set(0, own, 0)
             .context("writing the own_addrs map")
+    }
+
+    /// The ICMP limit the programs answer within. What an earlier run spent and held back
+    /// stays, as its other counters do.
+    pub fn write_icmp_limit(&mut self, limit: IcmpLimit) -> anyhow::Result<()> {
+        let earlier = self.read_icmp_budget()?;
+        let budget = RawIcmpBudget {
+            interval_ns: limit.interval_ns(),
+            slack_ns: limit.slack_ns(),
+            ..earlier
+        };
+        self.icmp_budget
+            .set(0, budget, 0)
+            .context("writing the icmp_budget map")
+    }
+
+    pub fn read_icmp_budget(&self) -> anyhow::Result<RawIcmpBudget> {
+        self.icmp_budget
+            .get(&0, 0)
+            .context("reading the icmp_budget map")
     }
 
     /// Every CPU's counters of the slots `0..slots`, slot by slot, read in a few batch

@@ -10,11 +10,13 @@ use anyhow::Result;
 use common::engine_model::answered_by_userspace;
 use common::frames::{datagram, datagram6, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
 use common::test_run::{
-    peer_subnet, peer_subnet6, test_bench, test_bench6, TestBench, HERE, HERE6, LOCAL, LOCAL6,
-    PEER, PEER6, THERE, THERE6, UDP,
+    peer_subnet, peer_subnet6, test_bench, test_bench6, test_bench_limited, TestBench, HERE, HERE6,
+    LOCAL, LOCAL6, PEER, PEER6, THERE, THERE6, UDP,
 };
 use common::{DEVICE_MTU, PORT};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+use twill_dataplane::icmp_limit::IcmpLimit;
 use twill_dataplane::stats::DropReason;
 use twill_ebpf::{Counters, Side, Takes, TestOutput, Verdict};
 
@@ -948,4 +950,48 @@ fn a_peer_without_an_ipv6_subnet_gets_no_ipv6_either_way() -> Result<()> {
     let carried = valid("IPv6 once the peer has its IPv6 subnet again");
     run_cases(&bench, &carried, Via::Tc)?;
     run_cases(&bench, &carried[1..], Via::Xdp)
+}
+
+/// The programs answer within the node's ICMP limit: a burst at once, then nothing until the
+/// rate has paid for more. What is held back is dropped and counted under its reason as ever,
+/// and counted as held back. Both families, no route and TTL alike.
+#[test]
+fn answers_beyond_the_icmp_limit_are_held_back_and_counted() -> Result<()> {
+    // One a second, bursts of three: the frames below run in far less than the second that
+    // would pay for a fourth answer.
+    let limit = IcmpLimit {
+        per_second: 1,
+        burst: 3,
+    };
+    let bench = test_bench_limited("ebpf-limit", limit)?;
+    let named = |names: [&str; 3]| -> Vec<Case> {
+        let all: Vec<Case> = egress_cases().into_iter().chain(egress6_cases()).collect();
+        let mut picked: Vec<Case> = all
+            .into_iter()
+            .filter(|c| names.contains(&c.name))
+            .collect();
+        assert_eq!(picked.len(), 3, "{names:?}");
+        picked.sort_by_key(|c| names.iter().position(|n| *n == c.name));
+        picked
+    };
+    let answerable = named(["no route", "TTL 1", "IPv6 no route"]);
+    let held_back: Vec<Case> = named(["no route", "TTL 1", "IPv6 no route"])
+        .into_iter()
+        .map(|mut c| {
+            if let Expect::Answered(reason) = c.expect {
+                c.expect = Expect::Dropped(reason);
+            }
+            c
+        })
+        .collect();
+    let started = Instant::now();
+    run_cases(&bench, &answerable, Via::Tc)?;
+    run_cases(&bench, &held_back, Via::Tc)?;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the frames took {took:?}: the rate paid for more answers meanwhile"
+    );
+    assert_eq!(bench.dataplane.counters()?.icmp_rate_limited, 3);
+    Ok(())
 }

@@ -11,6 +11,7 @@ use common::{Pins, DEVICE, PORT};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
+use twill_dataplane::icmp_limit::IcmpLimit;
 use twill_ebpf::{
     AttachMode, Attachment, Dataplane, PeerTraffic, Side, Takes, Traffic, Verdict, XdpChoice,
 };
@@ -46,6 +47,7 @@ fn sixty_thousand_peers_fit_and_are_quick() -> Result<()> {
         segmenter: false,
         device_ip: None,
         device_ip6: None,
+        icmp_limit: IcmpLimit::LINUX_DEFAULT,
     };
     let (dataplane, _) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
 

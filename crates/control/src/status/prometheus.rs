@@ -99,6 +99,10 @@ fn write_engine_totals(out: &mut String, stats: &EngineStats) {
             "twill_rx_super_packets_total",
             stats.rx_super_packets.load(Relaxed),
         ),
+        (
+            "twill_icmp_rate_limited_total",
+            stats.icmp_rate_limited.load(Relaxed),
+        ),
     ];
     for (name, value) in totals {
         counter(out, name, value);

@@ -12,6 +12,7 @@ mod train;
 pub mod udp;
 pub mod wireguard;
 
+use crate::icmp_limit::{IcmpBudget, IcmpLimit};
 use crate::io::udp::{udp_ip_headers, SendError};
 use crate::io::{Tun, TunConfig, TunReader, TunWriter, UdpIo};
 use crate::log_limit::LogLimit;
@@ -28,6 +29,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use path_mtu::PathMtu;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ops::ControlFlow;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -120,6 +122,7 @@ impl Engine {
             own6: address6,
             path: Arc::new(PathMtu::new(mtu + overhead, udp_ip_headers(bind.ip()))),
             overhead,
+            icmp: Arc::new(IcmpBudget::new(IcmpLimit::of_this_namespace())),
         };
         let directions = directions(&tun, &io)?;
         Ok(Engine {
@@ -172,6 +175,8 @@ pub(crate) struct Shared {
     pub path: Arc<PathMtu>,
     /// What the engine's format adds to a packet sent alone (see [`EngineKind::overhead`]).
     pub overhead: usize,
+    /// The ICMP errors still to be sent this second (crate::icmp_limit), for all directions.
+    pub icmp: Arc<IcmpBudget>,
 }
 
 impl Shared {
@@ -216,7 +221,8 @@ impl Shared {
         };
         let mut reply = [0u8; icmp::MAX_ERROR_LEN];
         if let Ok(Some(len)) = icmp::reply(offender, error, self.own, &mut reply) {
-            writer.push(&reply[..len]);
+            let carries_mtu = matches!(error, IcmpError::FragmentationNeeded { .. });
+            self.within_limit(carries_mtu, || writer.push(&reply[..len]));
         }
     }
 
@@ -236,7 +242,18 @@ impl Shared {
         };
         let mut reply = [0u8; icmpv6::MAX_ERROR_LEN];
         if let Ok(Some(len)) = icmpv6::reply(offender, error, own, &mut reply) {
-            writer.push(&reply[..len]);
+            let carries_mtu = matches!(error, Icmpv6Error::PacketTooBig { .. });
+            self.within_limit(carries_mtu, || writer.push(&reply[..len]));
+        }
+    }
+
+    /// Sends an answer (`send`) if the ICMP limit lets it go now, else counts it held back.
+    /// An error that carries a path MTU always goes, as the kernel's do.
+    fn within_limit(&self, carries_mtu: bool, send: impl FnOnce()) {
+        if carries_mtu || self.icmp.spend() {
+            send();
+        } else {
+            self.stats.icmp_rate_limited.fetch_add(1, Relaxed);
         }
     }
 }

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
+use twill_dataplane::icmp_limit::IcmpLimit;
 use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened, Takes, XdpChoice};
 use twill_lab::{Host, Lab, LabSpec};
 
@@ -93,6 +94,7 @@ pub fn lab_pair(tag: &str, attach: AttachMode) -> Result<(Lab, [Node; 2])> {
                 segmenter: true,
                 device_ip: Some(subnet.network()),
                 device_ip6: None,
+                icmp_limit: IcmpLimit::LINUX_DEFAULT,
             },
             subnet,
             takes: Takes::SuperPackets,

@@ -8,6 +8,7 @@ use super::{Pins, DEVICE, DEVICE_MTU, PORT};
 use anyhow::Result;
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use twill_dataplane::icmp_limit::IcmpLimit;
 use twill_ebpf::{AttachMode, Attachment, Dataplane, Opened, Takes, XdpChoice};
 use twill_lab::Netns;
 
@@ -28,6 +29,13 @@ pub const UDP: u8 = 17;
 /// addresses of this node's subnets (10.5.1.0/24, fd10:0:0:1::/64).
 pub const OWN: Ipv4Addr = Ipv4Addr::new(10, 5, 1, 0);
 pub const OWN6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 1, 0, 0, 0, 0);
+
+/// An ICMP limit no test's frames reach: answers are checked frame by frame, and the limit on
+/// its own ([`test_bench_limited`]).
+pub const UNLIMITED: IcmpLimit = IcmpLimit {
+    per_second: u32::MAX,
+    burst: u32::MAX,
+};
 
 pub fn peer_subnet() -> Ipv4Net {
     "10.5.2.0/24".parse().unwrap()
@@ -51,15 +59,20 @@ pub struct TestBench {
 
 /// The programs in a namespace of their own (named after `tag`), knowing one peer.
 pub fn test_bench(tag: &str) -> Result<TestBench> {
-    bench_on(tag, None)
+    bench_on(tag, None, UNLIMITED)
+}
+
+/// [`test_bench`] answering within `limit`.
+pub fn test_bench_limited(tag: &str, limit: IcmpLimit) -> Result<TestBench> {
+    bench_on(tag, None, limit)
 }
 
 /// The same on the IPv6 underlay: the node at LOCAL6, its peer at PEER6.
 pub fn test_bench6(tag: &str) -> Result<TestBench> {
-    bench_on(tag, Some(LOCAL6))
+    bench_on(tag, Some(LOCAL6), UNLIMITED)
 }
 
-fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
+fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>, icmp_limit: IcmpLimit) -> Result<TestBench> {
     let ns = Netns::new(tag)?;
     let mtu = DEVICE_MTU.to_string();
     ns.ip(&["link", "add", DEVICE, "mtu", &mtu, "type", "ifb"])?;
@@ -76,6 +89,7 @@ fn bench_on(tag: &str, local_ip6: Option<Ipv6Addr>) -> Result<TestBench> {
         segmenter: false,
         device_ip: Some(OWN),
         device_ip6: Some(OWN6),
+        icmp_limit,
     };
     let (dataplane, opened) = ns.enter(|| Dataplane::open(pins.path(), &at))?;
     assert_eq!(opened, Opened::Fresh);

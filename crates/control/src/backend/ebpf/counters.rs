@@ -55,6 +55,9 @@ fn copy(
     // One datagram per packet on flannel's wire.
     stats.tx_datagrams.store(counters.tx.packets, Relaxed);
     stats.rx_datagrams.store(counters.rx.packets, Relaxed);
+    stats
+        .icmp_rate_limited
+        .store(counters.icmp_rate_limited, Relaxed);
     for (reason, count) in counters.drops {
         let count = match reason {
             DropReason::Malformed => count + strays,

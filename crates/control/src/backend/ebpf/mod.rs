@@ -36,6 +36,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twill_dataplane::engine::EngineKind;
+use twill_dataplane::icmp_limit::IcmpLimit;
 use twill_dataplane::stats::EngineStats;
 use twill_dataplane::table::{PeerSpec, SharedTable};
 use twill_ebpf::{Attachment, Ingress, Opened, Takes};
@@ -107,6 +108,7 @@ impl EbpfSetup {
                 // The lease's, once it is known (attach).
                 device_ip: None,
                 device_ip6: None,
+                icmp_limit: IcmpLimit::of_this_namespace(),
             },
             mtu,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
