@@ -76,6 +76,14 @@ fn cluster_comes_up_and_runs_a_probed_daemonset_on_every_node() -> Result<()> {
         let log = cluster.pod_log("default", &pod, "httpd", 10)?;
         anyhow::ensure!(log.contains("serving on node-"), "{pod} logged {log:?}");
     }
+    // What a failure prints: every pod, and how much disk the kubelets have left, for a host
+    // short of it shows only as pods that never leave Pending.
+    let report = cluster.diagnose();
+    anyhow::ensure!(
+        report.contains("GiB free of") && report.contains("they evict below 1%"),
+        "{report}"
+    );
+    anyhow::ensure!(report.contains("default/probed-"), "{report}");
     Ok(())
 }
 

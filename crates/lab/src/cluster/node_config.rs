@@ -137,11 +137,16 @@ imageGCLowThresholdPercent: 99
 # ... nor evicts for the others' use of it.
 evictionHard:
   memory.available: 100Mi
-  nodefs.available: 1%
-  nodefs.inodesFree: 1%
-  imagefs.available: 1%
+  nodefs.available: {evicts}
+  nodefs.inodesFree: {evicts}
+  imagefs.available: {evicts}
 "#,
         root = quote(cgroup_root),
         ca = quote(&client_ca.to_string_lossy()),
+        evicts = KUBELET_EVICTS_BELOW,
     )
 }
+
+/// The share of the disk (and of its inodes) below which a kubelet evicts pods and taints its
+/// node with disk-pressure.
+pub(super) const KUBELET_EVICTS_BELOW: &str = "1%";

@@ -3,6 +3,7 @@
 //! containerd's last lines.
 
 use super::node::TAIL_LINES;
+use super::node_config::KUBELET_EVICTS_BELOW;
 use super::Cluster;
 use anyhow::{bail, Result};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -178,7 +179,7 @@ impl Cluster {
             let events = Api::<Event>::all(client).list(&all).await?;
             Ok((pods.items, events.items))
         })?;
-        let mut text = String::from("--- Nodes ---\n");
+        let mut text = format!("--- Nodes ({}) ---\n", self.kubelet_disk());
         for node in self.list_nodes()? {
             let spec = node.spec.unwrap_or_default();
             let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
@@ -233,6 +234,26 @@ impl Cluster {
 }
 
 impl Cluster {
+    /// How full the disk under the kubelets is, beside the share below which they evict and
+    /// taint their nodes (node_config.rs): a host short of disk shows as pods never scheduled.
+    fn kubelet_disk(&self) -> String {
+        let Some(node) = self.nodes.first() else {
+            return "no node".into();
+        };
+        let dir = node.path("/var/lib/kubelet");
+        match nix::sys::statvfs::statvfs(&dir) {
+            Ok(fs) => {
+                let gib = |blocks: u64| (blocks * fs.fragment_size()) as f64 / (1u64 << 30) as f64;
+                let (free, size) = (gib(fs.blocks_available()), gib(fs.blocks()));
+                format!(
+                    "the disk under the kubelets: {free:.1} GiB free of {size:.1} GiB, {:.1}%; they evict below {KUBELET_EVICTS_BELOW}",
+                    free / size * 100.0
+                )
+            }
+            Err(e) => format!("{}: {e}", dir.display()),
+        }
+    }
+
     /// The last lines of each container of `pod` that has started but is not ready.
     fn unready_logs(&self, pod: &Pod) -> String {
         let (Some(namespace), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
