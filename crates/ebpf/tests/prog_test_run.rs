@@ -24,7 +24,7 @@ use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 use twill_dataplane::icmp_limit::IcmpLimit;
 use twill_dataplane::stats::DropReason;
-use twill_ebpf::{Counters, Side, Takes, TestOutput, Verdict};
+use twill_ebpf::{Counters, Opened, Side, Takes, TestOutput, Verdict};
 
 /// What a frame should come to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,6 +408,10 @@ fn answers_beyond_the_icmp_limit_are_held_back_and_counted() -> Result<()> {
         took < Duration::from_secs(1),
         "the frames took {took:?}: the rate paid for more answers meanwhile"
     );
+    assert_eq!(bench.dataplane.counters()?.icmp_rate_limited, 3);
+    // A restart writes the limit again and keeps what was held back, as it keeps the other
+    // counters.
+    assert!(matches!(bench.reopen()?, Opened::Adopted { .. }));
     assert_eq!(bench.dataplane.counters()?.icmp_rate_limited, 3);
     Ok(())
 }

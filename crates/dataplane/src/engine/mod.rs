@@ -175,7 +175,7 @@ pub(crate) struct Shared {
     pub path: Arc<PathMtu>,
     /// What the engine's format adds to a packet sent alone (see [`EngineKind::overhead`]).
     pub overhead: usize,
-    /// The ICMP errors still to be sent this second (crate::icmp_limit), for all directions.
+    /// What the ICMP limit lets the engine answer with (crate::icmp_limit), for all directions.
     pub icmp: Arc<IcmpBudget>,
 }
 

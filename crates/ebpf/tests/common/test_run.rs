@@ -123,6 +123,11 @@ impl TestBench {
             peer_subnet6: self.dataplane.peer_subnets6().get(&peer_subnet()).copied(),
         }
     }
+
+    /// Opens the pinned programs and maps again, as a restarted node adopts them.
+    pub fn reopen(&self) -> Result<Opened> {
+        self._ns.enter(|| self.dataplane.reopen())
+    }
 }
 
 fn mac_of(ns: &Netns, device: &str) -> Result<[u8; 6]> {
