@@ -1,9 +1,10 @@
 //! The ICMP errors twill answers with, on both userspace backends and on the eBPF dataplane,
 //! seen from a container as a router's would be: time exceeded when a TTL runs out in twill (on
-//! either node), network unreachable, and (the userspace backends; on the eBPF dataplane the
-//! kernel sends it before twill's device) fragmentation needed once the underlay's MTU shrinks
-//! under a running node. Each comes from the answering node's own address in the network,
-//! which the far node's anti-spoofing check lets through.
+//! either node), network unreachable, fragmentation needed for a packet larger than the far
+//! node's device, and (the userspace backends; on the eBPF dataplane the kernel sends it
+//! before twill's device) fragmentation needed once the underlay's MTU shrinks under a running
+//! node; all within the kernel's own ICMP limit. Each comes from the answering node's own
+//! address in the network, which the far node's anti-spoofing check lets through.
 
 mod common;
 
@@ -67,6 +68,28 @@ fn a_far_node_without_a_route_answers_net_unreachable_from_its_own_address() -> 
         );
         anyhow::ensure!(drops(&pair.host(0).ns, "spoofed_source")? == 0);
         anyhow::ensure!(drops(&pair.host(1).ns, "no_route")? >= 1);
+    }
+    Ok(())
+}
+
+/// Nodes whose MTUs differ (the far one given a smaller `--mtu`): a packet larger than the far
+/// node's device takes gets fragmentation needed from that node, naming its MTU, so that the
+/// sender's path MTU discovery finds it; the eBPF dataplane answers as the userspace backends.
+#[test]
+fn a_packet_too_big_for_the_far_nodes_device_gets_frag_needed_from_that_node() -> Result<()> {
+    for (tag, backend) in DATAPLANES {
+        let far_args = [backend, &["--mtu", "1300"]].concat();
+        let pair = start_pair_with(&format!("{tag}far"), [backend, &far_args], None)?;
+        let far = pair.container(1).ip.to_string();
+        let out = ping_from(&pair, "-M do -s 1400", &far)?;
+        anyhow::ensure!(
+            out.contains("From 10.5.2.0 icmp_seq=1 Frag needed and DF set (mtu = 1300)"),
+            "{backend:?}, too big: {out}"
+        );
+        anyhow::ensure!(drops(&pair.host(1).ns, "too_big")? >= 1);
+        // What the sender learned: the largest packet that fits gets through.
+        let out = ping_from(&pair, "-M do -s 1272", &far)?;
+        anyhow::ensure!(out.contains("1 received"), "{backend:?}, fitting: {out}");
     }
     Ok(())
 }

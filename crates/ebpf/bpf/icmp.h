@@ -1,7 +1,8 @@
 /* The ICMP and ICMPv6 errors the programs answer a dropped packet with, as the userspace engine
  * and flanneld do (twill_dataplane::wire::icmp and icmpv6 write the same bytes): network
  * unreachable (ICMPv6: no route) for a destination no peer owns, time exceeded (hop limit
- * exceeded) for a packet whose TTL runs out here. The offending packet is turned into the
+ * exceeded) for a packet whose TTL runs out here, fragmentation needed (packet too big) for a
+ * peer's packet larger than the device's MTU. The offending packet is turned into the
  * error in place (the new headers put before it, what lies past the quote left outside the
  * error's length) and sent into twill's device, from the device's own address, as if it had
  * arrived there: the stack routes it back to the sender, through the tunnel when the sender
@@ -19,6 +20,13 @@
 #define ICMP6_MAX_QUOTED (1280 - sizeof(struct ipv6hdr) - ICMP_HEADER_LEN)
 #define IPPROTO_ICMP_ 1
 #define IPPROTO_ICMPV6_ 58
+/* The types and codes answered with, as linux/icmp.h and linux/icmpv6.h number them. */
+#define ICMP_DEST_UNREACH_ 3
+#define ICMP_FRAG_NEEDED_ 4
+#define ICMP_TIME_EXCEEDED_ 11
+#define ICMP6_DEST_UNREACH_ 1
+#define ICMP6_PACKET_TOO_BIG_ 2
+#define ICMP6_TIME_EXCEEDED_ 3
 
 /* The device's own addresses (maps.h own_addrs): where answers come from. */
 static __always_inline struct own_addrs *device_addrs(void)
@@ -27,9 +35,18 @@ static __always_inline struct own_addrs *device_addrs(void)
 	return bpf_map_lookup_elem(&own_addrs, &zero);
 }
 
+/* What an answer says: its type and code, the last four bytes of its ICMP header (the MTU, in
+ * an error about a packet too big), and whether the ICMP limit may hold it back: an error that
+ * carries an MTU never is, as the kernel's are not. */
+struct error_kind {
+	__u8 type;
+	__u8 code;
+	__u8 limited;
+	__be32 rest;
+};
+
 /* Spends one answer from the ICMP limit (maps.h icmp_budget) if it has one now, else counts
- * it held back: both errors the programs answer with are ones the kernel limits its own of. 0,
- * or -1 when held back. */
+ * it held back. 0, or -1 when held back. */
 static __always_inline int spend_answer(void)
 {
 	__u32 zero = 0;
@@ -112,9 +129,11 @@ static __always_inline int put_error(struct __sk_buff *skb, __u8 *error, __u32 s
 	return bpf_skb_store_bytes(skb, ETH_HLEN, error, size, BPF_F_RECOMPUTE_CSUM) ? -1 : 0;
 }
 
-/* The ICMP error of `type` about the IPv4 packet at ETH_HLEN, from `own`. Never about an ICMP
- * error or a later fragment (RFC 1122 3.2.2). 0, or -1 when not answered. */
-static __always_inline int answer4(struct __sk_buff *skb, __u8 type, __be32 own)
+/* The ICMP error `kind` about the IPv4 packet at ETH_HLEN, from `own`. Never about an ICMP
+ * error or a later fragment (RFC 1122 3.2.2), nor fragmentation needed about a packet that
+ * may be fragmented. 0, or -1 when not answered. */
+static __always_inline int answer4(struct __sk_buff *skb, const struct error_kind *kind,
+				   __be32 own)
 {
 	if (!own || linear(skb, ETH_HLEN + sizeof(struct iphdr)))
 		return -1;
@@ -127,6 +146,9 @@ static __always_inline int answer4(struct __sk_buff *skb, __u8 type, __be32 own)
 	__u32 total = bpf_ntohs(ip->tot_len);
 	if (header < sizeof(*ip) || total < header ||
 	    ip->frag_off & bpf_htons(IP_OFFSET))
+		return -1;
+	if (kind->type == ICMP_DEST_UNREACH_ && kind->code == ICMP_FRAG_NEEDED_ &&
+	    !(ip->frag_off & bpf_htons(IP_DF)))
 		return -1;
 	__be32 to = ip->saddr;
 	__u32 payload = total - header;
@@ -153,18 +175,20 @@ static __always_inline int answer4(struct __sk_buff *skb, __u8 type, __be32 own)
 			.saddr = own,
 			.daddr = to,
 		},
-		.icmp = { type },
+		.icmp = { kind->type, kind->code },
 	};
+	__builtin_memcpy(&error.icmp[4], &kind->rest, sizeof(kind->rest));
 	error.ip.check = header_checksum(&error.ip);
-	if (spend_answer())
+	if (kind->limited && spend_answer())
 		return -1;
 	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, 0);
 }
 
-/* The ICMPv6 error of `type` about the IPv6 packet at ETH_HLEN, from `own`. Never about an
+/* The ICMPv6 error `kind` about the IPv6 packet at ETH_HLEN, from `own`. Never about an
  * ICMPv6 error, to a multicast destination, or from an address that is not one host's (RFC
  * 4443 2.4 (e)). 0, or -1 when not answered. */
-static __always_inline int answer6(struct __sk_buff *skb, __u8 type, const struct addr6 *own)
+static __always_inline int answer6(struct __sk_buff *skb, const struct error_kind *kind,
+				   const struct addr6 *own)
 {
 	if (linear(skb, ETH_HLEN + sizeof(struct ipv6hdr)))
 		return -1;
@@ -197,8 +221,9 @@ static __always_inline int answer6(struct __sk_buff *skb, __u8 type, const struc
 			.nexthdr = IPPROTO_ICMPV6_,
 			.hop_limit = OUTER_TTL,
 		},
-		.icmp = { type },
+		.icmp = { kind->type, kind->code },
 	};
+	__builtin_memcpy(&error.icmp[4], &kind->rest, sizeof(kind->rest));
 	__builtin_memcpy(&error.ip.saddr, own->addr, sizeof(error.ip.saddr));
 	__builtin_memcpy(&error.ip.daddr, &ip->saddr, sizeof(error.ip.daddr));
 	/* The pseudo-header (RFC 8200 8.1): both addresses, the upper-layer length, then three
@@ -213,14 +238,33 @@ static __always_inline int answer6(struct __sk_buff *skb, __u8 type, const struc
 	};
 	__builtin_memcpy(pseudo.addrs, &error.ip.saddr, sizeof(pseudo.addrs));
 	__s64 seed = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
-	if (seed < 0 || spend_answer())
+	if (seed < 0 || (kind->limited && spend_answer()))
 		return -1;
 	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, seed);
 }
 
-/* Answers the packet of `family` (4 or 6) at ETH_HLEN, dropped for `reason` (no route, or
- * its TTL or hop limit run out), and sends the answer into the device; else drops it. Counted
- * under `reason` either way, as the userspace engine counts what it answers. */
+/* The error a packet of `family` (4 or 6) dropped for `reason` is answered with: no route,
+ * its TTL or hop limit run out, or (the device's `mtu`) too big. */
+static __always_inline struct error_kind error_for(__u8 family, enum drop_reason reason, __u16 mtu)
+{
+	struct error_kind kind = { .limited = 1 };
+	if (reason == DROP_TOO_BIG) {
+		kind.type = family == 6 ? ICMP6_PACKET_TOO_BIG_ : ICMP_DEST_UNREACH_;
+		kind.code = family == 6 ? 0 : ICMP_FRAG_NEEDED_;
+		kind.limited = 0;
+		kind.rest = bpf_htonl(mtu);
+	} else if (reason == DROP_NO_ROUTE) {
+		kind.type = family == 6 ? ICMP6_DEST_UNREACH_ : ICMP_DEST_UNREACH_;
+	} else {
+		kind.type = family == 6 ? ICMP6_TIME_EXCEEDED_ : ICMP_TIME_EXCEEDED_;
+	}
+	return kind;
+}
+
+/* Answers the packet of `family` (4 or 6) at ETH_HLEN, dropped for `reason` (no route, its
+ * TTL or hop limit run out, too big for the device), and sends the answer into the device;
+ * else drops it. Counted under `reason` either way, as the userspace engine counts what it
+ * answers. */
 static __always_inline int answer(struct __sk_buff *skb, __u8 family, enum drop_reason reason,
 				  struct config *cfg)
 {
@@ -228,11 +272,12 @@ static __always_inline int answer(struct __sk_buff *skb, __u8 family, enum drop_
 	struct own_addrs *own = device_addrs();
 	if (!cfg || !own)
 		return TC_ACT_SHOT;
+	struct error_kind kind = error_for(family, reason, cfg->mtu);
 	int answered = -1;
 	if (family == 4)
-		answered = answer4(skb, reason == DROP_NO_ROUTE ? 3 : 11, own->ip);
+		answered = answer4(skb, &kind, own->ip);
 	else if (family == 6)
-		answered = answer6(skb, reason == DROP_NO_ROUTE ? 1 : 3, &own->ip6);
+		answered = answer6(skb, &kind, &own->ip6);
 	if (answered)
 		return TC_ACT_SHOT;
 	if (bpf_skb_store_bytes(skb, 0, cfg->device_mac, ETH_ALEN, 0))

@@ -196,8 +196,8 @@ static __always_inline int check_outer6(void *data, void *end, __u32 frame_len,
 	return CARRY;
 }
 
-/* NOT_OURS, CARRY or DROP_TTL_EXCEEDED (with `d` filled in: the packet the sender must be
- * answered about), or another drop reason. `frame_len` is the whole frame's
+/* NOT_OURS, CARRY, DROP_TTL_EXCEEDED or DROP_TOO_BIG (with `d` filled in: the packet the
+ * sender must be answered about), or another drop reason. `frame_len` is the whole frame's
  * length, of which [data, end) is the part the program can read; `super` says the frame is a
  * GSO super-packet (TC only), larger than the MTU by design. */
 static __always_inline int check_datagram(void *data, void *end, __u32 frame_len, int super,
@@ -234,7 +234,7 @@ static __always_inline int check_datagram(void *data, void *end, __u32 frame_len
 	default:
 		return DROP_MALFORMED;
 	}
-	if (verdict != CARRY && verdict != DROP_TTL_EXCEEDED)
+	if (verdict != CARRY && verdict != DROP_TTL_EXCEEDED && verdict != DROP_TOO_BIG)
 		return verdict;
 	d->family = *version >> 4;
 	d->peer = o.peer;

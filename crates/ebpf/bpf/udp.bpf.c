@@ -350,11 +350,11 @@ static __always_inline int take_in(struct __sk_buff *skb, struct config *cfg, __
 	if (found == TRAIN)
 		return drop(DROP_MALFORMED);
 	/* The sender is answered through the tunnel, from the inner packet: the TTL it sent ran
-	 * out here. */
-	if (found == DROP_TTL_EXCEEDED) {
+	 * out here, or its packet is larger than this node's device takes. */
+	if (found == DROP_TTL_EXCEEDED || found == DROP_TOO_BIG) {
 		if (decapsulate(skb, &d))
-			return drop(DROP_TTL_EXCEEDED);
-		return answer(skb, d.family, DROP_TTL_EXCEEDED, cfg);
+			return drop(found);
+		return answer(skb, d.family, found, cfg);
 	}
 	if (found != CARRY)
 		return drop(found);
@@ -410,7 +410,7 @@ int twill_xdp_ingress(struct xdp_md *ctx)
 	struct datagram d;
 	int found = check_datagram(data, end, end - data, 0, cfg, &d);
 	/* Answered at TC (twill_ingress), which an unmarked frame goes on to. */
-	if (found == NOT_OURS || found == DROP_TTL_EXCEEDED)
+	if (found == NOT_OURS || found == DROP_TTL_EXCEEDED || found == DROP_TOO_BIG)
 		return XDP_PASS;
 	if (found != CARRY) {
 		count_drop(found);

@@ -51,7 +51,8 @@ pub fn carried_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Carr
 }
 
 /// The frame the engine answers `frame` coming in on `side` with: an ICMP or ICMPv6 error
-/// about its packet (no route, or no TTL or hop limit left) from the device's own address,
+/// about its packet (no route, no TTL or hop limit left, too big for the device: a peer's that
+/// may not be fragmented) from the device's own address,
 /// into the device, then the rest of the frame past what the error quotes (outside the error's
 /// length, for the stack to trim); None where it is not dropped for one of those, or not
 /// answered.
@@ -61,14 +62,17 @@ pub fn answered_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Vec
     // The packet, and the bytes after it in the frame.
     let (offender, reason) = match (side, ethertype) {
         (Side::Egress, ETH_IP | ETH_IPV6) => (ip.to_vec(), unroutable(node, ethertype, ip)?),
-        (Side::Ingress, ETH_IP) if !node.over_ipv6 => expired(node, from_peer(ip)?)?,
-        (Side::Ingress, ETH_IPV6) if node.over_ipv6 => expired(node, from_peer6(ip)?)?,
+        (Side::Ingress, ETH_IP) if !node.over_ipv6 => refused_in(node, from_peer(ip)?)?,
+        (Side::Ingress, ETH_IPV6) if node.over_ipv6 => refused_in(node, from_peer6(ip)?)?,
         _ => return None,
     };
     let error = match offender.first()? >> 4 {
         6 => {
             let error = match reason {
                 DropReason::NoRoute => Icmpv6Error::NoRoute,
+                DropReason::TooBig => Icmpv6Error::PacketTooBig {
+                    mtu: u32::from(DEVICE_MTU),
+                },
                 _ => Icmpv6Error::HopLimitExceeded,
             };
             let mut out = [0u8; icmpv6::MAX_ERROR_LEN];
@@ -77,12 +81,16 @@ pub fn answered_by_userspace(node: Node, side: Side, frame: &[u8]) -> Option<Vec
             out[..len].to_vec()
         }
         _ => {
+            let packet = Ipv4Packet::new_checked(&offender[..]).ok()?;
             let error = match reason {
                 DropReason::NoRoute => IcmpError::NetUnreachable,
+                DropReason::TooBig if packet.dont_fragment() => {
+                    IcmpError::FragmentationNeeded { mtu: DEVICE_MTU }
+                }
+                DropReason::TooBig => return None,
                 _ => IcmpError::TimeExceeded,
             };
             let mut out = [0u8; icmp::MAX_ERROR_LEN];
-            let packet = Ipv4Packet::new_checked(&offender[..]).ok()?;
             let len = icmp::reply(&packet, error, OWN, &mut out).ok()??;
             out[..len].to_vec()
         }
@@ -129,9 +137,9 @@ fn routed_out(node: Node, ethertype: u16, packet: &mut [u8]) -> Option<Result<us
     })
 }
 
-/// The inner packet of a datagram from the peer the engine drops for its TTL or hop limit
-/// alone, as it came, and the padding after the datagram.
-fn expired(node: Node, datagram: FromPeer<'_>) -> Option<(Vec<u8>, DropReason)> {
+/// The inner packet of a datagram from the peer the engine drops for its TTL or hop limit, or
+/// for its size, as it came with the padding after the datagram, and which of those.
+fn refused_in(node: Node, datagram: FromPeer<'_>) -> Option<(Vec<u8>, DropReason)> {
     let (mut inner, endpoint) = inner_of(&datagram)?;
     let offender = [&inner[..], datagram.padding].concat();
     let checked = accept_inbound(
@@ -139,7 +147,10 @@ fn expired(node: Node, datagram: FromPeer<'_>) -> Option<(Vec<u8>, DropReason)> 
         &peer_at(node, endpoint),
         usize::from(DEVICE_MTU),
     );
-    (checked == Err(DropReason::TtlExceeded)).then_some((offender, DropReason::TtlExceeded))
+    match checked {
+        Err(reason @ (DropReason::TtlExceeded | DropReason::TooBig)) => Some((offender, reason)),
+        _ => None,
+    }
 }
 
 /// The ethertype of a packet of its version (IPv4's for anything but 6).

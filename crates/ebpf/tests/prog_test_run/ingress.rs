@@ -56,7 +56,7 @@ pub(super) fn ingress6_cases() -> Vec<Case> {
         (
             "IPv6 larger than the device MTU",
             from_peer(&big),
-            Expect::Dropped(DropReason::TooBig),
+            Expect::Answered(DropReason::TooBig),
         ),
         (
             "truncated IPv6 packet",
@@ -126,6 +126,8 @@ pub(super) fn ingress_over6_cases() -> Vec<Case> {
         from_peer6(&ip.packet(&payload()))
     };
     let big = inner(true).packet(&vec![0u8; usize::from(DEVICE_MTU)]);
+    let big_unfragmentable =
+        unfragmentable(inner(true)).packet(&vec![0u8; usize::from(DEVICE_MTU)]);
     let short = inner(true).packet(&[]);
     // A first fragment's part: the UDP header and the inner packet's first 16 bytes.
     let datagram_head = udp(PORT, PORT, &packet)[..24].to_vec();
@@ -174,6 +176,11 @@ pub(super) fn ingress_over6_cases() -> Vec<Case> {
             "larger than the device MTU",
             from_peer6(&big),
             Expect::Dropped(DropReason::TooBig),
+        ),
+        (
+            "larger than the device MTU, not to be fragmented",
+            from_peer6(&big_unfragmentable),
+            Expect::Answered(DropReason::TooBig),
         ),
         (
             "truncated inner packet",
@@ -291,6 +298,8 @@ pub(super) fn ingress_cases() -> Vec<Case> {
     let mut trailing = packet.clone();
     trailing.extend_from_slice(&[0; 4]);
     let big = inner(true).packet(&vec![0u8; usize::from(DEVICE_MTU)]);
+    let big_unfragmentable =
+        unfragmentable(inner(true)).packet(&vec![0u8; usize::from(DEVICE_MTU)]);
     let whole = from_peer(&packet);
     let cases = [
         ("valid datagram", whole.clone(), Expect::Carried(len)),
@@ -410,6 +419,19 @@ pub(super) fn ingress_cases() -> Vec<Case> {
             from_peer(&big),
             Expect::Dropped(DropReason::TooBig),
         ),
+        (
+            "larger than the device MTU, not to be fragmented",
+            from_peer(&big_unfragmentable),
+            Expect::Answered(DropReason::TooBig),
+        ),
     ];
     cases_of(Side::Ingress, cases)
+}
+
+/// `ip` with Don't Fragment set: too big, it is answered with fragmentation needed.
+fn unfragmentable(ip: Ip) -> Ip {
+    Ip {
+        flags_fragment: 0x4000,
+        ..ip
+    }
 }
