@@ -11,6 +11,7 @@ mod common;
 use anyhow::{Context, Result};
 use common::bpffs::EBPF;
 use common::*;
+use std::time::Duration;
 
 /// The userspace backends, by tag and node arguments.
 const BACKENDS: [(&str, &[&str]); 2] =
@@ -126,6 +127,53 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
         );
         let out = ping_from(&pair, &format!("-M do -s {}", fits - 28), &far)?;
         anyhow::ensure!(out.contains("1 received"), "{backend:?}, fitting: {out}");
+    }
+    Ok(())
+}
+
+/// On the eBPF dataplane the device's MTU follows the underlay's down and back up: the programs
+/// cannot answer a packet too big for the underlay once it is encapsulated (a TCP super-packet
+/// least of all), so the kernel answers before twill's device, and TCP finds the path MTU and
+/// carries its bytes whole.
+#[test]
+fn on_the_ebpf_dataplane_the_device_mtu_follows_the_underlays() -> Result<()> {
+    let pair = pair("epmtu", EBPF)?;
+    let far = pair.container(1).ip.to_string();
+    let device_mtu = |host: usize, mtu: u32| {
+        eventually_within(
+            &format!("twill0 of host {host} at MTU {mtu}"),
+            Duration::from_secs(20),
+            || {
+                let link = pair.host(host).ns.ip(&["-o", "link", "show", "twill0"])?;
+                Ok(link.contains(&format!(" mtu {mtu} ")))
+            },
+        )
+    };
+    let out = ping_from(&pair, "-M do -s 1400", &far)?;
+    anyhow::ensure!(out.contains("1 received"), "before: {out}");
+    for host in 0..2 {
+        pair.host(host)
+            .ns
+            .ip(&["link", "set", "eth0", "mtu", "1300"])?;
+    }
+    for host in 0..2 {
+        device_mtu(host, 1272)?;
+    }
+    let out = ping_from(&pair, "-M do -s 1400", &far)?;
+    anyhow::ensure!(
+        out.contains("Frag needed and DF set (mtu = 1272)"),
+        "after: {out}"
+    );
+    let out = ping_from(&pair, "-M do -s 1244", &far)?;
+    anyhow::ensure!(out.contains("1 received"), "fitting: {out}");
+    tcp_transfer_intact(pair.container(0), pair.container(1), 4 << 20)?;
+    for host in 0..2 {
+        pair.host(host)
+            .ns
+            .ip(&["link", "set", "eth0", "mtu", "1500"])?;
+    }
+    for host in 0..2 {
+        device_mtu(host, 1472)?;
     }
     Ok(())
 }

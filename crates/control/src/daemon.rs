@@ -11,7 +11,7 @@ use crate::backend::ebpf::{self, Dataplane, EbpfSetup};
 use crate::backend::host_gw::HostGwSetup;
 use crate::backend::ipip::IpipDevice;
 use crate::backend::kernel::KernelConfig;
-use crate::backend::upkeep::Upkeep;
+use crate::backend::upkeep::{DeviceMtu, Upkeep};
 use crate::backend::userspace::UserspaceSetup;
 use crate::backend::vxlan::{VtepMacs, VxlanConfig, VxlanDevice};
 use crate::backend::wireguard::{self, WireguardSetup};
@@ -157,7 +157,11 @@ async fn join<R: Registry, S: Setup>(
         }
     };
     let mut backend = setup.attach(&lease).await?;
-    let mut upkeep = Upkeep::start(node, &lease, backend.mtu(), every).await?;
+    let mtu = DeviceMtu {
+        mtu: backend.mtu(),
+        overhead: backend.encapsulation_overhead(),
+    };
+    let mut upkeep = Upkeep::start(node, &lease, mtu, every).await?;
     // Before traffic is ours: another backend's routes would carry it around this one.
     upkeep.sweep().await;
     let rules = rules.install(&node.config, &lease).await?;

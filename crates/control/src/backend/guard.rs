@@ -29,9 +29,19 @@ pub struct DeviceSpec {
     /// device has only that one).
     pub addresses: Vec<IpNet>,
     pub mtu: u32,
+    /// The underlay whose MTU (less what encapsulation adds) the device's stays within, below
+    /// `mtu`, as the underlay's changes; None: the device keeps `mtu`.
+    pub within: Option<MtuCeiling>,
     /// The networks routed whole into the device: the Network, and the IPv6Network where the
     /// device carries IPv6 (none: the backend routes per peer).
     pub network_routes: Vec<IpNet>,
+}
+
+/// A device whose packets leave encapsulated over `underlay`, and what that adds.
+#[derive(Debug, Clone)]
+pub struct MtuCeiling {
+    pub underlay: String,
+    pub overhead: u32,
 }
 
 /// A device and its index, to pick its notices from the kernel's; no index while it is gone,
@@ -39,6 +49,8 @@ pub struct DeviceSpec {
 struct Guarded {
     spec: DeviceSpec,
     index: Option<u32>,
+    /// The underlay's index, when the device's MTU follows it: its MTU changes are noticed.
+    underlay: Option<u32>,
 }
 
 /// Checks and repairs the backend's devices, and reports in `/healthz` while one cannot
@@ -62,9 +74,14 @@ impl DeviceGuard {
         for spec in specs {
             let link = nl.link_by_name(&spec.name).await?;
             let link = link.with_context(|| format!("device {} not found", spec.name))?;
+            let underlay = match &spec.within {
+                Some(ceiling) => nl.link_by_name(&ceiling.underlay).await?.map(|l| l.index),
+                None => None,
+            };
             devices.push(Guarded {
                 spec,
                 index: Some(link.index),
+                underlay,
             });
         }
         Ok(DeviceGuard {
@@ -79,7 +96,7 @@ impl DeviceGuard {
     pub fn watches(&self, index: u32) -> bool {
         self.devices
             .iter()
-            .any(|d| d.index.is_none_or(|i| i == index))
+            .any(|d| d.index.is_none_or(|i| i == index) || d.underlay == Some(index))
     }
 
     /// Repairs what can be repaired (a device that is down too, when `bring_up`) and reports
@@ -146,11 +163,25 @@ impl DeviceGuard {
 
     async fn restore_mtu(&self, spec: &DeviceSpec, link: Link) -> anyhow::Result<()> {
         let (name, was) = (link.name.clone(), link.mtu);
-        ensure_mtu(&self.nl, link, spec.mtu).await?;
-        if was != spec.mtu {
-            info!(device = %name, was, mtu = spec.mtu, "restored the MTU");
+        let mtu = self.mtu_of(spec).await?;
+        ensure_mtu(&self.nl, link, mtu).await?;
+        if was != mtu && mtu < spec.mtu {
+            info!(device = %name, was, mtu, "the underlay's MTU shrank: the device's follows it");
+        } else if was != mtu {
+            info!(device = %name, was, mtu, "restored the MTU");
         }
         Ok(())
+    }
+
+    /// The MTU the device should have now: its spec's, or less where the underlay's leaves
+    /// less room.
+    async fn mtu_of(&self, spec: &DeviceSpec) -> anyhow::Result<u32> {
+        let Some(MtuCeiling { underlay, overhead }) = &spec.within else {
+            return Ok(spec.mtu);
+        };
+        let link = self.nl.link_by_name(underlay).await?;
+        let link = link.with_context(|| format!("the underlay {underlay} is gone"))?;
+        Ok(spec.mtu.min(link.mtu.saturating_sub(*overhead)))
     }
 
     async fn restore_routes(&self, spec: &DeviceSpec, link: &Link) -> anyhow::Result<()> {

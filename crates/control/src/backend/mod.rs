@@ -31,6 +31,14 @@ use twill_dataplane::engine::Engine;
 pub trait Backend {
     /// MTU for containers (FLANNEL_MTU): the TUN's or tunnel device's, or the iface's for host-gw.
     fn mtu(&self) -> u32;
+    /// For a device whose MTU must stay within the underlay's, what encapsulation adds: the
+    /// device guard lowers its MTU when the underlay's shrinks under a running node (and
+    /// raises it back, up to [`Backend::mtu`]). None: the backend answers a packet too big
+    /// for the underlay itself (the userspace engines learn the path MTU), or the kernel's
+    /// tunnel device does.
+    fn encapsulation_overhead(&self) -> Option<u32> {
+        None
+    }
     /// The userspace dataplane this backend drives, for status and metrics; the kernel
     /// backends have none.
     fn engine(&self) -> Option<&Engine> {

@@ -11,7 +11,7 @@ use anyhow::Context;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use tracing::warn;
 
-use super::guard::{DeviceGuard, DeviceSpec};
+use super::guard::{DeviceGuard, DeviceSpec, MtuCeiling};
 use super::ipip;
 use super::sweep::{Scope, Sweep};
 use super::vxlan::VxlanConfig;
@@ -128,6 +128,14 @@ fn subscribe(specs: &[DeviceSpec]) -> Option<Watch> {
         .ok()
 }
 
+/// The backend's device MTU, and what encapsulation adds for a device whose MTU must stay
+/// within the underlay's ([`super::Backend::encapsulation_overhead`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceMtu {
+    pub mtu: u32,
+    pub overhead: Option<u32>,
+}
+
 /// The devices as their backend set them up. The device has the lease's network address as a
 /// /32, and the IPv6 subnet's as a /128 too where it carries the IPv6Network (the TUN
 /// backends, wireguard's one-device modes); an IPv6 device (vxlan's, wireguard's Mode separate)
@@ -136,7 +144,7 @@ fn device_specs(
     layout: &Layout,
     node: &Node,
     lease: &Lease,
-    mtu: u32,
+    DeviceMtu { mtu, overhead }: DeviceMtu,
 ) -> anyhow::Result<Vec<DeviceSpec>> {
     let (routes, routes6) = network_routes(layout, node);
     let own6 = match lease.subnets.v6() {
@@ -156,6 +164,10 @@ fn device_specs(
                 .chain(own6.filter(|_| carries_ipv6))
                 .collect(),
             mtu,
+            within: overhead.map(|overhead| MtuCeiling {
+                underlay: node.iface.name.clone(),
+                overhead,
+            }),
             network_routes: routes,
         });
     }
@@ -166,6 +178,7 @@ fn device_specs(
             name,
             addresses: vec![own6],
             mtu,
+            within: None,
             network_routes: routes6,
         });
     }
@@ -204,7 +217,7 @@ impl Upkeep {
     pub async fn start(
         node: &Node,
         lease: &Lease,
-        mtu: u32,
+        mtu: DeviceMtu,
         reconcile_every: Duration,
     ) -> anyhow::Result<Upkeep> {
         let nl = Netlink::connect().context("opening rtnetlink")?;

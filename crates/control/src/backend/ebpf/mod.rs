@@ -64,6 +64,8 @@ struct Site {
     attachment: Attachment,
     pin_dir: PathBuf,
     mtu: u16,
+    /// What the outer headers add: the device's MTU stays within the underlay's less this.
+    overhead: u32,
     network: Ipv4Net,
     /// A dual-stack network's IPv6Network, and this node's PublicIPv6 (every dual-stack lease
     /// names one, whichever underlay the programs send over).
@@ -111,6 +113,7 @@ impl EbpfSetup {
                 icmp_limit: IcmpLimit::of_this_namespace(),
             },
             mtu,
+            overhead: overhead as u32,
             network: node.config.need_ipv4("the eBPF dataplane")?.network,
             ipv6: dual_stack_side(node),
         };
@@ -366,6 +369,13 @@ impl Drop for Ebpf {
 impl Backend for Ebpf {
     fn mtu(&self) -> u32 {
         self.mtu
+    }
+
+    /// The programs cannot answer a packet too big for the underlay once it is encapsulated
+    /// (a TCP super-packet cannot be cut into an answer), so the device's MTU follows the
+    /// underlay's down, and the kernel answers before the device.
+    fn encapsulation_overhead(&self) -> Option<u32> {
+        Some(self.site.overhead)
     }
 
     fn kernel_writes(&self) -> u64 {
