@@ -24,6 +24,17 @@ fn pair(tag: &str, args: &[&str]) -> Result<Pair> {
     start_pair(tag, args, None)
 }
 
+/// Both hosts' underlay (eth0) at `mtu`.
+fn set_underlay_mtu(pair: &Pair, mtu: u32) -> Result<()> {
+    for host in 0..2 {
+        let mtu = mtu.to_string();
+        pair.host(host)
+            .ns
+            .ip(&["link", "set", "eth0", "mtu", &mtu])?;
+    }
+    Ok(())
+}
+
 /// `ping` from container 0 with extra options; its output, whether or not it got replies.
 fn ping_from(pair: &Pair, options: &str, to: &str) -> Result<String> {
     pair.container(0)
@@ -102,11 +113,7 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
         let far = pair.container(1).ip.to_string();
         let out = ping_from(&pair, "-M do -s 1400", &far)?;
         anyhow::ensure!(out.contains("1 received"), "{backend:?}, before: {out}");
-        for host in 0..2 {
-            pair.host(host)
-                .ns
-                .ip(&["link", "set", "eth0", "mtu", "1300"])?;
-        }
+        set_underlay_mtu(&pair, 1300)?;
         // The first too-big packet teaches twill the new path MTU and is answered at once.
         let overhead = if tag == "u" { 28 } else { 42 };
         let fits = 1300 - overhead;
@@ -151,11 +158,7 @@ fn on_the_ebpf_dataplane_the_device_mtu_follows_the_underlays() -> Result<()> {
     };
     let out = ping_from(&pair, "-M do -s 1400", &far)?;
     anyhow::ensure!(out.contains("1 received"), "before: {out}");
-    for host in 0..2 {
-        pair.host(host)
-            .ns
-            .ip(&["link", "set", "eth0", "mtu", "1300"])?;
-    }
+    set_underlay_mtu(&pair, 1300)?;
     for host in 0..2 {
         device_mtu(host, 1272)?;
     }
@@ -167,11 +170,7 @@ fn on_the_ebpf_dataplane_the_device_mtu_follows_the_underlays() -> Result<()> {
     let out = ping_from(&pair, "-M do -s 1244", &far)?;
     anyhow::ensure!(out.contains("1 received"), "fitting: {out}");
     tcp_transfer_intact(pair.container(0), pair.container(1), 4 << 20)?;
-    for host in 0..2 {
-        pair.host(host)
-            .ns
-            .ip(&["link", "set", "eth0", "mtu", "1500"])?;
-    }
+    set_underlay_mtu(&pair, 1500)?;
     for host in 0..2 {
         device_mtu(host, 1472)?;
     }
@@ -230,11 +229,7 @@ fn probes_at_a_subnet_no_peer_owns_get_answers_within_the_kernels_icmp_limit() -
         }
         // An error that carries a path MTU is never held back, as the kernel's are not: with
         // the budget just spent, a packet too big for a shrunk underlay still gets its answer.
-        for host in 0..2 {
-            pair.host(host)
-                .ns
-                .ip(&["link", "set", "eth0", "mtu", "1300"])?;
-        }
+        set_underlay_mtu(&pair, 1300)?;
         let far = pair.container(1).ip;
         let out = pair.container(0).ns.sh(&format!(
             "ping -c 5 -i 0.01 -W 0.1 10.5.9.9; ping -c 1 -W 2 -M do -s 1400 {far} || true"
