@@ -134,6 +134,17 @@ fn an_underlay_mtu_that_shrinks_under_a_running_node_gets_frag_needed() -> Resul
         );
         let out = ping_from(&pair, &format!("-M do -s {}", fits - 28), &far)?;
         anyhow::ensure!(out.contains("1 received"), "{backend:?}, fitting: {out}");
+        // Grown back, the underlay carries the larger packet again: the engine asks the route
+        // again (once a second while its path MTU is low). The container forgets what it
+        // learned each time, else it would not try.
+        set_underlay_mtu(&pair, 1500)?;
+        let larger = format!("ip route flush cache; ping -c 1 -W 1 -M do -s 1400 {far} || true");
+        eventually_within("a larger ping again", Duration::from_secs(10), || {
+            Ok(pair.container(0).ns.sh(&larger)?.contains("1 received"))
+        })
+        .with_context(|| format!("{backend:?}: {}", pair.nodes[0].stderr()))?;
+        let log = pair.nodes[0].stderr();
+        anyhow::ensure!(log.contains("path MTU raised"), "{backend:?}: {log}");
     }
     Ok(())
 }

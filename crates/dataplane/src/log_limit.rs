@@ -45,7 +45,8 @@ impl LogLimit {
     }
 }
 
-fn epoch() -> Instant {
+/// The packet path's clock start, for times kept in an atomic as milliseconds since it.
+pub(crate) fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
     *EPOCH.get_or_init(Instant::now)
 }
