@@ -8,7 +8,9 @@
 //! back. The node cannot forward then, so `/healthz` says so, with the device's name, until the
 //! guard has repaired it. A device someone sets down stays down until the next reconcile: that
 //! may be deliberate, and the periodic reconcile is soon enough to undo it if it was not. A
-//! device that comes back up, or whose address, MTU or route changed, is repaired at once.
+//! device that comes back up, or whose address, MTU or route changed, is repaired at once. A
+//! device whose MTU stays within its underlay's ([`MtuCeiling`], the eBPF dataplane's) follows
+//! the underlay's MTU at once too.
 
 use anyhow::Context;
 use ipnet::IpNet;
