@@ -72,6 +72,27 @@ fn two_ebpf_nodes_carry_each_others_traffic() -> Result<()> {
     Ok(())
 }
 
+/// A veth underlay whose transmit checksumming is off (what an older twill's veth rule left,
+/// which outlives it) makes every packet the node sends segmented in software: the node says
+/// so, with the command that gives TSO back, and still carries traffic.
+#[test]
+fn transmit_checksumming_left_off_on_a_veth_underlay_is_said() -> Result<()> {
+    let mut pair = start_pair_with("ebpfcsum", [EBPF, EBPF], None)?;
+    pair.nodes[0].stop()?;
+    pair.host(0).ns.sh("ethtool -K eth0 tx off")?;
+    pair.restart(0, EBPF)?;
+    carries_both_ways(&pair)?;
+    let said = pair.nodes[0].stderr();
+    ensure!(
+        said.contains("transmit checksumming is off on the veth eth0")
+            && said.contains("`ethtool -K eth0 tx on` gives TSO back"),
+        "{said}"
+    );
+    let other = pair.nodes[1].stderr();
+    ensure!(!other.contains("transmit checksumming is off"), "{other}");
+    Ok(())
+}
+
 /// Datagrams numbered 0..count, one every `gap`, from one container to another; how many
 /// distinct ones arrived.
 fn paced_stream(from: &Container, to: &Container, count: u32, gap: Duration) -> Result<u32> {

@@ -90,8 +90,9 @@ pub(crate) fn checksum_in_software(name: &str) -> anyhow::Result<bool> {
         .context("turning transmit checksumming off")
 }
 
-/// Whether transmit checksumming is off on `name` (what [`checksum_in_software`] makes it).
-pub(crate) fn checksums_in_software(name: &str) -> anyhow::Result<bool> {
+/// Whether transmit checksumming is off on `name` (what [`checksum_in_software`] makes it, and
+/// what an older twill's veth rule left on its underlay).
+pub fn checksums_in_software(name: &str) -> anyhow::Result<bool> {
     let on = feature(&device_socket()?, name, ETHTOOL_GTXCSUM)
         .context("reading transmit checksumming")?;
     Ok(!on)

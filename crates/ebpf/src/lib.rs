@@ -42,6 +42,7 @@ pub use attach::{AttachMode, Hook};
 pub use cleanup::{remove, remove_anyway};
 pub use counters::{Counters, PeerTraffic, Traffic};
 pub use dataplane::{Attachment, Dataplane, Opened};
+pub use device::checksums_in_software;
 pub use loaded::{TestOutput, Verdict};
 pub use maps::MAX_PEERS;
 pub use object::Side;

@@ -93,6 +93,10 @@ impl EbpfSetup {
                  or give this node another --tun-name"
             )
         })?;
+        let segmenter = on_a_veth(&iface.name);
+        if segmenter {
+            warn_of_software_checksums(&iface.name);
+        }
         let site = Site {
             pin_dir: pin_dir(&node.options.bpf_dir, &device),
             attachment: Attachment {
@@ -106,7 +110,7 @@ impl EbpfSetup {
                 port,
                 attach: node.options.bpf_attach,
                 xdp: node.options.bpf_xdp,
-                segmenter: on_a_veth(&iface.name),
+                segmenter,
                 // The lease's, once it is known (attach).
                 device_ip: None,
                 device_ip6: None,
@@ -128,6 +132,20 @@ fn on_a_veth(underlay: &str) -> bool {
         tracing::warn!("{e:#}: taken for a NIC, which segments what the programs send");
         false
     })
+}
+
+/// Says so when transmit checksumming (and with it TSO) is off on the veth underlay, as an older
+/// twill's veth rule left it, and the setting outlives the node: every packet this node sends
+/// over it is then segmented in software, several times slower. It may be the operator's
+/// choice, so it is said, not undone.
+fn warn_of_software_checksums(underlay: &str) {
+    if twill_ebpf::checksums_in_software(underlay).unwrap_or(false) {
+        tracing::warn!(
+            "transmit checksumming is off on the veth {underlay} (an older twill turned it off, \
+             or its operator): every packet sent over it is segmented in software, several \
+             times slower; `ethtool -K {underlay} tx on` gives TSO back"
+        );
+    }
 }
 
 /// The field of an eBPF node's udp lease (BackendData, which flanneld's udp backend neither
