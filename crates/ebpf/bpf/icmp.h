@@ -109,15 +109,19 @@ static __always_inline int make_room(struct __sk_buff *skb, __u32 quoted, __u32 
 	return bpf_skb_adjust_room(skb, header_len, BPF_ADJ_ROOM_MAC, 0) ? -1 : 0;
 }
 
-/* The error's headers, `size` bytes at `error` whose last 8 are the ICMP header (its checksum
- * zero), put before the `quoted` bytes of the packet, the checksum summed over both from `seed`
- * (ICMPv6's pseudo-header). 0 or -1. */
+/* The error `kind`'s headers, `size` bytes at `error` whose last 8 are the ICMP header (all
+ * zero, filled in here from `kind`), put before the `quoted` bytes of the packet, the checksum
+ * summed over both from `seed` (ICMPv6's pseudo-header); first spent from the ICMP limit where
+ * `kind` is one it limits. 0 or -1. */
 static __always_inline int put_error(struct __sk_buff *skb, __u8 *error, __u32 size, __u32 quoted,
-				     __s64 seed)
+				     __s64 seed, const struct error_kind *kind)
 {
-	if (make_room(skb, quoted, size))
+	if ((kind->limited && spend_answer()) || make_room(skb, quoted, size))
 		return -1;
 	__u8 *icmp = error + size - ICMP_HEADER_LEN;
+	icmp[0] = kind->type;
+	icmp[1] = kind->code;
+	__builtin_memcpy(icmp + 4, &kind->rest, sizeof(kind->rest));
 	__s64 sum = sum_bytes(skb, ETH_HLEN + size, quoted, seed);
 	if (sum < 0)
 		return -1;
@@ -175,13 +179,9 @@ static __always_inline int answer4(struct __sk_buff *skb, const struct error_kin
 			.saddr = own,
 			.daddr = to,
 		},
-		.icmp = { kind->type, kind->code },
 	};
-	__builtin_memcpy(&error.icmp[4], &kind->rest, sizeof(kind->rest));
 	error.ip.check = header_checksum(&error.ip);
-	if (kind->limited && spend_answer())
-		return -1;
-	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, 0);
+	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, 0, kind);
 }
 
 /* The ICMPv6 error `kind` about the IPv6 packet at ETH_HLEN, from `own`. Never about an
@@ -221,9 +221,7 @@ static __always_inline int answer6(struct __sk_buff *skb, const struct error_kin
 			.nexthdr = IPPROTO_ICMPV6_,
 			.hop_limit = OUTER_TTL,
 		},
-		.icmp = { kind->type, kind->code },
 	};
-	__builtin_memcpy(&error.icmp[4], &kind->rest, sizeof(kind->rest));
 	__builtin_memcpy(&error.ip.saddr, own->addr, sizeof(error.ip.saddr));
 	__builtin_memcpy(&error.ip.daddr, &ip->saddr, sizeof(error.ip.daddr));
 	/* The pseudo-header (RFC 8200 8.1): both addresses, the upper-layer length, then three
@@ -238,9 +236,9 @@ static __always_inline int answer6(struct __sk_buff *skb, const struct error_kin
 	};
 	__builtin_memcpy(pseudo.addrs, &error.ip.saddr, sizeof(pseudo.addrs));
 	__s64 seed = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
-	if (seed < 0 || (kind->limited && spend_answer()))
+	if (seed < 0)
 		return -1;
-	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, seed);
+	return put_error(skb, (__u8 *)&error, sizeof(error), quoted, seed, kind);
 }
 
 /* The error a packet of `family` (4 or 6) dropped for `reason` is answered with: no route,
