@@ -53,6 +53,49 @@ fn an_ebpf_node_and_a_tun_node_share_flannels_wire() -> Result<()> {
     Ok(())
 }
 
+/// A bridge whose port is a veth, the address on the bridge, is a wire to the eBPF node: the
+/// bridge has no offloads for encapsulated packets, so it segments and checksums what the
+/// programs send before its veth port hands it on, as a NIC would. The node (on `auto`) takes
+/// it for one, runs no segmenter, and a TUN node without offloads, which reads only datagrams,
+/// gets every byte; the frames that leave the port are datagrams, not super-packets.
+#[test]
+fn a_bridge_over_a_veth_segments_what_an_ebpf_node_sends_a_tun_node() -> Result<()> {
+    let mut lab = pair_lab("ebpfbr")?;
+    let host = lab.host_mut(0);
+    let ip = host.underlay_ip;
+    host.ns.sh(&format!(
+        "ip link add br0 type bridge && ip -4 addr flush dev eth0 && \
+         ip link set eth0 master br0 && ip addr add {ip}/24 dev br0 && ip link set br0 up"
+    ))?;
+    host.iface = "br0".into();
+    let plain_tun = [TUN, &["--no-offload"]].concat();
+    let pair = start_pair_in(lab, [AUTO, &plain_tun], [&[], &[]], None)?;
+    let ns = &pair.host(0).ns;
+    let sent = || -> Result<[u64; 2]> {
+        Ok([
+            ns.device_counter("eth0", "tx_bytes")?,
+            ns.device_counter("eth0", "tx_packets")?,
+        ])
+    };
+    let before = sent()?;
+    tcp_transfer_intact(pair.container(0), pair.container(1), 8 << 20)?;
+    let after = sent()?;
+    let (bytes, frames) = (after[0] - before[0], after[1] - before[1]);
+    ensure!(
+        frames > 0 && bytes / frames <= 1514,
+        "{frames} frames of {bytes} bytes left the bridge's veth port: super-packets"
+    );
+    carries_both_ways(&pair)?;
+    counted_by_ebpf(&pair)?;
+    let said = pair.nodes[0].stderr();
+    ensure!(
+        said.contains("dataplane: ebpf (--dataplane auto; this kernel runs it)")
+            && !said.contains("segmenter"),
+        "{said}"
+    );
+    Ok(())
+}
+
 /// Node 1 runs the default dataplane as root: `auto` runs eBPF on the veth underlay too, and
 /// says why.
 #[test]

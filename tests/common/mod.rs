@@ -366,10 +366,26 @@ pub fn start_pair_launched(
     launchers: [&[&str]; 2],
     extra_peer: Option<&str>,
 ) -> Result<Pair> {
+    let lab = pair_lab(tag)?;
+    start_pair_in(lab, args, launchers, extra_peer)
+}
+
+/// The two hosts of a [`Pair`], each with its container, no node started yet.
+pub fn pair_lab(tag: &str) -> Result<Lab> {
     let mut lab = Lab::of(tag, 2)?;
     for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
         lab.host_mut(i).add_container(subnet.parse()?)?;
     }
+    Ok(lab)
+}
+
+/// [`start_pair_launched`] in a lab of [`pair_lab`]'s, which the caller may have reshaped.
+pub fn start_pair_in(
+    lab: Lab,
+    args: [&[&str]; 2],
+    launchers: [&[&str]; 2],
+    extra_peer: Option<&str>,
+) -> Result<Pair> {
     let dir = scratch()?;
     let mut nodes = Vec::new();
     for (i, (host_args, launcher)) in args.iter().zip(launchers).enumerate() {

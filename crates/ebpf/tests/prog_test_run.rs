@@ -11,8 +11,8 @@ mod egress;
 mod ingress;
 
 use anyhow::Result;
-use common::engine_model::answered_by_userspace;
-use common::frames::{datagram, datagram6, ethernet, hex, udp, Ip, Ip6, ETH_IP, ETH_IPV6};
+use common::engine_model::{answered_by_userspace, ethertype_of};
+use common::frames::{datagram, datagram6, ethernet, hex, udp, Ip, Ip6, ETH_IPV6};
 use common::test_run::{
     peer_subnet, peer_subnet6, test_bench, test_bench6, test_bench_limited, TestBench, HERE, HERE6,
     LOCAL, LOCAL6, PEER, PEER6, THERE, THERE6, UDP,
@@ -115,13 +115,6 @@ fn carried(case: &Case, via: Via, bench: &TestBench) -> Vec<u8> {
             [&XDP_MARK[..], &case.frame[..12], &ethertype, &inner[..]].concat()
         }
         (Side::Segmented, _) => unreachable!("every case is an egress or an ingress one"),
-    }
-}
-
-fn ethertype_of(packet: &[u8]) -> u16 {
-    match packet[0] >> 4 {
-        6 => ETH_IPV6,
-        _ => ETH_IP,
     }
 }
 
