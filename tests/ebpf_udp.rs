@@ -53,13 +53,13 @@ fn an_ebpf_node_and_a_tun_node_share_flannels_wire() -> Result<()> {
     Ok(())
 }
 
-/// A bridge whose port is a veth, the address on the bridge, is a wire to the eBPF node: the
-/// bridge has no offloads for encapsulated packets, so it segments and checksums what the
-/// programs send before its veth port hands it on, as a NIC would. The node (on `auto`) takes
-/// it for one, runs no segmenter, and a TUN node without offloads, which reads only datagrams,
-/// gets every byte; the frames that leave the port are datagrams, not super-packets.
+/// A bridge whose port is a veth (the node's address on the bridge) hands the eBPF node what
+/// the veth was handed: a TUN node's UDP GSO trains whole. The node (on `auto`) finds the veth
+/// below the bridge and takes the trains through its segmenter; it took them for single
+/// datagrams before, and 8 MiB from a TUN node without offloads took 512 s where it takes 2.
+/// What the node sends the TUN node leaves the bridge's port as datagrams.
 #[test]
-fn a_bridge_over_a_veth_segments_what_an_ebpf_node_sends_a_tun_node() -> Result<()> {
+fn an_ebpf_node_on_a_bridge_over_a_veth_carries_a_tun_nodes_trains() -> Result<()> {
     let mut lab = pair_lab("ebpfbr")?;
     let host = lab.host_mut(0);
     let ip = host.underlay_ip;
@@ -78,19 +78,17 @@ fn a_bridge_over_a_veth_segments_what_an_ebpf_node_sends_a_tun_node() -> Result<
         ])
     };
     let before = sent()?;
-    tcp_transfer_intact(pair.container(0), pair.container(1), 8 << 20)?;
+    carries_both_ways(&pair)?;
     let after = sent()?;
     let (bytes, frames) = (after[0] - before[0], after[1] - before[1]);
     ensure!(
         frames > 0 && bytes / frames <= 1514,
         "{frames} frames of {bytes} bytes left the bridge's veth port: super-packets"
     );
-    carries_both_ways(&pair)?;
     counted_by_ebpf(&pair)?;
     let said = pair.nodes[0].stderr();
     ensure!(
-        said.contains("dataplane: ebpf (--dataplane auto; this kernel runs it)")
-            && !said.contains("segmenter"),
+        said.contains("the underlay br0 sits on the veth eth0: a segmenter carries"),
         "{said}"
     );
     Ok(())

@@ -5,20 +5,25 @@ pub mod bpffs;
 pub mod cluster;
 pub mod datagrams;
 pub mod flannel_e2e;
+mod flood;
 pub mod hostile6;
 pub mod kube;
 pub mod kube_flannel;
 pub mod migration;
+mod pair;
 pub mod pod_traffic;
 pub mod rules;
 pub mod wireguard;
 
+pub use flood::*;
+pub use pair::*;
+
 use anyhow::{bail, Context, Result};
-use std::io::{ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use twill_lab::{Container, Host, Lab, Netns, Proc};
+use twill_lab::{Container, Host, Netns, Proc};
 
 pub const TWILL: &str = env!("CARGO_BIN_EXE_twill");
 
@@ -312,244 +317,6 @@ pub fn path_in(dir: &tempfile::TempDir, name: &str) -> PathBuf {
     dir.path().join(name)
 }
 
-/// The container subnets of [`start_pair`]'s two hosts, inside the network 10.5.0.0/16.
-pub const PAIR_SUBNETS: [&str; 2] = ["10.5.1.0/24", "10.5.2.0/24"];
-
-/// Two lab hosts running `twill run ARGS` with static peers, one container each.
-pub struct Pair {
-    pub lab: Lab,
-    pub nodes: Vec<Proc>,
-    pub dir: tempfile::TempDir,
-}
-
-impl Pair {
-    pub fn container(&self, host: usize) -> &Container {
-        &self.lab.host(host).containers()[0]
-    }
-
-    pub fn host(&self, host: usize) -> &Host {
-        self.lab.host(host)
-    }
-
-    /// Start host `i`'s node again, after it stopped or was killed, with `args`.
-    pub fn restart(&mut self, i: usize, args: &[&str]) -> Result<()> {
-        self.restart_launched(i, &[], args)
-    }
-
-    /// [`Pair::restart`], twill run by `launcher` ([`start_twill_launched`]).
-    pub fn restart_launched(&mut self, i: usize, launcher: &[&str], args: &[&str]) -> Result<()> {
-        self.nodes[i] = start_pair_node(&self.lab, &self.dir, i, launcher, args, None)?;
-        Ok(())
-    }
-
-    /// Host `i`'s node as [`start_pair_with`] starts it, with `args`; the caller keeps it (a
-    /// test that starts it while its containers are in use).
-    pub fn start_node(&self, i: usize, args: &[&str]) -> Result<Proc> {
-        start_pair_node(&self.lab, &self.dir, i, &[], args, None)
-    }
-}
-
-/// Start a [`Pair`]: each host names the other as its peer; host 0 also gets `extra_peer`.
-pub fn start_pair(tag: &str, args: &[&str], extra_peer: Option<&str>) -> Result<Pair> {
-    start_pair_with(tag, [args, args], extra_peer)
-}
-
-/// [`start_pair`] with different arguments for host 0 and host 1.
-pub fn start_pair_with(tag: &str, args: [&[&str]; 2], extra_peer: Option<&str>) -> Result<Pair> {
-    start_pair_launched(tag, args, [&[], &[]], extra_peer)
-}
-
-/// [`start_pair_with`], each host's twill run by its launcher ([`start_twill_launched`]).
-pub fn start_pair_launched(
-    tag: &str,
-    args: [&[&str]; 2],
-    launchers: [&[&str]; 2],
-    extra_peer: Option<&str>,
-) -> Result<Pair> {
-    let lab = pair_lab(tag)?;
-    start_pair_in(lab, args, launchers, extra_peer)
-}
-
-/// The two hosts of a [`Pair`], each with its container, no node started yet.
-pub fn pair_lab(tag: &str) -> Result<Lab> {
-    let mut lab = Lab::of(tag, 2)?;
-    for (i, subnet) in PAIR_SUBNETS.iter().enumerate() {
-        lab.host_mut(i).add_container(subnet.parse()?)?;
-    }
-    Ok(lab)
-}
-
-/// [`start_pair_launched`] in a lab of [`pair_lab`]'s, which the caller may have reshaped.
-pub fn start_pair_in(
-    lab: Lab,
-    args: [&[&str]; 2],
-    launchers: [&[&str]; 2],
-    extra_peer: Option<&str>,
-) -> Result<Pair> {
-    let dir = scratch()?;
-    let mut nodes = Vec::new();
-    for (i, (host_args, launcher)) in args.iter().zip(launchers).enumerate() {
-        let extra = extra_peer.filter(|_| i == 0);
-        nodes.push(start_pair_node(&lab, &dir, i, launcher, host_args, extra)?);
-    }
-    Ok(Pair { lab, nodes, dir })
-}
-
-/// Host `i`'s node of a [`Pair`]: its subnet, the other host as its peer, then `args`.
-fn start_pair_node(
-    lab: &Lab,
-    dir: &tempfile::TempDir,
-    i: usize,
-    launcher: &[&str],
-    args: &[&str],
-    extra_peer: Option<&str>,
-) -> Result<Proc> {
-    let other = 1 - i;
-    let peer = format!("{}={}", PAIR_SUBNETS[other], lab.host(other).underlay_ip);
-    let mut all = vec![
-        "--network",
-        "10.5.0.0/16",
-        "--subnet",
-        PAIR_SUBNETS[i],
-        "--peer",
-        &peer,
-    ];
-    if let Some(extra) = extra_peer {
-        all.extend(["--peer", extra]);
-    }
-    all.extend_from_slice(args);
-    let file = path_in(dir, &format!("h{i}.env"));
-    start_twill_launched(lab.host(i), launcher, &all, &[], &file)
-}
-
-/// What a bounded UDP flood from one container to another achieved.
-#[derive(Debug, Clone, Copy)]
-pub struct Flood {
-    pub sent: u64,
-    pub received: u64,
-    /// From the first arrival to the last.
-    pub elapsed: Duration,
-}
-
-impl Flood {
-    pub fn received_per_second(&self) -> f64 {
-        self.received as f64 / self.elapsed.as_secs_f64().max(1e-9)
-    }
-}
-
-/// Send UDP packets of `ip_len` bytes (IPv4 header included) from `from` to `to` as fast as
-/// `senders` threads can, until each has sent `max_packets` or `max_time` has passed, and count
-/// what arrives.
-pub fn udp_flood(
-    from: &Container,
-    to: &Container,
-    ip_len: usize,
-    senders: usize,
-    max_packets: u64,
-    max_time: Duration,
-) -> Result<Flood> {
-    let addr = SocketAddr::from((to.ip, 5002));
-    let payload = vec![0x5a; ip_len - 28];
-    let done = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let receiver = s.spawn(|| to.ns.enter(|| count_arrivals(addr, ready_tx, &done)));
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .context("flood receiver never bound")??;
-        let sent = from.ns.enter(|| {
-            std::thread::scope(|s| {
-                let threads: Vec<_> = (0..senders)
-                    .map(|_| s.spawn(|| blast(addr, &payload, max_packets, max_time)))
-                    .collect();
-                threads
-                    .into_iter()
-                    .map(|t| t.join().expect("flood sender thread"))
-                    .sum::<Result<u64>>()
-            })
-        });
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
-        let (received, elapsed) = receiver.join().expect("flood receiver thread")?;
-        Ok(Flood {
-            sent: sent?,
-            received,
-            elapsed,
-        })
-    })
-}
-
-fn blast(addr: SocketAddr, payload: &[u8], max_packets: u64, max_time: Duration) -> Result<u64> {
-    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-    let start = Instant::now();
-    let (mut sent, mut tries) = (0u64, 0u64);
-    while sent < max_packets && (tries % 1024 != 0 || start.elapsed() < max_time) {
-        tries += 1;
-        // A full TUN queue refuses some sends (ENOBUFS); that is the load we want, not an error.
-        if socket.send_to(payload, addr).is_ok() {
-            sent += 1;
-        }
-    }
-    Ok(sent)
-}
-
-/// Bind a receiving socket with a read timeout and tell the sender whether it is ready.
-/// The test receivers' socket buffer: 8192 small datagrams at about 1 KB of kernel memory each.
-const RECEIVER_BUFFER: usize = 16 << 20;
-
-pub fn bind_receiver(
-    addr: SocketAddr,
-    timeout: Duration,
-    ready: std::sync::mpsc::Sender<Result<()>>,
-) -> Result<UdpSocket> {
-    let bound = UdpSocket::bind(addr).and_then(|s| {
-        s.set_read_timeout(Some(timeout))?;
-        // Room for a whole test's datagrams: a receiver starved of CPU on a loaded machine
-        // must not turn into loss the test would blame on twill.
-        // SO_RCVBUFFORCE (the tests run as root): rmem_max would cap a plain SO_RCVBUF.
-        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBufForce, &RECEIVER_BUFFER)
-            .map_err(std::io::Error::from)?;
-        Ok(s)
-    });
-    match bound {
-        Ok(socket) => {
-            let _ = ready.send(Ok(()));
-            Ok(socket)
-        }
-        Err(e) => {
-            let _ = ready.send(Err(anyhow::anyhow!("bind {addr}: {e}")));
-            bail!("bind {addr}: {e}");
-        }
-    }
-}
-
-fn count_arrivals(
-    addr: SocketAddr,
-    ready: std::sync::mpsc::Sender<Result<()>>,
-    done: &std::sync::atomic::AtomicBool,
-) -> Result<(u64, Duration)> {
-    let socket = bind_receiver(addr, Duration::from_millis(300), ready)?;
-    let mut buf = [0u8; 2048];
-    let (mut received, mut first, mut last) = (0u64, None, Instant::now());
-    loop {
-        match socket.recv(&mut buf) {
-            Ok(_) => {
-                received += 1;
-                last = Instant::now();
-                first.get_or_insert(last);
-            }
-            // A stop signal ends a receive with a timeout early (EINTR): not the end of the stream.
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                if done.load(std::sync::atomic::Ordering::Relaxed) {
-                    break;
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok((received, first.map_or(Duration::ZERO, |f| last - f)))
-}
-
 /// A UDP packet from `src` to `dst` with a valid IPv4 header, for hand-made datagrams.
 pub fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
     use twill_dataplane::wire::ipv4::{Ipv4Repr, PROTO_UDP};
@@ -563,33 +330,6 @@ pub fn inner_packet(src: Ipv4Addr, dst: Ipv4Addr) -> Vec<u8> {
     let mut buf = vec![0u8; repr.total_len()];
     repr.emit(&mut buf).expect("emit");
     buf
-}
-
-/// 64 MiB over TCP from host 0's container to host 1's, checked by sha256, and counted by the
-/// sending node's per-peer counter.
-pub fn transfer_64_mib_intact(pair: &Pair) -> Result<()> {
-    tcp_transfer_intact(pair.container(0), pair.container(1), 64 << 20)?;
-    let s = status(&pair.host(0).ns)?;
-    let tx = s["counters"]["peers"][0]["tx_bytes"].as_u64().unwrap_or(0);
-    anyhow::ensure!(
-        tx > 64 << 20,
-        "peer tx counter {tx} below the bytes sent: {s}"
-    );
-    Ok(())
-}
-
-/// Three pings each way between the pair's containers, with flanneld's TTL: 64, minus one per
-/// routing host and one for each twill decrement on send and on receive.
-pub fn ping_both_ways_with_ttl_60(pair: &Pair) -> Result<()> {
-    let (a, b) = (pair.container(0), pair.container(1));
-    let out = ping(a, b.ip, 3)?;
-    anyhow::ensure!(
-        out.contains("3 received") && out.contains("ttl=60"),
-        "{out}"
-    );
-    let out = ping(b, a.ip, 3)?;
-    anyhow::ensure!(out.contains("3 received"), "{out}");
-    Ok(())
 }
 
 /// Runs `f` on every item at once, each on a thread of its own (e.g. a cluster each, which

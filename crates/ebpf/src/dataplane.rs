@@ -40,7 +40,8 @@ pub struct Attachment {
     /// Whether to decapsulate at XDP on the underlay (else at TC).
     pub xdp: XdpChoice,
     /// Pass what peers that read from a socket take, and trains of datagrams, through a
-    /// segmenter (crate::segmenter): for a veth underlay ([`crate::is_veth`]).
+    /// segmenter (crate::segmenter): for an underlay that is or sits on a veth
+    /// ([`crate::veth_under`]).
     pub segmenter: bool,
     /// The device's own addresses (the lease's network address, and its IPv6 one on a
     /// dual-stack network): where the ICMP errors the programs answer with come from. None:

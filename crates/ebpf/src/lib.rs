@@ -51,5 +51,5 @@ pub use pinned::PinnedPeers;
 pub use pins::can_pin;
 pub use probe::{probe, Unsupported};
 pub use segmenter::Segmenter;
-pub use wire::is_veth;
+pub use wire::{veth_under, VethUnder};
 pub use xdp::{Ingress, XdpChoice};

@@ -51,7 +51,8 @@ impl Segmenter {
     /// kernel's own router solicitations would only reach the program), up, and transmit
     /// checksumming off on the sending end.
     pub(crate) fn ensure(&self, mtu: u16) -> anyhow::Result<Ends> {
-        let found = [&self.send, &self.receive].map(|name| crate::is_veth(name).is_ok_and(|v| v));
+        let found = [&self.send, &self.receive]
+            .map(|name| device::driver(name).is_ok_and(|driver| driver == "veth"));
         let created = found != [true, true];
         if created {
             self.remove()?;

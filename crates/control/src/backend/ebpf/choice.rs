@@ -34,19 +34,19 @@ enum Underlay {
     /// A device that puts frames on a wire (a NIC, virtio's included): it segments and
     /// checksums what the eBPF programs send, as it does for any traffic.
     Wire,
-    /// A veth, where the lab's clusters (and kind's) run: the programs run there too, with a
-    /// segmenter for the peers that read datagrams (docs/decisions.md, "A veth underlay is not
-    /// a wire").
-    Veth(String),
+    /// A veth, where the lab's clusters (and kind's) run, or a device on one (a bridge with a
+    /// veth port): the programs run there too, with a segmenter for the peers that read
+    /// datagrams (docs/decisions.md, "A veth underlay is not a wire").
+    Veth(twill_ebpf::VethUnder),
     /// Its driver could not be read: `auto` keeps the engine that runs on any device.
     Unknown(String),
 }
 
 impl Underlay {
     fn of(iface: &str) -> Underlay {
-        match twill_ebpf::is_veth(iface) {
-            Ok(true) => Underlay::Veth(iface.to_string()),
-            Ok(false) => Underlay::Wire,
+        match twill_ebpf::veth_under(iface) {
+            Ok(Some(veth)) => Underlay::Veth(veth),
+            Ok(None) => Underlay::Wire,
             Err(e) => Underlay::Unknown(format!("{e:#}")),
         }
     }
@@ -83,16 +83,16 @@ fn decide<E: fmt::Display>(
                     tracing::info!("dataplane: ebpf (--dataplane auto; this kernel runs it)");
                     Ok(Dataplane::Ebpf)
                 }
-                Underlay::Veth(iface) => {
+                Underlay::Veth(veth) => {
                     tracing::info!(
-                        "dataplane: ebpf (--dataplane auto; this kernel runs it; the underlay \
-                         {iface} is a veth: a segmenter carries what TUN and flanneld peers read)"
+                        "dataplane: ebpf (--dataplane auto; this kernel runs it; {veth}: a \
+                         segmenter carries what TUN and flanneld peers read)"
                     );
                     Ok(Dataplane::Ebpf)
                 }
                 Underlay::Unknown(why) => {
                     tracing::info!(
-                        "dataplane: tun (--dataplane auto; the underlay's driver is unknown: {why})"
+                        "dataplane: tun (--dataplane auto; what the underlay is cannot be read: {why})"
                     );
                     Ok(Dataplane::Tun)
                 }
@@ -170,8 +170,13 @@ mod tests {
     #[test]
     fn auto_runs_ebpf_on_a_veth_and_keeps_the_tun_on_an_unknown_underlay() {
         let udp = "udp";
-        let veth = || Underlay::Veth("eth0".into());
-        let unknown = || Underlay::Unknown("reading the driver's name: No such device".into());
+        let veth = || {
+            Underlay::Veth(twill_ebpf::VethUnder {
+                underlay: "eth0".into(),
+                veth: "eth0".into(),
+            })
+        };
+        let unknown = || Underlay::Unknown("no device eth0 in this network namespace".into());
         assert_eq!(
             decide(DataplaneChoice::Auto, udp, runs, veth).unwrap(),
             Dataplane::Ebpf

@@ -125,13 +125,16 @@ impl EbpfSetup {
     }
 }
 
-/// Whether the underlay is a veth, which needs the segmenter; a driver that cannot be read is
-/// taken for a NIC's, which segments by itself (said in the log).
+/// Whether the underlay is or sits on a veth, which needs the segmenter; an underlay whose
+/// devices cannot be read is taken for a NIC, which segments by itself (said in the log).
 fn on_a_veth(underlay: &str) -> bool {
-    twill_ebpf::is_veth(underlay).unwrap_or_else(|e| {
-        tracing::warn!("{e:#}: taken for a NIC, which segments what the programs send");
-        false
-    })
+    match twill_ebpf::veth_under(underlay) {
+        Ok(veth) => veth.is_some(),
+        Err(e) => {
+            tracing::warn!("{e:#}: taken for a NIC, which segments what the programs send");
+            false
+        }
+    }
 }
 
 /// Says so when transmit checksumming (and with it TSO) is off on the veth underlay, as an older
