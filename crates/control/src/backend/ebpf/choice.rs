@@ -38,7 +38,8 @@ enum Underlay {
     /// veth port): the programs run there too, with a segmenter for the peers that read
     /// datagrams (docs/decisions.md, "A veth underlay is not a wire").
     Veth(twill_ebpf::VethUnder),
-    /// Its driver could not be read: `auto` keeps the engine that runs on any device.
+    /// What it is could not be read (rtnetlink refused, the device is gone): `auto` keeps the
+    /// engine that runs on any device.
     Unknown(String),
 }
 
