@@ -93,10 +93,11 @@ impl EbpfSetup {
                  or give this node another --tun-name"
             )
         })?;
-        let segmenter = on_a_veth(&iface.name);
-        if segmenter {
-            warn_of_software_checksums(&iface.name);
+        let veth = veth_under(&iface.name);
+        if let Some(veth) = &veth {
+            warn_of_software_checksums(&veth.veth);
         }
+        let segmenter = veth.is_some();
         let site = Site {
             pin_dir: pin_dir(&node.options.bpf_dir, &device),
             attachment: Attachment {
@@ -125,28 +126,25 @@ impl EbpfSetup {
     }
 }
 
-/// Whether the underlay is or sits on a veth, which needs the segmenter; an underlay whose
-/// devices cannot be read is taken for a NIC, which segments by itself (said in the log).
-fn on_a_veth(underlay: &str) -> bool {
-    match twill_ebpf::veth_under(underlay) {
-        Ok(veth) => veth.is_some(),
-        Err(e) => {
-            tracing::warn!("{e:#}: taken for a NIC, which segments what the programs send");
-            false
-        }
-    }
+/// The veth the underlay is or sits on, which needs the segmenter; an underlay whose devices
+/// cannot be read is taken for a NIC, which segments by itself (said in the log).
+fn veth_under(underlay: &str) -> Option<twill_ebpf::VethUnder> {
+    twill_ebpf::veth_under(underlay).unwrap_or_else(|e| {
+        tracing::warn!("{e:#}: taken for a NIC, which segments what the programs send");
+        None
+    })
 }
 
-/// Says so when transmit checksumming (and with it TSO) is off on the veth underlay, as an older
-/// twill's veth rule left it, and the setting outlives the node: every packet this node sends
-/// over it is then segmented in software, several times slower. It may be the operator's
-/// choice, so it is said, not undone.
-fn warn_of_software_checksums(underlay: &str) {
-    if twill_ebpf::checksums_in_software(underlay).unwrap_or(false) {
+/// Says so when transmit checksumming (and with it TSO) is off on the `veth` the underlay is or
+/// sits on, as an older twill's veth rule left it, and the setting outlives the node: every
+/// packet this node sends over it is then segmented in software, several times slower. It may
+/// be the operator's choice, so it is said, not undone.
+fn warn_of_software_checksums(veth: &str) {
+    if twill_ebpf::checksums_in_software(veth).unwrap_or(false) {
         tracing::warn!(
-            "transmit checksumming is off on the veth {underlay} (an older twill turned it off, \
-             or its operator): every packet sent over it is segmented in software, several \
-             times slower; `ethtool -K {underlay} tx on` gives TSO back"
+            "transmit checksumming is off on the veth {veth} (an older twill turned it off, or \
+             its operator): every packet sent over it is segmented in software, several times \
+             slower; `ethtool -K {veth} tx on` gives TSO back"
         );
     }
 }
