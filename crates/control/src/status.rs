@@ -70,6 +70,9 @@ pub struct EngineView {
     pub attach: Option<&'static str>,
     /// Where the eBPF dataplane decapsulates (`xdp` or `tc`); `None` for the userspace engines.
     pub ingress: Option<&'static str>,
+    /// What the eBPF dataplane runs without on this kernel (tcx links, the XDP program), a
+    /// line each; empty for the userspace engines.
+    pub left_out: Vec<String>,
     pub table: Arc<SharedTable>,
     pub stats: Arc<EngineStats>,
     pub refresh: Option<Arc<dyn Fn(Counted) + Send + Sync>>,
@@ -263,6 +266,7 @@ impl NodeStatus {
             "dataplane": engine.as_ref().map(|e| e.name),
             "dataplane_attach": engine.as_ref().and_then(|e| e.attach),
             "dataplane_ingress": engine.as_ref().and_then(|e| e.ingress),
+            "dataplane_left_out": engine.as_ref().map(|e| e.left_out.clone()).unwrap_or_default(),
             "counters": engine.as_ref().map(|e| counters_json(&e.table, &e.stats)),
             "rules": *self.rules.read().unwrap(),
         })

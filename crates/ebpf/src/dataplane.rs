@@ -143,6 +143,12 @@ impl Dataplane {
         self.running().ingress.clone()
     }
 
+    /// What this kernel lacks or refused that the node runs without (tcx links, the XDP
+    /// program), a line each naming it and what does its job; empty where it runs whole.
+    pub fn left_out(&self) -> Vec<String> {
+        self.running().left_out.clone()
+    }
+
     fn running(&self) -> MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -248,8 +254,9 @@ impl Dataplane {
         self.lock().test_run(side, frame)
     }
 
-    /// [`Dataplane::test_run`] for the XDP ingress program (loaded whether it is attached or
-    /// not).
+    /// [`Dataplane::test_run`] for the XDP ingress program (loaded now if it was not: it is
+    /// loaded only to be attached); an error naming the verifier's reason where the kernel
+    /// refuses it.
     pub fn test_run_xdp(&self, frame: &[u8]) -> anyhow::Result<TestOutput> {
         self.lock().test_run_xdp(frame)
     }
@@ -276,6 +283,21 @@ struct Running {
     ingress: Ingress,
     /// The segmenter was made by this attach (a failed start takes it back).
     segmenter_created: bool,
+    /// What this kernel lacks or refused that the node runs without, a line each.
+    left_out: Vec<String>,
+}
+
+/// What a node runs without on this kernel: tcx links where `auto` found none (classic TC
+/// filters do the same job), the XDP program where the kernel refused it (TC decapsulates).
+fn left_out(hook: Hook, mode: AttachMode, xdp_refused: Option<String>) -> Vec<String> {
+    let tcx = (mode == AttachMode::Auto && hook == Hook::Tc).then(|| {
+        format!(
+            "tcx links (Linux 6.6+; kernel {}): attached by classic TC filters",
+            crate::probe::kernel_release()
+        )
+    });
+    let xdp = xdp_refused.map(|why| format!("XDP ingress: {why}; decapsulated at TC"));
+    tcx.into_iter().chain(xdp).collect()
 }
 
 /// The id of the program pinned at `pin`: the one that runs in its hook.
@@ -334,7 +356,7 @@ fn load_and_attach(
     device: Device,
     underlay: Device,
 ) -> anyhow::Result<Ready> {
-    let mut loaded = Loaded::load(Some(pin_dir))?;
+    let mut loaded = Loaded::load(Some(pin_dir), at.sides())?;
     let segmenter = match at.segmenter {
         true => Some(Segmenter::of(&at.device).ensure(underlay.mtu)?),
         false => None,
@@ -377,6 +399,15 @@ fn load_and_attach(
         XdpChoice::Auto | XdpChoice::On => Ok(()),
         XdpChoice::Off => Err("XDP was not asked for (--bpf-xdp off)".to_string()),
     };
+    // Loaded only where it would be attached: a kernel that refuses it (6.18.44-fc refuses
+    // bpf_xdp_adjust_meta to it) costs the node XDP alone.
+    let (xdp_wanted, xdp_refused) = match xdp_wanted {
+        Ok(()) => match loaded.load_xdp()? {
+            Ok(()) => (Ok(()), None),
+            Err(why) => (Err(why.clone()), Some(why)),
+        },
+        Err(why) => (Err(why), None),
+    };
     // After twill_ingress, which moves what this program decapsulated into the device.
     let (xdp, ingress) = match xdp_wanted {
         Ok(()) => match xdp::attach(
@@ -412,6 +443,7 @@ fn load_and_attach(
             xdp,
             ingress,
             segmenter_created: segmenter.is_some_and(|s| s.created),
+            left_out: left_out(hook, at.attach, xdp_refused),
         },
         device_ifindex: device.ifindex,
     })

@@ -49,7 +49,7 @@ pub use object::Side;
 pub use peers::Takes;
 pub use pinned::PinnedPeers;
 pub use pins::can_pin;
-pub use probe::{probe, Unsupported};
+pub use probe::{probe, probe_xdp, Unsupported};
 pub use segmenter::Segmenter;
 pub use wire::{veth_under, VethUnder};
 pub use xdp::{Ingress, XdpChoice};

@@ -1,4 +1,4 @@
-//! The object loaded into the kernel: its two programs, its maps and the peers in them. Both
+//! The object loaded into the kernel: the programs asked for, its maps and the peers in them. Both
 //! the attached dataplane and the probe hold one; `test_run` runs a program on a frame through
 //! BPF_PROG_TEST_RUN without any device.
 
@@ -50,9 +50,10 @@ pub(crate) struct Loaded {
 }
 
 impl Loaded {
-    /// Load the object; with `pins`, on the maps pinned there (see object::load).
-    pub fn load(pins: Option<&Path>) -> anyhow::Result<Loaded> {
-        let mut ebpf = object::load(pins)?;
+    /// Load the object and the TC programs of `sides`; with `pins`, on the maps pinned there
+    /// (see object::load).
+    pub fn load(pins: Option<&Path>, sides: &[Side]) -> anyhow::Result<Loaded> {
+        let mut ebpf = object::load(pins, sides)?;
         let mut maps = Maps::take(&mut ebpf)?;
         let peers = PeerSet::read(&mut maps)?;
         Ok(Loaded { ebpf, maps, peers })
@@ -69,6 +70,7 @@ impl Loaded {
     /// Run one TC program on `frame` (an Ethernet frame) with BPF_PROG_TEST_RUN: its counters
     /// and maps are the real ones, its redirects are only reported.
     pub fn test_run(&mut self, side: Side, frame: &[u8]) -> anyhow::Result<TestOutput> {
+        object::load_tc(&mut self.ebpf, side)?;
         let program = object::program(&mut self.ebpf, side)?;
         let (action, frame) = run(side.program_name(), frame, |o| program.test_run(o))?;
         Ok(TestOutput {
@@ -77,9 +79,16 @@ impl Loaded {
         })
     }
 
-    /// [`Loaded::test_run`] for the XDP program; its verdicts read as the TC ones: XDP_PASS is
-    /// [`Verdict::Pass`] (the frame, decapsulated or not, goes up the stack).
+    /// Load the XDP program if it is not (`Ok(Err(why))`: the kernel refused it).
+    pub fn load_xdp(&mut self) -> anyhow::Result<Result<(), String>> {
+        object::load_xdp(&mut self.ebpf)
+    }
+
+    /// [`Loaded::test_run`] for the XDP program (loaded now if it is not); its verdicts read as
+    /// the TC ones: XDP_PASS is [`Verdict::Pass`] (the frame, decapsulated or not, goes up the
+    /// stack).
     pub fn test_run_xdp(&mut self, frame: &[u8]) -> anyhow::Result<TestOutput> {
+        self.load_xdp()?.map_err(anyhow::Error::msg)?;
         let program = object::xdp_program(&mut self.ebpf)?;
         let (action, frame) = run(object::XDP_INGRESS, frame, |o| program.test_run(o))?;
         let verdict = match action {

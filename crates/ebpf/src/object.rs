@@ -4,7 +4,7 @@
 
 use crate::maps::MAP_NAMES;
 use anyhow::Context;
-use aya::programs::{SchedClassifier, TcAttachType, Xdp};
+use aya::programs::{ProgramError, SchedClassifier, TcAttachType, Xdp};
 use aya::{Ebpf, EbpfLoader};
 use std::path::Path;
 
@@ -49,8 +49,10 @@ impl Side {
 /// it decapsulated into the device, and does the whole job where it is not attached).
 pub(crate) const XDP_INGRESS: &str = "twill_xdp_ingress";
 
-/// Parse the object, create (or, with `pins`, open) its maps and load its four programs.
-pub(crate) fn load(pins: Option<&Path>) -> anyhow::Result<Ebpf> {
+/// Parse the object, create (or, with `pins`, open) its maps and load the TC programs of
+/// `sides`, the ones that will be attached: a program this kernel refuses costs only itself,
+/// where it is one a node can run without (the XDP program: [`load_xdp`]).
+pub(crate) fn load(pins: Option<&Path>, sides: &[Side]) -> anyhow::Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     if let Some(dir) = pins {
         for name in MAP_NAMES {
@@ -58,16 +60,65 @@ pub(crate) fn load(pins: Option<&Path>) -> anyhow::Result<Ebpf> {
         }
     }
     let mut ebpf = loader.load(OBJECT).context("loading the eBPF object")?;
-    for side in Side::ALL {
-        let program = program(&mut ebpf, side)?;
-        program
-            .load()
-            .with_context(|| format!("the verifier refused {}", side.program_name()))?;
+    for &side in sides {
+        load_tc(&mut ebpf, side)?;
     }
-    xdp_program(&mut ebpf)?
-        .load()
-        .with_context(|| format!("the verifier refused {XDP_INGRESS}"))?;
     Ok(ebpf)
+}
+
+/// Load the TC program of `side` (a no-op once loaded).
+pub(crate) fn load_tc(ebpf: &mut Ebpf, side: Side) -> anyhow::Result<()> {
+    let program = program(ebpf, side)?;
+    if program.fd().is_ok() {
+        return Ok(());
+    }
+    program
+        .load()
+        .map_err(|e| anyhow::anyhow!("{}", refusal(side.program_name(), &e)))
+}
+
+/// Load the XDP program (a no-op once loaded). `Ok(Err(why))` when the kernel refuses it: the
+/// verifier's reason in one line, for a node that then decapsulates at TC alone.
+pub(crate) fn load_xdp(ebpf: &mut Ebpf) -> anyhow::Result<Result<(), String>> {
+    let program = xdp_program(ebpf)?;
+    if program.fd().is_ok() {
+        return Ok(Ok(()));
+    }
+    Ok(program.load().map_err(|e| refusal(XDP_INGRESS, &e)))
+}
+
+/// One line naming the program and why the kernel refused it: the verifier's own last word
+/// (its log ends with statistics, which say nothing of why), else the error.
+fn refusal(name: &str, error: &ProgramError) -> String {
+    let ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = error
+    else {
+        return format!("loading {name}: {error}");
+    };
+    let log = verifier_log.to_string();
+    let why = log
+        .lines()
+        .map(str::trim)
+        .rfind(|line| !line.is_empty() && !is_statistics(line));
+    match why {
+        Some(why) => format!("the verifier refused {name}: {why}"),
+        None => format!("the kernel refused {name}: {io_error}"),
+    }
+}
+
+/// The lines a verifier log ends with whatever it decided.
+fn is_statistics(line: &str) -> bool {
+    [
+        "processed ",
+        "verification time",
+        "stack depth",
+        "max_states_per_insn",
+        "-- END PROG LOAD LOG --",
+    ]
+    .iter()
+    .any(|start| line.starts_with(start))
 }
 
 /// One of the object's programs.

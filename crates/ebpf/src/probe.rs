@@ -44,13 +44,21 @@ pub fn probe() -> Result<(), Unsupported> {
             ))
         }
     }
-    let mut loaded = Loaded::load(None).map_err(|e| Unsupported::Refused(format!("{e:#}")))?;
+    let mut loaded =
+        Loaded::load(None, &Side::BOTH).map_err(|e| Unsupported::Refused(format!("{e:#}")))?;
     decapsulates(&mut loaded).map_err(|e| match e {
         Probed::Refused(why) => Unsupported::Refused(why),
         Probed::NoDecap => Unsupported::KernelTooOld {
             found: kernel_release(),
         },
     })
+}
+
+/// Whether this kernel loads the XDP ingress program; `Err` is the verifier's reason in one
+/// line. A node runs without it where it is refused ([`crate::Dataplane::left_out`]), so this
+/// is no part of [`probe`].
+pub fn probe_xdp() -> anyhow::Result<Result<(), String>> {
+    Loaded::load(None, &[])?.load_xdp()
 }
 
 enum Probed {

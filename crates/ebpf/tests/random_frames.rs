@@ -65,6 +65,15 @@ impl Program {
         Program::Xdp,
     ];
 
+    /// The ones this kernel loads (common::test_run::xdp_loads).
+    fn loaded() -> anyhow::Result<Vec<Program>> {
+        let xdp = common::test_run::xdp_loads()?;
+        Ok(Program::ALL
+            .into_iter()
+            .filter(|&p| xdp || p != Program::Xdp)
+            .collect())
+    }
+
     /// The direction it carries in.
     fn side(self) -> Side {
         match self {
@@ -97,7 +106,7 @@ fn over_the_ipv6_underlay_mutated_flannel_frames_get_a_verdict_and_at_most_one_c
 
 /// Random frames through every program of a node on `underlay`.
 fn random_bytes(bench: &TestBench, underlay: Underlay, seed: u8) -> anyhow::Result<()> {
-    for program in Program::ALL {
+    for program in Program::loaded()? {
         run(bench, program, random_frames(underlay), seed)?;
     }
     Ok(())
@@ -105,7 +114,7 @@ fn random_bytes(bench: &TestBench, underlay: Underlay, seed: u8) -> anyhow::Resu
 
 /// Mutated frames of flannel's wire through every program of a node on `underlay`.
 fn mutated(bench: &TestBench, underlay: Underlay, seed: u8) -> anyhow::Result<()> {
-    for program in Program::ALL {
+    for program in Program::loaded()? {
         let frames = mutated_frames(program.side(), underlay);
         run(bench, program, frames, seed)?.reached_every_outcome(program)?;
     }

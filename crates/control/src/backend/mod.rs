@@ -51,6 +51,7 @@ pub trait Backend {
             name: "tun",
             attach: None,
             ingress: None,
+            left_out: Vec::new(),
             table: engine.table().clone(),
             stats: engine.stats().clone(),
             refresh: None,

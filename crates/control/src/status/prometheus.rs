@@ -167,6 +167,7 @@ mod tests {
             name: "tun",
             attach: None,
             ingress: None,
+            left_out: Vec::new(),
             table,
             stats: Arc::new(EngineStats::default()),
             refresh: None,

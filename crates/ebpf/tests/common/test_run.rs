@@ -141,3 +141,18 @@ fn mac_of(ns: &Netns, device: &str) -> Result<[u8; 6]> {
         .try_into()
         .map_err(|_| anyhow::anyhow!("no MAC in {out:?}"))
 }
+
+/// Whether this kernel loads the XDP program, so that its cases can run. One kernel is known to
+/// refuse it, 6.18.44-fc (the helper bpf_xdp_adjust_meta, which the program's mark needs): a
+/// node there runs without XDP (`Dataplane::left_out`, tested in forwarding.rs), and its cases
+/// are not run, said on stderr. Any other refusal fails.
+pub fn xdp_loads() -> Result<bool> {
+    match twill_ebpf::probe_xdp()? {
+        Ok(()) => Ok(true),
+        Err(why) if why.contains("bpf_xdp_adjust_meta") => {
+            eprintln!("this kernel refuses the XDP program ({why}): its cases are not run here");
+            Ok(false)
+        }
+        Err(why) => anyhow::bail!("this kernel refuses the XDP program: {why}"),
+    }
+}

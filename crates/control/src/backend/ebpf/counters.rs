@@ -21,6 +21,7 @@ pub fn view(
         name: "ebpf",
         attach: Some(dataplane.hook().name()),
         ingress: Some(dataplane.ingress().name()),
+        left_out: dataplane.left_out(),
         table: table.clone(),
         stats: stats.clone(),
         refresh: Some(Arc::new(move |counted| {

@@ -218,6 +218,13 @@ impl Setup for EbpfSetup {
                 "eBPF dataplane decapsulates at TC: {why}"
             ),
         }
+        let left_out = dataplane.left_out();
+        if !left_out.is_empty() {
+            tracing::warn!(
+                "eBPF dataplane runs without what this kernel lacks or refused: {}",
+                left_out.join("; ")
+            );
+        }
         match opened {
             Opened::Fresh => tracing::info!(
                 device = %name,
