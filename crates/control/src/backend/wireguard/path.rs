@@ -7,7 +7,7 @@ use super::peers::{Change, PeerBook};
 use super::{Addressing, DevicePlan, DEVICE_V6};
 use crate::host;
 use crate::host::netlink::Netlink;
-use crate::node::Node;
+use crate::node::{DataplaneChoice, Node};
 use anyhow::Context;
 use ipnet::Ipv4Net;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -24,7 +24,8 @@ pub enum Chosen {
 
 impl Chosen {
     /// The kernel's devices, made now (replacing any of their names), or the userspace
-    /// engine's plan where the kernel refuses the first with EOPNOTSUPP.
+    /// engine's plan where the kernel refuses the first with EOPNOTSUPP or `--dataplane tun`
+    /// asks for it.
     pub async fn new(node: &Node, devices: Vec<DevicePlan>, mtu: u32) -> anyhow::Result<Chosen> {
         let Some(first) = devices.first() else {
             anyhow::bail!("no WireGuard device planned");
@@ -36,13 +37,20 @@ impl Chosen {
                 .collect::<Vec<_>>()
                 .join(" and ")
         };
-        let Some(made) = kernel::create(first.name, mtu, first.settings.clone()).await? else {
-            tracing::info!(
-                devices = names(),
-                mtu,
-                "wireguard: this kernel has no WireGuard (EOPNOTSUPP); twill's userspace WireGuard carries the traffic"
-            );
-            let who = "the wireguard backend, on a kernel without WireGuard,";
+        // `--dataplane tun` asks for the userspace engine where the kernel has WireGuard too
+        // (a kernel whose module an operator will not load, or a mixed network under test).
+        let wanted_userspace = node.options.dataplane == DataplaneChoice::Tun;
+        let made = match wanted_userspace {
+            true => None,
+            false => kernel::create(first.name, mtu, first.settings.clone()).await?,
+        };
+        let Some(made) = made else {
+            let why = match wanted_userspace {
+                true => "wireguard: --dataplane tun; twill's userspace WireGuard carries the traffic",
+                false => "wireguard: this kernel has no WireGuard (EOPNOTSUPP); twill's userspace WireGuard carries the traffic",
+            };
+            tracing::info!(devices = names(), mtu, "{why}");
+            let who = "the wireguard backend on twill's userspace WireGuard";
             twill_dataplane::io::tun::require_device(who)?;
             if devices.iter().any(|d| d.device == Device::V6) {
                 let fix = "stop it first: Mode separate's IPv6 device is always flannel-wg-v6";
