@@ -30,11 +30,20 @@ pub fn key_file(c: &Cluster, host: usize) -> PathBuf {
     c.dir.path().join(format!("wgkey-{host}"))
 }
 
-/// `twill run` with the wireguard backend on `host`, its key in [`key_file`].
+/// `twill run` with the wireguard backend on `host`, its key in [`key_file`], choosing its
+/// WireGuard as a user's node does (`--dataplane auto`: the kernel's where it has one).
 pub fn start(c: &Cluster, host: usize) -> Result<Proc> {
+    start_on(c, host, "auto")
+}
+
+/// [`start`] with `--dataplane` `dataplane` (`tun`: twill's userspace WireGuard).
+pub fn start_on(c: &Cluster, host: usize, dataplane: &str) -> Result<Proc> {
     let file = key_file(c, host);
     let file = file.to_str().context("key file path")?;
-    c.start_with_env(host, &[("WIREGUARD_KEY_FILE", file)])
+    c.start_with_env(
+        host,
+        &[("WIREGUARD_KEY_FILE", file), ("TWILL_DATAPLANE", dataplane)],
+    )
 }
 
 /// The private key in a node's key file, base64, as the file holds it.
