@@ -80,11 +80,13 @@ static __always_inline __s64 sum_bytes(struct __sk_buff *skb, __u32 offset, __u3
 				return -1;
 		} else {
 			__builtin_memset(chunk, 0, sizeof(chunk));
-			/* Bounded where the verifier sees it: the compiler knows left < 64 here and
-			 * would drop the mask. */
+			/* Bounded to 1..64 where the verifier sees it, left itself (1..63: done < len
+			 * and left < 64 here) unchanged: the compiler knows left < 64 and would drop a
+			 * plain mask, and the 5.10 and 6.1 verifiers take no lower bound from a
+			 * `left == 0` test, refusing the read as possibly zero-sized. */
 			asm volatile("" : "+r"(left));
-			left &= sizeof(chunk) - 1;
-			if (left == 0 || bpf_skb_load_bytes(skb, offset + done, chunk, left))
+			left = ((left - 1) & (sizeof(chunk) - 1)) + 1;
+			if (bpf_skb_load_bytes(skb, offset + done, chunk, left))
 				return -1;
 			return bpf_csum_diff(NULL, 0, (__be32 *)chunk, sizeof(chunk), (__u32)sum);
 		}
