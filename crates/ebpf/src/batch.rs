@@ -26,14 +26,19 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// The kernel's ENOTSUPP (524, not in libc): what a map type without batch operations answers,
+/// a per-CPU array before Linux 5.13.
+const ENOTSUPP: i32 = 524;
+
 /// The values of keys `0..count` of the array map `map`, in key order, `per_key` of them to a
 /// key (a per-CPU array's: one per possible CPU, each `T` a multiple of 8 bytes long, as the
-/// kernel lays them out).
+/// kernel lays them out). `Ok(None)` where the kernel has no batch lookup for the map's type:
+/// the caller reads key by key then.
 pub(crate) fn array_values<T: aya::Pod + Default>(
     map: BorrowedFd<'_>,
     count: u32,
     per_key: usize,
-) -> anyhow::Result<Vec<T>> {
+) -> anyhow::Result<Option<Vec<T>>> {
     ensure!(
         size_of::<T>().is_multiple_of(8),
         "a per-CPU value's size is a multiple of 8"
@@ -69,7 +74,11 @@ pub(crate) fn array_values<T: aya::Pod + Default>(
             )
         };
         // ENOENT: the map has no more keys; count says how many came before the end.
-        let ended = rc < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT);
+        let errno = (rc < 0).then(|| io::Error::last_os_error().raw_os_error());
+        if read == 0 && errno == Some(Some(ENOTSUPP)) {
+            return Ok(None);
+        }
+        let ended = errno == Some(Some(libc::ENOENT));
         if rc < 0 && !ended {
             return Err(io::Error::last_os_error()).context("BPF_MAP_LOOKUP_BATCH");
         }
@@ -85,5 +94,5 @@ pub(crate) fn array_values<T: aya::Pod + Default>(
         }
     }
     ensure!(read == count, "the map holds {read} keys, not {count}");
-    Ok(values)
+    Ok(Some(values))
 }

@@ -258,11 +258,24 @@ impl Maps {
     }
 
     /// Every CPU's counters of the slots `0..slots`, slot by slot, read in a few batch
-    /// syscalls rather than one per slot (see crate::batch).
+    /// syscalls rather than one per slot (see crate::batch), or one per slot on a kernel
+    /// without batch lookups of per-CPU arrays (before 5.13: Debian's 5.10).
     pub fn peer_traffic_below(&self, slots: u32) -> anyhow::Result<Vec<RawTraffic>> {
         let map = self.peer_traffic.map().fd().as_fd();
-        crate::batch::array_values(map, slots, possible_cpus()?)
-            .context("reading the peers' counters")
+        let batched = crate::batch::array_values(map, slots, possible_cpus()?)
+            .context("reading the peers' counters")?;
+        if let Some(values) = batched {
+            return Ok(values);
+        }
+        let mut values = Vec::new();
+        for slot in 0..slots {
+            let per_cpu = self
+                .peer_traffic
+                .get(&slot, 0)
+                .with_context(|| format!("reading peer slot {slot}'s counters"))?;
+            values.extend(per_cpu.iter().copied());
+        }
+        Ok(values)
     }
 
     /// The config in a pinned config map, without loading anything.

@@ -112,7 +112,13 @@ fn carried(case: &Case, via: Via, bench: &TestBench) -> Vec<u8> {
         // readdresses it at TC) but for the inner packet's ethertype.
         (Side::Ingress, Via::Xdp) => {
             let ethertype = ethertype_of(&inner).to_be_bytes();
-            [&XDP_MARK[..], &case.frame[..12], &ethertype, &inner[..]].concat()
+            [
+                common::test_run::xdp_mark_shown(),
+                &case.frame[..12],
+                &ethertype,
+                &inner[..],
+            ]
+            .concat()
         }
         (Side::Segmented, _) => unreachable!("every case is an egress or an ingress one"),
     }
@@ -136,9 +142,6 @@ fn forwarded_inner(case: &Case) -> Vec<u8> {
     inner[10..12].copy_from_slice(&sum.to_be_bytes());
     inner
 }
-
-/// What twill_xdp_ingress puts in the metadata of a frame it decapsulated (a u32, "twDp").
-const XDP_MARK: [u8; 4] = 0x7477_4470u32.to_ne_bytes();
 
 /// Which program an ingress frame goes through: the TC one, or the XDP one before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

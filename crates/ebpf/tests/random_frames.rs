@@ -320,7 +320,12 @@ fn check(bench: &TestBench, program: Program, frame: &[u8]) -> Result<Outcome, S
             let carried =
                 by_userspace.ok_or("carried, but twill's userspace checks would not carry it")?;
             // The outer Ethernet header as it came, but for the inner packet's ethertype.
-            let at_xdp = [&XDP_MARK[..], &frame[..12], &carried.frame[12..]].concat();
+            let at_xdp = [
+                common::test_run::xdp_mark_shown(),
+                &frame[..12],
+                &carried.frame[12..],
+            ]
+            .concat();
             if output.frame != at_xdp {
                 return Err(format!(
                     "carried as\n  {}\nnot as\n  {}",
@@ -390,10 +395,6 @@ fn refused_by_the_kernel(program: Program, frame: &[u8]) -> bool {
     let short_ip = frame.len() < FIRST_IP + header;
     frame.len() < FIRST_IP || (program != Program::Xdp && short_ip)
 }
-
-/// What twill_xdp_ingress puts in the metadata of a frame it decapsulated (a u32, "twDp"),
-/// which BPF_PROG_TEST_RUN hands back before the frame.
-const XDP_MARK: [u8; 4] = 0x7477_4470u32.to_ne_bytes();
 
 /// How a run moved the counters: drops of every reason, and (packets, bytes) in the program's
 /// own direction and the other, in the totals and the peer's.

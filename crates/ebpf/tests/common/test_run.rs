@@ -156,3 +156,15 @@ pub fn xdp_loads() -> Result<bool> {
         Err(why) => anyhow::bail!("this kernel refuses the XDP program: {why}"),
     }
 }
+
+/// What twill_xdp_ingress puts in the metadata of a frame it decapsulated (a u32, "twDp"), as
+/// BPF_PROG_TEST_RUN hands it back before the frame: from Linux 5.14 on, which copies out from
+/// the metadata; Debian's 5.10 hands back the frame alone (so there the mark is seen only on
+/// the wire path: forwarding.rs with XDP on).
+pub fn xdp_mark_shown() -> &'static [u8] {
+    const XDP_MARK: [u8; 4] = 0x7477_4470u32.to_ne_bytes();
+    match aya::util::KernelVersion::current() {
+        Ok(version) if version < aya::util::KernelVersion::new(5, 14, 0) => &[],
+        _ => &XDP_MARK,
+    }
+}
