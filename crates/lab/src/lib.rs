@@ -1,12 +1,14 @@
 //! A network lab on one machine: hosts and containers are network namespaces joined by veth
 //! pairs (and a bridge for more than two hosts), plus helpers to run processes inside them, a
 //! real etcd, a real kube-apiserver, and a real Kubernetes cluster of nodes with their own
-//! containerd and kubelet. Everything created here carries the creating pid in its
-//! name, is removed on Drop, and is swept by [`cleanup_stale`] once its creator has died.
+//! containerd and kubelet, and Debian's own kernels booted under QEMU to run commands on
+//! ([`guest`]). Everything created here carries the creating pid in its name, is removed on
+//! Drop, and is swept by [`cleanup_stale`] once its creator has died.
 
 pub mod certs;
 mod cluster;
 mod etcd;
+pub mod guest;
 mod kube;
 mod lab;
 mod netns;
@@ -19,6 +21,7 @@ pub mod wireguard_go;
 
 pub use cluster::{Cluster, ClusterSpec, Image, KubeNode, CLUSTER_CIDR, CLUSTER_CIDR6};
 pub use etcd::{Etcd, EtcdSetup};
+pub use guest::{run_in_guest, run_in_guest_with, GuestRun, GuestSpec, Kernel};
 pub use ipnet::{Ipv4Net, Ipv6Net};
 // `self::`: the module, not the kube crate.
 pub use self::kube::{kube_part, yaml_documents, KubeApiServer};
