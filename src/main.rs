@@ -1,7 +1,7 @@
 //! `twill`: the command lines. One binary with three faces, chosen by the name it is started
 //! under and its first argument:
 //! - `twill run ...` and `twill status` (twill's own command line, [`twill_cli`]);
-//! - flanneld's command line, started as `flanneld` or with no subcommand ([`flanneld`]), so
+//! - flanneld's command line, started as `flanneld` or with flags and no subcommand ([`flanneld`]), so
 //!   that it replaces flanneld under flanneld's unit or in flannel's manifest unchanged;
 //! - `install-conf SRC DEST`, flannel's image's tool that installs the CNI config
 //!   ([`install_conf`]).
@@ -51,8 +51,13 @@ impl Face {
             Some("flanneld") => return Face::Flanneld,
             _ => {}
         }
+        // Under twill's own name a first word that is no flag is a subcommand, a mistyped one
+        // too (`twill stauts`), which clap refuses with a usage line and a suggestion: taken
+        // as flanneld's command line with the word ignored (flanneld's own behaviour), it
+        // started a node.
         match args.get(1).and_then(|a| a.to_str()) {
             Some(twill_cli::RUN | twill_cli::STATUS | twill_cli::HELP) => Face::Twill,
+            Some(word) if !word.starts_with('-') => Face::Twill,
             _ => Face::Flanneld,
         }
     }
@@ -140,6 +145,9 @@ mod tests {
             Face::Flanneld
         );
         assert_eq!(face(&["twill"]), Face::Flanneld);
+        // A mistyped subcommand is twill's to refuse, not flanneld's to ignore.
+        assert_eq!(face(&["twill", "stauts"]), Face::Twill);
+        assert_eq!(face(&["/opt/bin/flanneld", "stauts"]), Face::Flanneld);
         assert_eq!(face(&["/opt/bin/flanneld", "run"]), Face::Flanneld);
         assert_eq!(
             face(&["/opt/bin/install-conf", "a", "b"]),

@@ -322,3 +322,31 @@ fn a_mistyped_twill_dataplane_is_named_by_both_faces() -> Result<()> {
     }
     Ok(())
 }
+
+/// Under twill's own name an unknown subcommand is refused with a usage line and a suggestion,
+/// starting nothing: taken as flanneld's command line (as before), `twill stauts` went on to
+/// wait for etcd and would have taken a lease and made a device.
+#[test]
+fn a_mistyped_subcommand_exits_with_a_suggestion_and_starts_nothing() -> Result<()> {
+    let lab = Lab::of("cli-typo", 2)?;
+    // `cleanup` is `run --cleanup`, which clap does not guess: it gets the usage line alone.
+    for (typo, suggested) in [("stauts", Some("status")), ("cleanup", None)] {
+        let mut twill = lab.host(0).ns.spawn(TWILL, &[typo])?;
+        let stderr = twill.failure_within(
+            std::time::Duration::from_secs(10),
+            &format!("twill {typo} kept running"),
+        )?;
+        assert!(
+            stderr.contains(&format!("unrecognized subcommand '{typo}'"))
+                && suggested.is_none_or(|s| stderr.contains(&format!("'{s}'")))
+                && stderr.contains("Usage:"),
+            "{stderr}"
+        );
+        let links = lab.host(0).ns.ip(&["-o", "link", "show"])?;
+        assert!(
+            !links.contains("flannel") && !links.contains("twill0"),
+            "{links}"
+        );
+    }
+    Ok(())
+}
