@@ -237,6 +237,93 @@ fn the_probes_answer_from_the_start_and_ready_waits_for_the_node() -> Result<()>
     Ok(())
 }
 
+/// A node started before the network config exists waits for it, as flanneld v0.28.9 does
+/// (it exited before): `/healthz` 200 and `/readyz` 503 meanwhile, the missing key said once,
+/// then ready once the operator puts the config. Both faces: flanneld's and `twill run`.
+#[test]
+fn without_a_network_config_both_faces_wait_for_it_and_say_so_once() -> Result<()> {
+    let c = cluster("facenocfg", 2, VXLAN)?;
+    let config_key = format!("{}/config", common::cluster::PREFIX);
+    c.etcd.etcdctl(&["del", &config_key])?;
+    let flanneld = flanneld_link(c.dir.path())?;
+    let mut nodes = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..2 {
+        let host = c.lab.host(i);
+        let port = host.ns.enter(twill_lab::free_tcp_port)?;
+        let file = c.subnet_file(i).display().to_string();
+        let endpoint = c.etcd.endpoint();
+        let node = match i {
+            0 => host.ns.spawn(
+                flanneld.to_str().context("path")?,
+                &[
+                    &format!("-etcd-endpoints={endpoint}"),
+                    "-iface=eth0",
+                    &format!("-subnet-file={file}"),
+                    &format!("-healthz-port={port}"),
+                ],
+            )?,
+            _ => spawn_twill(
+                &host.ns,
+                &[
+                    "run",
+                    "--etcd-endpoints",
+                    &endpoint,
+                    "--iface",
+                    "eth0",
+                    "--subnet-file",
+                    &file,
+                    "--healthz-port",
+                    &port.to_string(),
+                ],
+                &[],
+            )?,
+        };
+        nodes.push(node);
+        ports.push(port);
+    }
+    let said = "flannel network config not found";
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let (host, port) = (c.lab.host(i), ports[i]);
+        eventually_within(
+            "/healthz 200 without a config",
+            Duration::from_secs(20),
+            || {
+                ensure!(node.is_running(), "gave up: {}", node.stderr());
+                Ok(probe(host, port, "/healthz").is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
+            },
+        )?;
+        eventually("the missing config said", || {
+            Ok(node.stderr().contains(said))
+        })?;
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    for (i, node) in nodes.iter_mut().enumerate() {
+        ensure!(node.is_running(), "gave up: {}", node.stderr());
+        let ready = probe(c.lab.host(i), ports[i], "/readyz")?;
+        ensure!(ready.starts_with("HTTP/1.1 503"), "{ready}");
+        ensure!(
+            node.stderr().matches(said).count() == 1,
+            "said more than once:\n{}",
+            node.stderr()
+        );
+    }
+    c.etcd.etcdctl(&["put", &config_key, VXLAN])?;
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let (host, port) = (c.lab.host(i), ports[i]);
+        eventually_within(
+            "/readyz 200 once the config is there",
+            Duration::from_secs(30),
+            || {
+                ensure!(node.is_running(), "{}", node.stderr());
+                Ok(probe(host, port, "/readyz").is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
+            },
+        )?;
+        ensure!(c.subnet_file(i).exists(), "ready without subnet.env");
+    }
+    Ok(())
+}
+
 /// One datagram from the notify socket, if one comes within its read timeout.
 fn read_notice(socket: &UnixDatagram) -> Option<String> {
     let mut buf = [0u8; 512];

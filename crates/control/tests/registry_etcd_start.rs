@@ -31,17 +31,45 @@ async fn invalid_config_gives_a_one_line_error_naming_the_field() {
     );
 }
 
+/// A node started before the operator writes the config waits for it, as flanneld does: it
+/// says once which key to create, looks again every second, and goes on once it is there.
 #[tokio::test]
-async fn missing_config_says_which_key_to_create() {
+async fn missing_config_is_waited_for_and_said_once() {
     let etcd = Etcd::start();
-    let mut opts = etcd.options();
-    opts.prefix = "/elsewhere/network".to_string();
-    let err = connect_error(opts).await;
+    let (logs, _guard) = Logs::capture();
+    let connecting = tokio::spawn(EtcdRegistry::connect(etcd.options()));
+    let said = "flannel network config not found: etcd key /coreos.com/network/config does not \
+                exist";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !logs.text().contains(said) {
+        assert!(
+            !connecting.is_finished(),
+            "connect gave up without a config"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "not said in 30 s:\n{}",
+            logs.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Three more looks at least, none of them said again.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
     assert!(
-        err.starts_with(
-            "flannel network config not found: etcd key /elsewhere/network/config does not exist"
-        ),
-        "{err}"
+        !connecting.is_finished(),
+        "connect gave up without a config"
+    );
+    assert_eq!(logs.text().matches(said).count(), 1, "{}", logs.text());
+
+    etcd.put_config(r#"{"Network":"10.5.0.0/16"}"#).await;
+    let registry = tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .expect("connect did not go on once the config was there")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        registry.config().ipv4.as_ref().unwrap().network,
+        "10.5.0.0/16".parse().unwrap()
     );
 }
 

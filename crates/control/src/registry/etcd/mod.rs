@@ -138,14 +138,24 @@ pub struct EtcdRegistry {
 
 impl EtcdRegistry {
     /// Connects and reads `<prefix>/config`. While etcd cannot be reached this retries with
-    /// backoff and logs each attempt, because a node often boots before etcd does. A missing or
-    /// invalid config, bad credentials or unreadable TLS files fail at once with a one-line
-    /// error: waiting would not fix them.
+    /// backoff and logs each attempt, because a node often boots before etcd does. While the
+    /// config is not there yet it checks again every second, as flanneld does (hosts whose
+    /// units start before the operator writes the config come up by themselves), said once.
+    /// An invalid config, bad credentials or unreadable TLS files fail at once with a
+    /// one-line error: waiting would not fix them.
     pub async fn connect(opts: EtcdOptions) -> anyhow::Result<EtcdRegistry> {
         opts.timing.check()?;
         let mut backoff = opts.timing.backoff();
+        let mut said_missing = false;
         loop {
             match Self::try_connect(&opts).await {
+                Err(e) if e.is::<ConfigMissing>() => {
+                    if !said_missing {
+                        warn!("{e}; checking again every second until it does");
+                        said_missing = true;
+                    }
+                    tokio::time::sleep(CONFIG_RECHECK).await;
+                }
                 Err(e) if is_unreachable(&e) => {
                     let timeout = opts.timing.request_timeout;
                     if let Some(why) = tls_probe::tls_failure(&opts, timeout).await {
@@ -181,10 +191,20 @@ impl EtcdRegistry {
     }
 }
 
+/// How often a node without its network config looks again: flanneld's second.
+const CONFIG_RECHECK: Duration = Duration::from_secs(1);
+
+/// The network config's key does not exist (yet).
+#[derive(Debug, thiserror::Error)]
+#[error("flannel network config not found: etcd key {key} does not exist (create it with etcdctl put {key} '{{\"Network\":\"10.5.0.0/16\"}}')")]
+struct ConfigMissing {
+    key: String,
+}
+
 async fn read_config(store: &Store) -> anyhow::Result<Config> {
     let key = store.config_key();
     let Some(json) = store.config_json().await? else {
-        bail!("flannel network config not found: etcd key {key} does not exist (create it with etcdctl put {key} '{{\"Network\":\"10.5.0.0/16\"}}')");
+        return Err(ConfigMissing { key }.into());
     };
     Config::parse(&json).map_err(|e| anyhow!("{e} (etcd key {key})"))
 }
