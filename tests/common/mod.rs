@@ -121,7 +121,7 @@ pub const READ_ONLY_PROC_SYS: &[&str] = &[
 /// The bound is generous: on a loaded 2-core machine (CI with builds beside it) a start that
 /// takes seconds alone once took over 20 s.
 pub fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()> {
-    let deadline = Instant::now() + READY_WITHIN;
+    let deadline = Instant::now() + READY_WITHIN * time_scale();
     while Instant::now() < deadline {
         if !proc.is_running() {
             bail!("twill exited early:\n{}", proc.stderr());
@@ -138,7 +138,8 @@ pub fn wait_ready(ns: &Netns, proc: &mut Proc, subnet_file: &Path) -> Result<()>
         .exec(TWILL, &["status"])
         .unwrap_or_else(|e| format!("(no status: {e:#})"));
     bail!(
-        "twill did not become ready in {READY_WITHIN:?} (subnet file written: {}):\n{}\nstatus: {said}",
+        "twill did not become ready in {:?} (subnet file written: {}):\n{}\nstatus: {said}",
+        READY_WITHIN * time_scale(),
         subnet_file.exists(),
         proc.stderr()
     )
@@ -205,12 +206,24 @@ pub fn eventually(what: &str, f: impl FnMut() -> Result<bool>) -> Result<()> {
     eventually_within(what, Duration::from_secs(5), f)
 }
 
+/// How much longer waits may take than on the host: `TWILL_TEST_TIME_SCALE`, which the guest
+/// kernels' runner sets (under QEMU's emulator every exec and every start is many times slower);
+/// 1 where it is unset.
+pub fn time_scale() -> u32 {
+    std::env::var("TWILL_TEST_TIME_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// [`eventually`] with its own bound, for what crosses a control plane.
 pub fn eventually_within(
     what: &str,
     bound: Duration,
     mut f: impl FnMut() -> Result<bool>,
 ) -> Result<()> {
+    let bound = bound * time_scale();
     let deadline = Instant::now() + bound;
     loop {
         if f()? {

@@ -181,8 +181,12 @@ fn nothing_attached(host: &Host, underlay: &str) -> Result<()> {
     Ok(())
 }
 
-/// The names of the programs on `device`'s tcx hooks, both directions.
+/// The names of the programs on `device`'s tcx hooks, both directions; none on a kernel
+/// without tcx (before 6.6, where the query is refused with EINVAL).
 fn tcx_programs(host: &Host, device: &str) -> Result<Vec<String>> {
+    if aya::util::KernelVersion::current()? < aya::util::KernelVersion::new(6, 6, 0) {
+        return Ok(Vec::new());
+    }
     host.ns.enter(|| {
         let mut names = Vec::new();
         for hook in [TcAttachType::Ingress, TcAttachType::Egress] {
