@@ -188,6 +188,11 @@ fn probe(host: &Host, port: u16, path: &str) -> Result<String> {
     http_get(&host.ns, &format!("{}:{port}", host.underlay_ip), path)
 }
 
+/// Whether `GET path` on host's health port answers 200.
+fn answers_200(host: &Host, port: u16, path: &str) -> bool {
+    probe(host, port, path).is_ok_and(|a| a.starts_with("HTTP/1.1 200"))
+}
+
 /// kube-flannel.yml's probes across a start with etcd down: `/healthz` answers 200 from the
 /// first second and `/readyz` 503, until etcd is back and the node has written its subnet
 /// file and rules; then `/readyz` is 200. systemd hears READY=1 only then.
@@ -214,7 +219,7 @@ fn the_probes_answer_from_the_start_and_ready_waits_for_the_node() -> Result<()>
         .ns
         .spawn_with(flanneld.to_str().context("path")?, &args, &env)?;
     eventually("/healthz answering while etcd is down", || {
-        Ok(probe(host, port, "/healthz").is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
+        Ok(answers_200(host, port, "/healthz"))
     })?;
     let ready = probe(host, port, "/readyz")?;
     ensure!(ready.starts_with("HTTP/1.1 503"), "{ready}");
@@ -225,7 +230,7 @@ fn the_probes_answer_from_the_start_and_ready_waits_for_the_node() -> Result<()>
     );
     c.etcd.start()?;
     eventually("/readyz 200 once etcd is back", || {
-        Ok(probe(host, port, "/readyz").is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
+        Ok(answers_200(host, port, "/readyz"))
     })?;
     ensure!(file.exists(), "ready without subnet.env");
     let mut notices = Vec::new();
@@ -290,7 +295,7 @@ fn without_a_network_config_both_faces_wait_for_it_and_say_so_once() -> Result<(
             Duration::from_secs(20),
             || {
                 ensure!(node.is_running(), "gave up: {}", node.stderr());
-                Ok(probe(host, port, "/healthz").is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
+                Ok(answers_200(host, port, "/healthz"))
             },
         )?;
         eventually("the missing config said", || {
@@ -316,7 +321,7 @@ fn without_a_network_config_both_faces_wait_for_it_and_say_so_once() -> Result<(
             Duration::from_secs(30),
             || {
                 ensure!(node.is_running(), "{}", node.stderr());
-                Ok(probe(host, port, "/readyz").is_ok_and(|a| a.starts_with("HTTP/1.1 200")))
+                Ok(answers_200(host, port, "/readyz"))
             },
         )?;
         ensure!(c.subnet_file(i).exists(), "ready without subnet.env");

@@ -72,13 +72,7 @@ fn ipip_twill_and_a_real_flanneld_share_a_network() -> Result<()> {
 #[test]
 #[ignore = "needs ipip and WireGuard in the kernel: tests/kernel_matrix.rs runs it"]
 fn two_kernel_wireguard_nodes_carry_traffic() -> Result<()> {
-    let mut c = cluster("gwgk", 2, &wg::config(PSK, ""))?;
-    let nodes = [
-        start_wg(&c, 0, Path::Kernel)?,
-        start_wg(&c, 1, Path::Kernel)?,
-    ];
-    c.add_container(0)?;
-    c.add_container(1)?;
+    let (c, _nodes) = wg_pair("gwgk", [Path::Kernel, Path::Kernel])?;
     let dump = c
         .lab
         .host(0)
@@ -92,9 +86,7 @@ fn two_kernel_wireguard_nodes_carry_traffic() -> Result<()> {
             && fields.get(2) == Some(&"10.200.0.2:51820"),
         "flannel-wg's peer: {peer}"
     );
-    both_ways(&c)?;
-    drop(nodes);
-    Ok(())
+    both_ways(&c)
 }
 
 /// A kernel-WireGuard node and a userspace-WireGuard one (`--dataplane tun`) speak one wire:
@@ -102,13 +94,7 @@ fn two_kernel_wireguard_nodes_carry_traffic() -> Result<()> {
 #[test]
 #[ignore = "needs ipip and WireGuard in the kernel: tests/kernel_matrix.rs runs it"]
 fn kernel_and_userspace_wireguard_nodes_share_a_network() -> Result<()> {
-    let mut c = cluster("gwgm", 2, &wg::config(PSK, ""))?;
-    let _nodes = [
-        start_wg(&c, 0, Path::Kernel)?,
-        start_wg(&c, 1, Path::Userspace)?,
-    ];
-    c.add_container(0)?;
-    c.add_container(1)?;
+    let (c, _nodes) = wg_pair("gwgm", [Path::Kernel, Path::Userspace])?;
     both_ways(&c)
 }
 
@@ -147,6 +133,18 @@ fn both_ways(c: &Cluster) -> Result<()> {
 enum Path {
     Kernel,
     Userspace,
+}
+
+/// Two wireguard nodes on the `paths` given, a container each, which know each other.
+fn wg_pair(tag: &str, paths: [Path; 2]) -> Result<(Cluster, [Proc; 2])> {
+    let mut c = cluster(tag, 2, &wg::config(PSK, ""))?;
+    let nodes = [start_wg(&c, 0, paths[0])?, start_wg(&c, 1, paths[1])?];
+    c.add_container(0)?;
+    c.add_container(1)?;
+    eventually_within("peers known", LEASE_WAIT, || {
+        Ok(c.peer_subnets(0)?.len() == 1 && c.peer_subnets(1)?.len() == 1)
+    })?;
+    Ok((c, nodes))
 }
 
 /// A wireguard node on `host`, on the `path` it must say it took.
