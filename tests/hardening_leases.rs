@@ -8,50 +8,12 @@
 
 mod common;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use common::bpffs::BpfFs;
 use common::cluster::*;
 use common::kube::{kube_cluster, net_conf, KubeCluster};
+use common::refusals::settled;
 use common::*;
-use std::time::Duration;
-use twill_lab::Netns;
-
-/// A peer of a node's `twill status`: its subnet and public IP.
-fn peers(ns: &Netns) -> Result<Vec<(String, String)>> {
-    let s = status(ns)?;
-    let peers = s["peers"].as_array().context("peers")?;
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    Ok(peers
-        .iter()
-        .map(|p| (text(&p["subnet"]), text(&p["public_ip"])))
-        .collect())
-}
-
-/// `rejected_leases` of a node's status, as (key, reason) pairs.
-fn rejected(ns: &Netns) -> Result<Vec<(String, String)>> {
-    let s = status(ns)?;
-    let rejected = s["rejected_leases"].as_array().context("rejected_leases")?;
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-    Ok(rejected
-        .iter()
-        .map(|r| (text(&r["key"]), text(&r["reason"])))
-        .collect())
-}
-
-/// Waits until host `host` has exactly the peer `(subnet, ip)` and the refusals `refused`.
-fn settled(ns: &Netns, peer: (&str, &str), refused: &[(&str, &str)]) -> Result<()> {
-    let want_peer = vec![(peer.0.to_string(), peer.1.to_string())];
-    let what = format!("peer {peer:?} and refusals {refused:?}");
-    eventually_within(&what, Duration::from_secs(15), || {
-        let got = rejected(ns)?;
-        let refusals_match = got.len() == refused.len()
-            && refused
-                .iter()
-                .all(|(key, why)| got.iter().any(|(k, r)| k == key && r.contains(why)));
-        Ok(peers(ns)? == want_peer && refusals_match)
-    })
-    .with_context(|| format!("peers {:?}, rejected {:?}", peers(ns), rejected(ns)))
-}
 
 /// Finding 1: a Node made with another Node's podCIDR and flannel's annotations (its own
 /// public-ip) is refused, before and after a restart; traffic to the real node is unaffected;

@@ -136,6 +136,12 @@ impl Cluster {
     pub fn dual_stack_containers_ping_each_other(&mut self) -> Result<()> {
         self.add_dual_stack_container(0)?;
         self.add_dual_stack_container(1)?;
+        self.dual_stack_containers_reach_each_other()
+    }
+
+    /// Hosts 0's and 1's dual-stack containers ping each other twice each way over both
+    /// families.
+    pub fn dual_stack_containers_reach_each_other(&self) -> Result<()> {
         let (a, b) = (self.container(0), self.container(1));
         for (from, to) in [(a, b), (b, a)] {
             let out = ping(from, to.ip, 2)?;
@@ -167,7 +173,11 @@ impl Cluster {
         (1..=254u8)
             .rev()
             .filter_map(|i| Ipv4Net::new(std::net::Ipv4Addr::new(10, 5, i, 0), 24).ok())
-            .find(|s| !held.lines().any(|key| key == self.lease_key(*s)))
+            .find(|s| {
+                let key = self.lease_key(*s);
+                // A dual-stack lease's key goes on with `&` and its IPv6 subnet.
+                !held.lines().any(|k| k == key || k.starts_with(&format!("{key}&")))
+            })
             .context("every subnet of 10.5.0.0/16 is held")
     }
 

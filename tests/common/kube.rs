@@ -89,6 +89,18 @@ impl KubeCluster {
 
     /// A Node annotated as a flanneld udp node would annotate it, at `public_ip`.
     pub fn flannel_node(&self, name: &str, cidr: &str, public_ip: &str) -> Result<()> {
+        self.flannel_node_of(name, cidr, public_ip, "", "null")
+    }
+
+    /// [`KubeCluster::flannel_node`] with the backend-type and backend-data annotations given.
+    pub fn flannel_node_of(
+        &self,
+        name: &str,
+        cidr: &str,
+        public_ip: &str,
+        backend_type: &str,
+        backend_data: &str,
+    ) -> Result<()> {
         let managed = format!("{PREFIX}/kube-subnet-manager");
         let ip = format!("{PREFIX}/public-ip");
         let kind = format!("{PREFIX}/backend-type");
@@ -96,8 +108,8 @@ impl KubeCluster {
         let annotations = [
             (managed.as_str(), "true"),
             (ip.as_str(), public_ip),
-            (kind.as_str(), ""),
-            (data.as_str(), "null"),
+            (kind.as_str(), backend_type),
+            (data.as_str(), backend_data),
         ];
         self.api.create_node(name, Some(cidr), &annotations)
     }
@@ -176,18 +188,7 @@ impl KubeCluster {
 
     /// `rejected_leases` of a node's status, as (key, reason) pairs.
     pub fn rejected(&self, host: usize) -> Result<Vec<(String, String)>> {
-        let s = status(&self.lab.host(host).ns)?;
-        Ok(s["rejected_leases"]
-            .as_array()
-            .context("rejected_leases")?
-            .iter()
-            .map(|r| {
-                (
-                    r["key"].as_str().unwrap_or_default().into(),
-                    r["reason"].as_str().unwrap_or_default().into(),
-                )
-            })
-            .collect())
+        super::refusals::rejected(&self.lab.host(host).ns)
     }
 
     /// Waits until `host` has exactly `want` as its peers' subnets.

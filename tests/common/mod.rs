@@ -12,6 +12,7 @@ pub mod kube_flannel;
 pub mod migration;
 mod pair;
 pub mod pod_traffic;
+pub mod refusals;
 pub mod rules;
 pub mod wireguard;
 

@@ -269,7 +269,12 @@ impl LeaseRules {
             return Err(Rejection::BackendType { got, want });
         }
         match lease.kind() {
-            Some(BackendKind::Vxlan) => check_vtep_mac(lease, self.ipv4.is_none()).map(|()| None),
+            Some(BackendKind::Vxlan) => {
+                for family in self.vtep_families(lease) {
+                    vtep_mac(lease, family)?;
+                }
+                Ok(None)
+            }
             Some(BackendKind::Wireguard) => {
                 let (key, _) = lease.wireguard_data().map_err(Rejection::WireguardData)?;
                 match self.own_key {
@@ -306,11 +311,32 @@ pub fn first_made(a: &Lease, b: &Lease) -> bool {
     by_creation(a, b) == Ordering::Less
 }
 
-/// What one lease claims: four things at most, kept without an allocation.
+/// What one lease claims: four things at most (its subnets, and an endpoint, a key or its two
+/// VtepMACs), kept without an allocation.
 pub type Claims = arrayvec::ArrayVec<Claim, 4>;
 
+/// Which of a vxlan node's devices a VtepMAC belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VtepFamily {
+    /// `flannel.<VNI>`, whose MAC is the lease's BackendData.VtepMAC.
+    V4,
+    /// `flannel-v6.<VNI>`, whose MAC is its BackendV6Data.VtepMAC.
+    V6,
+}
+
+impl VtepFamily {
+    /// The lease field that carries this device's MAC.
+    fn field(self) -> &'static str {
+        match self {
+            VtepFamily::V4 => "BackendData",
+            VtepFamily::V6 => "BackendV6Data",
+        }
+    }
+}
+
 /// Something a peer lease claims that no other peer may have. Of two leases that claim
-/// overlapping subnets, one endpoint or one key, the older keeps it ([`by_creation`]).
+/// overlapping subnets, one endpoint, one key or one VtepMAC, the older keeps it
+/// ([`by_creation`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
     /// Its IPv4 subnet: a route can lead to one peer only.
@@ -326,6 +352,9 @@ pub enum Claim {
     Endpoint { ip: IpAddr, port: Option<u16> },
     /// A wireguard lease's PublicKey: a key names one WireGuard peer.
     Key(PublicKey),
+    /// A vxlan lease's VtepMAC on one device: the kernel's fdb is keyed by MAC, so a second
+    /// lease with a peer's MAC would repoint that peer's frames at its own PublicIP.
+    VtepMac { family: VtepFamily, mac: MacAddr },
 }
 
 impl Claim {
@@ -367,6 +396,12 @@ impl Claim {
                 "its PublicKey \"{key}\" is already the key of the lease {first}, made before \
                  it: a WireGuard key can be only one peer"
             ),
+            Claim::VtepMac { family, mac } => write!(
+                f,
+                "its {}.VtepMAC {mac} is already the VtepMAC of the lease {first}, made before \
+                 it: the kernel's fdb sends a MAC's frames to one host",
+                family.field()
+            ),
         }
     }
 }
@@ -386,7 +421,23 @@ impl LeaseRules {
             claims.push(endpoint);
         }
         claims.extend(key.map(Claim::Key));
+        if lease.kind() == Some(BackendKind::Vxlan) {
+            for family in self.vtep_families(lease) {
+                if let Ok(mac) = vtep_mac(lease, family) {
+                    claims.push(Claim::VtepMac { family, mac });
+                }
+            }
+        }
         claims
+    }
+
+    /// The devices of a vxlan `lease` this node sends to, whose VtepMACs it needs: flannel.<VNI>
+    /// where the network has IPv4, flannel-v6.<VNI> where this node runs IPv6 and the lease has
+    /// an IPv6 subnet.
+    fn vtep_families(&self, lease: &Lease) -> impl Iterator<Item = VtepFamily> {
+        let v4 = self.ipv4.is_some().then_some(VtepFamily::V4);
+        let v6 = (self.ipv6.is_some() && lease.subnets.v6().is_some()).then_some(VtepFamily::V6);
+        v4.into_iter().chain(v6)
     }
 
     /// The address the dataplane knows `lease`'s node by, where it knows peers by address.
@@ -425,16 +476,17 @@ fn check_public_ip(ip: Ipv4Addr, own: Ipv4Addr) -> Result<(), Rejection> {
     Ok(())
 }
 
-/// The MAC a vxlan peer's traffic goes to: a zero or multicast (broadcast included) MAC would
-/// leave a neighbour entry that sends the peer's subnet nowhere, or everywhere. An IPv6-only
-/// lease has it in BackendV6Data only.
-fn check_vtep_mac(lease: &Lease, ipv6_only: bool) -> Result<(), Rejection> {
-    let (data, field) = match ipv6_only {
-        false => (lease.backend_data.as_ref(), "BackendData"),
-        true => (lease.backend_v6_data.as_ref(), "BackendV6Data"),
+/// The MAC a vxlan peer's traffic goes to on `family`'s device: a zero or multicast (broadcast
+/// included) MAC would leave a neighbour entry that sends the peer's subnet nowhere, or
+/// everywhere.
+fn vtep_mac(lease: &Lease, family: VtepFamily) -> Result<MacAddr, Rejection> {
+    let data = match family {
+        VtepFamily::V4 => lease.backend_data.as_ref(),
+        VtepFamily::V6 => lease.backend_v6_data.as_ref(),
     };
     let mac = data.and_then(|d| d.get("VtepMAC"));
     let Some(text) = mac.as_ref().and_then(|m| m.as_str()) else {
+        let field = family.field();
         return Err(Rejection::VtepMac(format!("it has no {field}.VtepMAC")));
     };
     let mac: MacAddr = text.parse().map_err(|_| {
@@ -446,7 +498,7 @@ fn check_vtep_mac(lease: &Lease, ipv6_only: bool) -> Result<(), Rejection> {
             "its VtepMAC {mac} is not a unicast address"
         )));
     }
-    Ok(())
+    Ok(mac)
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! each thing has one holder at most, and the nearest subnets on either side are the only ones
 //! a subnet can overlap.
 
+use crate::host::netlink::MacAddr;
 use crate::lease::SubnetId;
-use crate::lease_check::Claim;
+use crate::lease_check::{Claim, VtepFamily};
 use ipnet::{Ipv4Net, Ipv6Net};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -17,6 +18,7 @@ pub(super) struct Held {
     ipv6_subnets: BTreeMap<Ipv6Net, SubnetId>,
     endpoints: HashMap<(IpAddr, Option<u16>), SubnetId>,
     keys: HashMap<PublicKey, SubnetId>,
+    vtep_macs: HashMap<(VtepFamily, MacAddr), SubnetId>,
 }
 
 impl Held {
@@ -32,6 +34,7 @@ impl Held {
                 Claim::Ipv6Subnet(subnet) => self.ipv6_subnets.insert(subnet, holder),
                 Claim::Endpoint { ip, port } => self.endpoints.insert((ip, port), holder),
                 Claim::Key(key) => self.keys.insert(key, holder),
+                Claim::VtepMac { family, mac } => self.vtep_macs.insert((family, mac), holder),
             };
         }
     }
@@ -43,12 +46,11 @@ impl Held {
                 Claim::Subnet(subnet) => remove_if(&mut self.subnets, &subnet, holder),
                 Claim::Ipv6Subnet(subnet) => remove_if(&mut self.ipv6_subnets, &subnet, holder),
                 Claim::Endpoint { ip, port } => {
-                    let held = self.endpoints.get(&(ip, port)) == Some(&holder);
-                    held && self.endpoints.remove(&(ip, port)).is_some()
+                    remove_held(&mut self.endpoints, &(ip, port), holder)
                 }
-                Claim::Key(key) => {
-                    let held = self.keys.get(&key) == Some(&holder);
-                    held && self.keys.remove(&key).is_some()
+                Claim::Key(key) => remove_held(&mut self.keys, &key, holder),
+                Claim::VtepMac { family, mac } => {
+                    remove_held(&mut self.vtep_macs, &(family, mac), holder)
                 }
             };
             debug_assert!(held, "{claim:?} was not held by {holder}");
@@ -90,18 +92,9 @@ impl Held {
                 .map(|(s, h)| (Claim::Ipv6Subnet(s), h))
                 .collect()
             }
-            Claim::Endpoint { ip, port } => self
-                .endpoints
-                .get(&(ip, port))
-                .map(|h| (*claim, *h))
-                .into_iter()
-                .collect(),
-            Claim::Key(key) => self
-                .keys
-                .get(&key)
-                .map(|h| (*claim, *h))
-                .into_iter()
-                .collect(),
+            Claim::Endpoint { ip, port } => held_by(&self.endpoints, &(ip, port), claim),
+            Claim::Key(key) => held_by(&self.keys, &key, claim),
+            Claim::VtepMac { family, mac } => held_by(&self.vtep_macs, &(family, mac), claim),
         }
     }
 }
@@ -121,6 +114,24 @@ fn overlapping<'a, N: Ord + Copy>(
         .into_iter()
         .chain(held.range(inside))
         .map(|(s, h)| (*s, *h))
+}
+
+/// `claim` with its holder, if `key`, what it claims, is held.
+fn held_by<K: Eq + std::hash::Hash>(
+    map: &HashMap<K, SubnetId>,
+    key: &K,
+    claim: &Claim,
+) -> Vec<(Claim, SubnetId)> {
+    map.get(key).map(|h| (*claim, *h)).into_iter().collect()
+}
+
+fn remove_held<K: Eq + std::hash::Hash>(
+    map: &mut HashMap<K, SubnetId>,
+    key: &K,
+    holder: SubnetId,
+) -> bool {
+    let held = map.get(key) == Some(&holder);
+    held && map.remove(key).is_some()
 }
 
 fn remove_if<K: Ord>(map: &mut BTreeMap<K, SubnetId>, key: &K, holder: SubnetId) -> bool {

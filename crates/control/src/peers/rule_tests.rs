@@ -292,3 +292,78 @@ proptest! {
         }
     }
 }
+
+/// A vxlan lease of 10.5.`third`.0/24 at `ip` with VtepMACs `mac` and, dual-stack, `mac6`.
+fn vxlan_lease(third: u8, at: i64, ip: &str, mac: &str, mac6: &str) -> Lease {
+    let subnet: ipnet::Ipv4Net = format!("10.5.{third}.0/24").parse().unwrap();
+    let ip6: std::net::Ipv6Addr = format!("fd00:200::{third}").parse().unwrap();
+    let data6 = serde_json::json!({"VNI": 1, "VtepMAC": mac6});
+    let attrs = LeaseAttrs::vxlan(ip.parse::<std::net::Ipv4Addr>().unwrap(), 1, mac)
+        .with_ipv6(ip6, Some(data6.into()));
+    let v6 = format!("fd10:0:0:{third}::/64").parse().unwrap();
+    let lease = Lease::new(subnet, attrs).with_ipv6_subnet(v6);
+    lease.with_created(Created::at(at))
+}
+
+/// Hardening 4's finding 1: the kernel's fdb is keyed by MAC, so a lease repeating a peer's
+/// VtepMAC (of either device) would take its frames; the older lease keeps it.
+#[test]
+fn a_lease_repeating_a_peers_vtep_mac_is_refused_on_either_device() {
+    let config = Config::from_json(
+        r#"{"Network":"10.5.0.0/16","EnableIPv6":true,"IPv6Network":"fd10::/48","Backend":{"Type":"vxlan"}}"#,
+    )
+    .unwrap();
+    let own = vxlan_lease(1, 1, "10.200.0.1", "02:00:00:00:01:04", "02:00:00:00:01:06");
+    let rules = LeaseRules::new(&config, &own);
+    let namer = LeaseNamer::EtcdKey("/coreos.com/network/subnets/".into());
+    let mut peers = Peers::new(rules, namer);
+    let real = vxlan_lease(2, 5, "10.200.0.2", "02:00:00:00:02:04", "02:00:00:00:02:06");
+    let same_mac = vxlan_lease(3, 9, "10.200.0.3", "02:00:00:00:02:04", "02:00:00:00:03:06");
+    let same_mac6 = vxlan_lease(4, 9, "10.200.0.4", "02:00:00:00:04:04", "02:00:00:00:02:06");
+    // A v4 MAC equal to another's v6 MAC is on another device: no clash.
+    let crossed = vxlan_lease(5, 9, "10.200.0.5", "02:00:00:00:02:06", "02:00:00:00:05:06");
+    let snapshot = admitted(
+        &mut peers,
+        LeaseEvent::Snapshot(vec![
+            same_mac.clone().into(),
+            same_mac6.clone().into(),
+            crossed.clone().into(),
+            real.clone().into(),
+        ]),
+    );
+    assert_eq!(
+        snapshot,
+        Some(LeaseEvent::Snapshot(vec![
+            real.clone().into(),
+            crossed.into()
+        ]))
+    );
+    let taken = |device: &str, mac: &str| {
+        format!(
+            "its {device}.VtepMAC {mac} is already the VtepMAC of the lease 10.5.2.0/24, made \
+             before it: the kernel's fdb sends a MAC's frames to one host"
+        )
+    };
+    let mut got = reasons(&peers);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (
+                "/coreos.com/network/subnets/10.5.3.0-24&fd10:0:0:3::-64".to_string(),
+                taken("BackendData", "02:00:00:00:02:04")
+            ),
+            (
+                "/coreos.com/network/subnets/10.5.4.0-24&fd10:0:0:4::-64".to_string(),
+                taken("BackendV6Data", "02:00:00:00:02:06")
+            ),
+        ]
+    );
+    // The real lease goes: the first made of those that waited for it takes the MAC.
+    let event = admitted(&mut peers, LeaseEvent::Removed(real.into()));
+    let Some(LeaseEvent::Snapshot(now)) = event else {
+        panic!("{event:?}")
+    };
+    assert_eq!(now.len(), 3, "{now:?}");
+    assert!(reasons(&peers).is_empty());
+}
