@@ -176,7 +176,9 @@ impl Cluster {
             .find(|s| {
                 let key = self.lease_key(*s);
                 // A dual-stack lease's key goes on with `&` and its IPv6 subnet.
-                !held.lines().any(|k| k == key || k.starts_with(&format!("{key}&")))
+                !held
+                    .lines()
+                    .any(|k| k == key || k.starts_with(&format!("{key}&")))
             })
             .context("every subnet of 10.5.0.0/16 is held")
     }

@@ -2,6 +2,7 @@
 
 mod acquire;
 mod keeper;
+mod members;
 mod store;
 mod taken;
 mod tls_probe;
@@ -179,9 +180,17 @@ impl EtcdRegistry {
 
     async fn try_connect(opts: &EtcdOptions) -> anyhow::Result<EtcdRegistry> {
         let timeout = opts.timing.request_timeout;
-        let connect = Client::connect(&opts.endpoints, Some(connect_options(opts)?));
+        let tls = uses_tls(opts);
+        let all: Vec<String> = opts
+            .endpoints
+            .iter()
+            .map(|e| members::url(e, tls))
+            .collect();
+        let (pool, _) = members::pool(&all).await;
+        let connect = Client::connect(&pool, Some(connect_options(opts)?));
         let client = with_deadline("connect", timeout, connect).await?;
-        let store = Store::new(client, &opts.prefix, timeout);
+        let members = members::keep(client.clone(), all, pool);
+        let store = Store::new(client, members, &opts.prefix, timeout);
         let config = read_config(&store).await?;
         Ok(EtcdRegistry {
             store,
@@ -228,8 +237,13 @@ fn connect_options(opts: &EtcdOptions) -> anyhow::Result<ConnectOptions> {
     Ok(options)
 }
 
+/// TLS is used when any of the three files is set.
+fn uses_tls(opts: &EtcdOptions) -> bool {
+    opts.cafile.is_some() || opts.certfile.is_some() || opts.keyfile.is_some()
+}
+
 fn tls_options(opts: &EtcdOptions) -> anyhow::Result<Option<TlsOptions>> {
-    if opts.cafile.is_none() && opts.certfile.is_none() && opts.keyfile.is_none() {
+    if !uses_tls(opts) {
         return Ok(None);
     }
     let mut tls = TlsOptions::new();

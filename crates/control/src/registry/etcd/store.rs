@@ -12,6 +12,7 @@ use etcd_client::{
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
 /// An etcd request that got no answer in time. Means "unreachable", like a transport error.
@@ -108,6 +109,8 @@ const LIST_RESTARTS: usize = 3;
 #[derive(Clone)]
 pub(super) struct Store {
     client: Client,
+    /// Keeps the client's pool to the endpoints that answer (`members`), while a copy lives.
+    _members: Arc<AbortOnDropHandle<()>>,
     kv: KvClient,
     watch: WatchClient,
     prefix: String,
@@ -115,8 +118,14 @@ pub(super) struct Store {
 }
 
 impl Store {
-    pub fn new(client: Client, prefix: &str, timeout: Duration) -> Store {
+    pub fn new(
+        client: Client,
+        members: AbortOnDropHandle<()>,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Store {
         Store {
+            _members: Arc::new(members),
             kv: client.kv_client().max_decoding_message_size(MAX_MESSAGE),
             watch: client.watch_client().max_decoding_message_size(MAX_MESSAGE),
             client,
