@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use common::kube::{kube_cluster, kube_cluster_with, net_conf, KubeCluster, PREFIX};
 use common::*;
 use std::time::Duration;
-use twill_lab::{Ipv4Net, Proc};
+use twill_lab::{Answer, ApiFront, Ipv4Net, Proc};
 
 fn net(cidr: &str) -> Ipv4Net {
     cidr.parse().unwrap()
@@ -264,5 +264,63 @@ fn unreachable_api_server_at_start_is_retried_and_sigterm_still_stops() -> Resul
         "{exit:?}\n{}",
         node.stderr()
     );
+    Ok(())
+}
+
+/// Hardening 4, finding 4: an API server address that answers 200 with an empty body (a watch
+/// that ends at once) or with JSON cut short (a proxy cutting responses) is a failure, not an
+/// answer: the node backs off (a few dozen requests in 10 s at most, where it made tens of
+/// thousands), says so once per episode with the first bytes, keeps forwarding, and follows
+/// the Nodes again once the answers are right.
+#[test]
+fn answers_that_are_not_what_the_api_promises_back_off_and_are_said_once() -> Result<()> {
+    let mut c = kube_cluster("kube-bad", 3, &net_conf("udp", ""))?;
+    c.add_node(0)?;
+    c.add_node(1)?;
+    let front = ApiFront::start(&c.api, c.lab.host(2).underlay_ip)?;
+    let kubeconfig = path_in(&c.dir, "front.kubeconfig");
+    std::fs::write(&kubeconfig, front.kubeconfig())?;
+    let auth = ["--kubeconfig-file", kubeconfig.to_str().context("path")?];
+    let mut node0 = c.start_as(0, &auth, &[])?;
+    let _node1 = c.start(1, &[])?;
+    c.add_container(0)?;
+    c.add_container(1)?;
+    c.wait_peers(0, &[KubeCluster::pod_cidr(1)])?;
+    for (n, answer) in [Answer::Empty, Answer::Truncated].into_iter().enumerate() {
+        let count = || {
+            let answered = front.answered();
+            let watches = answered.watches.load(std::sync::atomic::Ordering::Relaxed);
+            watches + answered.others.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let before = count();
+        front.set(answer);
+        let ping = background_ping(&c, 0, 1, 200)?;
+        std::thread::sleep(Duration::from_secs(10));
+        let requests = count() - before;
+        anyhow::ensure!(
+            requests <= 40,
+            "{answer:?}: {requests} requests in 10 s:\n{}",
+            node0.stderr()
+        );
+        no_loss(ping)?;
+        front.set(Answer::Forward);
+        let name = format!("after-{n}");
+        let cidr = format!("10.5.{}.0/24", 80 + n);
+        c.flannel_node(&name, &cidr, &format!("10.200.0.{}", 80 + n))?;
+        let mut want = vec![KubeCluster::pod_cidr(1)];
+        want.extend((0..=n).map(|i| net(&format!("10.5.{}.0/24", 80 + i))));
+        c.wait_peers(0, &want)?;
+    }
+    let log = node0.stderr();
+    let said = "the API server ended a watch at once, without an event";
+    anyhow::ensure!(
+        log.matches(said).count() == 2,
+        "not said once an episode:\n{log}"
+    );
+    anyhow::ensure!(
+        log.contains(r#"(it sent 0 bytes: "")"#) && log.contains(r#"{\"type\":\"ADDED\""#),
+        "the first bytes not quoted:\n{log}"
+    );
+    anyhow::ensure!(node0.is_running(), "{log}");
     Ok(())
 }

@@ -25,11 +25,9 @@ pub use crate::node::NodeOptions;
 use crate::peers::{Admitted, Gate, Peers};
 use crate::registry::Registry;
 use crate::status::NodeStatus;
-use crate::subnet_env::{Ipv4Env, Ipv6Env, SubnetEnv};
-use crate::traffic;
 use crate::{blackhole, host};
+use crate::{ready, traffic};
 use anyhow::{bail, Context};
-use futures::future::BoxFuture;
 use ipnet::IpNet;
 use std::future::Future;
 use std::sync::Arc;
@@ -170,18 +168,13 @@ async fn join<R: Registry, S: Setup>(
         let subnets = subnets.chain(lease.subnets.v6().map(IpNet::V6)).collect();
         blackhole::keep(subnets, node.options.traffic.resync)
     });
-    if let Err(e) = write_subnet_env(node, &lease, backend.mtu()) {
-        // A start that fails leaves no rules behind (a stop leaves them).
-        rules.remove().await;
-        return Err(e);
-    }
     tracing::info!(
         subnet = %lease.id(),
         ipv6_subnet = ?lease.subnets.v6(),
         public_ip = %node.public_addrs,
         "lease acquired; forwarding"
     );
-    announce_ready(node, on_ready);
+    let _writing = ready::publish(node, &lease, backend.mtu(), on_ready);
     // The node's peers live here; status only reads them.
     let gate = Gate::new(Peers::new(LeaseRules::new(&node.config, &lease), namer));
     node.status
@@ -202,49 +195,6 @@ async fn join<R: Registry, S: Setup>(
     }
     rules.leave().await;
     followed
-}
-
-/// subnet.env is written and the rules are in place: ready, as flanneld is then (`/readyz`,
-/// systemd's READY=1 for a `Type=notify` unit, and the registry's own announcement).
-fn announce_ready(node: &Node, on_ready: Option<BoxFuture<'static, ()>>) {
-    node.status.set_ready();
-    tracing::info!("ready: subnet.env written and the rules in place");
-    // Outside systemd (no NOTIFY_SOCKET) this does nothing; a failure only costs the unit's
-    // start notification, which systemd then reports itself.
-    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
-        tracing::warn!("cannot tell systemd that twill is ready (READY=1): {e}");
-    }
-    if let Some(announcement) = on_ready {
-        tokio::spawn(announcement);
-    }
-}
-
-fn write_subnet_env(node: &Node, lease: &Lease, mtu: u32) -> anyhow::Result<()> {
-    let path = &node.options.subnet_file;
-    SubnetEnv {
-        ipv4: ipv4_env(node, lease),
-        mtu,
-        ipmasq: node.options.traffic.ip_masq,
-        ipv6: ipv6_env(node, lease),
-    }
-    .write(path)
-    .with_context(|| format!("cannot write {}", path.display()))
-}
-
-/// subnet.env's IPv4 lines, on a node whose network has IPv4.
-fn ipv4_env(node: &Node, lease: &Lease) -> Option<Ipv4Env> {
-    Some(Ipv4Env {
-        network: node.config.ipv4.as_ref()?.network,
-        subnet: lease.subnets.v4()?,
-    })
-}
-
-/// subnet.env's IPv6 lines, on a dual-stack node whose lease has its IPv6 subnet.
-fn ipv6_env(node: &Node, lease: &Lease) -> Option<Ipv6Env> {
-    Some(Ipv6Env {
-        network: node.config.ipv6.as_ref()?.network,
-        subnet: lease.subnets.v6()?,
-    })
 }
 
 /// How often the backend's state is compared with the leases and repaired, besides at start:

@@ -13,6 +13,7 @@ pub mod lease;
 pub mod lease_check;
 pub mod node;
 pub mod peers;
+pub mod ready;
 pub mod registry;
 pub mod shown;
 pub mod small_file;

@@ -102,6 +102,8 @@ pub struct NodeStatus {
     engine: RwLock<Option<EngineView>>,
     /// Whether subnet.env is written and the rules are in place (flanneld's readiness).
     ready: AtomicBool,
+    /// Why the node is not ready yet, where it knows (subnet.env cannot be written).
+    waiting: RwLock<Option<String>>,
     /// Why the node cannot forward now (its device is down, its route gone), while it cannot:
     /// `/readyz` fails with it, so a readiness probe or an operator sees it.
     unhealthy: RwLock<Option<String>>,
@@ -173,12 +175,20 @@ impl NodeStatus {
         self.ready.store(true, Relaxed);
     }
 
-    /// `/readyz`: 503 until the node is ready, 200 once it is, 503 with the reason while it
-    /// cannot forward.
+    /// `Some(why)` while the node cannot become ready (subnet.env cannot be written).
+    pub fn set_waiting(&self, why: Option<String>) {
+        *self.waiting.write().unwrap() = why;
+    }
+
+    /// `/readyz`: 503 until the node is ready (with the reason where it is known), 200 once it
+    /// is, 503 with the reason while it cannot forward.
     fn readiness_answer(&self) -> (axum::http::StatusCode, String) {
         use axum::http::StatusCode;
         if !self.ready.load(Relaxed) {
-            let why = "not ready: subnet.env and the rules are not in place yet";
+            let why = match self.waiting.read().unwrap().as_ref() {
+                Some(why) => format!("not ready: {why}"),
+                None => "not ready: subnet.env and the rules are not in place yet".to_string(),
+            };
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
         }
         match self.unhealthy.read().unwrap().as_ref() {

@@ -24,6 +24,7 @@ pub use etcd::{Etcd, EtcdSetup};
 pub use guest::{run_in_guest, run_in_guest_with, GuestRun, GuestSpec, Kernel};
 pub use ipnet::{Ipv4Net, Ipv6Net};
 // `self::`: the module, not the kube crate.
+pub use self::kube::front::{Answer, ApiFront};
 pub use self::kube::{kube_part, yaml_documents, KubeApiServer};
 pub use lab::{Container, Host, Lab, LabSpec};
 pub use netns::Netns;

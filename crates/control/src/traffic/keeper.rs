@@ -37,16 +37,6 @@ pub trait Dialect: Send + 'static {
     fn remove(&mut self) -> impl Future<Output = Result<(), Failure>> + Send;
 }
 
-/// What the node asks of the keeper when it stops keeping the rules.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// Leave them in place, as flanneld does when it exits: pod traffic keeps flowing while
-    /// the node restarts.
-    Leave,
-    /// Remove them: a start that failed after writing them.
-    Remove,
-}
-
 /// Writes the rules and keeps them as written.
 pub struct Keeper<D> {
     dialect: D,
@@ -98,24 +88,20 @@ impl<D: Dialect> Keeper<D> {
         Ok(found)
     }
 
-    /// Checks every `every` until told to stop, then leaves or removes the rules.
-    pub async fn keep(mut self, every: Duration, mut stop: oneshot::Receiver<Stop>) {
+    /// Checks every `every` until `stop` fires (or its sender drops), then leaves the rules in
+    /// place, as flanneld does when it exits: pod traffic keeps flowing while the node restarts.
+    pub async fn keep(mut self, every: Duration, mut stop: oneshot::Receiver<()>) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
             // A check runs to its end: stopping never cuts a repair in half.
-            let stopping = tokio::select! {
-                _ = tick.tick() => None,
-                stop = &mut stop => Some(stop.unwrap_or(Stop::Leave)),
-            };
-            match stopping {
-                None => self.check_and_say().await,
-                Some(Stop::Leave) => {
+            tokio::select! {
+                _ = tick.tick() => self.check_and_say().await,
+                _ = &mut stop => {
                     tracing::info!(mode = self.dialect.mode(), "flannel's rules left in place");
                     return;
                 }
-                Some(Stop::Remove) => return self.remove().await,
             }
         }
     }
@@ -159,14 +145,5 @@ impl<D: Dialect> Keeper<D> {
             .map_err(|f| explain(&f, "repair flannel's rules"))?;
         self.status.update_rules(|s| s.repairs += 1);
         Ok(())
-    }
-
-    async fn remove(mut self) {
-        let mode = self.dialect.mode();
-        match self.dialect.remove().await {
-            Ok(()) => tracing::info!(mode, "flannel's rules removed"),
-            Err(f) => tracing::warn!("{}", explain(&f, "remove flannel's rules")),
-        }
-        self.status.update_rules(|s| s.in_place = false);
     }
 }

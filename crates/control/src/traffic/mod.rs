@@ -25,7 +25,7 @@ use anyhow::anyhow;
 use failure::{explain, explain_probe};
 use iptables::tools::{self, Backend};
 use iptables::{Generation, IptablesRules};
-use keeper::{Dialect, Keeper, Stop};
+use keeper::{Dialect, Keeper};
 use leftovers::Keep;
 use nfnl::Nftables;
 use nftables::NftablesRules;
@@ -216,26 +216,17 @@ pub struct Installed(Option<Kept>);
 
 struct Kept {
     task: JoinHandle<()>,
-    stop: oneshot::Sender<Stop>,
+    stop: oneshot::Sender<()>,
 }
 
 impl Installed {
     /// Stops keeping the rules and leaves them in place, as flanneld does when it exits: pod
     /// traffic keeps its masquerade and its way through a FORWARD DROP while the node restarts.
     pub async fn leave(self) {
-        self.stop(Stop::Leave).await;
-    }
-
-    /// Stops keeping the rules and removes them: for a start that failed after writing them.
-    pub async fn remove(self) {
-        self.stop(Stop::Remove).await;
-    }
-
-    async fn stop(self, how: Stop) {
         let Some(kept) = self.0 else {
             return;
         };
-        let _ = kept.stop.send(how);
+        let _ = kept.stop.send(());
         let _ = kept.task.await;
     }
 }

@@ -3,6 +3,7 @@
 
 mod api;
 mod apply;
+pub mod front;
 pub use apply::yaml_documents;
 
 use crate::netns::{command_in, Netns};

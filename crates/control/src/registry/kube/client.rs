@@ -1,7 +1,8 @@
 //! Reaching the API server as flanneld does: a kubeconfig file, an API URL, or the pod's
 //! service account; and errors in words an operator can act on.
 
-use super::KubeOptions;
+use super::watch_pace::WatchPaceLayer;
+use super::{KubeOptions, KubeTiming};
 use crate::small_file;
 use anyhow::{anyhow, Context};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -10,7 +11,6 @@ use kube::client::ConfigExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use std::path::Path;
-use std::time::Duration;
 use tower::{BoxError, ServiceBuilder};
 
 /// The client for `--kubeconfig-file` (its server replaced by `--kube-api-url` if given),
@@ -41,7 +41,7 @@ pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
     if let Some(url) = &opts.api_url {
         config.cluster_url = parse_url(url)?;
     }
-    with_keepalive(config, opts.timing.request_timeout).context("cannot build a Kubernetes client")
+    with_keepalive(config, &opts.timing).context("cannot build a Kubernetes client")
 }
 
 /// kube's own client, on connections that notice a dead peer within about `timeout`: TCP
@@ -49,8 +49,10 @@ pub async fn connect(opts: &KubeOptions) -> anyhow::Result<Client> {
 /// connection whose probes or data go unanswered for `timeout`. kube's default connections
 /// have neither, so a watch whose connection died silently (a path that dropped its packets
 /// while the API server restarted) waited for its idle timeout, about five minutes, before it
-/// watched again. client-go gets the same from HTTP/2 pings; kube speaks HTTP/1.1 here.
-fn with_keepalive(config: Config, timeout: Duration) -> Result<Client, kube::Error> {
+/// watched again. client-go gets the same from HTTP/2 pings; kube speaks HTTP/1.1 here. Its
+/// watches are paced ([`WatchPaceLayer`]) where they end at once.
+fn with_keepalive(config: Config, timing: &KubeTiming) -> Result<Client, kube::Error> {
+    let timeout = timing.request_timeout;
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     tcp.set_connect_timeout(Some(timeout));
@@ -65,6 +67,7 @@ fn with_keepalive(config: Config, timeout: Duration) -> Result<Client, kube::Err
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .map_err(BoxError::from)
+        .layer(WatchPaceLayer::new(timing.backoff()))
         .service(http);
     Ok(Client::new(service, config.default_namespace))
 }

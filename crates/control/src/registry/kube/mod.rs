@@ -12,6 +12,7 @@ mod node_view;
 mod own_node;
 mod publish;
 mod remembered;
+mod watch_pace;
 
 pub use annotations::{Annotations, NodeLease, DEFAULT_PREFIX};
 
