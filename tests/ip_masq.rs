@@ -223,23 +223,6 @@ fn forward_rules_follow_their_flag_and_leftovers_go_when_no_rules_are_wanted() -
     Ok(())
 }
 
-/// A start that fails after writing the rules (here: the subnet file cannot be written, a
-/// directory in its place) removes them: nothing is left for a node that never ran.
-#[test]
-fn a_start_that_fails_after_writing_the_rules_removes_them() -> Result<()> {
-    let mut pair = masq_lab("masq-fail", MASQ)?;
-    pair.nodes[0].stop()?;
-    ensure!(!flannel_iptables_lines(&pair.host(0).ns, "iptables")?.is_empty());
-    let blocked = path_in(&pair.dir, "blocked.env");
-    std::fs::create_dir(&blocked)?;
-    let log = failing_start(&pair, &blocked, &[("RUST_LOG", "info")])?;
-    ensure!(log.contains("blocked.env"), "{log}");
-    ensure!(log.contains("flannel's rules removed"), "{log}");
-    let lines = flannel_iptables_lines(&pair.host(0).ns, "iptables")?;
-    ensure!(lines.is_empty(), "left after a failed start: {lines:#?}");
-    Ok(())
-}
-
 #[test]
 fn ip_masq_fully_random_disable_masquerades_with_plain_masquerade() -> Result<()> {
     let mut args = MASQ.to_vec();

@@ -82,9 +82,9 @@ fn a_restarted_vxlan_node_keeps_its_vtep_mac() -> Result<()> {
     c.traffic(0, 1, 1 << 20)
 }
 
-/// A node that stops before it is ready (its subnet file cannot be written) leaves the Node's
-/// network unavailable (the subnet file under /dev/null: no directory can be made there); one
-/// that is ready marks it available.
+/// A node that is not ready (its subnet file cannot be written: under /dev/null no directory
+/// can be made) forwards and waits, and leaves the Node's network unavailable; one that is
+/// ready marks it available.
 #[test]
 fn network_unavailable_is_cleared_only_once_ready() -> Result<()> {
     let c = kube_cluster("kready", 2, &net_conf("host-gw", ""))?;
@@ -104,15 +104,21 @@ fn network_unavailable_is_cleared_only_once_ready() -> Result<()> {
         "/dev/null/subnet.env",
     ];
     let env = [("NODE_NAME", "node-0")];
-    let mut failing = spawn_twill(&c.lab.host(0).ns, &args, &env)?;
-    let stderr =
-        failing.failure_within(std::time::Duration::from_secs(20), "twill kept running")?;
-    ensure!(stderr.contains("subnet.env"), "{stderr}");
+    let ns = &c.lab.host(0).ns;
+    let mut waiting = spawn_twill(ns, &args, &env)?;
+    let why = "not ready: cannot write the subnet file /dev/null/subnet.env";
+    eventually("readyz names the subnet file", || {
+        ensure!(waiting.is_running(), "twill exited:\n{}", waiting.stderr());
+        Ok(http_get(ns, "127.0.0.1:9585", "/readyz").is_ok_and(|r| r.contains(why)))
+    })?;
+    // Tried again meanwhile, never ready.
+    std::thread::sleep(std::time::Duration::from_secs(5));
     ensure!(
         network_unavailable(&c, 0)?.is_none(),
         "marked available by a node that never was ready: {:?}",
         network_unavailable(&c, 0)?
     );
+    waiting.stop()?;
     let _node = c.start(0, &[])?;
     eventually("NetworkUnavailable False", || {
         Ok(network_unavailable(&c, 0)? == Some(("False".into(), "FlannelIsUp".into())))

@@ -7,8 +7,7 @@
 //! The rules need the lease's subnets, so they are written once the lease is held; whatever of
 //! flannel's was there (flanneld's, an earlier run's) is replaced, and the other mode's rules go
 //! (`leftovers.rs`). Every `--iptables-resync` the keeper looks whether anything changed, and
-//! repairs what did (`keeper.rs`). A node that stops leaves them in place, as flanneld does; a
-//! start that fails after writing them removes them.
+//! repairs what did (`keeper.rs`). A node that stops leaves them in place, as flanneld does.
 
 mod failure;
 mod iptables;
