@@ -15,7 +15,7 @@ use std::time::Duration;
 const VXLAN: &str = r#"{"Network":"10.5.0.0/16","Backend":{"Type":"vxlan"}}"#;
 
 /// A small tmpfs of the test's own, lazily unmounted on drop (also when the test fails).
-struct Tmpfs(PathBuf);
+struct Tmpfs(Unmount);
 
 impl Tmpfs {
     fn mount(path: PathBuf) -> Result<Tmpfs> {
@@ -28,12 +28,12 @@ impl Tmpfs {
             Some("size=256k"),
         )
         .with_context(|| format!("mounting a tmpfs on {}", path.display()))?;
-        Ok(Tmpfs(path))
+        Ok(Tmpfs(Unmount(path)))
     }
 
     /// Fills it to the last byte with one file, which [`Tmpfs::free`] removes.
     fn fill(&self) -> Result<()> {
-        let filler = self.0.join("filler");
+        let filler = self.path().join("filler");
         let out = std::process::Command::new("dd")
             .args(["if=/dev/zero", "bs=4k"])
             .arg(format!("of={}", filler.display()))
@@ -44,13 +44,11 @@ impl Tmpfs {
     }
 
     fn free(&self) -> Result<()> {
-        Ok(std::fs::remove_file(self.0.join("filler"))?)
+        Ok(std::fs::remove_file(self.path().join("filler"))?)
     }
-}
 
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    fn path(&self) -> &Path {
+        &self.0 .0
     }
 }
 
@@ -71,7 +69,7 @@ fn a_subnet_file_on_a_full_disk_takes_no_rule_or_route_down_and_is_written_once_
 ) -> Result<()> {
     let mut c = cluster("h4-disk", 2, VXLAN)?;
     let disk = Tmpfs::mount(path_in(&c.dir, "disk"))?;
-    let file = disk.0.join("subnet.env");
+    let file = disk.path().join("subnet.env");
     let file_arg = file.to_str().context("a UTF-8 path")?.to_string();
     let _node0 = c.start(0)?;
     let host1 = c.lab.host(1);

@@ -208,15 +208,6 @@ fn an_ebpf_start_that_fails_takes_back_what_it_made() -> Result<()> {
     Ok(())
 }
 
-/// Unmounts a scratch mount when the test ends, however it ends.
-struct Unmount(std::path::PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 #[test]
 fn what_a_forced_cleanup_or_a_deletion_takes_the_running_node_puts_back() -> Result<()> {
     let h = hosts("h3-ebpffix")?;

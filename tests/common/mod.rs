@@ -323,6 +323,15 @@ pub fn first_pcap_frame(file: &[u8]) -> Result<&[u8]> {
 }
 
 /// A per-test scratch directory for subnet files.
+/// Unmounts a scratch mount when the test ends, however it ends.
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 pub fn scratch() -> Result<tempfile::TempDir> {
     Ok(tempfile::tempdir()?)
 }
