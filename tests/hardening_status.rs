@@ -120,6 +120,22 @@ fn the_healthz_port_serves_the_probes_alone() -> Result<()> {
     );
     ensure!(wrong.contains("404"), "{wrong}");
 
+    // A body framed by both Transfer-Encoding and Content-Length (the shape of request
+    // smuggling) is refused with 400 and the connection closed, so the request hidden after
+    // it is never answered; on both addresses, each counted.
+    let smuggling = "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\
+                     Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n\r\n";
+    for addr in [&healthz, STATUS_ADDR] {
+        let answer = http_exchange(&host.ns, addr, smuggling, Duration::from_secs(5))?;
+        ensure!(answer.starts_with("HTTP/1.1 400"), "{addr}: {answer}");
+        ensure!(answer.matches("HTTP/1.1").count() == 1, "{addr}: {answer}");
+    }
+    let metrics = get(STATUS_ADDR, "/metrics")?;
+    ensure!(
+        metrics.contains("\ntwill_status_requests_refused_total 2\n"),
+        "{metrics}"
+    );
+
     // /readyz means the same on both: 503 with the reason while the TUN is down; /healthz
     // stays 200 throughout, so a liveness probe does not restart a node that repairs itself.
     host.ns.ip(&["link", "set", "twill0", "down"])?;

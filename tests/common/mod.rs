@@ -277,15 +277,19 @@ pub fn http_get(ns: &Netns, addr: &str, path: &str) -> Result<String> {
 
 /// [`http_get`] that gives up after `bound`, connect included.
 pub fn http_get_within(ns: &Netns, addr: &str, path: &str, bound: Duration) -> Result<String> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    http_exchange(ns, addr, &request, bound)
+}
+
+/// Writes `request` as it is to `addr` from inside `ns` and reads until the server closes the
+/// connection; gives up after `bound`, connect included.
+pub fn http_exchange(ns: &Netns, addr: &str, request: &str, bound: Duration) -> Result<String> {
     let socket: SocketAddr = addr.parse()?;
     ns.enter(|| {
         let mut stream = TcpStream::connect_timeout(&socket, bound)?;
         stream.set_read_timeout(Some(bound))?;
         stream.set_write_timeout(Some(bound))?;
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-        )?;
+        stream.write_all(request.as_bytes())?;
         let mut response = String::new();
         stream.read_to_string(&mut response)?;
         Ok(response)

@@ -115,6 +115,8 @@ pub struct NodeStatus {
     kernel_writes: AtomicU64,
     /// Status server connections closed to keep their number at [`MAX_CONNECTIONS`].
     connections_evicted: AtomicU64,
+    /// Status requests answered 400 for framing a body with Transfer-Encoding.
+    requests_refused: AtomicU64,
 }
 
 /// The backend's reconciles so far: at start, after every re-list and periodically.

@@ -70,6 +70,11 @@ impl NodeStatus {
             "twill_status_connections_evicted_total",
             self.connections_evicted.load(Relaxed),
         );
+        counter(
+            &mut out,
+            "twill_status_requests_refused_total",
+            self.requests_refused.load(Relaxed),
+        );
         out
     }
 }

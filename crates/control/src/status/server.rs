@@ -79,7 +79,7 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// `--status-addr`: everything.
 fn status_router(status: Arc<NodeStatus>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route(
@@ -90,15 +90,67 @@ fn status_router(status: Arc<NodeStatus>) -> Router {
             "/status",
             get(|State(s): State<Arc<NodeStatus>>| async move { Json(s.to_json()) }),
         )
-        .with_state(status)
+        .with_state(status.clone());
+    refusing_bodies(router, status)
 }
 
 /// flannel's `--healthz-port`: `/healthz` and `/readyz` and nothing else, as flanneld.
 fn healthz_router(status: Arc<NodeStatus>) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .with_state(status)
+        .with_state(status.clone());
+    refusing_bodies(router, status)
+}
+
+/// Every path here is a GET that takes no body, and a body framed by Transfer-Encoding is where
+/// request smuggling lives: beside a Content-Length, a proxy in front and this server may read
+/// the request's end in different places (RFC 9112 6.1). hyper drops the Content-Length of such
+/// a request before the router sees it, so the router cannot tell the two apart, and refuses
+/// every Transfer-Encoding: 400, and the connection closed, as RFC 9112 asks of a server that
+/// refuses one; each counted (`twill_status_requests_refused_total`), and logged at most once
+/// a minute.
+fn refusing_bodies(router: Router, status: Arc<NodeStatus>) -> Router {
+    let refusals = Arc::new(Refusals {
+        status,
+        log: Mutex::new(RateLimited::new(LOG_EVERY)),
+    });
+    router.layer(axum::middleware::from_fn_with_state(
+        refusals,
+        refuse_framed_body,
+    ))
+}
+
+struct Refusals {
+    status: Arc<NodeStatus>,
+    log: Mutex<RateLimited>,
+}
+
+async fn refuse_framed_body(
+    State(refusals): State<Arc<Refusals>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::{header, StatusCode};
+    use axum::response::IntoResponse;
+    if !request.headers().contains_key(header::TRANSFER_ENCODING) {
+        return next.run(request).await;
+    }
+    refusals.status.requests_refused.fetch_add(1, Relaxed);
+    if let Some(n) = refusals.log.lock().unwrap().count() {
+        tracing::warn!(
+            "status server: refused a request to {} with a Transfer-Encoding body \
+             ({n} time(s) since this was last logged; twill_status_requests_refused_total \
+             counts them all)",
+            crate::shown::quoted(request.uri().path())
+        );
+    }
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CONNECTION, "close")],
+        "the status server takes no request body\n",
+    )
+        .into_response()
 }
 
 /// 200 while the process runs, as flanneld's: what twill can repair it repairs itself, and a
