@@ -235,7 +235,97 @@ fn what_a_forced_cleanup_or_a_deletion_takes_the_running_node_puts_back() -> Res
         4 << 20,
     )?;
     let log = node.stderr();
-    ensure!(log.contains("putting it back"), "{log}");
+    ensure!(log.contains("put it back"), "{log}");
     ensure!(node.is_running(), "{log}");
+    Ok(())
+}
+
+/// Another tool's TC program, compiled here from C: it passes every packet (TC_ACT_OK).
+fn foreign_object(dir: &std::path::Path) -> Result<String> {
+    let source = dir.join("other_tool.c");
+    std::fs::write(
+        &source,
+        "__attribute__((section(\"tc\"), used)) int other_tool(void *skb) { return 0; }\n\
+         char _license[] __attribute__((section(\"license\"), used)) = \"GPL\";\n",
+    )?;
+    let object = dir.join("other_tool.o");
+    let (source, object) = (
+        source.to_str().context("path")?,
+        object.to_str().context("path")?,
+    );
+    let built = std::process::Command::new("clang")
+        .args(["-O2", "-target", "bpf", "-c", source, "-o", object])
+        .output()?;
+    ensure!(built.status.success(), "clang: {built:?}");
+    Ok(object.to_string())
+}
+
+/// The underlay's ingress filters on host 0, as `tc` lists them.
+fn ingress_filters(h: &Hosts) -> Result<String> {
+    h.ns(0)
+        .exec("tc", &["filter", "show", "dev", "eth0", "ingress"])
+}
+
+#[test]
+fn another_tools_tc_filter_at_twills_place_is_never_replaced() -> Result<()> {
+    let h = hosts("h4-tcother")?;
+    let object = foreign_object(h.dir.path())?;
+    let put = |verb: &str| {
+        let args = [
+            "filter", verb, "dev", "eth0", "ingress", "pref", "1", "handle", "1",
+        ];
+        let mut args = args.to_vec();
+        args.extend(["bpf", "da", "obj", &object, "sec", "tc"]);
+        h.ns(0).exec("tc", &args)
+    };
+    h.ns(0)
+        .exec("tc", &["qdisc", "add", "dev", "eth0", "clsact"])?;
+    put("add")?;
+    let mut args = h.ebpf();
+    args.extend(["--bpf-attach", "tc"]);
+
+    // At start: refused in one line naming the filter, which stays.
+    let last = h.refused(0, &args)?;
+    ensure!(
+        last.contains("eth0's ingress hook already has a bpf filter at pref 1 handle 0:1")
+            && last.contains("other_tool")
+            && last.contains("twill did not put there"),
+        "{last}"
+    );
+    ensure!(
+        ingress_filters(&h)?.contains("other_tool"),
+        "the filter went"
+    );
+
+    // Once twill runs, the tool puts its filter back in twill's place: twill leaves it, says so
+    // once, and is not ready until the place is free again; then it attaches its own.
+    h.ns(0)
+        .exec("tc", &["filter", "del", "dev", "eth0", "ingress"])?;
+    let node = h.start(0, &args)?;
+    let _peer = h.start(1, &["--backend", "udp"])?;
+    h.carries()?;
+    put("replace")?;
+    let readyz = || http_get(h.ns(0), "127.0.0.1:9585", "/readyz");
+    eventually("/readyz naming the other filter", || {
+        Ok(readyz()?.contains("503") && readyz()?.contains("other_tool"))
+    })?;
+    // Three reconciles (every 2 s) later, the filter is still the other tool's.
+    std::thread::sleep(Duration::from_secs(6));
+    ensure!(
+        ingress_filters(&h)?.contains("other_tool"),
+        "twill replaced it"
+    );
+    let said = node.stderr().matches("twill did not put there").count();
+    ensure!(said == 1, "said {said} times:\n{}", node.stderr());
+
+    h.ns(0)
+        .exec("tc", &["filter", "del", "dev", "eth0", "ingress"])?;
+    eventually("ready again", || Ok(readyz()?.starts_with("HTTP/1.1 200")))?;
+    ensure!(
+        ingress_filters(&h)?.contains("twill_ingress"),
+        "not put back"
+    );
+    h.carries()?;
+    ensure!(node.stderr().contains("the reconcile succeeds again"));
     Ok(())
 }

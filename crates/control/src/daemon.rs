@@ -188,6 +188,8 @@ async fn join<R: Registry, S: Setup>(
         gate,
         node,
         own: &lease,
+        every,
+        reconcile_failing: None,
     };
     let followed = following.follow(events, every, shutdown).await;
     if let Some(task) = blackholes {
@@ -230,6 +232,10 @@ struct Following<'a, B> {
     gate: Gate,
     node: &'a Node,
     own: &'a Lease,
+    /// How often the node reconciles.
+    every: Duration,
+    /// Why the last reconcile failed, while they fail: said once, not at every reconcile.
+    reconcile_failing: Option<String>,
 }
 
 /// What the node does next.
@@ -320,7 +326,39 @@ impl<B: Backend> Following<'_, B> {
         self.node.status.record_reconcile(took, made);
         let peers = leases.len();
         drop(leases);
-        self.recorded(reconciled, || format!("the reconcile with {peers} leases"));
+        self.reconcile_outcome(reconciled.map_err(|e| format!("{e:#}")), peers);
+        self.node
+            .status
+            .set_kernel_writes(self.backend.kernel_writes());
+    }
+
+    /// A failed reconcile is said when reconciles start failing or fail for another reason, and
+    /// `/readyz` answers 503 with the reason until one succeeds: the kernel may not hold what
+    /// the leases ask meanwhile (an eBPF dataplane that cannot be put back, a route refused).
+    fn reconcile_outcome(&mut self, outcome: Result<(), String>, peers: usize) {
+        let status = &self.node.status;
+        match outcome {
+            Ok(()) => {
+                if self.reconcile_failing.take().is_some() {
+                    tracing::info!("the reconcile succeeds again");
+                    status.set_unreconciled(None);
+                }
+            }
+            Err(why) => {
+                if self.reconcile_failing.as_ref() != Some(&why) {
+                    tracing::warn!(
+                        "the reconcile with {peers} leases failed: {why}; twill tries again at \
+                         every reconcile (every {:?}) and says so when it succeeds",
+                        self.every
+                    );
+                }
+                status.set_unreconciled(Some(format!(
+                    "the reconcile failed: {why}; twill tries again within {}s",
+                    self.every.as_secs()
+                )));
+                self.reconcile_failing = Some(why);
+            }
+        }
     }
 
     /// Logs what failed, and records the kernel writes so far in the status.

@@ -107,6 +107,9 @@ pub struct NodeStatus {
     /// Why the node cannot forward now (its device is down, its route gone), while it cannot:
     /// `/readyz` fails with it, so a readiness probe or an operator sees it.
     unhealthy: RwLock<Option<String>>,
+    /// Why the last reconcile failed, until one succeeds: the kernel may not hold what the
+    /// leases ask, and `/readyz` fails with it.
+    unreconciled: RwLock<Option<String>>,
     /// Why the running config no longer matches the network's, once it does not.
     restart_needed: RwLock<Option<String>>,
     rules: RwLock<Option<RulesStatus>>,
@@ -171,6 +174,11 @@ impl NodeStatus {
         *self.unhealthy.write().unwrap() = why;
     }
 
+    /// `Some(why)` while reconciles fail, `None` once one succeeds.
+    pub fn set_unreconciled(&self, why: Option<String>) {
+        *self.unreconciled.write().unwrap() = why;
+    }
+
     /// subnet.env is written and the rules are in place: `/readyz` answers 200 from now on,
     /// unless the node cannot forward.
     pub fn set_ready(&self) {
@@ -183,7 +191,7 @@ impl NodeStatus {
     }
 
     /// `/readyz`: 503 until the node is ready (with the reason where it is known), 200 once it
-    /// is, 503 with the reason while it cannot forward.
+    /// is, 503 with the reason while it cannot forward or its reconciles fail.
     fn readiness_answer(&self) -> (axum::http::StatusCode, String) {
         use axum::http::StatusCode;
         if !self.ready.load(Relaxed) {
@@ -193,7 +201,8 @@ impl NodeStatus {
             };
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
         }
-        match self.unhealthy.read().unwrap().as_ref() {
+        let unhealthy = self.unhealthy.read().unwrap().clone();
+        match unhealthy.or_else(|| self.unreconciled.read().unwrap().clone()) {
             None => (StatusCode::OK, "ready\n".into()),
             Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
         }
@@ -273,6 +282,7 @@ impl NodeStatus {
             "restart_needed": *self.restart_needed.read().unwrap(),
             "ready": self.ready.load(Relaxed),
             "unhealthy": *self.unhealthy.read().unwrap(),
+            "unreconciled": *self.unreconciled.read().unwrap(),
             "reconcile": reconciles_json(&self.reconciles()),
             "kernel_writes": self.kernel_writes.load(Relaxed),
             "dataplane": engine.as_ref().map(|e| e.name),

@@ -14,7 +14,7 @@ use aya::programs::tc::{
     qdisc_add_clsact, qdisc_detach_program, NlOptions, SchedClassifierLink, TcAttachOptions,
     TcError, TcHandle,
 };
-use aya::programs::{LinkOrder, ProgramInfo, SchedClassifier};
+use aya::programs::{LinkOrder, ProgramInfo, SchedClassifier, TcAttachType};
 use aya::util::KernelVersion;
 use std::io::ErrorKind;
 use std::path::Path;
@@ -195,8 +195,20 @@ fn attach_filter(
     }
     let ifindex = nix::net::if_::if_nametoindex(device)?;
     let handle = TcHandle::new(0, filters::HANDLE as u16);
-    let there = filters::program_at(ifindex, side.attach_type())?.is_some();
-    let (id, attached) = match there {
+    let there = filters::at_twills_priority(ifindex, side.attach_type())?;
+    if let Some(foreign) = there.iter().find(|f| !f.is_twills(side.program_name())) {
+        bail!(
+            "{device}'s {hook} hook already has {foreign}, which twill did not put there: twill \
+             replaces only its own; remove it (tc filter del dev {device} {hook} pref {pref}) or \
+             attach by tcx (--bpf-attach tcx, from Linux 6.6)",
+            hook = match side.attach_type() {
+                TcAttachType::Egress => "egress",
+                _ => "ingress",
+            },
+            pref = filters::PRIORITY,
+        );
+    }
+    let (id, attached) = match !there.is_empty() {
         true => {
             let existing = SchedClassifierLink::attached(
                 device,

@@ -190,6 +190,7 @@ pub fn run_in_guest_with(
     spec: &GuestSpec,
 ) -> Result<GuestRun> {
     qemu_installed()?;
+    visible_in_guest(&std::env::current_exe()?)?;
     let deadline = Instant::now() + timeout;
     let mut boots = 1;
     loop {
@@ -378,6 +379,19 @@ fn qemu_command(kernel: &Kernel, spec: &GuestSpec, share: &Path, console: &Path)
         ))
         .args(["-device", "virtio-9p-pci,fsdev=share,mount_tag=share"]);
     cmd
+}
+
+/// Fails with one line where `path` (the running test, whose build the guest runs) is where the
+/// guest sees its own empty tmpfs instead of the host's files: under /tmp.
+fn visible_in_guest(path: &Path) -> Result<()> {
+    if path.starts_with("/tmp") {
+        bail!(
+            "{} is under /tmp, which a guest mounts a tmpfs of its own on (scripts/kernels' \
+             init): the guest could not run this build; check out and build outside /tmp",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Fails with one line unless QEMU and the firmware the guests boot with are installed.

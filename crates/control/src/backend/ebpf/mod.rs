@@ -373,14 +373,22 @@ impl Ebpf {
         if self.dataplane.intact()? {
             return Ok(());
         }
-        let name = &self.site.attachment.device;
-        tracing::warn!("the eBPF dataplane on {name} was taken away under twill; putting it back");
+        let name = self.site.attachment.device.clone();
+        let opened = self.put_back(&name).await.with_context(|| {
+            format!(
+                "the eBPF dataplane on {name} was taken away under twill, and cannot be put back"
+            )
+        })?;
+        tracing::warn!(device = %name, ?opened, "the eBPF dataplane on {name} was taken away under twill; put it back");
+        Ok(())
+    }
+
+    async fn put_back(&self, name: &str) -> anyhow::Result<twill_ebpf::Opened> {
         let nl = Netlink::connect().context("opening rtnetlink")?;
         let made = device::ensure(&nl, name, self.mtu, self.address, self.address6).await?;
         let opened = self.dataplane.reopen()?;
         self.site.route(&nl, made.link.index).await?;
-        tracing::info!(device = %name, ?opened, "eBPF dataplane put back");
-        Ok(())
+        Ok(opened)
     }
 }
 
