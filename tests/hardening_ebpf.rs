@@ -307,7 +307,8 @@ fn another_tools_tc_filter_at_twills_place_is_never_replaced() -> Result<()> {
     put("replace")?;
     let readyz = || http_get(h.ns(0), "127.0.0.1:9585", "/readyz");
     eventually("/readyz naming the other filter", || {
-        Ok(readyz()?.contains("503") && readyz()?.contains("other_tool"))
+        let answer = readyz()?;
+        Ok(answer.contains("503") && answer.contains("other_tool"))
     })?;
     // Three reconciles (every 2 s) later, the filter is still the other tool's.
     std::thread::sleep(Duration::from_secs(6));

@@ -191,7 +191,7 @@ async fn join<R: Registry, S: Setup>(
         every,
         reconcile_failing: None,
     };
-    let followed = following.follow(events, every, shutdown).await;
+    let followed = following.follow(events, shutdown).await;
     if let Some(task) = blackholes {
         task.abort();
     }
@@ -252,13 +252,12 @@ impl<B: Backend> Following<'_, B> {
     async fn follow(
         &mut self,
         mut events: mpsc::Receiver<LeaseEvent>,
-        every: Duration,
         shutdown: impl Future<Output = ()>,
     ) -> anyhow::Result<()> {
         tokio::pin!(shutdown);
         let node = self.node;
         let dataplane = self.backend.engine().map(Engine::ended);
-        let mut reconcile = tokio::time::interval(every);
+        let mut reconcile = tokio::time::interval(self.every);
         reconcile.tick().await;
         loop {
             let step = tokio::select! {

@@ -13,7 +13,7 @@ pub(crate) const PRIORITY: u16 = 1;
 pub(crate) const HANDLE: u32 = 1;
 
 /// A filter at twill's priority on a hook, as the kernel lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct Filter {
     handle: u32,
     /// The classifier: `bpf` for twill's.
