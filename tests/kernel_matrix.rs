@@ -107,13 +107,13 @@ const CONTROLS: Row = Row {
 };
 
 /// Under QEMU's emulator every wait of the tests is this many times longer.
-const TIME_SCALE: u32 = 10;
+const TIME_SCALE: u32 = 20;
 /// random_frames' frames per program and kind in a guest (2,000 on the host): 2,000 took 243 s
 /// of a 6.x guest's time; the programs are the same object on every kernel, and what a kernel
 /// could change (a helper, the verifier's view) shows in any frame that reaches it.
 const RANDOM_FRAMES: u32 = 400;
 /// A whole boot's bound: far beyond what the rows take, short of CI's own limit.
-const GUEST_TIMEOUT: Duration = Duration::from_secs(1200);
+const GUEST_TIMEOUT: Duration = Duration::from_secs(2400);
 
 #[test]
 fn debian_5_10_runs_the_ebpf_dataplane() -> Result<()> {
